@@ -1,0 +1,41 @@
+# One entry point.  `make run` starts the log host on the embedded local store; `make test` runs
+# the whole suite.  Both create the virtualenv and install whatever is missing first.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STORE  ?= ./data/loghost
+LISTEN ?= 127.0.0.1:8080
+
+.PHONY: run test test-fast bench reliability deps redis clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+deps: $(STAMP)
+
+# redis-server backs the leader-hint tests; installed from the distribution when missing.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+	  $$SUDO apt-get update -qq >/dev/null && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+run: $(STAMP)
+	$(VENV)/bin/loghost serve --dev --store $(STORE) --listen $(LISTEN)
+
+test: $(STAMP) redis
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP) redis
+	$(PY) -m bench
+
+reliability: $(STAMP) redis
+	$(PY) -m bench.reliability
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis spark-warehouse metastore_db derby.log

@@ -1,0 +1,481 @@
+"""The roll-up: coalesce the dirty log into the set of dirty collections, crash-safely.
+
+Durable truth.  The dirty set is a function of the dirty-log records at offsets ``>=`` the
+``stable_prefix`` cursor (plus the collections' compaction cursors).  A roll-up reads the window
+``[cursor, end)`` (``end`` = the log's next offset when it starts), re-appends every collection still
+dirty *above* ``end``, and only then moves the cursor to ``end``.  So at every instant each dirty
+collection has a record at or above the cursor: a crash before the cursor move leaves the window in
+place (the re-appends are duplicates the next run coalesces away), a crash after it leaves only
+garbage for GC.  Nothing is ever dropped by a step that is not already reflected durably.
+
+Coalescing rules (:func:`coalesce`), in dirty-log order:
+
+* ``mark_dirty`` widens the collection's span: start = min, limit = max end, reinsert_count = max,
+  first insertion = min.  Given compaction cursors, each mark is first clipped to its collection's
+  cursor (start = max(start, cursor)); a mark wholly below the cursor contributes nothing, and a mark
+  the cursor has moved into restarts its reinsert count at 0 (the compactor made progress on it).
+  Clipping per mark (not per span) keeps first insertion and reinsert count about the records that
+  are actually still uncompacted, so the age and re-insertion criteria do not stay tripped forever
+  for a collection that is written and compacted continuously.
+* ``purge`` forgets the collection's marks that PRECEDE it in the log.  Marks after a purge (new
+  writes) always survive it, so a purge can never hide data written after it.
+* ``clear`` is a no-op.  A roll-up writes one when nothing is left, as a checkpoint operators can see
+  and so that the retained log is never empty; it must not reset anything, because marks appended
+  concurrently with that roll-up sit between the window and the clear, and a crashed roll-up's
+  window is re-read in full, clear included.
+
+Each still-dirty collection is re-appended as one mark ``[start, limit)`` with ``reinsert_count + 1``
+and its first insertion time, so the dirty log holds O(dirty collections) records after a roll-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from host.wal3.errors import CursorConflict, LogPurged
+
+from .backend import CompactionOffsets, DirtyLogBackend
+from .hook import Clock, DirtyLogHook, epoch_us
+from .record import DirtyRecord, DirtyRecordError, RecordKind
+from .selection import DirtyEntry, score, select_entries
+
+log = logging.getLogger(__name__)
+
+CURSOR_NAME = "stable_prefix"
+DEFAULT_ROLLUP_INTERVAL_S = 10.0
+_U32_MAX = (1 << 32) - 1
+
+
+class RollUpError(Exception):
+    """The dirty log violated its contract (gap or short read before the end)."""
+
+
+# ------------------------------------------------------------------------------------ coalescing
+
+
+@dataclass(frozen=True, slots=True)
+class Coalesced:
+    """A collection's coalesced span ``[start, limit)`` over a window of the dirty log."""
+
+    start: int
+    limit: int
+    first_insertion_us: int
+    reinsert_count: int
+
+    @property
+    def num_records(self) -> int:
+        """Offsets are dense, so the span's length is its record count."""
+        return self.limit - self.start
+
+
+class Coalescer:
+    """Folds dirty-log records one at a time, so a paged read needs O(collections) memory."""
+
+    def __init__(self, compacted: Mapping[UUID, int] | None = None) -> None:
+        """Fold records; ``compacted`` (read at each ``add``) clips marks to compaction cursors."""
+        self._compacted = compacted
+        self._spans: dict[UUID, Coalesced] = {}
+        self.marks = 0
+        self.purges = 0
+        self.clears = 0
+        self.marks_fully_compacted = 0
+
+    def add(self, record: DirtyRecord) -> None:
+        """Fold one record (see the module docstring for the rules)."""
+        cid = record.collection_id
+        if record.kind == RecordKind.CLEAR:
+            self.clears += 1
+            return
+        if record.kind == RecordKind.PURGE:
+            self.purges += 1
+            self._spans.pop(cid, None)
+            return
+        self.marks += 1
+        start, end, reinserts = record.log_position, record.end, record.reinsert_count
+        if self._compacted is not None:
+            cursor = self._compacted.get(cid, 1)
+            if end <= cursor:
+                self.marks_fully_compacted += 1
+                return
+            if cursor > start:
+                start, reinserts = cursor, 0
+        if start >= end:  # an empty mark covers nothing
+            return
+        old = self._spans.get(cid)
+        if old is None:
+            self._spans[cid] = Coalesced(start, end, record.initial_insertion_epoch_us, reinserts)
+        else:
+            self._spans[cid] = Coalesced(
+                min(old.start, start),
+                max(old.limit, end),
+                min(old.first_insertion_us, record.initial_insertion_epoch_us),
+                max(old.reinsert_count, reinserts),
+            )
+
+    @property
+    def saw_changes(self) -> bool:
+        """Whether any mark or purge was folded (a window of only clears changes nothing)."""
+        return self.marks > 0 or self.purges > 0
+
+    def result(self) -> dict[UUID, Coalesced]:
+        """The spans folded so far."""
+        return dict(self._spans)
+
+
+def coalesce(
+    records: Iterable[DirtyRecord], compacted: Mapping[UUID, int] | None = None
+) -> dict[UUID, Coalesced]:
+    """Coalesce records (in dirty-log order) per collection, optionally clipped to compaction cursors."""
+    folder = Coalescer(compacted)
+    for record in records:
+        folder.add(record)
+    return folder.result()
+
+
+# -------------------------------------------------------------------------------------- roll-up
+
+
+@dataclass(frozen=True, slots=True)
+class RollUpResult:
+    """What one roll-up did."""
+
+    entries: Mapping[UUID, DirtyEntry]
+    cursor_from: int
+    cursor_to: int
+    records_read: int
+    marks_read: int
+    purges_read: int
+    marks_fully_compacted: int
+    reinserted: int
+    wrote_clear: bool
+    idle: bool  # the window held no mark or purge: nothing was written, the cursor did not move
+    conflicts: int  # lost cursor races that were retried
+    gc_error: str | None
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class InspectedRecord:
+    """One raw dirty-log record, decoded for operators (``error`` set if it does not decode)."""
+
+    offset: int
+    record: DirtyRecord | None
+    error: str | None = None
+    raw_hex: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view."""
+        if self.record is None:
+            return {"offset": self.offset, "error": self.error, "raw_hex": self.raw_hex}
+        return {"offset": self.offset, **self.record.as_dict()}
+
+
+async def inspect_records(
+    backend: DirtyLogBackend, from_offset: int, limit: int
+) -> list[InspectedRecord]:
+    """Decode up to ``limit`` raw records from ``from_offset``; ``LogPurged`` below the oldest."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    out: list[InspectedRecord] = []
+    for offset, body in await backend.read(from_offset, limit):
+        try:
+            out.append(InspectedRecord(offset, DirtyRecord.decode(body)))
+        except DirtyRecordError as e:
+            # Operators inspect precisely when something is wrong: show it, do not fail the page.
+            out.append(InspectedRecord(offset, None, str(e), bytes(body).hex()))
+    return out
+
+
+@dataclass(slots=True)
+class _Attempt:
+    conflicts: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class RollUp:
+    """Periodically coalesces one server's dirty log and keeps the dirty set in memory."""
+
+    def __init__(
+        self,
+        backend: DirtyLogBackend,
+        compaction_offsets: CompactionOffsets,
+        *,
+        max_records_per_read: int = 1024,
+        max_records_per_append: int = 1024,
+        clock: Clock = epoch_us,
+        cursor_name: str = CURSOR_NAME,
+        max_attempts: int = 3,
+    ) -> None:
+        """A roll-up over ``backend``; reads and appends are paged by the given maxima."""
+        if max_records_per_read < 1 or max_records_per_append < 1 or max_attempts < 1:
+            raise ValueError("max_records_per_read, max_records_per_append, max_attempts must be >= 1")
+        self._backend = backend
+        self._compaction = compaction_offsets
+        self._max_read = max_records_per_read
+        self._max_append = max_records_per_append
+        self._clock = clock
+        self._cursor_name = cursor_name
+        self._max_attempts = max_attempts
+        self._hook = DirtyLogHook(backend, clock)
+        self._entries: dict[UUID, DirtyEntry] = {}
+        self._last: RollUpResult | None = None
+        # One roll-up or purge at a time in this process: racing roll-ups would only burn CAS
+        # retries, and a purge landing mid-roll-up could be overtaken by that roll-up's re-appends.
+        self._lock = asyncio.Lock()
+        # Compactions noted while a run is in flight, replayed onto its result when it swaps in.
+        self._notes: dict[UUID, int] | None = None
+
+    # ------------------------------------------------------------------------------ in-memory
+
+    def entries(self) -> dict[UUID, DirtyEntry]:
+        """The dirty set as of the last successful roll-up (plus compactions noted since)."""
+        return dict(self._entries)
+
+    @property
+    def last_result(self) -> RollUpResult | None:
+        """The last successful roll-up's result."""
+        return self._last
+
+    def note_compacted(self, collection_id: UUID, offset: int) -> None:
+        """Record that ``collection_id`` is compacted below ``offset``: clip it, reset its reinserts.
+
+        An entry whose span is now fully compacted leaves the in-memory set at once (handing it to a
+        compactor again would be wasted work); the durable log still has it until the next roll-up,
+        which drops it through the compaction cursor, or keeps it if new marks arrived.
+        """
+        if self._notes is not None:
+            self._notes[collection_id] = max(self._notes.get(collection_id, 0), offset)
+        self._apply_note(self._entries, collection_id, offset)
+
+    def _apply_note(self, entries: dict[UUID, DirtyEntry], cid: UUID, offset: int) -> None:
+        entry = entries.get(cid)
+        if entry is None:
+            return
+        start = max(entry.start, offset)
+        if start >= entry.limit:
+            del entries[cid]
+            return
+        entries[cid] = dataclasses.replace(
+            entry,
+            start=start,
+            num_records=entry.limit - start,
+            reinsert_count=0,
+            score=score(entry.limit - start, entry.first_insertion_us, 0, self._clock()),
+        )
+
+    def select(
+        self,
+        min_records: int,
+        limit: int,
+        max_age_s: float | None = None,
+        max_reinserts: int | None = None,
+        now_us: int | None = None,
+    ) -> list[DirtyEntry]:
+        """The pull API's answer: qualifying entries, highest score first (see ``select_entries``)."""
+        return select_entries(
+            self._entries.values(),
+            min_records=min_records,
+            limit=limit,
+            now_us=self._clock() if now_us is None else now_us,
+            max_age_s=max_age_s,
+            max_reinserts=max_reinserts,
+        )
+
+    async def purge(self, collection_ids: Iterable[UUID]) -> int | None:
+        """Append purge records (serialised with roll-ups) and drop the ids from the in-memory set."""
+        ids = list(dict.fromkeys(collection_ids))
+        async with self._lock:
+            first = await self._hook.purge(ids)
+            for cid in ids:
+                self._entries.pop(cid, None)
+            return first
+
+    # -------------------------------------------------------------------------------- the run
+
+    async def run(self) -> RollUpResult:
+        """Roll up the dirty log once; on success the in-memory dirty set is replaced atomically."""
+        async with self._lock:
+            self._notes = {}
+            attempt = _Attempt()
+            try:
+                while True:
+                    try:
+                        result = await self._run_once(attempt)
+                        break
+                    except (CursorConflict, LogPurged) as e:
+                        # Another roll-up moved the cursor (and maybe GC'd our window) under us.
+                        # Whatever we appended is a duplicate; start over from the new cursor.
+                        attempt.conflicts += 1
+                        log.warning("dirty-log roll-up lost a cursor race (%s); retrying", e)
+                        if attempt.conflicts >= self._max_attempts:
+                            raise
+                return result
+            finally:
+                self._notes = None
+
+    async def _run_once(self, attempt: _Attempt) -> RollUpResult:
+        backend = self._backend
+        # 1. Where the window starts.
+        loaded = await backend.load_cursor(self._cursor_name)
+        if loaded is None:
+            cursor = await backend.oldest_offset()
+            # A CursorConflict here means another roll-up created it first: retried by run().
+            witness = await backend.create_cursor(self._cursor_name, cursor)
+        else:
+            cursor, witness = loaded
+        # 2. Where it ends: fixed up front so concurrent writers and our own re-appends (all at or
+        # above ``end``) are left for the next run, and a busy log cannot keep us reading forever.
+        end = await backend.next_offset()
+
+        # 3. Read the window page by page, folding as we go.
+        compacted: dict[UUID, int] = {}
+        folder = Coalescer(compacted)
+        pos = cursor
+        while pos < end:
+            page = await backend.read(pos, min(self._max_read, end - pos))
+            if not page:
+                raise RollUpError(f"dirty log returned nothing at {pos}, before its end {end}")
+            records: list[DirtyRecord] = []
+            for offset, body in page:
+                if offset >= end:
+                    break
+                if offset != pos:
+                    raise RollUpError(f"dirty log read expected offset {pos}, got {offset}")
+                try:
+                    records.append(DirtyRecord.decode(body))
+                except DirtyRecordError as e:
+                    # Fail loudly: skipping could drop a dirty collection.  Nothing is lost while
+                    # we are stuck (the window stays), and the roll-up failure is visible.
+                    raise DirtyRecordError(f"dirty log offset {offset}: {e}") from e
+                pos += 1
+            # 4. Enrich with compaction cursors, once per collection per run.
+            new_ids = list(
+                dict.fromkeys(
+                    r.collection_id
+                    for r in records
+                    if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in compacted
+                )
+            )
+            if new_ids:
+                found = await self._compaction.compaction_offsets(new_ids)
+                for cid in new_ids:
+                    compacted[cid] = found.get(cid, 1)
+            for record in records:
+                folder.add(record)
+
+        if not folder.saw_changes:
+            # Nothing but clears (or nothing at all) since the cursor: the set is empty and writing
+            # yet another clear every interval would be pure churn on an idle server.
+            return self._finish(attempt, {}, cursor, cursor, end - cursor, folder, 0, False, idle=True)
+
+        # 5. Re-append every collection still dirty, or a clear record when none is.
+        spans = folder.result()
+        now = self._clock()
+        carried = [
+            DirtyRecord(
+                cid,
+                span.start,
+                span.num_records,
+                span.first_insertion_us,
+                min(span.reinsert_count + 1, _U32_MAX),
+                RecordKind.MARK_DIRTY,
+            )
+            for cid, span in sorted(spans.items(), key=lambda kv: (kv[1].first_insertion_us, kv[0].bytes))
+        ]
+        bodies = [r.encode() for r in carried] if carried else [DirtyRecord.clear(now).encode()]
+        for i in range(0, len(bodies), self._max_append):
+            await backend.append_many(bodies[i : i + self._max_append])
+
+        # 6. Only now move the cursor past the window: everything in it is re-stated above ``end``.
+        await backend.cas_cursor(self._cursor_name, end, witness)
+
+        new_entries = {
+            r.collection_id: DirtyEntry(
+                r.collection_id,
+                r.log_position,
+                r.end,
+                r.num_records,
+                r.initial_insertion_epoch_us,
+                r.reinsert_count,
+                score(r.num_records, r.initial_insertion_epoch_us, r.reinsert_count, now),
+            )
+            for r in carried
+        }
+        result = self._finish(
+            attempt, new_entries, cursor, end, end - cursor, folder, len(carried), not carried
+        )
+
+        # 7. Reclaim the consumed prefix.  Best effort: the roll-up is already durable, and garbage
+        # left by a failure here is reclaimed by the next run's GC.
+        try:
+            await backend.collect_garbage()
+        except Exception as e:  # noqa: BLE001 - reported in the result, never fatal
+            log.warning("dirty-log GC failed after roll-up: %r", e)
+            result = dataclasses.replace(result, gc_error=repr(e))
+            self._last = result
+        return result
+
+    def _finish(
+        self,
+        attempt: _Attempt,
+        entries: dict[UUID, DirtyEntry],
+        cursor_from: int,
+        cursor_to: int,
+        records_read: int,
+        folder: Coalescer,
+        reinserted: int,
+        wrote_clear: bool,
+        idle: bool = False,
+    ) -> RollUpResult:
+        # Replay compactions noted during the run: our compaction cursors may predate them.
+        for cid, offset in (self._notes or {}).items():
+            self._apply_note(entries, cid, offset)
+        self._entries = entries
+        result = RollUpResult(
+            entries=dict(entries),
+            cursor_from=cursor_from,
+            cursor_to=cursor_to,
+            records_read=records_read,
+            marks_read=folder.marks,
+            purges_read=folder.purges,
+            marks_fully_compacted=folder.marks_fully_compacted,
+            reinserted=reinserted,
+            wrote_clear=wrote_clear,
+            idle=idle,
+            conflicts=attempt.conflicts,
+            gc_error=None,
+            duration_s=time.monotonic() - attempt.started,
+        )
+        self._last = result
+        return result
+
+    async def run_periodically(
+        self,
+        interval_s: float,
+        stop: asyncio.Event,
+        on_result: Callable[[RollUpResult], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Run every ``interval_s`` seconds until ``stop`` is set; a failed run is reported, not fatal."""
+        while not stop.is_set():
+            try:
+                result = await self.run()
+            except Exception as e:  # noqa: BLE001 - the loop must survive; the caller is told
+                log.exception("dirty-log roll-up failed")
+                if on_error is not None:
+                    on_error(e)
+            else:
+                if on_result is not None:
+                    on_result(result)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+            except TimeoutError:
+                pass
+

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""compactor-supervisor: keep `compactor run` in step with its StatefulSet's size.
+
+Rendezvous assignment needs every compactor to agree on the full member list.
+The compactors run as a StatefulSet, so the members are exactly
+``<statefulset>-0 .. <statefulset>-(replicas-1)``. With a fixed replica count the
+chart renders that list into COMPACTOR_MEMBERS. When the count can change at run
+time (an HPA, or ``kubectl scale``) this supervisor derives the list instead:
+
+* it reads ``spec.replicas`` of its own StatefulSet from the Kubernetes API
+  (RBAC: ``get`` on that one StatefulSet) every MEMBERSHIP_POLL_S seconds;
+* it runs the given command (normally ``compactor run``) with
+  COMPACTOR_MEMBERS set to that list and COMPACTOR_MEMBER_ID to this pod's name;
+* when the count changes it stops the command (SIGTERM, then SIGKILL after
+  MEMBERSHIP_STOP_GRACE_S) and starts it again with the new list; a pod whose
+  ordinal is no longer below the count (it is being scaled away) runs nothing;
+* SIGTERM/SIGINT are forwarded to the command; its exit status becomes ours,
+  and if it exits on its own, so does the supervisor (the kubelet restarts it).
+
+Standard library only; configured by environment:
+
+  MEMBERSHIP_STATEFULSET   (required) the StatefulSet name
+  MEMBERSHIP_NAMESPACE     default: the service account's namespace file
+  MEMBERSHIP_POLL_S        default 30
+  MEMBERSHIP_STOP_GRACE_S  default 30
+  MEMBERSHIP_API_URL       default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+  MEMBERSHIP_TOKEN_FILE    default /var/run/secrets/kubernetes.io/serviceaccount/token
+  MEMBERSHIP_CA_FILE       default /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+  POD_NAME                 this pod's name (COMPACTOR_MEMBER_ID is used if unset)
+
+Usage: compactor-supervisor [--] COMMAND [ARG...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def log(message: str) -> None:
+    print(f"compactor-supervisor: {message}", file=sys.stderr, flush=True)
+
+
+class Config:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.statefulset = env.get("MEMBERSHIP_STATEFULSET", "")
+        if not self.statefulset:
+            raise SystemExit("compactor-supervisor: MEMBERSHIP_STATEFULSET is required")
+        namespace = env.get("MEMBERSHIP_NAMESPACE", "")
+        if not namespace and (SA_DIR / "namespace").is_file():
+            namespace = (SA_DIR / "namespace").read_text().strip()
+        if not namespace:
+            raise SystemExit("compactor-supervisor: MEMBERSHIP_NAMESPACE is required")
+        self.namespace = namespace
+        self.poll_s = float(env.get("MEMBERSHIP_POLL_S", "30"))
+        self.stop_grace_s = float(env.get("MEMBERSHIP_STOP_GRACE_S", "30"))
+        api = env.get("MEMBERSHIP_API_URL", "")
+        if not api:
+            host = env.get("KUBERNETES_SERVICE_HOST", "")
+            port = env.get("KUBERNETES_SERVICE_PORT", "443")
+            if not host:
+                raise SystemExit(
+                    "compactor-supervisor: no MEMBERSHIP_API_URL and no KUBERNETES_SERVICE_HOST"
+                )
+            if ":" in host:  # IPv6 literal
+                host = f"[{host}]"
+            api = f"https://{host}:{port}"
+        self.api = api.rstrip("/")
+        self.token_file = Path(env.get("MEMBERSHIP_TOKEN_FILE", str(SA_DIR / "token")))
+        self.ca_file = Path(env.get("MEMBERSHIP_CA_FILE", str(SA_DIR / "ca.crt")))
+        self.pod_name = env.get("POD_NAME") or env.get("COMPACTOR_MEMBER_ID", "")
+        if not self.pod_name:
+            raise SystemExit("compactor-supervisor: POD_NAME (or COMPACTOR_MEMBER_ID) is required")
+
+
+def read_replicas(cfg: Config) -> int:
+    """spec.replicas of the StatefulSet (Kubernetes defaults a missing value to 1)."""
+    url = f"{cfg.api}/apis/apps/v1/namespaces/{cfg.namespace}/statefulsets/{cfg.statefulset}"
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if cfg.token_file.is_file():  # re-read every time: projected tokens rotate
+        request.add_header("Authorization", f"Bearer {cfg.token_file.read_text().strip()}")
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(
+            cafile=str(cfg.ca_file) if cfg.ca_file.is_file() else None
+        )
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        body = json.load(response)
+    replicas = body.get("spec", {}).get("replicas", 1)
+    if not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"unexpected spec.replicas {replicas!r}")
+    return replicas
+
+
+def members_for(statefulset: str, replicas: int) -> list[str]:
+    return [f"{statefulset}-{i}" for i in range(replicas)]
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, command: list[str]) -> None:
+        self.cfg = cfg
+        self.command = command
+        self.child: subprocess.Popen[bytes] | None = None
+        self.members: list[str] | None = None
+        self.stopping = False
+        # Signal the child once: a second SIGTERM can cut its flush short.
+        self.child_signalled = False
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None and not self.child_signalled:
+            self.child_signalled = True
+            self.child.send_signal(signum)
+
+    def start(self, members: list[str]) -> None:
+        env = dict(os.environ)
+        env["COMPACTOR_MEMBERS"] = ",".join(members)
+        env["COMPACTOR_MEMBER_ID"] = self.cfg.pod_name
+        log(f"starting {' '.join(self.command)} as {self.cfg.pod_name} of {len(members)} members")
+        self.child_signalled = False
+        self.child = subprocess.Popen(self.command, env=env)
+        self.members = members
+
+    def stop(self) -> int:
+        child, self.child = self.child, None
+        if child is None:
+            return 0
+        if child.poll() is None:
+            if not self.child_signalled:
+                self.child_signalled = True
+                child.terminate()
+            try:
+                child.wait(self.cfg.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                log("compactor did not stop in time; killing it")
+                child.kill()
+        return child.wait()
+
+    def run(self) -> int:
+        backoff = min(self.cfg.poll_s, 5.0)
+        next_poll = 0.0
+        while True:
+            if self.stopping:
+                return self.stop()
+            if self.child is not None and self.child.poll() is not None:
+                code = self.child.returncode
+                log(f"compactor exited with status {code}")
+                return code
+            now = time.monotonic()
+            if now >= next_poll:
+                try:
+                    replicas = read_replicas(self.cfg)
+                except Exception as exc:  # API hiccup: keep the current membership
+                    log(f"cannot read StatefulSet {self.cfg.statefulset}: {exc}")
+                    next_poll = now + (backoff if self.members is None else self.cfg.poll_s)
+                else:
+                    next_poll = now + self.cfg.poll_s
+                    members = members_for(self.cfg.statefulset, replicas)
+                    if self.cfg.pod_name not in members:
+                        if self.child is not None:
+                            log(f"{self.cfg.pod_name} is no longer a member; stopping compactor")
+                            self.stop()
+                        self.members = members
+                    elif members != self.members or self.child is None:
+                        if self.child is not None:
+                            log(f"membership changed to {len(members)} members; restarting")
+                            self.stop()
+                        if self.stopping:
+                            continue
+                        self.start(members)
+            time.sleep(0.1)
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cfg = Config(dict(os.environ))
+    supervisor = Supervisor(cfg, argv)
+    signal.signal(signal.SIGTERM, supervisor.on_signal)
+    signal.signal(signal.SIGINT, supervisor.on_signal)
+    code = supervisor.run()
+    return 128 - code if code < 0 else code  # killed by signal N -> 128+N, like a shell
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,251 @@
+{{/*
+Names.
+
+The host StatefulSet is named "<fullname>" and its pods "<fullname>-<ordinal>".
+Those pod names ARE the server ids (LOGHOST_SERVER_ID), which name each host's
+dirty log "dirty/<server-id>/" in the store. Changing the release name,
+nameOverride or fullnameOverride of an existing installation therefore orphans
+every dirty log: never do it (see docs/OPERATIONS.md).
+
+fullname is capped at 42 characters so that "<fullname>-compactor" stays within
+the 52 characters a StatefulSet name may have (its pods' controller-revision-hash
+label appends 11 characters and must fit in 63).
+*/}}
+{{- define "loghost.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 42 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "loghost.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 42 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Host StatefulSet name = prefix of every server id. */}}
+{{- define "loghost.host.name" -}}
+{{- include "loghost.fullname" . }}
+{{- end }}
+
+{{/* Headless service giving each host pod a stable DNS name. */}}
+{{- define "loghost.host.headless" -}}
+{{- printf "%s-headless" (include "loghost.fullname" .) }}
+{{- end }}
+
+{{- define "loghost.compactor.name" -}}
+{{- printf "%s-compactor" (include "loghost.fullname" .) }}
+{{- end }}
+
+{{- define "loghost.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "loghost.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "loghost.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Labels. */}}
+{{- define "loghost.labels" -}}
+helm.sh/chart: {{ include "loghost.chart" . }}
+app.kubernetes.io/name: {{ include "loghost.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: loghost
+{{- end }}
+
+{{- define "loghost.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "loghost.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "loghost.host.selectorLabels" -}}
+{{ include "loghost.selectorLabels" . }}
+app.kubernetes.io/component: host
+{{- end }}
+
+{{- define "loghost.compactor.selectorLabels" -}}
+{{ include "loghost.selectorLabels" . }}
+app.kubernetes.io/component: compactor
+{{- end }}
+
+{{/*
+The label the client Service additionally selects on. Every host pod starts
+with it; an operator draining a host before scale-in overwrites it
+(kubectl label pod <pod> loghost/serving=false --overwrite) so the pod leaves
+the client Service but keeps its headless DNS name, its dirty log and its place
+in the compactors' host list.
+*/}}
+{{- define "loghost.servingLabel" -}}
+loghost/serving: "true"
+{{- end }}
+
+{{/* Image reference: digest wins over tag; tag defaults to the chart's appVersion. */}}
+{{- define "loghost.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Per-pod URL of host <ordinal>: its stable DNS name through the headless service. */}}
+{{- define "loghost.host.podURL" -}}
+{{- $root := index . 0 -}}
+{{- $ordinal := index . 1 -}}
+{{- printf "http://%s-%d.%s.%s.svc.%s:%d" (include "loghost.host.name" $root) (int $ordinal) (include "loghost.host.headless" $root) $root.Release.Namespace $root.Values.clusterDomain (int $root.Values.host.port) }}
+{{- end }}
+
+{{/* Comma-separated per-pod URLs of every host pod (what compactors pull dirty sets from). */}}
+{{- define "loghost.host.allURLs" -}}
+{{- $urls := list }}
+{{- range $i := until (int .Values.host.replicas) }}
+{{- $urls = append $urls (include "loghost.host.podURL" (list $ $i)) }}
+{{- end }}
+{{- range .Values.compactor.extraHosts }}
+{{- $urls = append $urls . }}
+{{- end }}
+{{- join "," $urls }}
+{{- end }}
+
+{{/* Comma-separated compactor member ids for static membership: the StatefulSet's pod names. */}}
+{{- define "loghost.compactor.members" -}}
+{{- $members := list }}
+{{- range $i := until (int .Values.compactor.replicas) }}
+{{- $members = append $members (printf "%s-%d" (include "loghost.compactor.name" $) $i) }}
+{{- end }}
+{{- join "," $members }}
+{{- end }}
+
+{{/* Store kind: "s3" or "local". */}}
+{{- define "loghost.store.kind" -}}
+{{- if hasPrefix "s3://" .Values.store.url }}s3{{ else }}local{{ end }}
+{{- end }}
+
+{{/*
+Kubernetes memory quantity -> MiB (integer, rounded down). Accepts plain bytes,
+Ki/Mi/Gi/Ti and k/K/M/G/T suffixes.
+*/}}
+{{- define "loghost.quantityToMiB" -}}
+{{- $q := toString . }}
+{{- $num := regexFind "^[0-9]+" $q | int64 }}
+{{- $unit := regexReplaceAll "^[0-9]+" $q "" }}
+{{- if eq $unit "Ki" }}{{ div $num 1024 }}
+{{- else if eq $unit "Mi" }}{{ $num }}
+{{- else if eq $unit "Gi" }}{{ mul $num 1024 }}
+{{- else if eq $unit "Ti" }}{{ mul $num 1048576 }}
+{{- else if or (eq $unit "k") (eq $unit "K") }}{{ div (mul $num 1000) 1048576 }}
+{{- else if eq $unit "M" }}{{ div (mul $num 1000000) 1048576 }}
+{{- else if eq $unit "G" }}{{ div (mul $num 1000000000) 1048576 }}
+{{- else if eq $unit "T" }}{{ div (mul $num 1000000000000) 1048576 }}
+{{- else if eq $unit "" }}{{ div $num 1048576 }}
+{{- else }}{{ fail (printf "cannot interpret memory quantity %q (use Mi or Gi)" $q) }}
+{{- end }}
+{{- end }}
+
+{{/* Spark memory string ("2g", "1536m") -> MiB. */}}
+{{- define "loghost.sparkMemToMiB" -}}
+{{- $s := toString . }}
+{{- $num := regexFind "^[0-9]+" $s | int64 }}
+{{- if hasSuffix "g" $s }}{{ mul $num 1024 }}{{ else }}{{ $num }}{{ end }}
+{{- end }}
+
+{{/* S3 / AWS environment shared by hosts and compactors. Credentials only ever come from a Secret. */}}
+{{- define "loghost.s3Env" -}}
+{{- if eq (include "loghost.store.kind" .) "s3" }}
+{{- with .Values.store.s3 }}
+{{- if .region }}
+- name: AWS_REGION
+  value: {{ .region | quote }}
+{{- end }}
+{{- if .endpointUrl }}
+- name: AWS_ENDPOINT_URL
+  value: {{ .endpointUrl | quote }}
+{{- end }}
+{{- if .existingSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretAccessKeyKey }}
+{{- if .sessionTokenKey }}
+- name: AWS_SESSION_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .sessionTokenKey }}
+      optional: true
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes for a local (file) store, shared by hosts and compactors when an existing claim is given. */}}
+{{- define "loghost.localStoreVolume" -}}
+{{- if .Values.store.local.existingClaim }}
+- name: data
+  persistentVolumeClaim:
+    claimName: {{ .Values.store.local.existingClaim }}
+{{- else if not .Values.host.persistence.enabled }}
+- name: data
+  emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{/* Hard checks that the JSON schema cannot express (cross-field arithmetic). */}}
+{{- define "loghost.validate" -}}
+{{- $h := .Values.host }}
+{{- $needed := add (int $h.preStopDelaySeconds) (int (default 0 $h.config.shutdownGraceS)) }}
+{{- if le (int $h.terminationGracePeriodSeconds) (int $needed) }}
+{{- fail (printf "host.terminationGracePeriodSeconds (%d) must exceed host.preStopDelaySeconds + host.config.shutdownGraceS (%d), or open logs are killed before they are flushed" (int $h.terminationGracePeriodSeconds) (int $needed)) }}
+{{- end }}
+{{- if eq (include "loghost.store.kind" .) "local" }}
+{{- if and (not .Values.store.local.existingClaim) (or (gt (int $h.replicas) 1) .Values.compactor.enabled) }}
+{{- fail "a local (file) store is dev-only: every host and compactor must see the same directory, so either set store.local.existingClaim (a ReadWriteMany PVC) or run host.replicas=1 with compactor.enabled=false" }}
+{{- end }}
+{{- if and .Values.store.local.existingClaim $h.persistence.enabled }}
+{{- fail "set either store.local.existingClaim or host.persistence.enabled, not both" }}
+{{- end }}
+{{- if not (or (hasPrefix (printf "file://%s" .Values.store.local.mountPath) .Values.store.url) (hasPrefix .Values.store.local.mountPath .Values.store.url)) }}
+{{- fail (printf "store.url %q must point inside store.local.mountPath %q (the only writable volume)" .Values.store.url .Values.store.local.mountPath) }}
+{{- end }}
+{{- else if $h.persistence.enabled }}
+{{- fail "host.persistence.enabled only makes sense with a local (file) store; an S3 store needs no volume" }}
+{{- end }}
+{{- if .Values.compactor.enabled }}
+{{- if and .Values.compactor.autoscaling.enabled (ne .Values.compactor.membership.mode "kubernetes") }}
+{{- fail "compactor.autoscaling.enabled requires compactor.membership.mode=kubernetes: with static membership the member list is fixed at render time and would go stale when the HPA changes the replica count" }}
+{{- end }}
+{{- with .Values.compactor.autoscaling }}
+{{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) }}
+{{- fail (printf "compactor.autoscaling.minReplicas (%d) exceeds maxReplicas (%d)" (int .minReplicas) (int .maxReplicas)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.compactor.resources.limits }}
+{{- if .memory }}
+{{- $limit := include "loghost.quantityToMiB" .memory | int64 }}
+{{- $driver := include "loghost.sparkMemToMiB" $.Values.compactor.spark.driverMemory | int64 }}
+{{- $want := add $driver (int64 $.Values.compactor.spark.memoryOverheadMiB) }}
+{{- if lt $limit $want }}
+{{- fail (printf "compactor.resources.limits.memory (%s = %dMi) is below compactor.spark.driverMemory (%s) + compactor.spark.memoryOverheadMiB (%d): the Spark JVM would be OOM-killed" .memory $limit $.Values.compactor.spark.driverMemory (int64 $.Values.compactor.spark.memoryOverheadMiB)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,154 @@
+"""Cursors: named positions that pin a log against garbage collection.
+
+Each cursor is its own object, ``cursor/{name}.json`` = ``{"position": {"offset": N},
+"epoch_us": ..., "writer": ...}``, so pinning the log never contends with the manifest.  Updates
+are compare-and-swap: the caller presents the witness (etag) it loaded, and a stale witness fails
+with :class:`CursorConflict`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+
+from .errors import CorruptManifest, CursorConflict, CursorNotFound, InvalidCursorName, ObjectNotFound, PreconditionFailed
+from .layout import CURSOR_PREFIX, join
+from .store import ObjectStore, put_resolving
+
+COMPACTION = "compaction"
+_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def check_cursor_name(name: str) -> str:
+    """Return ``name`` if it is a valid cursor name, else raise InvalidCursorName."""
+    if not isinstance(name, str) or len(name) > 128 or not _NAME.match(name):
+        raise InvalidCursorName(f"cursor names match [A-Za-z0-9_]+ (at most 128): {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """A position in the log and who put it there, when."""
+
+    offset: int
+    epoch_us: int
+    writer: str
+
+    def to_bytes(self) -> bytes:
+        """The JSON object stored for the cursor."""
+        return json.dumps(
+            {"position": {"offset": self.offset}, "epoch_us": self.epoch_us, "writer": self.writer},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Cursor:
+        """Parse a stored cursor; raises CorruptManifest."""
+        try:
+            obj = json.loads(data)
+            offset = obj["position"]["offset"]
+            epoch = obj.get("epoch_us", 0)
+            if not isinstance(offset, int) or not isinstance(epoch, int) or offset < 0:
+                raise TypeError("bad field types")
+            return cls(offset=offset, epoch_us=epoch, writer=str(obj.get("writer", "")))
+        except (ValueError, TypeError, KeyError) as e:
+            raise CorruptManifest(f"unparseable cursor: {e}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class Witness:
+    """A loaded cursor together with the etag a compare-and-swap must present."""
+
+    name: str
+    cursor: Cursor
+    etag: str
+
+
+class CursorStore:
+    """The cursors of one log."""
+
+    def __init__(self, store: ObjectStore, prefix: str, writer: str) -> None:
+        self._store = store
+        self._prefix = prefix.strip("/")
+        self._writer = writer
+
+    def _key(self, name: str) -> str:
+        return join(self._prefix, f"{CURSOR_PREFIX}{check_cursor_name(name)}.json")
+
+    def _new(self, offset: int) -> Cursor:
+        if offset < 1:
+            raise ValueError("cursor offsets start at 1")
+        return Cursor(offset=offset, epoch_us=time.time_ns() // 1000, writer=self._writer)
+
+    async def init(self, name: str, offset: int) -> Witness:
+        """Create a cursor; raises CursorConflict when it already exists."""
+        cursor = self._new(offset)
+        try:
+            etag = await put_resolving(self._store, self._key(name), cursor.to_bytes(),
+                                       if_none_match="*")
+        except PreconditionFailed:
+            raise CursorConflict(f"cursor {name} already exists") from None
+        return Witness(name, cursor, etag)
+
+    async def load(self, name: str) -> Witness | None:
+        """The cursor and its witness, or None when it does not exist."""
+        try:
+            got = await self._store.get(self._key(name))
+        except ObjectNotFound:
+            return None
+        return Witness(name, Cursor.from_bytes(got.data), got.etag)
+
+    async def save(self, name: str, offset: int, witness: Witness | str) -> Witness:
+        """Compare-and-swap: move the cursor if ``witness`` is still current."""
+        etag = witness.etag if isinstance(witness, Witness) else witness
+        cursor = self._new(offset)
+        try:
+            new_etag = await put_resolving(self._store, self._key(name), cursor.to_bytes(),
+                                           if_match=etag)
+        except PreconditionFailed:
+            raise CursorConflict(f"cursor {name} changed since it was read") from None
+        return Witness(name, cursor, new_etag)
+
+    async def advance(self, name: str, offset: int, *, attempts: int = 16) -> Witness:
+        """Move a cursor forward to ``offset`` (creating it), never back; retries CAS races."""
+        for _ in range(attempts):
+            current = await self.load(name)
+            try:
+                if current is None:
+                    return await self.init(name, offset)
+                if current.cursor.offset >= offset:
+                    return current
+                return await self.save(name, offset, current)
+            except CursorConflict:
+                continue
+        raise CursorConflict(f"cursor {name} kept changing")
+
+    async def delete(self, name: str) -> None:
+        """Remove a cursor (it stops pinning the log); raises CursorNotFound."""
+        key = self._key(name)
+        try:
+            await self._store.head(key)
+        except ObjectNotFound:
+            raise CursorNotFound(f"no cursor {name}") from None
+        await self._store.delete(key)
+
+    async def list(self) -> list[str]:
+        """Names of every cursor."""
+        base = join(self._prefix, CURSOR_PREFIX)
+        names = []
+        async for meta in self._store.list(base):
+            rest = meta.key[len(base):]
+            if rest.endswith(".json") and "/" not in rest:
+                names.append(rest[: -len(".json")])
+        return names
+
+    async def load_all(self) -> dict[str, Witness]:
+        """Every cursor with its witness."""
+        out: dict[str, Witness] = {}
+        for name in await self.list():
+            w = await self.load(name)
+            if w is not None:
+                out[name] = w
+        return out

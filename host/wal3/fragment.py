@@ -1,0 +1,217 @@
+"""Fragments: immutable Parquet files holding a contiguous run of a log's records.
+
+Layout (compatible with the Rust wal3 crate): snappy Parquet with columns ``offset`` uint64,
+``timestamp_us`` uint64 and ``body`` binary, one timestamp per fragment, stored at
+``log/Bucket={b:016x}/FragmentSeqNo={seq:016x}.parquet`` with ``b = seq - seq % 4096``.  A record's
+setsum item is ``offset`` (u64 BE) ‖ ``timestamp_us`` (u64 BE) ‖ ``body``.
+
+Two optional key-value entries in the Parquet footer carry what only this implementation reads:
+``wal3.prev`` is the setsum of the fragment this one must follow (so read repair never links a stale
+speculative fragment after someone else's), and ``wal3.keys`` maps idempotency keys to the
+``[first_offset, count]`` of the append that carried them (so deduplication survives restarts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import CorruptFragment
+from .setsum import Setsum
+
+BUCKET_SIZE = 4096
+_ITEM_PREFIX = struct.Struct(">QQ")
+_SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.uint64(), nullable=False),
+        pa.field("timestamp_us", pa.uint64(), nullable=False),
+        pa.field("body", pa.binary(), nullable=False),
+    ]
+)
+_PATH_RE = re.compile(r"^log/Bucket=([0-9a-f]{16})/FragmentSeqNo=([0-9a-f]{16})\.parquet$")
+META_PREV = b"wal3.prev"
+META_KEYS = b"wal3.keys"
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record of a log."""
+
+    offset: int
+    timestamp_us: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedFragment:
+    """A fragment ready to upload, with what the manifest will record about it."""
+
+    seq_no: int
+    path: str
+    data: bytes
+    start: int
+    limit: int
+    timestamp_us: int
+    setsum: Setsum
+
+    @property
+    def num_bytes(self) -> int:
+        """Size of the object in bytes."""
+        return len(self.data)
+
+    @property
+    def content_md5(self) -> str:
+        """Hex MD5 of the object's bytes."""
+        return hashlib.md5(self.data, usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedFragment:
+    """A fragment read back from the store."""
+
+    records: list[LogRecord]
+    setsum: Setsum
+    prev: Setsum | None = None
+    keys: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def start(self) -> int:
+        """First offset held."""
+        return self.records[0].offset
+
+    @property
+    def limit(self) -> int:
+        """First offset after the fragment."""
+        return self.records[-1].offset + 1
+
+
+def fragment_path(seq_no: int) -> str:
+    """The object path of a fragment, relative to the log's prefix."""
+    if seq_no < 1:
+        raise ValueError("fragment sequence numbers start at 1")
+    bucket = seq_no - seq_no % BUCKET_SIZE
+    return f"log/Bucket={bucket:016x}/FragmentSeqNo={seq_no:016x}.parquet"
+
+
+def parse_fragment_path(path: str) -> int | None:
+    """The sequence number named by a fragment path, or None if it is not one."""
+    m = _PATH_RE.match(path)
+    if m is None:
+        return None
+    bucket, seq = int(m.group(1), 16), int(m.group(2), 16)
+    if bucket != seq - seq % BUCKET_SIZE:
+        return None
+    return seq
+
+
+def record_item(offset: int, timestamp_us: int, body: bytes) -> bytes:
+    """The bytes a record contributes to the setsum."""
+    return _ITEM_PREFIX.pack(offset, timestamp_us) + body
+
+
+def records_setsum(start: int, timestamp_us: int, bodies: list[bytes]) -> Setsum:
+    """Setsum of consecutive records sharing one timestamp."""
+    digests = b"".join(
+        hashlib.sha3_256(_ITEM_PREFIX.pack(start + i, timestamp_us) + body).digest()
+        for i, body in enumerate(bodies)
+    )
+    return Setsum.of_digests(digests)
+
+
+def encode_fragment(
+    seq_no: int,
+    start: int,
+    timestamp_us: int,
+    bodies: list[bytes],
+    *,
+    prev: Setsum | None = None,
+    keys: dict[str, tuple[int, int]] | None = None,
+) -> EncodedFragment:
+    """Encode bodies as the fragment ``seq_no`` starting at offset ``start``."""
+    if not bodies:
+        raise ValueError("a fragment holds at least one record")
+    n = len(bodies)
+    meta: dict[bytes, bytes] = {}
+    if prev is not None:
+        meta[META_PREV] = prev.hexdigest().encode()
+    if keys:
+        meta[META_KEYS] = json.dumps(keys, separators=(",", ":")).encode()
+    table = pa.Table.from_arrays(
+        [
+            pa.array(np.arange(start, start + n, dtype=np.uint64), type=pa.uint64()),
+            pa.array(np.full(n, timestamp_us, dtype=np.uint64), type=pa.uint64()),
+            pa.array(bodies, type=pa.binary()),
+        ],
+        schema=_SCHEMA.with_metadata(meta or None),
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="snappy")
+    return EncodedFragment(
+        seq_no=seq_no,
+        path=fragment_path(seq_no),
+        data=sink.getvalue(),
+        start=start,
+        limit=start + n,
+        timestamp_us=timestamp_us,
+        setsum=records_setsum(start, timestamp_us, bodies),
+    )
+
+
+def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, tuple[int, int]]]:
+    """The ``prev`` setsum and idempotency keys from a fragment's footer, without the rows."""
+    try:
+        schema = pq.read_schema(io.BytesIO(data))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptFragment(f"unreadable fragment: {e}") from e
+    return _footer(schema.metadata or {})
+
+
+def _footer(meta: dict[bytes, bytes]) -> tuple[Setsum | None, dict[str, tuple[int, int]]]:
+    prev = None
+    keys: dict[str, tuple[int, int]] = {}
+    try:
+        if META_PREV in meta:
+            prev = Setsum.from_hexdigest(meta[META_PREV].decode())
+        if META_KEYS in meta:
+            keys = {k: (int(v[0]), int(v[1])) for k, v in json.loads(meta[META_KEYS]).items()}
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise CorruptFragment(f"bad fragment footer: {e}") from e
+    return prev, keys
+
+
+def decode_fragment(data: bytes, *, compute_setsum: bool = True) -> DecodedFragment:
+    """Decode a fragment and compute its setsum; raises CorruptFragment.
+
+    With ``compute_setsum=False`` (the bytes were already verified by their MD5) the returned
+    setsum is zero and no record is hashed.
+    """
+    try:
+        table = pq.read_table(io.BytesIO(data))
+        offsets = table.column("offset").to_numpy()
+        stamps = table.column("timestamp_us").to_numpy()
+        bodies: list[bytes] = table.column("body").to_pylist()
+    except (pa.ArrowInvalid, OSError, KeyError) as e:
+        raise CorruptFragment(f"unreadable fragment: {e}") from e
+    if len(bodies) == 0:
+        raise CorruptFragment("empty fragment")
+    if not np.all(np.diff(offsets.astype(np.int64)) == 1):
+        raise CorruptFragment("fragment offsets are not contiguous")
+    records = [
+        LogRecord(offset=int(o), timestamp_us=int(t), body=b)
+        for o, t, b in zip(offsets.tolist(), stamps.tolist(), bodies)
+    ]
+    setsum = Setsum.zero()
+    if compute_setsum:
+        setsum = Setsum.of_digests(b"".join(
+            hashlib.sha3_256(record_item(r.offset, r.timestamp_us, r.body)).digest()
+            for r in records))
+    prev, keys = _footer(table.schema.metadata or {})
+    return DecodedFragment(records=records, setsum=setsum, prev=prev, keys=keys)

@@ -1,0 +1,507 @@
+"""Garbage collection in three verified, resumable phases.
+
+1. **Compute**: after the cursor dance (cursors, manifest, cursors again) the cutoff is the lowest
+   cursor.  Whole root pointers strictly below it become garbage; a snapshot straddling it is split
+   (its live children go into a new snapshot, one per level).  The plan, with the setsum of
+   everything it drops, is verified and written to ``gc/GARBAGE`` by conditional put.
+2. **Apply**: the writer installs it through its normal fenced manifest write: ``collected`` grows
+   by exactly the discarded setsum and ``initial_offset``/``initial_seq_no`` move; the tail is
+   untouched, so concurrent appends only rebase.
+3. **Delete**: once the grace interval has passed since phase 2 (readers that loaded an older
+   manifest are done with it), re-verify that nothing to delete is referenced, delete in
+   rate-limited batches, then reset ``gc/GARBAGE``.
+
+``gc/GARBAGE`` is the only state: a crash anywhere resumes from it, and deletes are idempotent.
+Orphans (fragments below the live range, unreferenced snapshots) older than the grace interval
+are swept too.  Nothing at or above the live range is ever deleted by the collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .cursors import CursorStore
+from .errors import CorruptManifest, GarbageRejected, NoCursors, ObjectNotFound, PreconditionFailed
+from .fragment import fragment_path, parse_fragment_path
+from .layout import GARBAGE_PATH, LOG_PREFIX, join, load_manifest
+from .manifest import (
+    MANIFEST_PATH,
+    SNAPSHOT_PREFIX,
+    FragmentPointer,
+    Manifest,
+    Pointer,
+    Snapshot,
+    SnapshotPointer,
+)
+from .reader import SnapshotCache
+from .setsum import Setsum
+from .store import ObjectStore, put_resolving
+
+_log = logging.getLogger("wal3.gc")
+
+ManifestEditor = Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]]
+
+
+@dataclass(frozen=True)
+class GcOptions:
+    """How careful and how fast the collector is."""
+
+    grace_s: float = 300.0
+    max_fraction: float = 1.0  # refuse plans dropping more than this share of live bytes
+    delete_batch: int = 64
+    deletes_per_second: float = 500.0
+    orphan_scan_limit: int = 10_000
+    writer_name: str = "wal3-gc"
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """A plan of what to drop, persisted in ``gc/GARBAGE``."""
+
+    cutoff: int
+    drop_root: tuple[str, ...]
+    replace_root: str | None
+    new_root: tuple[SnapshotPointer, ...]
+    new_snapshots: tuple[str, ...]
+    snapshots_to_delete: tuple[str, ...]
+    first_seq_to_delete: int
+    first_seq_to_keep: int
+    first_to_keep: int
+    setsum_to_discard: Setsum
+    bytes_to_discard: int
+    created_us: int
+    applied_us: int | None = None
+
+    def to_bytes(self) -> bytes:
+        """JSON form for ``gc/GARBAGE``."""
+        obj: dict[str, Any] = {
+            "cutoff": {"offset": self.cutoff},
+            "drop_root": list(self.drop_root),
+            "replace_root": self.replace_root,
+            "new_root": [p.to_json() for p in self.new_root],
+            "new_snapshots": list(self.new_snapshots),
+            "snapshots_to_delete": list(self.snapshots_to_delete),
+            "fragments_to_delete": {"first_seq_no": self.first_seq_to_delete,
+                                    "limit_seq_no": self.first_seq_to_keep},
+            "first_to_keep": {"offset": self.first_to_keep},
+            "setsum_to_discard": self.setsum_to_discard.hexdigest(),
+            "bytes_to_discard": self.bytes_to_discard,
+            "created_us": self.created_us,
+            "applied_us": self.applied_us,
+        }
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Garbage | None:
+        """Parse ``gc/GARBAGE``; None for the reset (empty) state."""
+        try:
+            obj = json.loads(data)
+            if not obj:
+                return None
+            return cls(
+                cutoff=int(obj["cutoff"]["offset"]),
+                drop_root=tuple(obj["drop_root"]),
+                replace_root=obj["replace_root"],
+                new_root=tuple(SnapshotPointer.from_json(p) for p in obj["new_root"]),
+                new_snapshots=tuple(obj["new_snapshots"]),
+                snapshots_to_delete=tuple(obj["snapshots_to_delete"]),
+                first_seq_to_delete=int(obj["fragments_to_delete"]["first_seq_no"]),
+                first_seq_to_keep=int(obj["fragments_to_delete"]["limit_seq_no"]),
+                first_to_keep=int(obj["first_to_keep"]["offset"]),
+                setsum_to_discard=Setsum.from_hexdigest(obj["setsum_to_discard"]),
+                bytes_to_discard=int(obj["bytes_to_discard"]),
+                created_us=int(obj["created_us"]),
+                applied_us=None if obj.get("applied_us") is None else int(obj["applied_us"]),
+            )
+        except (ValueError, TypeError, KeyError) as e:
+            raise GarbageRejected(f"unparseable {GARBAGE_PATH}: {e}") from e
+
+    def apply(self, m: Manifest, writer: str) -> Manifest:
+        """The manifest with this garbage removed; idempotent; raises GarbageRejected if stale."""
+        if m.oldest_offset >= self.first_to_keep:
+            return m  # already applied (a retry after a lost response, or a rebase)
+        entries = m.entries
+        n = len(self.drop_root)
+        if tuple(e.path for e in entries[:n]) != self.drop_root:
+            raise GarbageRejected("garbage is stale: the manifest no longer starts with it")
+        rest = list(entries[n:])
+        if self.replace_root is not None:
+            if not rest or rest[0].path != self.replace_root:
+                raise GarbageRejected("garbage is stale: the straddling snapshot moved")
+            rest = [*self.new_root, *rest[1:]]
+        new = replace(
+            m,
+            writer=writer,
+            snapshots=tuple(p for p in rest if isinstance(p, SnapshotPointer)),
+            fragments=tuple(p for p in rest if isinstance(p, FragmentPointer)),
+            collected=m.collected + self.setsum_to_discard,
+            initial_offset=self.first_to_keep,
+            initial_seq_no=self.first_seq_to_keep,
+        )
+        new.check()
+        return new
+
+
+@dataclass
+class GcReport:
+    """What one collector pass did."""
+
+    phase: str = "idle"
+    cutoff: int | None = None
+    fragments_deleted: int = 0
+    snapshots_deleted: int = 0
+    orphans_deleted: int = 0
+    setsum_discarded: str | None = None
+    waiting_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- tree helpers
+
+
+async def _first_leaf_seq(store: ObjectStore, prefix: str, entries: Sequence[Pointer],
+                          cache: SnapshotCache) -> int | None:
+    """The sequence number of the oldest fragment under ``entries``."""
+    if not entries:
+        return None
+    p = entries[0]
+    while isinstance(p, SnapshotPointer):
+        p = (await cache.get(store, prefix, p)).children[0]
+    return p.seq_no
+
+
+async def live_snapshot_paths(store: ObjectStore, prefix: str, m: Manifest,
+                              cache: SnapshotCache) -> set[str]:
+    """Every snapshot reachable from the manifest."""
+    out: set[str] = set()
+    stack: list[SnapshotPointer] = list(m.snapshots)
+    while stack:
+        p = stack.pop()
+        out.add(p.path_to_snapshot)
+        stack.extend((await cache.get(store, prefix, p)).snapshots)
+    return out
+
+
+async def min_live_seq(store: ObjectStore, prefix: str, m: Manifest, cache: SnapshotCache) -> int:
+    """The lowest fragment sequence number the manifest can reach."""
+    seq = await _first_leaf_seq(store, prefix, m.entries, cache)
+    return seq if seq is not None else m.next_seq_no
+
+
+async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
+                   cache: SnapshotCache, writer: str,
+                   put_snapshot: Callable[[Snapshot], Awaitable[None]]) -> Garbage | None:
+    """Plan dropping everything wholly below ``cutoff``; None when nothing would be dropped.
+
+    ``put_snapshot`` stores each split snapshot (GC writes them under the log; fork under the
+    new log).
+    """
+    cutoff = min(cutoff, m.next_offset)
+    entries = m.entries
+    i = 0
+    while i < len(entries) and entries[i].limit <= cutoff:
+        i += 1
+    dropped = list(entries[:i])
+    straddler = entries[i] if i < len(entries) else None
+    if not (isinstance(straddler, SnapshotPointer) and straddler.start < cutoff):
+        straddler = None
+    discard = Setsum.zero()
+    nbytes = 0
+    to_delete: list[str] = []
+    created: list[str] = []
+    for p in dropped:
+        discard = discard + p.setsum
+        nbytes += p.num_bytes
+    # Every snapshot under a dropped pointer goes too.
+    stack = [p for p in dropped if isinstance(p, SnapshotPointer)]
+    while stack:
+        p = stack.pop()
+        to_delete.append(p.path_to_snapshot)
+        stack.extend((await cache.get(store, prefix, p)).snapshots)
+
+    async def split(ptr: SnapshotPointer) -> SnapshotPointer:
+        nonlocal discard, nbytes
+        snap = await cache.get(store, prefix, ptr)
+        to_delete.append(ptr.path_to_snapshot)
+        kept: list[Pointer] = []
+        for child in snap.children:
+            if child.limit <= cutoff:
+                discard = discard + child.setsum
+                nbytes += child.num_bytes
+                if isinstance(child, SnapshotPointer):
+                    sub = [child]
+                    while sub:
+                        c = sub.pop()
+                        to_delete.append(c.path_to_snapshot)
+                        sub.extend((await cache.get(store, prefix, c)).snapshots)
+            elif isinstance(child, SnapshotPointer) and child.start < cutoff and not kept:
+                kept.append(await split(child))
+            else:
+                kept.append(child)
+        if len(kept) == 1 and isinstance(kept[0], SnapshotPointer):
+            # A snapshot of one snapshot would share its child's setsum, hence its name.
+            return kept[0]
+        new = Snapshot.build(kept, writer)
+        await put_snapshot(new)
+        cache.put(prefix, new)
+        created.append(new.path)
+        return new.to_pointer()
+
+    new_root: tuple[SnapshotPointer, ...] = ()
+    if straddler is not None:
+        new_root = (await split(straddler),)
+    if not dropped and straddler is None:
+        return None
+    old_first = await min_live_seq(store, prefix, m, cache)
+    remaining = [*new_root, *entries[i + (1 if straddler is not None else 0):]]
+    first_keep_seq = await _first_leaf_seq(store, prefix, remaining, cache)
+    if first_keep_seq is None:
+        first_keep_seq = m.next_seq_no
+    first_to_keep = remaining[0].start if remaining else m.next_offset
+    return Garbage(
+        cutoff=cutoff,
+        drop_root=tuple(p.path for p in dropped),
+        replace_root=straddler.path_to_snapshot if straddler is not None else None,
+        new_root=new_root,
+        new_snapshots=tuple(created),
+        snapshots_to_delete=tuple(dict.fromkeys(to_delete)),
+        first_seq_to_delete=old_first,
+        first_seq_to_keep=first_keep_seq,
+        first_to_keep=first_to_keep,
+        setsum_to_discard=discard,
+        bytes_to_discard=nbytes,
+        created_us=time.time_ns() // 1000,
+    )
+
+
+def verify_garbage(g: Garbage, m: Manifest, options: GcOptions) -> None:
+    """Refuse garbage whose setsums do not balance or that drops too much of the log."""
+    applied = g.apply(m, options.writer_name)
+    if sum((e.setsum for e in applied.entries), Setsum.zero()) + applied.collected != m.setsum:
+        raise GarbageRejected("garbage does not balance: live + collected + discarded != setsum")
+    if applied.collected - m.collected != g.setsum_to_discard:
+        raise GarbageRejected("collected does not grow by exactly the discarded setsum")
+    if (applied.next_offset, applied.next_seq_no) != (m.next_offset, m.next_seq_no):
+        raise GarbageRejected("garbage would move the log's tail")
+    live = m.live_bytes
+    if live and g.bytes_to_discard / live > options.max_fraction:
+        raise GarbageRejected(
+            f"garbage drops {g.bytes_to_discard / live:.1%} of the log, "
+            f"more than the allowed {options.max_fraction:.1%}")
+    if g.first_seq_to_keep < g.first_seq_to_delete:
+        raise GarbageRejected("fragment range to delete is inverted")
+
+
+# ---------------------------------------------------------------------------- the collector
+
+
+class GarbageCollector:
+    """Drives one log's garbage through the three phases; safe to crash and rerun anywhere."""
+
+    def __init__(self, store: ObjectStore, prefix: str, options: GcOptions | None = None, *,
+                 edit_manifest: ManifestEditor | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._prefix = prefix.strip("/")
+        self._opts = options or GcOptions()
+        self._edit = edit_manifest or self._edit_standalone
+        self._clock = clock
+        self._cache = SnapshotCache(256)
+        self.cursors = CursorStore(store, prefix, self._opts.writer_name)
+
+    async def _edit_standalone(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
+        """A fenced manifest edit without a writer (compare-and-swap until it lands)."""
+        for _ in range(64):
+            loaded = await load_manifest(self._store, self._prefix)
+            if loaded is None:
+                raise GarbageRejected(f"no log at {self._prefix}")
+            m, etag = loaded
+            new = fn(m)
+            if new is m:
+                return m
+            try:
+                await put_resolving(self._store, join(self._prefix, MANIFEST_PATH), new.to_bytes(),
+                                    if_match=etag)
+                return new
+            except PreconditionFailed:
+                continue
+        raise GarbageRejected("manifest kept changing under the collector")
+
+    async def _load_garbage(self) -> tuple[Garbage | None, str | None]:
+        try:
+            got = await self._store.get(join(self._prefix, GARBAGE_PATH))
+        except ObjectNotFound:
+            return None, None
+        return Garbage.from_bytes(got.data), got.etag
+
+    async def _store_garbage(self, g: Garbage | None, etag: str | None) -> str:
+        data = g.to_bytes() if g is not None else b"{}"
+        key = join(self._prefix, GARBAGE_PATH)
+        if etag is None:
+            return await put_resolving(self._store, key, data, if_none_match="*")
+        return await put_resolving(self._store, key, data, if_match=etag)
+
+    async def cutoff(self) -> tuple[int, Manifest]:
+        """The cursor dance: the minimum cursor, consistent with the manifest read between."""
+        for _ in range(8):
+            before = await self.cursors.load_all()
+            loaded = await load_manifest(self._store, self._prefix)
+            if loaded is None:
+                raise GarbageRejected(f"no log at {self._prefix}")
+            after = await self.cursors.load_all()
+            if {k: v.etag for k, v in before.items()} == {k: v.etag for k, v in after.items()}:
+                if not after:
+                    raise NoCursors(f"{self._prefix} has no cursors: nothing can be collected")
+                return min(w.cursor.offset for w in after.values()), loaded[0]
+        raise GarbageRejected("cursors kept moving during the garbage collection dance")
+
+    async def run_once(self, *, sweep_orphans: bool = True) -> GcReport:
+        """Advance garbage collection as far as it can go now."""
+        report = GcReport()
+        garbage, etag = await self._load_garbage()
+        if garbage is None:
+            garbage, etag = await self._phase1(report, etag)
+            if garbage is None:
+                if sweep_orphans:
+                    await self._sweep_orphans(report, None)
+                return report
+        if garbage.applied_us is None:
+            garbage, etag = await self._phase2(report, garbage, etag)
+            if garbage is None:
+                return report
+        assert etag is not None
+        await self._phase3(report, garbage, etag)
+        if sweep_orphans and report.phase == "done":
+            await self._sweep_orphans(report, None)
+        return report
+
+    async def _phase1(self, report: GcReport, etag: str | None) -> tuple[Garbage | None, str | None]:
+        cutoff, m = await self.cutoff()
+        report.cutoff = cutoff
+        if cutoff <= m.oldest_offset:
+            return None, etag
+
+        async def put_snapshot(s: Snapshot) -> None:
+            try:
+                await put_resolving(self._store, join(self._prefix, s.path), s.to_bytes(),
+                                    if_none_match="*")
+            except PreconditionFailed:
+                pass  # content-addressed: already there
+
+        g = await plan_cut(self._store, self._prefix, m, cutoff, self._cache,
+                           self._opts.writer_name, put_snapshot)
+        if g is None:
+            return None, etag
+        verify_garbage(g, m, self._opts)
+        try:
+            etag = await self._store_garbage(g, etag)
+        except PreconditionFailed:
+            report.notes.append("another collector wrote the garbage file first")
+            return await self._load_garbage()
+        report.phase = "computed"
+        report.setsum_discarded = g.setsum_to_discard.hexdigest()
+        return g, etag
+
+    async def _phase2(self, report: GcReport, g: Garbage, etag: str | None
+                      ) -> tuple[Garbage | None, str | None]:
+        try:
+            await self._edit(lambda m: g.apply(m, self._opts.writer_name))
+        except GarbageRejected as e:
+            # Stale plan (e.g. the writer snapshotted the prefix meanwhile): start over later.
+            report.notes.append(f"discarded stale garbage: {e}")
+            await self._store_garbage(None, etag)
+            report.phase = "discarded"
+            return None, None
+        applied = replace(g, applied_us=int(self._clock() * 1_000_000))
+        etag = await self._store_garbage(applied, etag)
+        report.phase = "applied"
+        return applied, etag
+
+    async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
+        assert g.applied_us is not None
+        waited = self._clock() - g.applied_us / 1_000_000
+        if waited < self._opts.grace_s:
+            report.phase = "waiting"
+            report.waiting_s = self._opts.grace_s - waited
+            return
+        loaded = await load_manifest(self._store, self._prefix)
+        if loaded is None:
+            raise GarbageRejected(f"no log at {self._prefix}")
+        m = loaded[0]
+        # Affirmative check right before deleting: nothing listed is referenced any more.
+        if m.oldest_offset < g.first_to_keep:
+            raise GarbageRejected("garbage marked applied but the manifest still holds it")
+        if await min_live_seq(self._store, self._prefix, m, self._cache) < g.first_seq_to_keep:
+            raise GarbageRejected("a fragment to delete is still referenced")
+        live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
+        if live & set(g.snapshots_to_delete):
+            raise GarbageRejected("a snapshot to delete is still referenced")
+        keys = [join(self._prefix, fragment_path(s))
+                for s in range(g.first_seq_to_delete, g.first_seq_to_keep)]
+        report.fragments_deleted = await self._delete(keys)
+        report.snapshots_deleted = await self._delete(
+            [join(self._prefix, p) for p in g.snapshots_to_delete])
+        await self._store_garbage(None, etag)
+        report.phase = "done"
+
+    async def _delete(self, keys: list[str]) -> int:
+        """Delete in batches, no faster than the configured rate."""
+        batch = max(1, self._opts.delete_batch)
+        for i in range(0, len(keys), batch):
+            chunk = keys[i:i + batch]
+            started = time.monotonic()
+            await asyncio.gather(*(self._store.delete(k) for k in chunk))
+            budget = len(chunk) / self._opts.deletes_per_second
+            elapsed = time.monotonic() - started
+            if elapsed < budget and i + batch < len(keys):
+                await asyncio.sleep(budget - elapsed)  # rate limit, not synchronisation
+        return len(keys)
+
+    async def _sweep_orphans(self, report: GcReport, _g: Garbage | None) -> None:
+        """Delete objects no manifest will ever reference, once older than the grace interval."""
+        garbage, _ = await self._load_garbage()
+        if garbage is not None:
+            return  # a plan in flight owns the objects around the cut; sweep after it finishes
+        loaded = await load_manifest(self._store, self._prefix)
+        if loaded is None:
+            return
+        m = loaded[0]
+        horizon = self._clock() - self._opts.grace_s
+        first_live = await min_live_seq(self._store, self._prefix, m, self._cache)
+        doomed: list[str] = []
+        scanned = 0
+        base = join(self._prefix, LOG_PREFIX)
+        async for meta in self._store.list(base):
+            scanned += 1
+            if scanned > self._opts.orphan_scan_limit:
+                break
+            seq = parse_fragment_path(meta.key[len(self._prefix) + 1:] if self._prefix else meta.key)
+            if seq is None:
+                continue
+            if seq >= first_live:
+                break  # keys list in sequence order: the rest is live or beyond the tail
+            if meta.last_modified < horizon:
+                doomed.append(meta.key)
+        # An unlinked snapshot is only certainly dead once its whole range is below the live
+        # range: above it, a writer may still link a snapshot with the same (content) name.
+        live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
+        async for meta in self._store.list(join(self._prefix, SNAPSHOT_PREFIX)):
+            rel = meta.key[len(self._prefix) + 1:] if self._prefix else meta.key
+            if rel in live or meta.last_modified >= horizon:
+                continue
+            try:
+                snap = Snapshot.from_bytes((await self._store.get(meta.key)).data)
+            except ObjectNotFound:
+                continue
+            except CorruptManifest:
+                report.notes.append(f"unreadable snapshot {rel} left in place")
+                continue
+            if snap.children[-1].limit <= m.oldest_offset:
+                doomed.append(meta.key)
+        report.orphans_deleted += await self._delete(doomed)

@@ -1,0 +1,498 @@
+"""Manifests and snapshots: the metadata that names every live object of a log.
+
+The manifest (``manifest/MANIFEST``) is overwritten with conditional puts; snapshots
+(``snapshot/SNAPSHOT.{setsum}``) are immutable and content-addressed.  The root manifest lists
+snapshot pointers (oldest first) and then fragment pointers; a snapshot holds either snapshot
+pointers of lower depth or fragment pointers, never both.  Every pointer carries the setsum of what
+it names, so the root's ``setsum`` always equals the sum of its pointers plus ``collected`` (what
+garbage collection removed).  JSON field names follow the Rust wal3 crate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import CorruptManifest
+from .setsum import Setsum
+
+MANIFEST_PATH = "manifest/MANIFEST"
+SNAPSHOT_PREFIX = "snapshot/"
+
+
+def snapshot_path(setsum: Setsum) -> str:
+    """The content-addressed path of a snapshot."""
+    return f"{SNAPSHOT_PREFIX}SNAPSHOT.{setsum.hexdigest()}"
+
+
+def _pos(offset: int) -> dict[str, int]:
+    return {"offset": offset}
+
+
+def _unpos(value: Any, what: str) -> int:
+    if isinstance(value, dict) and isinstance(value.get("offset"), int):
+        return int(value["offset"])
+    raise CorruptManifest(f"{what} is not a log position: {value!r}")
+
+
+def _setsum(value: Any, what: str) -> Setsum:
+    try:
+        return Setsum.from_hexdigest(value)
+    except (ValueError, TypeError):
+        raise CorruptManifest(f"{what} is not a setsum: {value!r}") from None
+
+
+def _md5(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 32:
+        raise CorruptManifest(f"fragment.content_md5 is not a hex MD5: {value!r}")
+    return value
+
+
+def _int(obj: dict[str, Any], key: str, what: str) -> int:
+    v = obj.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CorruptManifest(f"{what}.{key} is not a non-negative integer: {v!r}")
+    return v
+
+
+def _str(obj: dict[str, Any], key: str, what: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise CorruptManifest(f"{what}.{key} is not a string: {v!r}")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentPointer:
+    """A manifest's reference to one fragment."""
+
+    path: str
+    seq_no: int
+    start: int
+    limit: int
+    num_bytes: int
+    setsum: Setsum
+    # Hex MD5 of the object's bytes (an S3 single-part etag).  An extension the Rust crate
+    # ignores: the setsum proves the records, this proves every byte, so scrub catches a flip
+    # in Parquet metadata too, and readers can skip re-hashing records.
+    content_md5: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form, as the Rust crate writes it (plus ``content_md5`` when known)."""
+        obj: dict[str, Any] = {
+            "path": self.path,
+            "seq_no": self.seq_no,
+            "start": _pos(self.start),
+            "limit": _pos(self.limit),
+            "num_bytes": self.num_bytes,
+            "setsum": self.setsum.hexdigest(),
+        }
+        if self.content_md5 is not None:
+            obj["content_md5"] = self.content_md5
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: Any) -> FragmentPointer:
+        """Parse and type-check a fragment pointer."""
+        if not isinstance(obj, dict):
+            raise CorruptManifest(f"fragment is not an object: {obj!r}")
+        return cls(
+            path=_str(obj, "path", "fragment"),
+            seq_no=_int(obj, "seq_no", "fragment"),
+            start=_unpos(obj.get("start"), "fragment.start"),
+            limit=_unpos(obj.get("limit"), "fragment.limit"),
+            num_bytes=_int(obj, "num_bytes", "fragment"),
+            setsum=_setsum(obj.get("setsum"), "fragment.setsum"),
+            content_md5=_md5(obj.get("content_md5")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPointer:
+    """A reference to a snapshot, carrying the setsum and range of everything beneath it."""
+
+    setsum: Setsum
+    path_to_snapshot: str
+    depth: int
+    start: int
+    limit: int
+    num_bytes: int
+
+    @property
+    def path(self) -> str:
+        """Path of the snapshot object."""
+        return self.path_to_snapshot
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form, as the Rust crate writes it."""
+        return {
+            "setsum": self.setsum.hexdigest(),
+            "path_to_snapshot": self.path_to_snapshot,
+            "depth": self.depth,
+            "start": _pos(self.start),
+            "limit": _pos(self.limit),
+            "num_bytes": self.num_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> SnapshotPointer:
+        """Parse and type-check a snapshot pointer."""
+        if not isinstance(obj, dict):
+            raise CorruptManifest(f"snapshot pointer is not an object: {obj!r}")
+        return cls(
+            setsum=_setsum(obj.get("setsum"), "snapshot.setsum"),
+            path_to_snapshot=_str(obj, "path_to_snapshot", "snapshot"),
+            depth=_int(obj, "depth", "snapshot"),
+            start=_unpos(obj.get("start"), "snapshot.start"),
+            limit=_unpos(obj.get("limit"), "snapshot.limit"),
+            num_bytes=_int(obj, "num_bytes", "snapshot"),
+        )
+
+
+Pointer = FragmentPointer | SnapshotPointer
+
+
+def _check_run(entries: Sequence[Pointer], where: str) -> None:
+    """Ranges are non-empty and contiguous; fragment seq numbers are sequential."""
+    prev: Pointer | None = None
+    for e in entries:
+        if e.start >= e.limit:
+            raise CorruptManifest(f"{where}: {e.path} has empty range [{e.start}, {e.limit})")
+        if prev is not None:
+            if e.start != prev.limit:
+                raise CorruptManifest(
+                    f"{where}: {e.path} starts at {e.start}, expected {prev.limit} (gap or overlap)"
+                )
+            if isinstance(e, FragmentPointer) and isinstance(prev, FragmentPointer):
+                if e.seq_no != prev.seq_no + 1:
+                    raise CorruptManifest(
+                        f"{where}: fragment seq_no {e.seq_no} follows {prev.seq_no}"
+                    )
+        prev = e
+
+
+def _sum(entries: Iterable[Pointer]) -> Setsum:
+    total = Setsum.zero()
+    for e in entries:
+        total = total + e.setsum
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An immutable interior node of the manifest tree."""
+
+    path: str
+    depth: int
+    setsum: Setsum
+    writer: str
+    snapshots: tuple[SnapshotPointer, ...] = ()
+    fragments: tuple[FragmentPointer, ...] = ()
+
+    @classmethod
+    def build(
+        cls, children: Sequence[Pointer], writer: str
+    ) -> Snapshot:
+        """A snapshot over consecutive pointers, all fragments or all snapshots."""
+        if not children:
+            raise ValueError("a snapshot holds at least one pointer")
+        setsum = _sum(children)
+        if all(isinstance(c, FragmentPointer) for c in children):
+            return cls(snapshot_path(setsum), 1, setsum, writer, (), tuple(children))  # type: ignore[arg-type]
+        if all(isinstance(c, SnapshotPointer) for c in children):
+            depth = max(c.depth for c in children) + 1  # type: ignore[union-attr]
+            return cls(snapshot_path(setsum), depth, setsum, writer, tuple(children), ())  # type: ignore[arg-type]
+        raise ValueError("a snapshot never holds both snapshots and fragments")
+
+    @property
+    def children(self) -> tuple[Pointer, ...]:
+        """The pointers held, oldest first."""
+        return self.snapshots if self.snapshots else self.fragments
+
+    def to_pointer(self) -> SnapshotPointer:
+        """The pointer a parent stores for this snapshot."""
+        kids = self.children
+        return SnapshotPointer(
+            setsum=self.setsum,
+            path_to_snapshot=self.path,
+            depth=self.depth,
+            start=kids[0].start,
+            limit=kids[-1].limit,
+            num_bytes=sum(k.num_bytes for k in kids),
+        )
+
+    def check(self) -> None:
+        """Raise CorruptManifest unless the snapshot is internally consistent."""
+        if self.snapshots and self.fragments:
+            raise CorruptManifest(f"{self.path} holds both snapshots and fragments")
+        if not self.children:
+            raise CorruptManifest(f"{self.path} is empty")
+        if self.snapshots and any(s.depth >= self.depth for s in self.snapshots):
+            raise CorruptManifest(f"{self.path}: child depth is not below {self.depth}")
+        if self.fragments and self.depth != 1:
+            raise CorruptManifest(f"{self.path}: a snapshot of fragments has depth 1")
+        _check_run(self.children, self.path)
+        if _sum(self.children) != self.setsum:
+            raise CorruptManifest(f"{self.path}: setsum does not balance with its children")
+        if self.path != snapshot_path(self.setsum):
+            raise CorruptManifest(f"{self.path}: path does not name its setsum")
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON encoding."""
+        return json.dumps(
+            {
+                "path": self.path,
+                "depth": self.depth,
+                "setsum": self.setsum.hexdigest(),
+                "writer": self.writer,
+                "snapshots": [s.to_json() for s in self.snapshots],
+                "fragments": [f.to_json() for f in self.fragments],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Snapshot:
+        """Decode and check a snapshot; raises CorruptManifest."""
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptManifest(f"snapshot is not JSON: {e}") from e
+        if not isinstance(obj, dict):
+            raise CorruptManifest("snapshot is not a JSON object")
+        snap = cls(
+            path=_str(obj, "path", "snapshot"),
+            depth=_int(obj, "depth", "snapshot"),
+            setsum=_setsum(obj.get("setsum"), "snapshot.setsum"),
+            writer=str(obj.get("writer", "")),
+            snapshots=tuple(SnapshotPointer.from_json(s) for s in obj.get("snapshots") or []),
+            fragments=tuple(FragmentPointer.from_json(f) for f in obj.get("fragments") or []),
+        )
+        snap.check()
+        return snap
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The root of a log: everything live, the running setsum, and what was collected."""
+
+    setsum: Setsum = field(default_factory=Setsum.zero)
+    collected: Setsum = field(default_factory=Setsum.zero)
+    acc_bytes: int = 0
+    writer: str = ""
+    snapshots: tuple[SnapshotPointer, ...] = ()
+    fragments: tuple[FragmentPointer, ...] = ()
+    initial_offset: int | None = None
+    initial_seq_no: int | None = None
+    sealed: bool = False
+
+    # --------------------------------------------------------------------------- positions
+
+    @property
+    def entries(self) -> tuple[Pointer, ...]:
+        """Root pointers in log order: snapshots, then fragments."""
+        return (*self.snapshots, *self.fragments)
+
+    @property
+    def oldest_offset(self) -> int:
+        """The lowest offset still readable."""
+        if self.snapshots:
+            return self.snapshots[0].start
+        if self.fragments:
+            return self.fragments[0].start
+        return self.initial_offset if self.initial_offset is not None else 1
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended record gets."""
+        if self.fragments:
+            return self.fragments[-1].limit
+        if self.snapshots:
+            return self.snapshots[-1].limit
+        return self.initial_offset if self.initial_offset is not None else 1
+
+    @property
+    def next_seq_no(self) -> int:
+        """The sequence number of the next fragment."""
+        if self.fragments:
+            return self.fragments[-1].seq_no + 1
+        if self.snapshots:
+            # Writers never snapshot the last fragment, so this only happens in a foreign log.
+            raise CorruptManifest("manifest has snapshots but no fragment to number from")
+        return self.initial_seq_no if self.initial_seq_no is not None else 1
+
+    @property
+    def tail_setsum(self) -> Setsum | None:
+        """Setsum of the last fragment, which the next fragment must follow."""
+        return self.fragments[-1].setsum if self.fragments else None
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of all live fragments."""
+        return sum(e.num_bytes for e in self.entries)
+
+    @property
+    def num_fragments_in_root(self) -> int:
+        """Fragment pointers held directly by the root."""
+        return len(self.fragments)
+
+    # ---------------------------------------------------------------------------- checking
+
+    def check(self) -> None:
+        """Raise CorruptManifest unless every invariant of the spec holds."""
+        if any(s.depth < 1 for s in self.snapshots):
+            raise CorruptManifest("snapshot pointer with depth 0")
+        entries = self.entries
+        _check_run(entries, "manifest")
+        if entries:
+            expected_first = self.initial_offset if self.initial_offset is not None else 1
+            if entries[0].start != expected_first:
+                raise CorruptManifest(
+                    f"manifest starts at {entries[0].start}, expected {expected_first}"
+                )
+            if not self.snapshots and self.fragments and self.initial_seq_no is not None:
+                if self.fragments[0].seq_no != self.initial_seq_no:
+                    raise CorruptManifest(
+                        f"first fragment is seq {self.fragments[0].seq_no}, "
+                        f"expected {self.initial_seq_no}"
+                    )
+        if _sum(entries) + self.collected != self.setsum:
+            raise CorruptManifest("setsum does not balance: live pointers + collected != setsum")
+
+    # --------------------------------------------------------------------------- transforms
+
+    @classmethod
+    def empty(cls, writer: str) -> Manifest:
+        """A new, empty log."""
+        return cls(writer=writer)
+
+    def with_fragments(self, frags: Sequence[FragmentPointer], writer: str) -> Manifest:
+        """Append fragments at the tail; they must follow on exactly."""
+        if not frags:
+            return self
+        seq, off = self.next_seq_no, self.next_offset
+        for f in frags:
+            if f.seq_no != seq or f.start != off:
+                raise CorruptManifest(
+                    f"fragment {f.seq_no}@[{f.start},{f.limit}) does not follow {seq}@{off}"
+                )
+            seq, off = seq + 1, f.limit
+        return replace(
+            self,
+            setsum=self.setsum + _sum(frags),
+            acc_bytes=self.acc_bytes + sum(f.num_bytes for f in frags),
+            writer=writer,
+            fragments=(*self.fragments, *frags),
+        )
+
+    def with_snapshot(self, snap: Snapshot, writer: str) -> Manifest | None:
+        """Replace the run of root pointers a snapshot covers; None if they are not there."""
+        kids = snap.children
+        entries = self.entries
+        for i, e in enumerate(entries):
+            if e == kids[0]:
+                if tuple(entries[i : i + len(kids)]) != tuple(kids):
+                    return None
+                rest = (*entries[:i], snap.to_pointer(), *entries[i + len(kids) :])
+                return replace(
+                    self,
+                    writer=writer,
+                    snapshots=tuple(p for p in rest if isinstance(p, SnapshotPointer)),
+                    fragments=tuple(p for p in rest if isinstance(p, FragmentPointer)),
+                )
+        return None
+
+    def with_sealed(self, writer: str) -> Manifest:
+        """The same manifest, sealed."""
+        return replace(self, sealed=True, writer=writer)
+
+    def same_tail(self, other: Manifest) -> bool:
+        """Whether both manifests end at the same fragment (no one appended in between)."""
+        return (self.next_offset, self.tail_setsum) == (other.next_offset, other.tail_setsum)
+
+    def contains_fragment(self, path: str, setsum: Setsum) -> bool:
+        """Whether the root links exactly this fragment."""
+        for f in reversed(self.fragments):
+            if f.path == path:
+                return f.setsum == setsum
+        return False
+
+    # ------------------------------------------------------------------------------ codec
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON encoding (Rust field names; ``sealed`` only when set)."""
+        obj: dict[str, Any] = {
+            "setsum": self.setsum.hexdigest(),
+            "collected": self.collected.hexdigest(),
+            "acc_bytes": self.acc_bytes,
+            "writer": self.writer,
+            "snapshots": [s.to_json() for s in self.snapshots],
+            "fragments": [f.to_json() for f in self.fragments],
+        }
+        if self.initial_offset is not None:
+            obj["initial_offset"] = _pos(self.initial_offset)
+        if self.initial_seq_no is not None:
+            obj["initial_seq_no"] = self.initial_seq_no
+        if self.sealed:
+            obj["sealed"] = True
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Decode and check a manifest; raises CorruptManifest."""
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptManifest(f"manifest is not JSON: {e}") from e
+        if not isinstance(obj, dict):
+            raise CorruptManifest("manifest is not a JSON object")
+        initial_offset = obj.get("initial_offset")
+        initial_seq_no = obj.get("initial_seq_no")
+        if initial_seq_no is not None and (
+            not isinstance(initial_seq_no, int) or isinstance(initial_seq_no, bool)
+        ):
+            raise CorruptManifest(f"initial_seq_no is not an integer: {initial_seq_no!r}")
+        m = cls(
+            setsum=_setsum(obj.get("setsum"), "setsum"),
+            collected=_setsum(obj.get("collected", "0" * 64), "collected"),
+            acc_bytes=_int(obj, "acc_bytes", "manifest"),
+            writer=str(obj.get("writer", "")),
+            snapshots=tuple(SnapshotPointer.from_json(s) for s in obj.get("snapshots") or []),
+            fragments=tuple(FragmentPointer.from_json(f) for f in obj.get("fragments") or []),
+            initial_offset=None
+            if initial_offset is None
+            else _unpos(initial_offset, "initial_offset"),
+            initial_seq_no=initial_seq_no,
+            sealed=bool(obj.get("sealed", False)),
+        )
+        m.check()
+        return m
+
+
+def plan_snapshot(
+    manifest: Manifest, *, fragment_threshold: int, snapshot_threshold: int, writer: str
+) -> Snapshot | None:
+    """The next snapshot worth writing, if the root has grown past a threshold.
+
+    Runs of ``snapshot_threshold`` consecutive same-depth pointers roll up one level (deepest
+    first, so the tree stays ordered by depth); otherwise the oldest ``fragment_threshold``
+    fragments become a depth-1 snapshot.  The last fragment always stays in the root so the next
+    sequence number remains computable.
+    """
+    snaps = manifest.snapshots
+    for depth in sorted({s.depth for s in snaps}, reverse=True):
+        run: list[SnapshotPointer] = []
+        for s in snaps:
+            if s.depth == depth:
+                run.append(s)
+                if len(run) == snapshot_threshold:
+                    return Snapshot.build(run, writer)
+            else:
+                run = []
+    if len(manifest.fragments) > fragment_threshold:
+        return Snapshot.build(manifest.fragments[:fragment_threshold], writer)
+    return None

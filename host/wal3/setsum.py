@@ -1,0 +1,120 @@
+"""Setsum: an order-free, incremental checksum of a multiset of byte strings.
+
+Byte-compatible with the Rust ``setsum`` crate: each item is hashed with SHA3-256, the digest is
+read as eight little-endian u32 lanes, and lane ``i`` is reduced and summed modulo ``PRIMES[i]``.
+Adding and removing items are O(1), so a manifest can carry the checksum of everything ever written
+and prove, after garbage collection or compaction, that nothing was lost or altered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+
+import numpy as np
+
+PRIMES: tuple[int, ...] = (
+    4294967291,
+    4294967279,
+    4294967231,
+    4294967197,
+    4294967189,
+    4294967161,
+    4294967143,
+    4294967111,
+)
+_LANES = struct.Struct("<8I")
+_PRIMES_NP = np.array(PRIMES, dtype=np.uint64)
+
+
+class Setsum:
+    """An immutable setsum value."""
+
+    __slots__ = ("_lanes",)
+
+    def __init__(self, lanes: Iterable[int] = (0, 0, 0, 0, 0, 0, 0, 0)) -> None:
+        lanes = tuple(int(x) for x in lanes)
+        if len(lanes) != 8 or any(not 0 <= x < p for x, p in zip(lanes, PRIMES)):
+            raise ValueError("a setsum has eight lanes, each reduced modulo its prime")
+        self._lanes: tuple[int, ...] = lanes
+
+    # ----------------------------------------------------------------------------- building
+
+    @classmethod
+    def zero(cls) -> Setsum:
+        """The setsum of the empty set."""
+        return cls()
+
+    @classmethod
+    def of(cls, item: bytes) -> Setsum:
+        """The setsum of a single item."""
+        lanes = _LANES.unpack(hashlib.sha3_256(item).digest())
+        return cls(x % p for x, p in zip(lanes, PRIMES))
+
+    @classmethod
+    def of_items(cls, items: Iterable[bytes]) -> Setsum:
+        """The setsum of many items, summed in one vectorised pass."""
+        digests = b"".join(hashlib.sha3_256(item).digest() for item in items)
+        return cls.of_digests(digests)
+
+    @classmethod
+    def of_digests(cls, digests: bytes) -> Setsum:
+        """Sum concatenated 32-byte SHA3-256 digests."""
+        if not digests:
+            return cls()
+        lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
+        lanes %= _PRIMES_NP
+        # Each reduced lane is < 2**32, so 2**32 of them still fit in a u64 sum.
+        total = np.zeros(8, dtype=np.uint64)
+        for chunk in range(0, lanes.shape[0], 1 << 31):
+            total = (total + lanes[chunk : chunk + (1 << 31)].sum(axis=0)) % _PRIMES_NP
+        return cls(int(x) for x in total)
+
+    # --------------------------------------------------------------------------- arithmetic
+
+    def __add__(self, other: Setsum) -> Setsum:
+        return Setsum((a + b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES))
+
+    def __sub__(self, other: Setsum) -> Setsum:
+        return Setsum((a - b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Setsum) and self._lanes == other._lanes
+
+    def __hash__(self) -> int:
+        return hash(self._lanes)
+
+    def __bool__(self) -> bool:
+        return any(self._lanes)
+
+    def is_zero(self) -> bool:
+        """Whether this is the setsum of the empty set."""
+        return not any(self._lanes)
+
+    # ------------------------------------------------------------------------------ encoding
+
+    def digest(self) -> bytes:
+        """The 32-byte digest: the lanes written back little-endian."""
+        return _LANES.pack(*self._lanes)
+
+    def hexdigest(self) -> str:
+        """The 64-character lowercase hex digest."""
+        return self.digest().hex()
+
+    @classmethod
+    def from_hexdigest(cls, text: str) -> Setsum:
+        """Parse a hex digest; raises ValueError on anything malformed."""
+        if len(text) != 64:
+            raise ValueError(f"a setsum hex digest has 64 characters, got {len(text)}")
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raise ValueError(f"not a hex digest: {text!r}") from None
+        return cls(_LANES.unpack(raw))
+
+    def __repr__(self) -> str:
+        return f"Setsum({self.hexdigest()})"
+
+    def __str__(self) -> str:
+        return self.hexdigest()

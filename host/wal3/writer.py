@@ -1,0 +1,923 @@
+"""``LogWriter``: group commit, pipelined fragment uploads and in-order manifest writes.
+
+The write path:
+
+1. ``append_many`` queues the bodies and waits (shielded: a cancelled caller cannot abort work
+   that other appends depend on).
+2. The batcher cuts a batch when enough bytes are queued, when the pipeline is idle, or when the
+   batch interval expires, and assigns it the next sequence number and offsets speculatively.
+3. Each batch is encoded off the event loop and uploaded with ``If-None-Match: *`` concurrently with
+   the fragment hook (the dirty log); several uploads may be in flight.
+4. One committer links uploaded fragments strictly in sequence order, as many as are ready per
+   manifest write, with ``If-Match`` on the manifest's etag.  Only then are the appends durable.
+
+Fencing and recovery: a failed condition means someone else touched the log.  If nobody appended
+(garbage collection, a snapshot, a seal by another process) the manifest write is rebased and
+retried.  Otherwise the writer pauses, lets in-flight uploads settle, reloads the manifest, links
+any orphan fragment that fits at the tail (read repair, so a crashed writer never wedges the log),
+acknowledges its own fragments that turn out linked, and fails the rest with ``LogContention``.
+Every fragment records the setsum of the fragment it must follow, so a stale speculative upload
+can never be linked after someone else's fragment; such dead objects are overwritten in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .errors import (
+    Backpressure,
+    CorruptFragment,
+    LogContention,
+    LogSealed,
+    ObjectNotFound,
+    PreconditionFailed,
+    SimulatedCrash,
+    StoreUnavailable,
+    Wal3Error,
+    WriterClosed,
+)
+from .fragment import EncodedFragment, decode_fragment, encode_fragment, fragment_path, read_footer
+from .layout import join, load_manifest
+from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, plan_snapshot
+from .setsum import Setsum
+from .store import ObjectStore, content_etag, put_resolving
+
+_log = logging.getLogger("wal3.writer")
+_INLINE_ENCODE_BYTES = 256 << 10  # smaller batches encode faster than a thread hop
+
+
+def default_writer_name() -> str:
+    """A name identifying this process in manifests, for debugging."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogPosition:
+    """A record's offset and the timestamp it was written with."""
+
+    offset: int
+    timestamp_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where an ``append_many`` landed; ``deduplicated`` when an idempotency key matched."""
+
+    first_offset: int
+    count: int
+    timestamp_us: int
+    deduplicated: bool = False
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last appended record."""
+        return self.first_offset + self.count
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentInfo:
+    """What the fragment hook learns about each fragment written or repaired."""
+
+    seq_no: int
+    start: int
+    count: int
+    timestamp_us: int
+    repaired: bool = False
+
+
+FragmentHook = Callable[[FragmentInfo], Awaitable[None]]
+ManifestEdit = Callable[[Manifest], Manifest]
+
+
+@dataclass(frozen=True)
+class LogWriterOptions:
+    """Tuning for a writer; the defaults suit a log host with many small logs."""
+
+    writer_name: str = field(default_factory=default_writer_name)
+    batch_size_bytes: int = 8 << 20
+    batch_max_records: int = 100_000
+    batch_interval_s: float = 0.002
+    max_inflight_fragments: int = 8
+    max_outstanding_bytes: int = 64 << 20
+    snapshot_fragment_threshold: int = 100
+    snapshot_threshold: int = 20
+    snapshot_max_age_s: float = 60.0
+    dedup_window_fragments: int = 256
+    dedup_window_keys: int = 100_000
+    max_append_attempts: int = 3
+    max_rebases: int = 64
+
+
+class _Append:
+    __slots__ = ("bodies", "nbytes", "key", "future", "attempts")
+
+    def __init__(self, bodies: list[bytes], key: str | None, loop: asyncio.AbstractEventLoop):
+        self.bodies = bodies
+        self.nbytes = sum(len(b) for b in bodies) + 32 * len(bodies)
+        self.key = key
+        self.future: asyncio.Future[AppendResult] = loop.create_future()
+        self.attempts = 0
+
+
+class _Batch:
+    __slots__ = ("seq_no", "start", "count", "timestamp_us", "appends", "prev", "encoded",
+                 "frag", "md5", "error", "done", "task", "overwrite_etag")
+
+    def __init__(self, seq_no: int, start: int, timestamp_us: int, appends: list[_Append],
+                 prev: asyncio.Future[Setsum | None], loop: asyncio.AbstractEventLoop,
+                 overwrite_etag: str | None):
+        self.seq_no = seq_no
+        self.start = start
+        self.count = sum(len(a.bodies) for a in appends)
+        self.timestamp_us = timestamp_us
+        self.appends = appends
+        self.prev = prev
+        self.encoded: asyncio.Future[Setsum | None] = loop.create_future()
+        self.frag: EncodedFragment | None = None
+        self.md5: str | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.task: asyncio.Task[None] | None = None
+        self.overwrite_etag = overwrite_etag
+
+    @property
+    def uploaded(self) -> bool:
+        return self.done and self.error is None
+
+    @property
+    def pointer(self) -> FragmentPointer:
+        f = self.frag
+        assert f is not None
+        return FragmentPointer(f.path, f.seq_no, f.start, f.limit, f.num_bytes, f.setsum,
+                               self.md5)
+
+
+class _Edit:
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: ManifestEdit, loop: asyncio.AbstractEventLoop):
+        self.fn = fn
+        self.future: asyncio.Future[Manifest] = loop.create_future()
+
+
+class LogWriter:
+    """The single writer of a log (best effort: a second writer is fenced, never trusted)."""
+
+    def __init__(self, store: ObjectStore, prefix: str, options: LogWriterOptions,
+                 manifest: Manifest, etag: str, hook: FragmentHook | None) -> None:
+        self._store = store
+        self._prefix = prefix.strip("/")
+        self._opts = options
+        self._hook = hook
+        self._loop = asyncio.get_running_loop()
+        self._manifest = manifest
+        self._etag = etag
+        # Speculative allocation: where the next batch goes.
+        self._next_seq = manifest.next_seq_no
+        self._next_offset = manifest.next_offset
+        self._last_ts = 0
+        self._tail: asyncio.Future[Setsum | None] = self._resolved(manifest.tail_setsum)
+        self._dead: dict[int, str] = {}  # seq -> etag of an unlinkable object to overwrite
+        self._pending: collections.deque[_Append] = collections.deque()
+        self._pending_bytes = 0
+        self._inflight: dict[int, _Batch] = {}
+        self._outstanding_bytes = 0
+        self._edits: list[_Edit] = []
+        self._snapshot: tuple[Snapshot, float] | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_fired = False
+        self._recovering = False
+        self._stale = False  # the last recovery could not reload the manifest
+        self._repair_blocked: Exception | None = None  # why read repair last stopped early
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._committed = asyncio.Event()
+        self._keys: collections.OrderedDict[str, AppendResult] = collections.OrderedDict()
+        self._keys_loaded = False
+        self._unlearned: list[FragmentPointer] = []  # fragments whose footers we still must read
+        self._keys_lock = asyncio.Lock()
+        self._key_waiters: dict[str, asyncio.Future[AppendResult]] = {}
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._committer = asyncio.create_task(self._commit_loop(), name=f"wal3-commit:{prefix}")
+
+    # ------------------------------------------------------------------------------ opening
+
+    @classmethod
+    async def open(cls, store: ObjectStore, prefix: str, options: LogWriterOptions | None = None,
+                   *, hook: FragmentHook | None = None) -> LogWriter:
+        """Open the log at ``prefix``, creating it (If-None-Match) when it does not exist."""
+        opts = options or LogWriterOptions()
+        for _ in range(opts.max_rebases):
+            loaded = await load_manifest(store, prefix)
+            if loaded is not None:
+                break
+            empty = Manifest.empty(opts.writer_name)
+            try:
+                etag = await put_resolving(store, join(prefix, MANIFEST_PATH), empty.to_bytes(),
+                                           if_none_match="*")
+                loaded = (empty, etag)
+                break
+            except PreconditionFailed:
+                continue  # someone created it first (or a 409 storm): load theirs
+        else:
+            raise LogContention(f"could not open {prefix}: the manifest kept changing")
+        manifest, etag = loaded
+        return cls(store, prefix, opts, manifest, etag, hook)
+
+    # ---------------------------------------------------------------------------- properties
+
+    @property
+    def prefix(self) -> str:
+        """The log's prefix in the store."""
+        return self._prefix
+
+    @property
+    def store(self) -> ObjectStore:
+        """The store the log lives in."""
+        return self._store
+
+    @property
+    def manifest(self) -> Manifest:
+        """The newest manifest this writer knows to be installed."""
+        return self._manifest
+
+    @property
+    def options(self) -> LogWriterOptions:
+        """The options the writer was opened with."""
+        return self._opts
+
+    @property
+    def outstanding_bytes(self) -> int:
+        """Bytes accepted but not yet acknowledged."""
+        return self._outstanding_bytes
+
+    @property
+    def closed(self) -> bool:
+        """Whether the writer stopped accepting appends."""
+        return self._closing or self._failure is not None
+
+    # ------------------------------------------------------------------------------ appending
+
+    async def append(self, body: bytes) -> LogPosition:
+        """Append one record; returns once it is durable."""
+        r = await self.append_many([body])
+        return LogPosition(r.first_offset, r.timestamp_us)
+
+    async def append_many(self, bodies: list[bytes], *, idempotency_key: str | None = None
+                          ) -> AppendResult:
+        """Append records contiguously; returns once durable.
+
+        With an ``idempotency_key`` seen within the dedup window, returns the first append's
+        result and appends nothing.
+        """
+        if not bodies:
+            raise ValueError("append at least one record")
+        self._check_open()
+        if idempotency_key is not None:
+            await self._ensure_keys_loaded()
+            self._check_open()
+            known = self._keys.get(idempotency_key)
+            if known is not None:
+                return AppendResult(known.first_offset, known.count, known.timestamp_us, True)
+            waiter = self._key_waiters.get(idempotency_key)
+            if waiter is not None:
+                r = await asyncio.shield(waiter)
+                return AppendResult(r.first_offset, r.count, r.timestamp_us, True)
+        item = _Append([bytes(b) for b in bodies], idempotency_key, self._loop)
+        if self._outstanding_bytes + item.nbytes > self._opts.max_outstanding_bytes:
+            self.stats["backpressure"] += 1
+            raise Backpressure(
+                f"{self._outstanding_bytes} bytes outstanding on {self._prefix}", "batching")
+        self._outstanding_bytes += item.nbytes
+        if idempotency_key is not None:
+            self._key_waiters[idempotency_key] = item.future
+        self._pending.append(item)
+        self._pending_bytes += item.nbytes
+        self._kick()
+        return await asyncio.shield(item.future)
+
+    async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
+        """Apply a pure manifest transform through the normal, fenced manifest write.
+
+        ``fn`` may be re-applied to a newer manifest when the write has to be rebased; it raises
+        to reject.  Used for sealing and for garbage collection.
+        """
+        self._check_open()
+        edit = _Edit(fn, self._loop)
+        self._edits.append(edit)
+        self._wake.set()
+        return await asyncio.shield(edit.future)
+
+    async def seal(self) -> Manifest:
+        """Seal the log: after this every append fails with LogSealed."""
+        return await self.edit_manifest(lambda m: m.with_sealed(self._opts.writer_name))
+
+    async def compact_manifest(self) -> int:
+        """Write and link every snapshot the thresholds call for now; returns how many.
+
+        Normally snapshots trail the appends in the background; this settles them (before a
+        fork, in tests, or for an operator).
+        """
+        written = 0
+        while True:
+            self._check_open()
+            task = self._snapshot_task
+            if task is not None:
+                await asyncio.shield(task)
+                continue
+            if self._snapshot is not None:
+                before = self._manifest
+                await self.edit_manifest(lambda m: m)  # links the pending snapshot
+                if self._manifest is before:
+                    return written
+                written += 1
+                continue
+            self._maybe_snapshot()
+            if self._snapshot_task is None:
+                return written
+
+    async def wait_for_commit(self, after_offset: int, timeout_s: float) -> bool:
+        """Wait until the log's next offset passes ``after_offset`` (for long polls)."""
+        deadline = self._loop.time() + timeout_s
+        while self._manifest.next_offset <= after_offset:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0 or self.closed:
+                return False
+            event = self._committed
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+        return True
+
+    async def close(self) -> None:
+        """Flush everything accepted, then stop.  Idempotent."""
+        if not self._closing:
+            self._closing = True
+            self._kick()
+            self._wake.set()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._committer)
+        if self._snapshot_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._snapshot_task
+        if self._timer is not None:
+            self._timer.cancel()
+
+    # --------------------------------------------------------------------------- internals
+
+    def _resolved(self, value: Setsum | None) -> asyncio.Future[Setsum | None]:
+        f: asyncio.Future[Setsum | None] = self._loop.create_future()
+        f.set_result(value)
+        return f
+
+    def _check_open(self) -> None:
+        if self._failure is not None:
+            raise WriterClosed(f"writer for {self._prefix} failed: {self._failure!r}")
+        if self._manifest.sealed:
+            raise LogSealed(f"log {self._prefix} is sealed")
+        if self._closing:
+            raise WriterClosed(f"writer for {self._prefix} is closing")
+
+    def _now_us(self) -> int:
+        # Strictly increasing per writer: a retried batch never re-creates an earlier fragment.
+        self._last_ts = max(time.time_ns() // 1000, self._last_ts + 1)
+        return self._last_ts
+
+    def _kick(self) -> None:
+        """Cut and start batches if the policy allows; synchronous so allocation never races."""
+        if self._recovering or self._failure is not None:
+            return
+        if self._stale:
+            self._wake.set()
+            return
+        opts = self._opts
+        while self._pending and len(self._inflight) < opts.max_inflight_fragments:
+            idle = not self._inflight
+            if not (idle or self._closing or self._timer_fired
+                    or self._pending_bytes >= opts.batch_size_bytes):
+                if self._timer is None:
+                    self._timer = self._loop.call_later(opts.batch_interval_s, self._on_timer)
+                return
+            self._start_batch()
+        self._timer_fired = False
+        if not self._pending and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_fired = True
+        self._kick()
+
+    def _start_batch(self) -> None:
+        opts = self._opts
+        appends: list[_Append] = []
+        nbytes = nrec = 0
+        while self._pending:
+            a = self._pending[0]
+            if appends and (nbytes + a.nbytes > opts.batch_size_bytes
+                            or nrec + len(a.bodies) > opts.batch_max_records):
+                break
+            self._pending.popleft()
+            self._pending_bytes -= a.nbytes
+            appends.append(a)
+            nbytes += a.nbytes
+            nrec += len(a.bodies)
+        seq = self._next_seq
+        batch = _Batch(seq, self._next_offset, self._now_us(), appends, self._tail, self._loop,
+                       self._dead.pop(seq, None))
+        self._next_seq += 1
+        self._next_offset += batch.count
+        self._tail = batch.encoded
+        self._inflight[seq] = batch
+        batch.task = asyncio.create_task(self._run_batch(batch), name=f"wal3-frag:{seq}")
+
+    async def _run_batch(self, b: _Batch) -> None:
+        """Encode and upload one fragment, with the hook alongside."""
+        try:
+            prev = await b.prev
+            keys: dict[str, tuple[int, int]] = {}
+            off = b.start
+            for a in b.appends:
+                if a.key is not None:
+                    keys[a.key] = (off, len(a.bodies))
+                off += len(a.bodies)
+            bodies = [body for a in b.appends for body in a.bodies]
+            if sum(a.nbytes for a in b.appends) < _INLINE_ENCODE_BYTES:
+                frag = encode_fragment(b.seq_no, b.start, b.timestamp_us, bodies, prev=prev,
+                                       keys=keys)
+            else:
+                frag = await asyncio.to_thread(encode_fragment, b.seq_no, b.start,
+                                               b.timestamp_us, bodies, prev=prev, keys=keys)
+            b.frag = frag
+            b.md5 = frag.content_md5
+            b.encoded.set_result(frag.setsum)
+            info = FragmentInfo(b.seq_no, frag.start, frag.limit - frag.start, b.timestamp_us)
+            uploads = [self._upload(frag, b.overwrite_etag)]
+            if self._hook is not None:
+                uploads.append(self._hook(info))
+            results = await asyncio.gather(*uploads, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
+            b.error = e
+            if not b.encoded.done():
+                b.encoded.set_exception(e)
+                b.encoded.exception()  # mark retrieved: later batches see it via their prev
+        finally:
+            b.done = True
+            self._wake.set()
+
+    async def _upload(self, frag: EncodedFragment, overwrite_etag: str | None) -> None:
+        key = join(self._prefix, frag.path)
+        if overwrite_etag is not None:
+            await put_resolving(self._store, key, frag.data, if_match=overwrite_etag)
+        else:
+            await put_resolving(self._store, key, frag.data, if_none_match="*")
+        self.stats["fragments_written"] += 1
+
+    # -------------------------------------------------------------------------- committing
+
+    async def _commit_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                try:
+                    while await self._commit_step():
+                        pass
+                except (StoreUnavailable, OSError) as e:
+                    self._go_stale(e)
+                    continue
+                if self._closing and not self._pending and not self._inflight and not self._edits:
+                    return
+        except SimulatedCrash as e:
+            self._fail_everything(e)
+        except asyncio.CancelledError:
+            self._fail_everything(WriterClosed(f"writer for {self._prefix} was cancelled"))
+            raise
+        except BaseException as e:  # noqa: BLE001 - the writer is unusable; say why to everyone
+            _log.exception("wal3 committer for %s died", self._prefix)
+            self._fail_everything(e)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+
+    async def _commit_step(self) -> bool:
+        """Do one unit of committing work; False when there is nothing to do now."""
+        if self._stale:
+            await self._recover()
+            return not self._stale
+        ready: list[_Batch] = []
+        seq = self._manifest.next_seq_no
+        failed = False
+        while seq in self._inflight:
+            b = self._inflight[seq]
+            if not b.done:
+                break
+            if isinstance(b.error, SimulatedCrash):
+                raise b.error
+            if b.error is not None:
+                failed = True
+                break
+            ready.append(b)
+            seq += 1
+        if not ready and failed:
+            await self._recover()
+            return True
+        snapshot = self._take_snapshot()
+        if not ready and not self._edits and snapshot is None:
+            if self._closing and self._pending:
+                self._kick()
+            return False
+        await self._write_manifest(ready, snapshot)
+        return True
+
+    def _take_snapshot(self) -> Snapshot | None:
+        if self._snapshot is None:
+            return None
+        snap, written = self._snapshot
+        if time.monotonic() - written > self._opts.snapshot_max_age_s:
+            # Garbage collection may treat an old unlinked snapshot as an orphan: never link it.
+            self._snapshot = None
+            return None
+        return snap
+
+    async def _write_manifest(self, ready: list[_Batch], snapshot: Snapshot | None) -> None:
+        edits = list(self._edits)
+        rebases = 0
+        while True:
+            base = self._manifest
+            if base.sealed and ready:
+                # A sealed log still takes edits (GC), never fragments.
+                self._fail_sealed()
+                ready = []
+            if not ready and not edits and snapshot is None:
+                return
+            new = base.with_fragments([b.pointer for b in ready], self._opts.writer_name)
+            if snapshot is not None:
+                snapped = new.with_snapshot(snapshot, self._opts.writer_name)
+                if snapped is None:
+                    self._snapshot = snapshot = None
+                else:
+                    new = snapped
+            applied: list[_Edit] = []
+            for e in edits:
+                try:
+                    new = e.fn(new)
+                    applied.append(e)
+                except Exception as err:  # noqa: BLE001 - the edit rejected itself
+                    self._edits.remove(e)
+                    if not e.future.done():
+                        e.future.set_exception(err)
+            edits = applied
+            new.check()
+            try:
+                etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
+                                           new.to_bytes(), if_match=self._etag)
+            except PreconditionFailed:
+                self.stats["manifest_conflicts"] += 1
+                loaded = await load_manifest(self._store, self._prefix)
+                if loaded is None:
+                    raise WriterClosed(f"manifest of {self._prefix} vanished") from None
+                current, cur_etag = loaded
+                if current.same_tail(base) and rebases < self._opts.max_rebases:
+                    # Nobody appended (GC, a snapshot or a seal elsewhere): rebase and retry.
+                    self._manifest, self._etag = current, cur_etag
+                    rebases += 1
+                    continue
+                await self._recover(reloaded=loaded)
+                return
+            except (StoreUnavailable, OSError, CorruptFragment) as e:
+                self.stats["manifest_errors"] += 1
+                _log.warning("manifest write for %s failed: %r; recovering", self._prefix, e)
+                await self._recover()
+                return
+            self._installed(new, etag, ready)
+            if snapshot is not None:
+                self._snapshot = None
+            for e in edits:
+                self._edits.remove(e)
+                if not e.future.done():
+                    e.future.set_result(new)
+            if new.sealed:
+                self._fail_sealed()
+            return
+
+    def _installed(self, new: Manifest, etag: str, linked: list[_Batch]) -> None:
+        """A manifest landed: acknowledge what it links and wake whoever waits."""
+        self._manifest, self._etag = new, etag
+        self.stats["manifest_writes"] += 1
+        for b in linked:
+            self._inflight.pop(b.seq_no, None)
+            off = b.start
+            for a in b.appends:
+                r = AppendResult(off, len(a.bodies), b.timestamp_us)
+                off += len(a.bodies)
+                self._resolve(a, r)
+        event, self._committed = self._committed, asyncio.Event()
+        event.set()
+        self._maybe_snapshot()
+        self._kick()
+
+    def _resolve(self, a: _Append, r: AppendResult) -> None:
+        self._outstanding_bytes -= a.nbytes
+        if a.key is not None:
+            self._remember_key(a.key, r)
+            self._key_waiters.pop(a.key, None)
+        if not a.future.done():
+            a.future.set_result(r)
+
+    def _reject(self, a: _Append, err: BaseException) -> None:
+        self._outstanding_bytes -= a.nbytes
+        if a.key is not None and self._key_waiters.get(a.key) is a.future:
+            del self._key_waiters[a.key]
+        if not a.future.done():
+            a.future.set_exception(err)
+            a.future.exception()  # the caller may have been cancelled; do not warn
+
+    def _fail_sealed(self) -> None:
+        err = LogSealed(f"log {self._prefix} is sealed")
+        self._fail_queued(err)
+
+    def _fail_queued(self, err: BaseException) -> None:
+        while self._pending:
+            a = self._pending.popleft()
+            self._reject(a, err)
+        self._pending_bytes = 0
+        for b in list(self._inflight.values()):
+            if b.done:
+                for a in b.appends:
+                    self._reject(a, err)
+                del self._inflight[b.seq_no]
+
+    def _fail_everything(self, err: BaseException) -> None:
+        self._failure = err
+        wrapped = err if isinstance(err, Wal3Error) else WriterClosed(repr(err))
+        self._fail_queued(wrapped)
+        for b in list(self._inflight.values()):
+            for a in b.appends:
+                self._reject(a, wrapped)
+            if b.task is not None:
+                b.task.cancel()
+        self._inflight.clear()
+        for e in self._edits:
+            if not e.future.done():
+                e.future.set_exception(wrapped)
+        self._edits.clear()
+        for w in self._key_waiters.values():
+            if not w.done():
+                w.set_exception(wrapped)
+                w.exception()
+        self._key_waiters.clear()
+        event, self._committed = self._committed, asyncio.Event()
+        event.set()
+
+    # ---------------------------------------------------------------------------- recovery
+
+    async def _recover(self, reloaded: tuple[Manifest, str] | None = None) -> None:
+        """Settle in-flight work, reload, read-repair, and decide every batch's fate."""
+        self._recovering = True
+        self.stats["recoveries"] += 1
+        try:
+            tasks = [b.task for b in self._inflight.values() if b.task is not None]
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            base = self._manifest
+            causes = [b.error for b in self._inflight.values() if b.error is not None]
+            if any(isinstance(c, StoreUnavailable) for c in causes):
+                await asyncio.sleep(0.05)  # let a struggling store breathe before re-reading
+            try:
+                if reloaded is None:
+                    reloaded = await load_manifest(self._store, self._prefix)
+                    if reloaded is None:
+                        raise WriterClosed(f"manifest of {self._prefix} vanished")
+                manifest, etag = await self._repair(*reloaded)
+            except (StoreUnavailable, OSError) as e:
+                self._go_stale(e)
+                return
+            self._stale = False
+            ours = {(b.frag.path, b.frag.setsum) for b in self._inflight.values()
+                    if b.frag is not None}
+            # Contention means another writer committed.  Orphans we just linked ourselves
+            # (a crashed writer's leftovers) are not contention: our batches are retried.
+            committed = reloaded[0]
+            foreign = [f for f in committed.fragments
+                       if f.seq_no >= base.next_seq_no and (f.path, f.setsum) not in ours]
+            learned = [f for f in manifest.fragments
+                       if f.seq_no >= base.next_seq_no and (f.path, f.setsum) not in ours]
+            linked = [b for b in self._inflight.values()
+                      if b.frag is not None and manifest.contains_fragment(b.frag.path,
+                                                                           b.frag.setsum)]
+            self._installed(manifest, etag, linked)
+            leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
+            self._inflight.clear()
+            retry: list[_Append] = []
+            for b in leftovers:
+                for a in b.appends:
+                    a.attempts += 1
+                    if manifest.sealed:
+                        self._reject(a, LogSealed(f"log {self._prefix} is sealed"))
+                    elif foreign:
+                        self.stats["contention"] += 1
+                        self._reject(a, LogContention(
+                            f"another writer appended to {self._prefix}; not written"))
+                    elif a.attempts >= self._opts.max_append_attempts:
+                        self._reject(a, self._give_up_error(b))
+                    else:
+                        retry.append(a)
+            # Retried appends go first so the log keeps their order.
+            for a in reversed(retry):
+                self._pending.appendleft(a)
+                self._pending_bytes += a.nbytes
+            self._next_seq = manifest.next_seq_no
+            self._next_offset = manifest.next_offset
+            self._tail = self._resolved(manifest.tail_setsum)
+            if self._keys_loaded and learned:
+                self._unlearned.extend(learned)
+                try:
+                    await self._learn_keys()
+                except (StoreUnavailable, OSError) as e:
+                    # Until these footers are read, a queued keyed append might duplicate one.
+                    for a in [a for a in self._pending if a.key is not None]:
+                        self._pending.remove(a)
+                        self._pending_bytes -= a.nbytes
+                        self._reject(a, StoreUnavailable(f"store unavailable: {e}"))
+            if manifest.sealed:
+                self._fail_sealed()
+        finally:
+            self._recovering = False
+        self._kick()
+
+    def _give_up_error(self, b: _Batch) -> BaseException:
+        """The most useful reason to report for a batch that ran out of attempts."""
+        if self._repair_blocked is not None:
+            return self._repair_blocked
+        if b.error is None or isinstance(b.error, PreconditionFailed):
+            return LogContention(f"fragment {b.seq_no} of {self._prefix} could not be placed")
+        return b.error
+
+    def _go_stale(self, err: BaseException) -> None:
+        """The store failed mid-commit: we cannot tell what is linked, so nothing in flight may be
+        acknowledged.  Fail it (a retry with an idempotency key is safe) and reload first next
+        time."""
+        _log.warning("writer for %s lost track of the manifest: %r", self._prefix, err)
+        self.stats["stale"] += 1
+        for b in list(self._inflight.values()):
+            for a in b.appends:
+                self._reject(a, StoreUnavailable(f"store unavailable: {err}"))
+        self._inflight.clear()
+        for e in list(self._edits):
+            if not e.future.done():
+                e.future.set_exception(StoreUnavailable(f"store unavailable: {err}"))
+        self._edits.clear()
+        self._stale = True
+        self._recovering = False
+        self._loop.call_later(0.1, self._wake.set)
+
+    async def _repair(self, manifest: Manifest, etag: str) -> tuple[Manifest, str]:
+        """Link every orphan fragment that follows the tail exactly (zero-action recovery)."""
+        self._repair_blocked = None
+        while not manifest.sealed:
+            seq = manifest.next_seq_no
+            key = join(self._prefix, fragment_path(seq))
+            try:
+                got = await self._store.get(key)
+            except ObjectNotFound:
+                break
+            try:
+                decoded = await asyncio.to_thread(decode_fragment, got.data)
+            except CorruptFragment:
+                self._dead[seq] = got.etag
+                break
+            tail = manifest.tail_setsum
+            fits = decoded.start == manifest.next_offset and (
+                decoded.prev is None or tail is None or decoded.prev == tail)
+            if not fits:
+                # It follows a fragment that was never linked: nobody can ever link it.
+                self._dead[seq] = got.etag
+                break
+            ts = decoded.records[0].timestamp_us
+            if self._hook is not None:
+                try:
+                    await self._hook(FragmentInfo(seq, decoded.start, len(decoded.records), ts,
+                                                  True))
+                except (SimulatedCrash, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # noqa: BLE001 - retried by the next recovery
+                    _log.warning("hook failed repairing %s of %s: %r", seq, self._prefix, e)
+                    self._repair_blocked = e
+                    break
+            pointer = FragmentPointer(fragment_path(seq), seq, decoded.start, decoded.limit,
+                                      len(got.data), decoded.setsum, content_etag(got.data))
+            new = manifest.with_fragments([pointer], self._opts.writer_name)
+            try:
+                etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
+                                           new.to_bytes(), if_match=etag)
+                manifest = new
+                self.stats["repaired"] += 1
+                _log.info("read-repaired fragment %s of %s", seq, self._prefix)
+            except PreconditionFailed:
+                loaded = await load_manifest(self._store, self._prefix)
+                if loaded is None:
+                    raise WriterClosed(f"manifest of {self._prefix} vanished") from None
+                manifest, etag = loaded
+        return manifest, etag
+
+    # ------------------------------------------------------------------------- snapshots
+
+    def _maybe_snapshot(self) -> None:
+        if self._snapshot is not None or self._snapshot_task is not None or self._closing:
+            return
+        snap = plan_snapshot(self._manifest, fragment_threshold=self._opts.snapshot_fragment_threshold,
+                             snapshot_threshold=self._opts.snapshot_threshold,
+                             writer=self._opts.writer_name)
+        if snap is not None:
+            self._snapshot_task = asyncio.create_task(self._write_snapshot(snap))
+
+    async def _write_snapshot(self, snap: Snapshot) -> None:
+        """Upload a snapshot off the append path; the next manifest write links it."""
+        try:
+            try:
+                await put_resolving(self._store, join(self._prefix, snap.path), snap.to_bytes(),
+                                    if_none_match="*")
+            except PreconditionFailed:
+                pass  # content-addressed: an existing object with this name holds this content
+            self._snapshot = (snap, time.monotonic())
+            self.stats["snapshots_written"] += 1
+            self._wake.set()
+        except (StoreUnavailable, OSError) as e:
+            _log.warning("snapshot upload for %s failed: %r", self._prefix, e)
+        except SimulatedCrash as e:
+            self._fail_everything(e)
+        finally:
+            self._snapshot_task = None
+
+    # ------------------------------------------------------------------------- idempotency
+
+    def _remember_key(self, key: str, r: AppendResult) -> None:
+        self._keys[key] = r
+        self._keys.move_to_end(key)
+        while len(self._keys) > self._opts.dedup_window_keys:
+            self._keys.popitem(last=False)
+
+    def _drop_known_keys(self) -> None:
+        """Resolve queued appends whose key turned out to be in the log already (read repair)."""
+        keep: collections.deque[_Append] = collections.deque()
+        for a in self._pending:
+            known = self._keys.get(a.key) if a.key is not None else None
+            if known is None:
+                keep.append(a)
+                continue
+            self._pending_bytes -= a.nbytes
+            self._outstanding_bytes -= a.nbytes
+            self._key_waiters.pop(a.key, None)  # type: ignore[arg-type]
+            if not a.future.done():
+                a.future.set_result(AppendResult(known.first_offset, known.count,
+                                                 known.timestamp_us, True))
+        self._pending = keep
+
+    async def _ensure_keys_loaded(self) -> None:
+        if self._keys_loaded and not self._unlearned:
+            return
+        async with self._keys_lock:
+            if not self._keys_loaded:
+                tail = self._manifest.fragments[-self._opts.dedup_window_fragments:]
+                self._unlearned.extend(tail)
+                await self._learn_keys()
+                self._keys_loaded = True
+            elif self._unlearned:
+                await self._learn_keys()
+
+    async def _learn_keys(self) -> None:
+        """Read the footers of ``_unlearned`` fragments into the idempotency window (the log is
+        the source of truth), and settle queued appends whose key is already in the log."""
+        fragments = list(self._unlearned)
+        sem = asyncio.Semaphore(16)
+
+        async def footer(f: FragmentPointer) -> tuple[FragmentPointer, dict[str, tuple[int, int]]]:
+            async with sem:
+                try:
+                    got = await self._store.get(join(self._prefix, f.path))
+                except ObjectNotFound:
+                    return f, {}
+            _, keys = read_footer(got.data)
+            return f, keys
+
+        found = await asyncio.gather(*(footer(f) for f in fragments))
+        for _f, keys in sorted(found, key=lambda x: x[0].seq_no):
+            for k, (first, count) in keys.items():
+                if k not in self._keys:
+                    self._remember_key(k, AppendResult(first, count, 0))
+        done = {f.seq_no for f in fragments}
+        self._unlearned = [f for f in self._unlearned if f.seq_no not in done]
+        self._drop_known_keys()

@@ -1,0 +1,243 @@
+"""Shared fixtures: real parts only (moto's threaded S3 server over HTTP, a local directory store)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+# Tests never talk to a real cloud: pin credentials and region before any client is built.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.pop("AWS_PROFILE", None)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """A moto S3 server on a free loopback port, for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint: str) -> str:
+    """A fresh, empty bucket on the moto server."""
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["local", "s3"])
+async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
+    """The same test body against LocalStore and against S3Store on moto over HTTP."""
+    if request.param == "local":
+        from host.wal3 import LocalStore
+
+        s = LocalStore(tmp_path / "store")
+    else:
+        from host.wal3 import S3Store
+
+        endpoint = request.getfixturevalue("moto_endpoint")
+        bucket = request.getfixturevalue("s3_bucket")
+        s = S3Store(bucket=bucket, prefix="root", endpoint_url=endpoint, region="us-east-1")
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Appended by the object-store work: atomic conditional writes on moto, and an HTTP fault proxy
+# in front of moto.
+
+import functools  # noqa: E402
+import threading  # noqa: E402
+from collections import deque  # noqa: E402
+from typing import Any  # noqa: E402
+
+# Why: moto's S3 server checks If-Match / If-None-Match and then writes without holding any lock,
+# and ThreadedMotoServer serves each request on its own thread.  Two racing create-only puts can
+# therefore both pass the check and both "win", which real S3 never allows; wal3's correctness
+# rests entirely on exactly one winner.  Serialising every mutating S3 request inside moto makes
+# check-then-write atomic, as on S3.  Reads stay concurrent.
+_MOTO_WRITE_LOCK = threading.RLock()
+_MOTO_MUTATING_METHODS = frozenset({"PUT", "POST", "DELETE"})
+_moto_patched = False
+
+
+def make_moto_conditional_writes_atomic() -> None:
+    """Patch moto's S3 handlers (in this process) so conditional writes are atomic; idempotent."""
+    global _moto_patched
+    with _MOTO_WRITE_LOCK:
+        if _moto_patched:
+            return
+        from moto.s3.exceptions import PreconditionFailed
+        from moto.s3.responses import S3Response
+
+        def locked(handler: Any) -> Any:
+            @functools.wraps(handler)
+            def wrapper(self: Any, request: Any, full_url: str, headers: Any) -> Any:
+                if request.method in _MOTO_MUTATING_METHODS:
+                    with _MOTO_WRITE_LOCK:
+                        return handler(self, request, full_url, headers)
+                return handler(self, request, full_url, headers)
+
+            return wrapper
+
+        # key_response: put/copy/delete of one key; bucket_response: DeleteObjects (POST ?delete).
+        S3Response.key_response = locked(S3Response.key_response)  # type: ignore[method-assign]
+        S3Response.bucket_response = locked(S3Response.bucket_response)  # type: ignore[method-assign]
+
+        # moto also ignores If-None-Match on CopyObject (S3 refuses to overwrite with 412); emulate
+        # it so S3Store's server-side conditional copy can be tested.  Runs under the lock above.
+        original_copy = S3Response.copy_object
+
+        def copy_object(self: Any) -> Any:
+            if self.headers.get("If-None-Match") == "*" and (
+                self.backend.get_object(self.bucket_name, self.parse_key_name()) is not None
+            ):
+                raise PreconditionFailed("If-None-Match")
+            return original_copy(self)
+
+        S3Response.copy_object = copy_object  # type: ignore[method-assign]
+        _moto_patched = True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _moto_conditional_writes_atomic() -> None:
+    """Apply the moto patch for the whole session (autouse: set up before ``moto_endpoint``)."""
+    try:
+        make_moto_conditional_writes_atomic()
+    except ImportError:  # moto not installed: no S3 tests can run anyway
+        pass
+
+
+class S3FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of moto that fails scripted requests.
+
+    Actions, consumed in order by the requests they match (others are forwarded untouched):
+    "slowdown" (503 SlowDown, not forwarded), "throttle" (429, not forwarded), "internal_error"
+    (500, not forwarded), "forward_then_500" (forwarded, then answered 500: the caller cannot tell
+    it landed) and "forward_then_drop" (forwarded, then the connection is cut).
+    """
+
+    ACTIONS = ("slowdown", "throttle", "internal_error", "forward_then_500", "forward_then_drop")
+    _HOP_BY_HOP = frozenset(
+        {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "expect", "host", "content-length"}
+    )
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.endpoint = ""
+        self.script: deque[tuple[str | None, str]] = deque()
+        self.log: list[tuple[str, str, str]] = []  # (method, path, action or "forward")
+        self._runner: Any = None
+        self._session: Any = None
+
+    def fail_next(self, action: str, *, method: str | None = None, count: int = 1) -> None:
+        """Queue ``count`` failures of kind ``action`` for the next requests with ``method``."""
+        if action not in self.ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        self.script.extend([(method, action)] * count)
+
+    def actions(self, method: str | None = None) -> list[str]:
+        """The actions taken so far, optionally only for one HTTP method."""
+        return [a for m, _, a in self.log if method is None or m == method]
+
+    async def start(self) -> str:
+        """Start serving; returns the endpoint URL to give the S3 client."""
+        import aiohttp
+        from aiohttp import web
+
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock).start()
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        self.endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return self.endpoint
+
+    async def stop(self) -> None:
+        """Stop serving and close the upstream session."""
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _next_action(self, method: str) -> str:
+        if self.script and self.script[0][0] in (None, method):
+            return self.script.popleft()[1]
+        return "forward"
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        action = self._next_action(request.method)
+        self.log.append((request.method, request.path, action))
+        body = await request.read()
+        if action == "slowdown":
+            return self._error(503, "SlowDown", "Please reduce your request rate.")
+        if action == "throttle":
+            return self._error(429, "TooManyRequests", "Too many requests.")
+        if action == "internal_error":
+            return self._error(500, "InternalError", "We encountered an internal error.")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._HOP_BY_HOP}
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body
+        ) as upstream:
+            payload = await upstream.read()
+            status = upstream.status
+            out_headers = {
+                k: v for k, v in upstream.headers.items() if k.lower() not in self._HOP_BY_HOP - {"content-length"}
+            }
+        if action == "forward_then_500":
+            return self._error(500, "InternalError", "We encountered an internal error.")
+        if action == "forward_then_drop":
+            request.transport.abort()
+            return web.Response(status=500)
+        if request.method != "HEAD":
+            out_headers.pop("Content-Length", None)
+            out_headers.pop("content-length", None)
+        return web.Response(status=status, headers=out_headers, body=payload if request.method != "HEAD" else None)
+
+    @staticmethod
+    def _error(status: int, code: str, message: str) -> Any:
+        from aiohttp import web
+
+        xml = f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}</Message></Error>'
+        return web.Response(status=status, body=xml.encode(), content_type="application/xml")
+
+
+@pytest.fixture
+async def s3_fault_proxy(moto_endpoint: str) -> AsyncIterator[S3FaultProxy]:
+    """A started :class:`S3FaultProxy` in front of the session's moto server."""
+    proxy = S3FaultProxy(moto_endpoint)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()

@@ -1,0 +1,997 @@
+"""The Helm chart under helm/loghost, rendered offline with the Helm SDK.
+
+Every rendered manifest is validated against the Kubernetes OpenAPI schemas that
+kubernetes-validate ships (strict mode: unknown fields fail), using the newest
+Kubernetes version it has. The Prometheus Operator CRDs (ServiceMonitor,
+PrometheusRule) are not in those schemas; they are checked against the subset
+of their CRD schemas written below, also strict.
+
+Beyond validity the tests check the wiring the programs depend on: the server id
+is the pod name, the advertise URL is the pod's headless DNS name, probes hit
+/healthz and /readyz on the serving port, compactors get every host's per-pod
+URL and a member list that matches their own pod names, and credentials are only
+ever referenced from Secrets.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm  # helm-python-sdk: Helm v4 Go SDK via a bundled C library; no helm binary
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO / "helm" / "loghost"
+IMAGE_DIR = REPO / "helm" / "image"
+
+# Newest Kubernetes the installed kubernetes-validate has schemas for.
+K8S_VERSION = kubernetes_validate.latest_version()
+
+RELEASE = "loghost"
+NAMESPACE = "logs"
+
+# The metrics the host and compactor export (the contract with the server code).
+KNOWN_METRICS = {
+    "loghost_appends_total",
+    "loghost_append_bytes_total",
+    "loghost_append_latency_seconds",
+    "loghost_open_logs",
+    "loghost_log_evictions_total",
+    "loghost_backpressure_total",
+    "loghost_contention_total",
+    "loghost_leader_hint_failures_total",
+    "loghost_dirty_collections",
+    "loghost_dirty_oldest_uncompacted_age_seconds",
+    "loghost_rollup_duration_seconds",
+    "loghost_dirty_reinsertions_total",
+    "loghost_dirty_untracked_collections",
+    "loghost_gc_deleted_objects_total",
+    "loghost_scrub_failures_total",
+    "compactor_rounds_total",
+    "compactor_round_seconds",
+    "compactor_collections_compacted_total",
+    "compactor_records_in_total",
+    "compactor_rows_out_total",
+    "compactor_failures_total",
+}
+
+# --- realistic value sets -----------------------------------------------------
+
+S3_EXISTING_SECRET = {
+    "store": {
+        "url": "s3://acme-wal/prod/loghost",
+        "s3": {
+            "region": "eu-central-1",
+            "endpointUrl": "https://minio.storage.svc.cluster.local:9000",
+            "existingSecret": "acme-s3-credentials",
+            "accessKeyIdKey": "access-key",
+            "secretAccessKeyKey": "secret-key",
+            "sessionTokenKey": "session-token",
+        },
+    },
+    "apiKeys": {
+        "existingSecret": "acme-loghost-keys",
+        "hostKey": "api-keys",
+        "compactorKey": "service-key",
+    },
+}
+EXTERNAL_REDIS = {"redis": {"enabled": True, "existingSecret": "acme-redis", "existingSecretKey": "url"}}
+EXTERNAL_REDIS_URL = {"redis": {"enabled": True, "url": "redis://redis-master.redis.svc.cluster.local:6379/0"}}
+EXTERNAL_SPARK = {
+    "compactor": {
+        "replicas": 2,
+        "spark": {
+            "master": "spark://spark-master.spark.svc.cluster.local:7077",
+            "driverMemory": "1g",
+            "conf": {"spark.executor.memory": "4g", "spark.sql.shuffle.partitions": 64},
+        },
+        "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+    }
+}
+FIVE_REPLICAS = {"host": {"replicas": 5}, "compactor": {"replicas": 3}}
+MONITORED_AUTOSCALED = {
+    "service": {"type": "LoadBalancer"},
+    "compactor": {
+        "membership": {"mode": "kubernetes", "pollSeconds": 15},
+        "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
+    },
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": True},
+    },
+    "host": {"antiAffinity": "hard"},
+}
+IRSA = {
+    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/loghost"}},
+    "store": {"s3": {"existingSecret": ""}},
+}
+LOCAL_DEV = {
+    "store": {"url": "file:///data/wal"},
+    "host": {"replicas": 1, "persistence": {"enabled": True, "size": "5Gi"}},
+    "compactor": {"enabled": False},
+}
+LOCAL_SHARED = {
+    "store": {"url": "/data/wal", "local": {"existingClaim": "loghost-rwx"}},
+    "host": {"replicas": 2},
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "s3-existing-secret": S3_EXISTING_SECRET,
+    "external-redis-secret": EXTERNAL_REDIS,
+    "external-redis-url": EXTERNAL_REDIS_URL,
+    "external-spark": EXTERNAL_SPARK,
+    "five-replicas": FIVE_REPLICAS,
+    "monitored-autoscaled": MONITORED_AUTOSCALED,
+    "irsa-ambient-credentials": IRSA,
+    "local-dev": LOCAL_DEV,
+    "local-shared-claim": LOCAL_SHARED,
+}
+
+
+def merge(*dicts: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge value overlays (later wins), like several -f files."""
+    out: dict[str, Any] = {}
+    for d in dicts:
+        for key, value in d.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merge(out[key], value)
+            else:
+                out[key] = copy.deepcopy(value)
+    return out
+
+
+# --- rendering helpers --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chart():
+    with helm.Chart.load(str(CHART_DIR)) as loaded:
+        yield loaded
+
+
+class Rendered:
+    """A rendered release: parsed objects by (kind, name), plus NOTES.txt."""
+
+    def __init__(self, manifests: dict[str, str]) -> None:
+        self.notes = ""
+        self.objects: list[dict[str, Any]] = []
+        for path, text in manifests.items():
+            if path.endswith("NOTES.txt"):
+                self.notes = text
+                continue
+            self.objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+        self.by_key: dict[tuple[str, str], dict[str, Any]] = {}
+        for obj in self.objects:
+            key = (obj["kind"], obj["metadata"]["name"])
+            assert key not in self.by_key, f"duplicate object {key}"
+            self.by_key[key] = obj
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        assert (kind, name) in self.by_key, f"{kind}/{name} not rendered; have {sorted(self.by_key)}"
+        return self.by_key[(kind, name)]
+
+    def kinds(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def has(self, kind: str, name: str) -> bool:
+        return (kind, name) in self.by_key
+
+
+def render(chart, values: dict[str, Any] | None = None, name: str = RELEASE,
+           namespace: str = NAMESPACE) -> Rendered:
+    return Rendered(chart.render(values or {}, name=name, namespace=namespace))
+
+
+def host_sts(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
+    return r.get("StatefulSet", name)
+
+
+def compactor_sts(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
+    return r.get("StatefulSet", f"{name}-compactor")
+
+
+def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    matches = [c for c in containers if c["name"] == name]
+    assert len(matches) == 1, [c["name"] for c in containers]
+    return matches[0]
+
+
+def env_list(workload: dict[str, Any], cname: str) -> list[dict[str, Any]]:
+    return container(workload, cname).get("env", [])
+
+
+def env_of(workload: dict[str, Any], cname: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for item in env_list(workload, cname):
+        assert item["name"] not in out, f"env {item['name']} set twice"
+        out[item["name"]] = item
+    return out
+
+
+def env_value(workload: dict[str, Any], cname: str, var: str) -> str:
+    item = env_of(workload, cname)[var]
+    assert "value" in item, f"{var} is not a plain value: {item}"
+    return item["value"]
+
+
+def expand(value: str, bindings: dict[str, str]) -> str:
+    """Kubernetes $(VAR) expansion."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: bindings.get(m.group(1), m.group(0)), value)
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def host_advertise_urls(r: Rendered, name: str = RELEASE) -> list[str]:
+    """The advertise URL each host pod ends up with, after $(POD_NAME) expansion."""
+    sts = host_sts(r, name)
+    template = env_value(sts, "loghost", "LOGHOST_ADVERTISE_URL")
+    return [
+        expand(template, {"POD_NAME": f"{sts['metadata']['name']}-{i}"})
+        for i in range(sts["spec"]["replicas"])
+    ]
+
+
+# --- CRD schemas (subset of prometheus-operator's, strict) -----------------------
+
+_META = {
+    "type": "object",
+    "required": ["name", "namespace"],
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "additionalProperties": False,
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array"},
+    },
+    "additionalProperties": False,
+}
+_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "ServiceMonitor"},
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "endpoints"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": _LABEL_SELECTOR,
+                    "namespaceSelector": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"any": {"type": "boolean"},
+                                       "matchNames": {"type": "array", "items": {"type": "string"}}},
+                    },
+                    "endpoints": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "port": {"type": "string"},
+                                "path": {"type": "string"},
+                                "scheme": {"enum": ["http", "https"]},
+                                "interval": _DURATION,
+                                "scrapeTimeout": _DURATION,
+                                "honorLabels": {"type": "boolean"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PrometheusRule"},
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "groups": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "rules"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string", "minLength": 1},
+                                "interval": _DURATION,
+                                "rules": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["expr"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                                            "record": {"type": "string"},
+                                            "expr": {"type": "string", "minLength": 1},
+                                            "for": _DURATION,
+                                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    }
+                },
+            },
+        },
+    },
+}
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    crd = CRD_SCHEMAS.get((obj.get("apiVersion"), obj.get("kind")))
+    if crd is not None:
+        jsonschema.validate(obj, crd)
+        return
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+# --- lint & schema-validity of every rendering ------------------------------------
+
+
+def test_validator_is_current_and_strict():
+    assert Version(K8S_VERSION) >= Version("1.33"), K8S_VERSION
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "x"},
+        "spec": {"ports": [{"port": 80}], "clusterIp": "None"},  # typo'd field
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_lint_strict_has_no_errors_or_warnings():
+    report = helm.lint(str(CHART_DIR), strict=True, namespace=NAMESPACE, kube_version=f"v{K8S_VERSION}")
+    assert report["total_charts_linted"] == 1
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= 2]
+    assert serious == [], serious
+
+
+@pytest.mark.parametrize("scenario", ["s3-existing-secret", "external-spark", "monitored-autoscaled", "local-dev"])
+def test_lint_strict_with_overrides(scenario):
+    report = helm.lint(str(CHART_DIR), SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_lint_reports_schema_violation():
+    report = helm.lint(str(CHART_DIR), {"host": {"replicas": 0}}, strict=True)
+    assert report["errors"], "lint must surface a values.schema.json violation"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_manifest_validates(chart, scenario):
+    r = render(chart, SCENARIOS[scenario])
+    assert r.objects
+    for obj in r.objects:
+        try:
+            validate_object(obj)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
+            pytest.fail(f"{scenario}: {obj['kind']}/{obj['metadata']['name']}: "
+                        f"{'.'.join(map(str, exc.path))}: {exc.message}")
+        assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
+    assert not r.kinds("Secret"), "the chart must never create Secrets from values"
+
+
+def test_default_render_has_the_expected_objects(chart):
+    r = render(chart)
+    expected = {
+        ("StatefulSet", "loghost"),
+        ("Service", "loghost-headless"),
+        ("Service", "loghost"),
+        ("PodDisruptionBudget", "loghost"),
+        ("StatefulSet", "loghost-compactor"),
+        ("Service", "loghost-compactor"),
+        ("ServiceAccount", "loghost"),
+    }
+    assert set(r.by_key) == expected
+
+
+def test_optional_objects_appear_when_enabled(chart):
+    r = render(chart, MONITORED_AUTOSCALED)
+    for key in [
+        ("HorizontalPodAutoscaler", "loghost-compactor"),
+        ("PodDisruptionBudget", "loghost-compactor"),
+        ("Role", "loghost-compactor"),
+        ("RoleBinding", "loghost-compactor"),
+        ("ServiceMonitor", "loghost"),
+        ("ServiceMonitor", "loghost-compactor"),
+        ("PrometheusRule", "loghost"),
+    ]:
+        assert r.has(*key), key
+
+
+# --- host wiring ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [{}, FIVE_REPLICAS], ids=["3-hosts", "5-hosts"])
+def test_server_id_is_the_pod_name(chart, values):
+    r = render(chart, values)
+    sts = host_sts(r)
+    env = env_of(sts, "loghost")
+    # The downward API gives exactly the pod name, which for a StatefulSet is
+    # "<statefulset name>-<ordinal>": stable across restarts and reschedules.
+    assert env["LOGHOST_SERVER_ID"] == {
+        "name": "LOGHOST_SERVER_ID",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+    assert sts["kind"] == "StatefulSet"
+    assert sts["metadata"]["name"] == RELEASE
+    assert sts["spec"]["replicas"] == (values.get("host", {}).get("replicas", 3))
+    assert "LOGHOST_SERVER_ID" not in sts["spec"]["template"]["metadata"].get("annotations", {})
+
+
+def test_server_ids_follow_a_renamed_release(chart):
+    r = render(chart, {}, name="prod")
+    sts = host_sts(r, "prod-loghost")
+    assert env_of(sts, "loghost")["LOGHOST_SERVER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert host_advertise_urls(r, "prod-loghost")[0] == (
+        "http://prod-loghost-0.prod-loghost-headless.logs.svc.cluster.local:8080"
+    )
+
+
+def test_advertise_url_is_the_pods_headless_dns_name(chart):
+    r = render(chart, FIVE_REPLICAS)
+    sts = host_sts(r)
+    headless = r.get("Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert selects(headless["spec"]["selector"], pod_labels(sts))
+    urls = host_advertise_urls(r)
+    assert urls == [
+        f"http://loghost-{i}.loghost-headless.{NAMESPACE}.svc.cluster.local:8080" for i in range(5)
+    ]
+    # $(POD_NAME) only expands if POD_NAME is the pod name and defined earlier.
+    env = env_of(sts, "loghost")
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_env_references_are_defined_before_use(chart):
+    for values in SCENARIOS.values():
+        r = render(chart, values)
+        for sts in r.kinds("StatefulSet"):
+            for c in sts["spec"]["template"]["spec"]["containers"]:
+                seen: set[str] = set()
+                for item in c.get("env", []):
+                    for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", item.get("value", "")):
+                        assert ref in seen, f"{c['name']}: {item['name']} uses $({ref}) before it is defined"
+                    seen.add(item["name"])
+
+
+def test_listen_address_matches_container_port(chart):
+    for values in [{}, {"host": {"port": 9000}}]:
+        r = render(chart, values)
+        sts = host_sts(r)
+        c = container(sts, "loghost")
+        port = c["ports"][0]
+        assert port["name"] == "http"
+        assert env_value(sts, "loghost", "LOGHOST_LISTEN") == f"0.0.0.0:{port['containerPort']}"
+        assert host_advertise_urls(r)[0].endswith(f":{port['containerPort']}")
+        assert c["args"] == ["loghost", "serve"]
+
+
+def test_probes_point_at_the_real_endpoints(chart):
+    sts = host_sts(render(chart))
+    c = container(sts, "loghost")
+    named_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert named_ports[c[probe]["httpGet"]["port"]] == 8080
+
+
+def test_shutdown_gets_time_to_flush(chart):
+    for values in [{}, {"host": {"config": {"shutdownGraceS": 90}, "terminationGracePeriodSeconds": 120}}]:
+        sts = host_sts(render(chart, values))
+        spec = sts["spec"]["template"]["spec"]
+        c = container(sts, "loghost")
+        sleep_cmd = c["lifecycle"]["preStop"]["exec"]["command"]
+        assert sleep_cmd[0] == "sleep"
+        pre_stop = int(sleep_cmd[1])
+        assert pre_stop > 0
+        shutdown = int(env_value(sts, "loghost", "LOGHOST_SHUTDOWN_GRACE_S"))
+        assert spec["terminationGracePeriodSeconds"] > pre_stop + shutdown >= 30
+
+
+def test_too_short_termination_grace_is_refused(chart):
+    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
+        render(chart, {"host": {"terminationGracePeriodSeconds": 30, "config": {"shutdownGraceS": 30}}})
+
+
+def test_resources_pdb_and_anti_affinity(chart):
+    r = render(chart)
+    sts = host_sts(r)
+    c = container(sts, "loghost")
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+    pdb = r.get("PodDisruptionBudget", "loghost")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(sts))
+    # The host PDB must not also cover compactor pods.
+    assert not selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(compactor_sts(r)))
+    soft = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = soft["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["labelSelector"]["matchLabels"], pod_labels(sts))
+
+    hard = host_sts(render(chart, {"host": {"antiAffinity": "hard"}}))
+    req = hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert selects(req[0]["labelSelector"]["matchLabels"], pod_labels(hard))
+    none = host_sts(render(chart, {"host": {"antiAffinity": "none"}}))
+    assert "affinity" not in none["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "local-dev", "external-spark"])
+def test_security_context(chart, scenario):
+    r = render(chart, SCENARIOS[scenario])
+    for sts in r.kinds("StatefulSet"):
+        spec = sts["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] != 0
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert "/tmp" in mounts
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_client_service_reaches_serving_hosts_only(chart):
+    r = render(chart)
+    sts = host_sts(r)
+    client = r.get("Service", "loghost")
+    assert client["spec"].get("clusterIP") != "None"
+    assert selects(client["spec"]["selector"], pod_labels(sts))
+    # A pod relabelled loghost/serving=false (draining) leaves the client Service
+    # but stays in the headless Service and the StatefulSet.
+    drained = dict(pod_labels(sts), **{"loghost/serving": "false"})
+    assert not selects(client["spec"]["selector"], drained)
+    assert selects(r.get("Service", "loghost-headless")["spec"]["selector"], drained)
+    assert selects(sts["spec"]["selector"]["matchLabels"], drained)
+    assert client["spec"]["ports"][0]["targetPort"] == "http"
+
+
+# --- compactor wiring ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "five-replicas", "external-spark", "s3-existing-secret"])
+def test_compactor_gets_every_host_url(chart, scenario):
+    r = render(chart, SCENARIOS[scenario])
+    hosts = env_value(compactor_sts(r), "compactor", "COMPACTOR_HOSTS").split(",")
+    # Exactly the URLs the hosts advertise themselves under, one per pod, in ordinal order.
+    assert hosts == host_advertise_urls(r)
+    assert len(hosts) == host_sts(r)["spec"]["replicas"]
+
+
+def test_extra_hosts_are_appended(chart):
+    r = render(chart, {"compactor": {"extraHosts": ["http://old-host-7.example.svc:8080"]}})
+    hosts = env_value(compactor_sts(r), "compactor", "COMPACTOR_HOSTS").split(",")
+    assert hosts == host_advertise_urls(r) + ["http://old-host-7.example.svc:8080"]
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_static_membership_matches_pod_names(chart, replicas):
+    r = render(chart, {"compactor": {"replicas": replicas}})
+    sts = compactor_sts(r)
+    env = env_of(sts, "compactor")
+    assert sts["spec"]["replicas"] == replicas
+    assert sts["spec"]["serviceName"] == "loghost-compactor"
+    assert r.get("Service", "loghost-compactor")["spec"]["clusterIP"] == "None"
+    assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    members = env["COMPACTOR_MEMBERS"]["value"].split(",")
+    # The pods the StatefulSet will create, by name: each one finds itself in the list.
+    assert members == [f"{sts['metadata']['name']}-{i}" for i in range(replicas)]
+    assert container(sts, "compactor")["args"] == ["compactor", "run"]
+    assert not r.has("Role", "loghost-compactor")
+    assert sts["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_kubernetes_membership_and_hpa_are_coherent(chart):
+    r = render(chart, MONITORED_AUTOSCALED)
+    sts = compactor_sts(r)
+    env = env_of(sts, "compactor")
+    assert "replicas" not in sts["spec"], "the HPA owns the replica count"
+    assert "COMPACTOR_MEMBERS" not in env, "members come from the supervisor, not a stale rendered list"
+    assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["MEMBERSHIP_STATEFULSET"]["value"] == sts["metadata"]["name"]
+    assert env["MEMBERSHIP_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["MEMBERSHIP_POLL_S"]["value"] == "15"
+    assert container(sts, "compactor")["args"] == ["compactor-supervisor", "--", "compactor", "run"]
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+
+    hpa = r.get("HorizontalPodAutoscaler", "loghost-compactor")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+
+    role = r.get("Role", "loghost-compactor")
+    assert role["rules"] == [{
+        "apiGroups": ["apps"], "resources": ["statefulsets"],
+        "resourceNames": [sts["metadata"]["name"]], "verbs": ["get"],
+    }]
+    binding = r.get("RoleBinding", "loghost-compactor")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}]
+    # Hosts never get an API token.
+    assert host_sts(r)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_spark_local_mode(chart):
+    sts = compactor_sts(render(chart))
+    env = env_of(sts, "compactor")
+    assert env["COMPACTOR_SPARK_MASTER"]["value"] == "local[*]"
+    assert env["SPARK_LOCAL_IP"]["value"] == "127.0.0.1"
+    args = env["PYSPARK_SUBMIT_ARGS"]["value"].split()
+    assert args[-1] == "pyspark-shell"
+    assert args[:2] == ["--driver-memory", env["SPARK_DRIVER_MEMORY"]["value"]]
+    assert env["COMPACTOR_METRICS_LISTEN"]["value"] == "0.0.0.0:9090"
+    c = container(sts, "compactor")
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert env["COMPACTOR_STORE"]["value"] == env_value(host_sts(render(chart)), "loghost", "LOGHOST_STORE")
+
+
+def test_spark_external_master(chart):
+    sts = compactor_sts(render(chart, EXTERNAL_SPARK))
+    env = env_of(sts, "compactor")
+    assert env["COMPACTOR_SPARK_MASTER"]["value"] == "spark://spark-master.spark.svc.cluster.local:7077"
+    submit = env["PYSPARK_SUBMIT_ARGS"]["value"]
+    # Executors in the cluster call back to the driver in this pod, by pod IP.
+    assert "--conf spark.driver.host=$(POD_IP)" in submit
+    assert "--conf spark.executor.memory=4g" in submit
+    assert "--conf spark.sql.shuffle.partitions=64" in submit
+    assert submit.startswith("--driver-memory 1g ") and submit.endswith(" pyspark-shell")
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.parametrize(
+    "limit, driver, ok",
+    [("3Gi", "2g", True), ("2Gi", "2g", False), ("3072Mi", "2048m", True), ("2500M", "2g", False)],
+)
+def test_spark_heap_must_fit_the_memory_limit(chart, limit, driver, ok):
+    values = {"compactor": {"spark": {"driverMemory": driver},
+                            "resources": {"requests": {"memory": limit}, "limits": {"memory": limit}}}}
+    if ok:
+        render(chart, values)
+    else:
+        with pytest.raises(helm.HelmRenderError, match="limits.memory"):
+            render(chart, values)
+
+
+def test_compactor_can_be_disabled(chart):
+    r = render(chart, {"compactor": {"enabled": False}})
+    assert not any(o["metadata"]["name"].endswith("-compactor") for o in r.objects)
+    assert "Compactors are disabled" in r.notes
+
+
+# --- secrets & credentials ------------------------------------------------------
+
+SECRET_ENV = {
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    "LOGHOST_API_KEYS", "COMPACTOR_API_KEY",
+}
+
+
+def secret_refs(r: Rendered) -> dict[tuple[str, str], tuple[str, str]]:
+    """(workload, env name) -> (secret name, key) for every secretKeyRef."""
+    refs = {}
+    for sts in r.kinds("StatefulSet"):
+        for c in sts["spec"]["template"]["spec"]["containers"]:
+            for item in c.get("env", []):
+                if item["name"] in SECRET_ENV or item["name"] == "LOGHOST_REDIS_URL":
+                    ref = item.get("valueFrom", {}).get("secretKeyRef")
+                    if item["name"] in SECRET_ENV:
+                        assert ref is not None and "value" not in item, f"{item['name']} must come from a Secret"
+                    if ref:
+                        refs[(sts["metadata"]["name"], item["name"])] = (ref["name"], ref["key"])
+            assert not c.get("envFrom"), "no bulk env import: every secret is named explicitly"
+    return refs
+
+
+def test_secrets_are_referenced_not_inlined(chart):
+    r = render(chart, merge(S3_EXISTING_SECRET, EXTERNAL_REDIS))
+    refs = secret_refs(r)
+    for workload in ("loghost", "loghost-compactor"):
+        assert refs[(workload, "AWS_ACCESS_KEY_ID")] == ("acme-s3-credentials", "access-key")
+        assert refs[(workload, "AWS_SECRET_ACCESS_KEY")] == ("acme-s3-credentials", "secret-key")
+        assert refs[(workload, "AWS_SESSION_TOKEN")] == ("acme-s3-credentials", "session-token")
+    assert refs[("loghost", "LOGHOST_API_KEYS")] == ("acme-loghost-keys", "api-keys")
+    assert refs[("loghost-compactor", "COMPACTOR_API_KEY")] == ("acme-loghost-keys", "service-key")
+    assert refs[("loghost", "LOGHOST_REDIS_URL")] == ("acme-redis", "url")
+    session = env_of(host_sts(r), "loghost")["AWS_SESSION_TOKEN"]
+    assert session["valueFrom"]["secretKeyRef"]["optional"] is True
+    # S3-compatible endpoint and region reach both programs.
+    for sts, cname in ((host_sts(r), "loghost"), (compactor_sts(r), "compactor")):
+        assert env_value(sts, cname, "AWS_ENDPOINT_URL") == "https://minio.storage.svc.cluster.local:9000"
+        assert env_value(sts, cname, "AWS_REGION") == "eu-central-1"
+        assert env_value(sts, cname, "LOGHOST_STORE" if cname == "loghost" else "COMPACTOR_STORE") == "s3://acme-wal/prod/loghost"
+
+
+def test_ambient_credentials_render_no_keys(chart):
+    r = render(chart, IRSA)
+    for sts in r.kinds("StatefulSet"):
+        names = {e["name"] for c in sts["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+        assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+        assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "loghost"
+    sa = r.get("ServiceAccount", "loghost")
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+
+
+def test_redis_is_optional(chart):
+    assert "LOGHOST_REDIS_URL" not in env_of(host_sts(render(chart)), "loghost")
+    plain = env_of(host_sts(render(chart, EXTERNAL_REDIS_URL)), "loghost")["LOGHOST_REDIS_URL"]
+    assert plain["value"] == "redis://redis-master.redis.svc.cluster.local:6379/0"
+    assert "LOGHOST_REDIS_URL" not in env_of(compactor_sts(render(chart, EXTERNAL_REDIS_URL)), "compactor")
+
+
+# --- values.schema.json rejects bad values ----------------------------------------
+
+BAD_VALUES = {
+    "zero-hosts": {"host": {"replicas": 0}},
+    "replicas-as-string": {"host": {"replicas": "3"}},
+    "unknown-top-level-key": {"replicaCount": 3},
+    "typo-in-host": {"host": {"replica": 3}},
+    "http-store-url": {"store": {"url": "http://bucket/prefix"}},
+    "s3-url-without-bucket": {"store": {"url": "s3://"}},
+    "inline-access-key": {"store": {"s3": {"accessKeyId": "AKIAIOSFODNN7EXAMPLE"}}},
+    "inline-secret-key": {"store": {"s3": {"secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}},
+    "inline-api-keys": {"apiKeys": {"keys": "k1=tenant-a,svc=*"}},
+    "no-api-key-secret": {"apiKeys": {"existingSecret": ""}},
+    "credentials-in-endpoint-url": {"store": {"s3": {"endpointUrl": "https://user:pass@minio:9000"}}},
+    "redis-password-in-url": {"redis": {"enabled": True, "url": "redis://:hunter2@redis:6379/0"}},
+    "redis-enabled-without-url": {"redis": {"enabled": True}},
+    "redis-not-a-url": {"redis": {"enabled": True, "url": "redis-master:6379"}},
+    "spark-master-yarn": {"compactor": {"spark": {"master": "yarn"}}},
+    "spark-driver-memory-unit": {"compactor": {"spark": {"driverMemory": "2GB"}}},
+    "spark-conf-owned-by-chart": {"compactor": {"spark": {"conf": {"spark.driver.host": "1.2.3.4"}}}},
+    "spark-conf-not-spark": {"compactor": {"spark": {"conf": {"executor.memory": "4g"}}}},
+    "hpa-with-static-membership": {"compactor": {"autoscaling": {"enabled": True}}},
+    "unknown-membership-mode": {"compactor": {"membership": {"mode": "dns"}}},
+    "privileged-port": {"host": {"port": 80}},
+    "root-allowed": {"host": {"podSecurityContext": {"runAsNonRoot": False}}},
+    "root-user": {"compactor": {"podSecurityContext": {"runAsUser": 0}}},
+    "bad-anti-affinity": {"host": {"antiAffinity": "strict"}},
+    "bad-log-level": {"host": {"config": {"logLevel": "verbose"}}},
+    "negative-rollup": {"host": {"config": {"rollupIntervalS": -1}}},
+    "memory-limit-removed": {"host": {"resources": {"limits": {"memory": None}}}},
+    "bad-service-type": {"service": {"type": "Ingress"}},
+    "fullname-too-long": {"fullnameOverride": "a" * 43},
+    "bad-extra-host": {"compactor": {"extraHosts": ["loghost-9:8080"]}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_schema_rejects_bad_values(chart, case):
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(BAD_VALUES[case])
+    # and an install/render with them fails the same way
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, BAD_VALUES[case])
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_schema_accepts_the_realistic_values(chart, scenario):
+    chart.validate_schema(SCENARIOS[scenario])
+
+
+def test_schema_rejects_plain_redis_password_but_allows_user_without_password(chart):
+    chart.validate_schema({"redis": {"enabled": True, "url": "rediss://default@redis:6380"}})
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"redis": {"enabled": True, "url": "rediss://default:pw@redis:6380"}})
+
+
+# --- local (dev) store ------------------------------------------------------------
+
+
+def test_local_dev_store_uses_a_pvc(chart):
+    sts = host_sts(render(chart, LOCAL_DEV))
+    assert env_value(sts, "loghost", "LOGHOST_STORE") == "file:///data/wal"
+    mounts = {m["name"]: m["mountPath"] for m in container(sts, "loghost")["volumeMounts"]}
+    assert mounts["data"] == "/data"
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+def test_local_shared_claim_is_mounted_by_hosts_and_compactors(chart):
+    r = render(chart, LOCAL_SHARED)
+    for sts, cname in ((host_sts(r), "loghost"), (compactor_sts(r), "compactor")):
+        vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+        assert vols["data"]["persistentVolumeClaim"]["claimName"] == "loghost-rwx"
+        mounts = {m["name"]: m["mountPath"] for m in container(sts, cname)["volumeMounts"]}
+        assert mounts["data"] == "/data"
+        assert "volumeClaimTemplates" not in sts["spec"]
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"store": {"url": "file:///data/wal"}}, "dev-only"),
+        ({"store": {"url": "file:///var/wal", "local": {"existingClaim": "x"}}}, "mountPath"),
+        ({"host": {"persistence": {"enabled": True}}}, "local"),
+        (merge(MONITORED_AUTOSCALED, {"compactor": {"autoscaling": {"minReplicas": 5, "maxReplicas": 3}}}),
+         "minReplicas"),
+    ],
+)
+def test_inconsistent_settings_are_refused(chart, values, message):
+    with pytest.raises(helm.HelmRenderError, match=message):
+        render(chart, values)
+
+
+# --- metrics --------------------------------------------------------------------
+
+
+def test_prometheus_annotations_match_ports(chart):
+    r = render(chart)
+    for sts, cname in ((host_sts(r), "loghost"), (compactor_sts(r), "compactor")):
+        ann = sts["spec"]["template"]["metadata"]["annotations"]
+        assert ann["prometheus.io/scrape"] == "true"
+        assert ann["prometheus.io/path"] == "/metrics"
+        ports = [p["containerPort"] for p in container(sts, cname)["ports"]]
+        assert int(ann["prometheus.io/port"]) in ports
+    off = render(chart, {"metrics": {"podAnnotations": False}})
+    assert "prometheus.io/scrape" not in (host_sts(off)["spec"]["template"]["metadata"].get("annotations") or {})
+
+
+def test_service_monitors_select_one_target_per_pod(chart):
+    r = render(chart, MONITORED_AUTOSCALED)
+    host_sm = r.get("ServiceMonitor", "loghost")
+    services = r.kinds("Service")
+    matched = [s for s in services if selects(host_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    assert [s["metadata"]["name"] for s in matched] == ["loghost-headless"]
+    assert host_sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert host_sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in matched[0]["spec"]["ports"]}
+    assert host_sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+    comp_sm = r.get("ServiceMonitor", "loghost-compactor")
+    matched = [s for s in services if selects(comp_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    assert [s["metadata"]["name"] for s in matched] == ["loghost-compactor"]
+    assert comp_sm["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_alert_rules_use_exported_metrics(chart):
+    rule = render(chart, MONITORED_AUTOSCALED).get("PrometheusRule", "loghost")
+    alerts = {}
+    for group in rule["spec"]["groups"]:
+        for item in group["rules"]:
+            alerts[item["alert"]] = item
+    for name in ["LoghostDirtyUntrackedCollections", "LoghostUncompactedTooOld", "LoghostBackpressure",
+                 "LoghostRollupSlow", "LoghostContention", "LoghostScrubFailures",
+                 "LoghostLeaderHintFailures", "LoghostCompactionStalled", "LoghostCompactorFailures"]:
+        assert name in alerts, name
+    for name, item in alerts.items():
+        expr = item["expr"]
+        assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), name
+        used = set(re.findall(r"\b((?:loghost|compactor)_[a-z_]+?)(?:_bucket|_count|_sum)?\s*\{", expr))
+        assert used, f"{name}: no metric selector in {expr!r}"
+        assert used <= KNOWN_METRICS, f"{name}: unknown metrics {used - KNOWN_METRICS}"
+        # scoped to this release's services, so two releases don't mix
+        assert f'namespace="{NAMESPACE}"' in expr, name
+        assert item["labels"]["severity"] in {"info", "warning", "critical"}
+        assert "{{ $labels" not in expr
+    assert "> 1800" in alerts["LoghostUncompactedTooOld"]["expr"]
+    assert 'service="loghost-headless"' in alerts["LoghostScrubFailures"]["expr"]
+    assert 'service="loghost-compactor"' in alerts["LoghostCompactorFailures"]["expr"]
+    # Prometheus' own templating survives Helm's.
+    assert "{{ $labels.pod }}" in alerts["LoghostUncompactedTooOld"]["annotations"]["summary"]
+
+
+# --- names & notes --------------------------------------------------------------
+
+
+def test_long_release_names_stay_within_kubernetes_limits(chart):
+    name = "a-very-long-release-name-for-the-log-host-service-x"  # 51 chars
+    helm.validate_release_name(name)
+    r = render(chart, FIVE_REPLICAS, name=name)
+    for sts in r.kinds("StatefulSet"):
+        # controller-revision-hash label = name + "-" + 10 chars must fit in 63
+        assert len(sts["metadata"]["name"]) <= 52
+        validate_object(sts)
+    hosts = [s for s in r.kinds("StatefulSet") if s["metadata"]["labels"]["app.kubernetes.io/component"] == "host"]
+    (host,) = hosts
+    urls = env_value(compactor_sts(r, host["metadata"]["name"]), "compactor", "COMPACTOR_HOSTS").split(",")
+    assert urls == host_advertise_urls(r, host["metadata"]["name"])
+    for url in urls:
+        for label in url.split("//")[1].split(":")[0].split("."):
+            assert len(label) <= 63
+
+
+def test_notes_tell_the_operator_how_to_reach_the_api(chart):
+    notes = render(chart).notes
+    assert "http://loghost.logs.svc.cluster.local:8080/v1" in notes
+    assert "kubectl port-forward --namespace logs svc/loghost 8080:8080" in notes
+    assert "loghost-api-keys" in notes and "loghost-s3" in notes
+    lb = render(chart, MONITORED_AUTOSCALED).notes
+    assert "kubectl get svc --namespace logs loghost" in lb
+
+
+# --- the image the chart runs ---------------------------------------------------
+
+
+def dockerfile() -> str:
+    return (IMAGE_DIR / "Dockerfile").read_text()
+
+
+def test_dockerfile_builds_the_image_the_chart_runs(chart):
+    text = dockerfile()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
+    assert "openjdk-17-jre-headless" in text
+    assert re.search(r"pip install \.(\s|$)", text), "the project is installed from the repo root"
+    assert "JAVA_HOME=" in text
+    # non-root, numeric, and the same uid the chart runs as
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1].split(":")[0].isdigit()
+    uid = int(users[-1].split(":")[0])
+    assert uid != 0
+    values = chart.values
+    assert values["host"]["podSecurityContext"]["runAsUser"] == uid
+    assert values["compactor"]["podSecurityContext"]["runAsUser"] == uid
+    # the supervisor the chart invokes is on PATH under that name
+    assert re.search(r"^COPY .*helm/image/compactor-supervisor\.py /usr/local/bin/compactor-supervisor$", text, re.M)
+
+
+def test_dockerfile_bakes_in_no_secrets():
+    for line in dockerfile().splitlines():
+        if re.match(r"^\s*(ENV|ARG)\b", line) or line.strip().startswith(("PIP_", "PATH=", "JAVA_HOME=")):
+            assert not re.search(r"(AWS_|SECRET|PASSWORD|TOKEN|API_KEY|REDIS_URL)", line, re.I), line
+    assert not re.search(r"^COPY .*\.(env|pem|key)\b", dockerfile(), re.M)
+
+
+def test_dockerignore_lets_in_every_package_the_distribution_declares():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    includes = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    allowed = {line[1:].rstrip("/") for line in (IMAGE_DIR / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    assert "pyproject.toml" in allowed
+    for pattern in includes:
+        package = pattern.rstrip("*")
+        assert package in allowed, f"{package} is excluded from the build context"
+    assert "helm/image/compactor-supervisor.py" in allowed
+    assert (IMAGE_DIR / "compactor-supervisor.py").is_file()
+    scripts = pyproject["project"]["scripts"]
+    assert {"loghost", "compactor"} <= set(scripts)

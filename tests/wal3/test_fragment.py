@@ -1,0 +1,85 @@
+"""Fragments: Parquet layout, paths and setsum items."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from host.wal3 import CorruptFragment, Setsum
+from host.wal3.fragment import (
+    decode_fragment,
+    encode_fragment,
+    fragment_path,
+    parse_fragment_path,
+    read_footer,
+    record_item,
+)
+
+
+def test_paths() -> None:
+    assert fragment_path(1) == "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet"
+    assert fragment_path(4097) == (
+        "log/Bucket=0000000000001000/FragmentSeqNo=0000000000001001.parquet"
+    )
+    for seq in (1, 4095, 4096, 4097, 123456789):
+        assert parse_fragment_path(fragment_path(seq)) == seq
+    assert parse_fragment_path("log/Bucket=0000000000000000/FragmentSeqNo=0000000000001001.parquet") is None
+    assert parse_fragment_path("manifest/MANIFEST") is None
+    with pytest.raises(ValueError):
+        fragment_path(0)
+
+
+def test_roundtrip_schema_and_setsum() -> None:
+    bodies = [b"alpha", b"", b"\x00\xff" * 100]
+    prev = Setsum.of(b"prev")
+    frag = encode_fragment(3, 10, 1_700_000_000_000_000, bodies, prev=prev, keys={"k": (10, 3)})
+    table = pq.read_table(io.BytesIO(frag.data))
+    assert table.schema.field("offset").type == pa.uint64()
+    assert table.schema.field("timestamp_us").type == pa.uint64()
+    assert table.schema.field("body").type == pa.binary()
+    meta = pq.ParquetFile(io.BytesIO(frag.data)).metadata
+    assert meta.row_group(0).column(0).compression == "SNAPPY"
+    assert table.column("offset").to_pylist() == [10, 11, 12]
+    assert set(table.column("timestamp_us").to_pylist()) == {1_700_000_000_000_000}
+    expected = Setsum.of_items(
+        [struct.pack(">QQ", 10 + i, 1_700_000_000_000_000) + b for i, b in enumerate(bodies)]
+    )
+    assert frag.setsum == expected
+    assert record_item(10, 5, b"x") == struct.pack(">QQ", 10, 5) + b"x"
+    decoded = decode_fragment(frag.data)
+    assert [r.body for r in decoded.records] == bodies
+    assert decoded.setsum == frag.setsum
+    assert decoded.prev == prev
+    assert decoded.keys == {"k": (10, 3)}
+    assert read_footer(frag.data) == (prev, {"k": (10, 3)})
+    assert (frag.start, frag.limit, decoded.start, decoded.limit) == (10, 13, 10, 13)
+
+
+def test_plain_rust_style_fragment_decodes() -> None:
+    # A fragment without our footer keys (as another implementation writes it) still decodes.
+    table = pa.table(
+        {
+            "offset": pa.array([1, 2], pa.uint64()),
+            "timestamp_us": pa.array([9, 9], pa.uint64()),
+            "body": pa.array([b"a", b"b"], pa.binary()),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    d = decode_fragment(sink.getvalue())
+    assert d.prev is None and d.keys == {}
+    assert [r.offset for r in d.records] == [1, 2]
+
+
+def test_corruption_detected() -> None:
+    frag = encode_fragment(1, 1, 5, [b"x" * 1000])
+    with pytest.raises(CorruptFragment):
+        decode_fragment(frag.data[: len(frag.data) // 2])
+    with pytest.raises(CorruptFragment):
+        decode_fragment(b"not parquet at all")
+    with pytest.raises(ValueError):
+        encode_fragment(1, 1, 5, [])

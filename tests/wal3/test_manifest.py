@@ -1,0 +1,131 @@
+"""Manifests and snapshots: invariants, setsum balance, JSON compatibility."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from host.wal3 import CorruptManifest, FragmentPointer, Manifest, Setsum, Snapshot
+from host.wal3.fragment import fragment_path
+from host.wal3.manifest import plan_snapshot
+
+
+def frag(seq: int, start: int, n: int) -> FragmentPointer:
+    return FragmentPointer(fragment_path(seq), seq, start, start + n, 100 + n,
+                           Setsum.of(f"{seq}:{start}:{n}".encode()))
+
+
+def grow(m: Manifest, sizes: list[int]) -> Manifest:
+    for n in sizes:
+        m = m.with_fragments([frag(m.next_seq_no, m.next_offset, n)], "w")
+    return m
+
+
+def total_live(m: Manifest) -> Setsum:
+    s = Setsum.zero()
+    for e in m.entries:
+        s = s + e.setsum
+    return s
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=5), max_size=40),
+       st.integers(2, 6), st.integers(2, 4))
+def test_applied_fragments_and_snapshots_keep_invariants(batches: list[list[int]], fth: int,
+                                                         sth: int) -> None:
+    m = Manifest.empty("w")
+    expected = Setsum.zero()
+    snapshots: dict[str, Snapshot] = {}
+    for sizes in batches:
+        frags = []
+        seq, off = m.next_seq_no, m.next_offset
+        for n in sizes:
+            frags.append(frag(seq, off, n))
+            seq, off = seq + 1, off + n
+        m = m.with_fragments(frags, "w")
+        for f in frags:
+            expected = expected + f.setsum
+        m.check()
+        snap = plan_snapshot(m, fragment_threshold=fth, snapshot_threshold=sth, writer="w")
+        if snap is not None:
+            snap.check()
+            snapshots[snap.path] = snap
+            m2 = m.with_snapshot(snap, "w")
+            assert m2 is not None
+            m2.check()
+            assert m2.next_offset == m.next_offset and m2.next_seq_no == m.next_seq_no
+            m = m2
+        assert m.setsum == expected == total_live(m) + m.collected
+        assert m.fragments, "the last fragment always stays in the root"
+        # Depth never increases along the root: deeper (older) snapshots come first.
+        depths = [s.depth for s in m.snapshots]
+        assert depths == sorted(depths, reverse=True)
+        assert Manifest.from_bytes(m.to_bytes()) == m
+    # Every snapshot reachable from the root expands to exactly the fragments written.
+    leaves: list[FragmentPointer] = []
+
+    def expand(ptrs) -> None:  # type: ignore[no-untyped-def]
+        for p in ptrs:
+            if isinstance(p, FragmentPointer):
+                leaves.append(p)
+            else:
+                expand(snapshots[p.path_to_snapshot].children)
+
+    expand(m.entries)
+    assert [f.seq_no for f in leaves] == list(range(1, m.next_seq_no))
+    assert sum((f.setsum for f in leaves), Setsum.zero()) == m.setsum
+
+
+def test_json_matches_rust_field_names() -> None:
+    m = grow(Manifest.empty("writer-1"), [3, 2])
+    obj = json.loads(m.to_bytes())
+    assert list(obj) == ["setsum", "collected", "acc_bytes", "writer", "snapshots", "fragments"]
+    assert obj["fragments"][0] == {
+        "path": fragment_path(1), "seq_no": 1, "start": {"offset": 1}, "limit": {"offset": 4},
+        "num_bytes": 103, "setsum": m.fragments[0].setsum.hexdigest(),
+    }
+    sealed = m.with_sealed("w")
+    assert json.loads(sealed.to_bytes())["sealed"] is True
+    assert Manifest.from_bytes(sealed.to_bytes()).sealed
+
+
+def test_invariant_violations_are_detected() -> None:
+    m = grow(Manifest.empty("w"), [3, 2, 4])
+    obj = json.loads(m.to_bytes())
+
+    def corrupt(edit) -> None:  # type: ignore[no-untyped-def]
+        o = json.loads(json.dumps(obj))
+        edit(o)
+        with pytest.raises(CorruptManifest):
+            Manifest.from_bytes(json.dumps(o).encode())
+
+    corrupt(lambda o: o.update(setsum=Setsum.of(b"x").hexdigest()))          # balance
+    corrupt(lambda o: o["fragments"][1]["start"].update(offset=5))           # gap
+    corrupt(lambda o: o["fragments"][1].update(seq_no=7))                    # seq order
+    corrupt(lambda o: o["fragments"][0]["limit"].update(offset=1))           # empty range
+    corrupt(lambda o: o["fragments"].pop(1))                                 # dropped fragment
+    corrupt(lambda o: o.update(acc_bytes=-1))
+    corrupt(lambda o: o.update(fragments="nope"))
+    with pytest.raises(CorruptManifest):
+        Manifest.from_bytes(b"{not json")
+    with pytest.raises(CorruptManifest):
+        m.with_fragments([frag(9, m.next_offset, 1)], "w")
+    with pytest.raises(CorruptManifest):
+        m.with_fragments([frag(m.next_seq_no, m.next_offset + 1, 1)], "w")
+
+
+def test_snapshot_rejects_mixed_and_bad_setsum() -> None:
+    m = grow(Manifest.empty("w"), [1, 1, 1])
+    s = Snapshot.build(m.fragments[:2], "w")
+    s.check()
+    bad = json.loads(s.to_bytes())
+    bad["setsum"] = Setsum.zero().hexdigest()
+    with pytest.raises(CorruptManifest):
+        Snapshot.from_bytes(json.dumps(bad).encode())
+    with pytest.raises(ValueError):
+        Snapshot.build([m.fragments[0], s.to_pointer()], "w")
+    # A snapshot whose children are no longer a run of the root cannot be applied.
+    assert m.with_snapshot(Snapshot.build([m.fragments[0], m.fragments[2]], "w"), "w") is None
