@@ -1,0 +1,30 @@
+"""Compactor client: a REST client for log hosts, a scheduler, and the PySpark compaction pipeline.
+
+Names are imported lazily so that Spark executors, which import only ``compactor_client.executor``
+(and through it ``fold`` and ``parquet_io``), need neither httpx nor the host package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LogHostClient": "client",
+    "LogHostError": "errors",
+    "Record": "models",
+    "Row": "fold",
+    "fold": "fold",
+    "CompactionPipeline": "pipeline",
+    "Scheduler": "scheduler",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compactor_client' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,290 @@
+"""The ``compactor`` command: ``compactor run --hosts ... --api-key ... --store ...``.
+
+Every flag has an environment variable; a flag given on the command line wins over the variable,
+which wins over the default.  Prefer ``COMPACTOR_API_KEY`` to ``--api-key``: command lines are
+visible to every user of the machine.
+
+Exit status: 0 when the round (``--once``) succeeded or the loop was stopped by a signal, 1 when a
+``--once`` round had a failed collection or an unreachable host, 2 for bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from pyspark.sql import SparkSession
+
+    from .metrics import CompactorMetrics
+    from .pipeline import CompactionPipeline, RoundResult
+    from .scheduler import Scheduler
+
+log = logging.getLogger("compactor")
+
+
+class SettingsError(ValueError):
+    """The configuration is incomplete or invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``compactor run`` is configured with."""
+
+    hosts: tuple[str, ...]
+    api_key: str
+    store: str
+    member_id: str
+    members: tuple[str, ...] = ()
+    spark_master: str | None = None
+    min_records: int = 1
+    interval_s: float = 30.0
+    budget_records: int = 10_000_000
+    metrics_listen: str | None = None
+    once: bool = False
+    dirty_limit: int | None = None
+    progress: bool = False
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (value or "").split(",") if p.strip())
+
+
+def _num(name: str, value: str | None, kind: type[int] | type[float], default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        out = kind(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {value!r}") from None
+    if out < 0:
+        raise SettingsError(f"{name} must not be negative")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``compactor`` command."""
+    parser = argparse.ArgumentParser(prog="compactor", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="poll the hosts and compact dirty collections")
+    run.add_argument("--hosts", help="log host URLs, comma-separated [COMPACTOR_HOSTS]")
+    run.add_argument("--api-key", help="service API key [COMPACTOR_API_KEY]")
+    run.add_argument("--store", help="object store URL: path, file:///dir or s3://bucket/prefix "
+                     "[COMPACTOR_STORE]")
+    run.add_argument("--member-id", help="this compactor's id [COMPACTOR_MEMBER_ID; hostname]")
+    run.add_argument("--members", help="all compactor ids, comma-separated [COMPACTOR_MEMBERS]")
+    run.add_argument("--spark-master", help="Spark master [COMPACTOR_SPARK_MASTER; spark-submit's "
+                     "or local[*]]")
+    run.add_argument("--min-records", help="skip logs with fewer dirty records "
+                     "[COMPACTOR_MIN_RECORDS; 1]")
+    run.add_argument("--interval-s", help="seconds between rounds [COMPACTOR_INTERVAL_S; 30]")
+    run.add_argument("--budget-records", help="records per round [COMPACTOR_BUDGET_RECORDS; 1e7]")
+    run.add_argument("--metrics-listen", help="serve Prometheus metrics on HOST:PORT "
+                     "[COMPACTOR_METRICS_LISTEN]")
+    run.add_argument("--dirty-limit", help="dirty entries asked of each host "
+                     "[COMPACTOR_DIRTY_LIMIT]")
+    run.add_argument("--once", action="store_true", default=None,
+                     help="run one round and exit (0 when it succeeded)")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="show progress bars (default: when stderr is a terminal)")
+    run.add_argument("--log-level", default=os.environ.get("COMPACTOR_LOG_LEVEL", "INFO"))
+    return parser
+
+
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Merge flags over environment variables over defaults into one ``Settings``."""
+
+    def pick(flag: str | None, env: str) -> str | None:
+        return flag if flag is not None else (environ.get(env) or None)
+
+    hosts = _split(pick(args.hosts, "COMPACTOR_HOSTS"))
+    api_key = pick(args.api_key, "COMPACTOR_API_KEY")
+    store = pick(args.store, "COMPACTOR_STORE")
+    required = (("--hosts", hosts), ("--api-key", api_key), ("--store", store))
+    missing = [name for name, value in required if not value]
+    if missing:
+        raise SettingsError(f"missing {', '.join(missing)} (or their COMPACTOR_* variables)")
+    for h in hosts:
+        if not h.startswith(("http://", "https://")):
+            raise SettingsError(f"host URL {h!r} must start with http:// or https://")
+    members = tuple(dict.fromkeys(_split(pick(args.members, "COMPACTOR_MEMBERS"))))
+    member_id = pick(args.member_id, "COMPACTOR_MEMBER_ID")
+    if member_id is None:
+        if len(members) > 1:
+            raise SettingsError("--members needs --member-id (which of them this compactor is)")
+        member_id = members[0] if members else socket.gethostname()
+    if members and member_id not in members:
+        raise SettingsError(f"--member-id {member_id!r} is not in --members {','.join(members)}")
+    once_env = environ.get("COMPACTOR_ONCE", "").lower() in ("1", "true", "yes")
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    dirty_limit = pick(args.dirty_limit, "COMPACTOR_DIRTY_LIMIT")
+    min_records = pick(args.min_records, "COMPACTOR_MIN_RECORDS")
+    interval_s = pick(args.interval_s, "COMPACTOR_INTERVAL_S")
+    budget = pick(args.budget_records, "COMPACTOR_BUDGET_RECORDS")
+    return Settings(
+        hosts=tuple(h.rstrip("/") for h in hosts),
+        api_key=str(api_key),
+        store=str(store),
+        member_id=member_id,
+        members=members,
+        spark_master=pick(args.spark_master, "COMPACTOR_SPARK_MASTER"),
+        min_records=int(_num("min-records", min_records, int, 1)),
+        interval_s=float(_num("interval-s", interval_s, float, 30.0)),
+        budget_records=int(_num("budget-records", budget, int, 10_000_000)),
+        metrics_listen=pick(args.metrics_listen, "COMPACTOR_METRICS_LISTEN"),
+        once=bool(args.once) or once_env,
+        dirty_limit=int(_num("dirty-limit", dirty_limit, int, 0)) or None,
+        progress=bool(progress),
+    )
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` or ``PORT`` → (host, port); the host defaults to 127.0.0.1."""
+    host, _, port = value.rpartition(":")
+    try:
+        return (host.strip("[]") or "127.0.0.1"), int(port)
+    except ValueError:
+        raise SettingsError(f"metrics listen address {value!r} is not HOST:PORT") from None
+
+
+async def run(
+    settings: Settings,
+    *,
+    spark: SparkSession | None = None,
+    registry: CollectorRegistry | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run rounds until ``stop`` is set (or one round with ``once``); returns the exit status."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from .client import LogHostClient
+    from .metrics import CompactorMetrics
+    from .pipeline import CompactionPipeline
+    from .scheduler import Scheduler
+    from .sparkutil import build_session, ship_package
+    from .stores import open_object_store
+
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = CompactorMetrics(registry)
+    stop = stop if stop is not None else asyncio.Event()
+    metrics_server: Any = None
+    clients: dict[str, LogHostClient] = {}
+    store: Any = None
+    own_spark = spark is None
+    try:
+        if settings.metrics_listen:
+            addr, port = parse_listen(settings.metrics_listen)
+            metrics_server = start_http_server(port, addr=addr, registry=registry)
+        store = await open_object_store(settings.store)
+        clients = {h: LogHostClient(h, settings.api_key) for h in settings.hosts}
+        if spark is None:
+            spark = build_session(settings.spark_master)
+        ship_package(spark.sparkContext)
+        scheduler = Scheduler(
+            list(clients.values()),
+            member_id=settings.member_id,
+            members=settings.members,
+            budget_records=settings.budget_records,
+            min_records=settings.min_records,
+            dirty_limit=settings.dirty_limit,
+        )
+        pipeline = CompactionPipeline(
+            spark, store, clients, metrics=metrics, progress=settings.progress
+        )
+        while True:
+            ok = await _one_round(scheduler, pipeline, metrics)
+            if settings.once:
+                return 0 if ok else 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=settings.interval_s)
+            if stop.is_set():
+                return 0
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                await store.close()
+        if own_spark and spark is not None:
+            spark.stop()
+        if isinstance(metrics_server, tuple):  # prometheus-client >= 0.20: (server, thread)
+            metrics_server[0].shutdown()
+
+
+async def _one_round(scheduler: Scheduler, pipeline: CompactionPipeline,
+                     metrics: CompactorMetrics) -> bool:
+    """Select and compact once; a bug in a round is logged and counted, not fatal to the loop."""
+    try:
+        selection = await scheduler.select_round()
+        result = await pipeline.run_round(selection.selected, failed_hosts=selection.failed_hosts)
+    except Exception:  # noqa: BLE001 - the service keeps going; the next round starts afresh
+        log.exception("compaction round failed")
+        metrics.rounds.labels(outcome="failed").inc()
+        metrics.failures.labels(stage="round").inc()
+        return False
+    _report(result, selection.merged, selection.not_ours, selection.over_budget)
+    return result.ok
+
+
+def _report(result: RoundResult, merged: int, not_ours: int, over_budget: int) -> None:
+    from .pipeline import summarize
+
+    summary = summarize(result)
+    summary.update(dirty=merged, not_ours=not_ours, over_budget=over_budget)
+    log.info("round summary %s", json.dumps(summary, sort_keys=True))
+
+
+def _configure_logging(level: str) -> None:
+    if sys.stderr.isatty():
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(show_path=False)
+        fmt = "%(message)s"
+    else:
+        handler = logging.StreamHandler()
+        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), handlers=[handler], format=fmt)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``compactor`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from(args, os.environ)
+        if settings.metrics_listen:
+            parse_listen(settings.metrics_listen)
+    except SettingsError as e:
+        parser.error(str(e))  # exits 2
+    _configure_logging(args.log_level)
+
+    async def _main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        return await run(settings, stop=stop)
+
+    return asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    # Run as a file (``spark-submit compactor_client/cli.py run ...``): relative imports need the
+    # package, so import it by name from the directory above this file.
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from compactor_client.cli import main as _package_main
+
+    sys.exit(_package_main())

@@ -1,0 +1,467 @@
+"""One compaction round: plan on the driver, fold on Spark executors, install on the driver.
+
+Order of effects for each collection, and why a crash anywhere is safe:
+
+1. *Plan* (driver): read ``CURRENT.json`` (the base version and its etag) and the fragment list
+   from the base's ``offset`` to the tail.  Nothing is written.
+2. *Fold* (one Spark job for all collections): executors read the fragments in parallel with
+   pyarrow, Spark groups the records by collection in offset order, and one task per collection
+   folds them onto the base version and writes the new version's Parquet file under a fresh,
+   unreferenced key.  A crash here leaves at most an orphan file; the old version stays current.
+3. *Install* (driver): ``CURRENT.json`` is replaced by conditional put.  This single atomic write
+   is the commit point: before it the old version is current, after it the new one.  Losing the
+   race to another compactor deletes our file and stops here.
+4. *Advance* (driver): ``POST .../compaction {"offset": end}`` — only after the data is current,
+   so the cursor is never ahead of its data.  A crash between 3 and 4 leaves the cursor behind
+   ``CURRENT.json``; the next round folds from ``CURRENT.json``'s offset (not the cursor), so no
+   record is applied twice, and it advances the cursor.
+
+Versions are written by the executors, not the driver: a collection's rows never travel to the
+driver (which would make driver memory the limit on a cluster) and the writes run in parallel.
+The driver keeps the only operation that needs coordination, the conditional put of the pointer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .errors import LogHostError
+from .executor import (
+    MARKER_OFFSET,
+    CollectionStats,
+    FoldTask,
+    FragmentTask,
+    fold_partition_broadcast,
+    partition_of,
+    read_fragment_task,
+)
+from .metrics import CompactorMetrics
+from .models import FragmentInfo
+from .parquet_io import S3Options
+from .scheduler import Candidate
+from .versions import (
+    CorruptCurrent,
+    PendingVersion,
+    allocate_version,
+    discard_version,
+    install_version,
+    read_current,
+)
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from host.wal3.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+Status = Literal["compacted", "lost", "skipped", "failed"]
+
+
+class LogApi(Protocol):
+    """The host calls the pipeline makes (``LogHostClient`` satisfies it)."""
+
+    async def fragments(
+        self, tenant: str, collection_id: str, *, from_offset: int | None = None
+    ) -> list[FragmentInfo]:
+        """Fragments from ``from_offset`` to the tail."""
+        ...
+
+    async def compact(self, tenant: str, collection_id: str, offset: int) -> int:
+        """Advance the compaction cursor."""
+        ...
+
+
+class PlanError(Exception):
+    """A collection cannot be compacted as planned (gap in the log, corrupt pointer...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionOutcome:
+    """What a round did with one collection."""
+
+    tenant: str
+    collection_id: str
+    status: Status
+    version: int | None = None
+    start: int | None = None
+    end: int | None = None
+    records_in: int = 0
+    rows_out: int = 0
+    stage: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """Outcomes and totals of one round."""
+
+    outcomes: list[CollectionOutcome]
+    seconds: float
+    spark_seconds: float = 0.0
+    failed_hosts: dict[str, str] = field(default_factory=dict)
+
+    def count(self, status: Status) -> int:
+        """How many collections ended with ``status``."""
+        return sum(1 for o in self.outcomes if o.status == status)
+
+    @property
+    def ok(self) -> bool:
+        """No collection failed and every host answered."""
+        return self.count("failed") == 0 and not self.failed_hosts
+
+    @property
+    def records_in(self) -> int:
+        """Records folded into installed versions."""
+        return sum(o.records_in for o in self.outcomes if o.status == "compacted")
+
+    @property
+    def rows_out(self) -> int:
+        """Rows of installed versions."""
+        return sum(o.rows_out for o in self.outcomes if o.status == "compacted")
+
+
+@dataclass(slots=True)
+class _Plan:
+    cidx: int
+    candidate: Candidate
+    pending: PendingVersion
+    start: int
+    end: int
+    fragments: list[FragmentInfo]
+    base_url: str | None
+    out_url: str
+
+    def fold_task(self) -> FoldTask:
+        return FoldTask(
+            cidx=self.cidx,
+            collection_id=self.candidate.log.collection_id,
+            start=self.start,
+            end=self.end,
+            base_url=self.base_url,
+            out_url=self.out_url,
+        )
+
+    def fragment_tasks(self) -> list[FragmentTask]:
+        return [
+            FragmentTask(
+                cidx=self.cidx, url=f.url, start=f.start, limit=f.limit, lo=self.start, hi=self.end
+            )
+            for f in self.fragments
+        ]
+
+
+def check_coverage(fragments: Sequence[FragmentInfo], start: int) -> tuple[list[FragmentInfo], int]:
+    """The fragments overlapping [start, tail) and the tail, checking they leave no gap."""
+    frags = sorted((f for f in fragments if f.limit > start), key=lambda f: f.start)
+    if not frags:
+        return [], start
+    if frags[0].start > start:
+        raise PlanError(
+            f"log has no fragment for offsets [{start}, {frags[0].start}): purged below the "
+            "compacted version"
+        )
+    for prev, nxt in zip(frags, frags[1:], strict=False):
+        if nxt.start != prev.limit:
+            raise PlanError(f"fragments leave a gap or overlap at [{prev.limit}, {nxt.start})")
+    return frags, frags[-1].limit
+
+
+def run_compaction_job(
+    sc: SparkContext,
+    fold_tasks: Sequence[FoldTask],
+    fragment_tasks: Sequence[FragmentTask],
+    s3: S3Options | None = None,
+    *,
+    partitions: int | None = None,
+) -> list[CollectionStats]:
+    """One Spark job folding many collections; returns one stats entry per fold task."""
+    if not fold_tasks:
+        return []
+    parallelism = max(1, sc.defaultParallelism)
+    n_parts = partitions or max(1, min(len(fold_tasks), parallelism * 2))
+    tasks = {t.cidx: t for t in fold_tasks}
+    broadcast = sc.broadcast(tasks)
+    try:
+        markers = sc.parallelize([((t.cidx, MARKER_OFFSET), ("m",)) for t in fold_tasks], 1)
+        if fragment_tasks:
+            read_slices = max(1, min(len(fragment_tasks), parallelism * 4))
+            records = sc.parallelize(list(fragment_tasks), read_slices).flatMap(
+                partial(read_fragment_task, s3=s3)
+            )
+            keyed = records.union(markers)
+        else:
+            keyed = markers
+        # One partition per collection index (mod n): a collection's records meet in one task,
+        # sorted by offset by Spark's external sort, so folding streams in offset order.
+        stats = (
+            keyed.repartitionAndSortWithinPartitions(n_parts, partitionFunc=partition_of)
+            .mapPartitions(partial(fold_partition_broadcast, tasks=broadcast, s3=s3))
+            .collect()
+        )
+    finally:
+        broadcast.unpersist()
+    return list(stats)
+
+
+class CompactionPipeline:
+    """Runs compaction rounds over the collections a scheduler selected."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        store: ObjectStore,
+        apis: Mapping[str, LogApi],
+        *,
+        metrics: CompactorMetrics | None = None,
+        s3: S3Options | None = None,
+        progress: bool = False,
+        console: Console | None = None,
+        concurrency: int = 16,
+        progress_interval_s: float = 0.5,
+    ) -> None:
+        self.spark = spark
+        self.store = store
+        self.apis = apis
+        self.metrics = metrics
+        self.s3 = s3 if s3 is not None else S3Options.from_env()
+        self.progress = progress
+        self.console = console
+        self.progress_interval_s = progress_interval_s
+        self._sem = asyncio.Semaphore(concurrency)
+
+    # ------------------------------------------------------------------------------- planning
+
+    async def _plan_one(self, cidx: int, cand: Candidate) -> _Plan | CollectionOutcome:
+        tenant, cid = cand.log.tenant, cand.log.collection_id
+        try:
+            api = self.apis[cand.host_url]
+            async with self._sem:
+                base = await read_current(self.store, cid)
+                start = base.offset if base is not None else 1
+                frags, end = check_coverage(
+                    await api.fragments(tenant, cid, from_offset=start), start
+                )
+                if end <= start:
+                    if base is not None and cand.log.start < base.offset:
+                        # A crash after installing left the cursor behind the data: catch it up.
+                        await api.compact(tenant, cid, base.offset)
+                    return CollectionOutcome(tenant, cid, "skipped", start=start, end=end)
+        except (PlanError, CorruptCurrent, LogHostError) as e:
+            return CollectionOutcome(tenant, cid, "failed", stage="plan", error=str(e))
+        except Exception as e:  # noqa: BLE001 - one collection's surprise must not end the round
+            log.exception("planning %s/%s failed", tenant, cid)
+            return CollectionOutcome(tenant, cid, "failed", stage="plan", error=repr(e))
+        pending = allocate_version(cid, base)
+        return _Plan(
+            cidx=cidx,
+            candidate=cand,
+            pending=pending,
+            start=start,
+            end=end,
+            fragments=frags,
+            base_url=self.store.url_for(base.path) if base is not None else None,
+            out_url=self.store.url_for(pending.data_key),
+        )
+
+    # ------------------------------------------------------------------------------- spark job
+
+    def _spark_job(self, group: str, plans: Sequence[_Plan]) -> list[CollectionStats]:
+        sc = self.spark.sparkContext
+        # Job groups are thread-local; set here, in the thread that submits the job.
+        sc.setJobGroup(group, f"compaction of {len(plans)} collections", interruptOnCancel=True)
+        frag_tasks = [t for p in plans for t in p.fragment_tasks()]
+        return run_compaction_job(sc, [p.fold_task() for p in plans], frag_tasks, self.s3)
+
+    def _spark_progress(self, group: str) -> tuple[int, int]:
+        tracker = self.spark.sparkContext.statusTracker()
+        done = total = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    total += stage.numTasks
+                    done += stage.numCompletedTasks
+        return done, total
+
+    async def _run_spark(
+        self, plans: Sequence[_Plan], progress: Progress
+    ) -> list[CollectionStats]:
+        group = f"compactor-{uuid.uuid4().hex[:12]}"
+        task_id = progress.add_task("spark tasks", total=None)
+        job = asyncio.ensure_future(asyncio.to_thread(self._spark_job, group, plans))
+        if self.progress:
+            # Refresh the display while the job runs; the job's completion ends the loop.
+            while not (await asyncio.wait({job}, timeout=self.progress_interval_s))[0]:
+                done, total = self._spark_progress(group)
+                progress.update(task_id, completed=done, total=total or None)
+        try:
+            return await job
+        finally:
+            progress.update(task_id, completed=1, total=1)
+
+    # ------------------------------------------------------------------------------ installing
+
+    async def _install_one(self, plan: _Plan, stats: CollectionStats | None) -> CollectionOutcome:
+        cand = plan.candidate
+        tenant, cid = cand.log.tenant, cand.log.collection_id
+
+        def outcome(status: Status, **kw: Any) -> CollectionOutcome:
+            return CollectionOutcome(tenant, cid, status, version=plan.pending.version,
+                                     start=plan.start, end=plan.end, **kw)
+
+        if stats is None or stats.error is not None:
+            await self._discard(plan)
+            error = stats.error if stats is not None else "no result from the Spark job"
+            return outcome("failed", stage="fold", error=error)
+        async with self._sem:
+            try:
+                installed = await install_version(
+                    self.store, plan.pending, offset=plan.end, rows=stats.rows_out
+                )
+            except Exception as e:  # noqa: BLE001 - outcome unknown: keep the data, report
+                return outcome("failed", stage="install", error=repr(e))
+            if not installed.installed:
+                return outcome("lost", stage="install", error="another compactor installed first")
+            try:
+                await self.apis[cand.host_url].compact(tenant, cid, plan.end)
+            except Exception as e:  # noqa: BLE001 - reported per collection
+                # The data is current; the cursor catches up next round (see module docstring).
+                return outcome("failed", stage="cursor", error=str(e),
+                               records_in=stats.records_in, rows_out=stats.rows_out)
+        return outcome("compacted", records_in=stats.records_in, rows_out=stats.rows_out)
+
+    async def _discard(self, plan: _Plan) -> None:
+        try:
+            await discard_version(self.store, plan.pending)
+        except Exception as e:  # noqa: BLE001 - an orphan file is harmless; report and go on
+            log.warning("could not delete %s: %r", plan.pending.data_key, e)
+
+    # ---------------------------------------------------------------------------------- round
+
+    async def run_round(
+        self, candidates: Sequence[Candidate], *, failed_hosts: Mapping[str, str] | None = None
+    ) -> RoundResult:
+        """Compact the given collections in one Spark job; never raises for one collection.
+
+        ``failed_hosts`` (hosts the scheduler could not poll) only makes the round not ``ok``.
+        """
+        t0 = time.perf_counter()
+        spark_seconds = 0.0
+        outcomes: list[CollectionOutcome] = []
+        seen: set[str] = set()
+        unique: list[Candidate] = []
+        for cand in candidates:
+            cid = cand.log.collection_id
+            if cid in seen:
+                # Versions are keyed by collection id alone: two tenants sharing one would
+                # overwrite each other's compacted data.
+                outcomes.append(CollectionOutcome(cand.log.tenant, cid, "failed", stage="plan",
+                                                  error="collection id appears twice in a round"))
+                continue
+            seen.add(cid)
+            unique.append(cand)
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=self.console, disable=not self.progress) as progress:
+            plan_task = progress.add_task("planning", total=len(unique))
+
+            async def plan(i: int, c: Candidate) -> _Plan | CollectionOutcome:
+                try:
+                    return await self._plan_one(i, c)
+                finally:
+                    progress.advance(plan_task)
+
+            planned = await asyncio.gather(*(plan(i, c) for i, c in enumerate(unique)))
+            plans = [p for p in planned if isinstance(p, _Plan)]
+            outcomes.extend(p for p in planned if isinstance(p, CollectionOutcome))
+
+            stats_by_cidx: dict[int, CollectionStats] = {}
+            if plans:
+                t_spark = time.perf_counter()
+                try:
+                    stats = await self._run_spark(plans, progress)
+                    stats_by_cidx = {s.cidx: s for s in stats}
+                except Exception as e:  # noqa: BLE001 - the whole job failed: nothing installs
+                    log.exception("compaction job failed")
+                    await asyncio.gather(*(self._discard(p) for p in plans))
+                    outcomes.extend(
+                        CollectionOutcome(p.candidate.log.tenant, p.candidate.log.collection_id,
+                                          "failed", version=p.pending.version, start=p.start,
+                                          end=p.end, stage="spark", error=repr(e))
+                        for p in plans
+                    )
+                    plans = []
+                spark_seconds = time.perf_counter() - t_spark
+
+            install_task = progress.add_task("installing", total=len(plans))
+
+            async def install(p: _Plan) -> CollectionOutcome:
+                try:
+                    return await self._install_one(p, stats_by_cidx.get(p.cidx))
+                finally:
+                    progress.advance(install_task)
+
+            outcomes.extend(await asyncio.gather(*(install(p) for p in plans)))
+
+        result = RoundResult(outcomes=outcomes, seconds=time.perf_counter() - t0,
+                             spark_seconds=spark_seconds, failed_hosts=dict(failed_hosts or {}))
+        self._record(result)
+        return result
+
+    def _record(self, result: RoundResult) -> None:
+        m = self.metrics
+        for o in result.outcomes:
+            if o.status == "failed":
+                log.warning("%s/%s failed at %s: %s", o.tenant, o.collection_id, o.stage, o.error)
+        log.info(
+            "round: %d compacted, %d lost, %d skipped, %d failed; %d records in, %d rows out, "
+            "%.2fs (spark %.2fs)",
+            result.count("compacted"), result.count("lost"), result.count("skipped"),
+            result.count("failed"), result.records_in, result.rows_out, result.seconds,
+            result.spark_seconds,
+        )
+        if m is None:
+            return
+        m.rounds.labels(outcome="ok" if result.ok else "failed").inc()
+        for _ in result.failed_hosts:
+            m.failures.labels(stage="poll").inc()
+        m.round_seconds.observe(result.seconds)
+        for o in result.outcomes:
+            if o.status == "compacted":
+                m.collections.inc()
+                m.records_in.inc(o.records_in)
+                m.rows_out.inc(o.rows_out)
+            elif o.status == "lost":
+                m.races_lost.inc()
+            elif o.status == "failed":
+                m.failures.labels(stage=o.stage or "unknown").inc()
+
+
+def summarize(result: RoundResult) -> dict[str, Any]:
+    """A JSON-friendly summary of a round."""
+    return {
+        "collections": len(result.outcomes),
+        "compacted": result.count("compacted"),
+        "lost": result.count("lost"),
+        "skipped": result.count("skipped"),
+        "failed": result.count("failed"),
+        "records_in": result.records_in,
+        "rows_out": result.rows_out,
+        "seconds": round(result.seconds, 3),
+        "spark_seconds": round(result.spark_seconds, 3),
+        "failed_hosts": result.failed_hosts,
+    }

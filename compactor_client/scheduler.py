@@ -1,0 +1,212 @@
+"""Choosing what to compact in a round: poll dirty sets, merge, assign, budget.
+
+Every compactor polls every host, so all compactors see the same candidates; rendezvous hashing
+then gives each collection to exactly one member without any coordination, and a membership change
+moves only the collections whose top-ranked member changed (about 1/n of them).  If members ever
+disagree about the membership, two compactors may pick the same collection: that is safe, because
+``CURRENT.json`` is installed by conditional put and the loser discards its work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .models import DirtyLog, DirtyResult
+
+log = logging.getLogger(__name__)
+
+
+class DirtySource(Protocol):
+    """What the scheduler needs of a host client."""
+
+    base_url: str
+
+    async def dirty(
+        self, *, min_records: int | None = None, limit: int | None = None
+    ) -> DirtyResult:
+        """The host's dirty set."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A dirty log and the host that reported it."""
+
+    host_url: str
+    log: DirtyLog
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Identity of the collection: (tenant, collection_id)."""
+        return (self.log.tenant, self.log.collection_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PollResult:
+    """Everything the hosts reported, and the hosts that could not be polled."""
+
+    candidates: list[Candidate]
+    failed_hosts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A round's choice and why the rest was left out."""
+
+    selected: list[Candidate]
+    merged: int
+    not_ours: int
+    over_budget: int
+    failed_hosts: dict[str, str]
+
+
+async def poll_hosts(
+    sources: Sequence[DirtySource], *, min_records: int | None = None, limit: int | None = None
+) -> PollResult:
+    """Poll every host's dirty set concurrently; one host failing does not stop the others."""
+
+    async def one(src: DirtySource) -> list[Candidate]:
+        got = await src.dirty(min_records=min_records, limit=limit)
+        return [Candidate(host_url=src.base_url, log=entry) for entry in got.logs]
+
+    results = await asyncio.gather(*(one(s) for s in sources), return_exceptions=True)
+    candidates: list[Candidate] = []
+    failed: dict[str, str] = {}
+    for src, res in zip(sources, results, strict=True):
+        if isinstance(res, BaseException):
+            if not isinstance(res, Exception):
+                raise res  # cancellation and friends are not "a host failed"
+            log.warning("polling %s failed: %s", src.base_url, res)
+            failed[src.base_url] = str(res)
+        else:
+            candidates.extend(res)
+    return PollResult(candidates=candidates, failed_hosts=failed)
+
+
+def merge_candidates(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """One candidate per collection: the lowest ``start`` wins (it covers the most records)."""
+    best: dict[tuple[str, str], Candidate] = {}
+    for c in candidates:
+        cur = best.get(c.key)
+        # Ties go to the larger limit, then the host URL, so every compactor merges identically.
+        rank = (c.log.start, -c.log.limit, c.host_url)
+        if cur is None or rank < (cur.log.start, -cur.log.limit, cur.host_url):
+            best[c.key] = c
+    return [best[k] for k in sorted(best)]
+
+
+def rendezvous_weight(member_id: str, collection_id: str) -> int:
+    """A stable pseudo-random weight of (member, collection); the highest weight owns it."""
+    member = member_id.encode()
+    # Length-prefixing the member id makes ("ab", "c") and ("a", "bc") hash differently.
+    data = len(member).to_bytes(4, "big") + member + collection_id.encode()
+    digest = hashlib.blake2b(data, digest_size=8, person=b"compactor-rdv").digest()
+    return int.from_bytes(digest, "big")
+
+
+def owner_of(collection_id: str, members: Sequence[str]) -> str:
+    """The member that owns a collection under rendezvous hashing."""
+    if not members:
+        raise ValueError("no members")
+    # The member id breaks (astronomically unlikely) weight ties deterministically.
+    return max(members, key=lambda m: (rendezvous_weight(m, collection_id), m))
+
+
+def assigned_to(
+    candidates: Iterable[Candidate], member_id: str, members: Sequence[str]
+) -> list[Candidate]:
+    """The candidates this member owns; with no other members it owns everything."""
+    if len(members) <= 1:
+        return list(candidates)
+    return [c for c in candidates if owner_of(c.log.collection_id, members) == member_id]
+
+
+def apply_budget(candidates: Iterable[Candidate], budget_records: int) -> list[Candidate]:
+    """Highest score first, skipping collections that would overrun the budget of records.
+
+    The top-scored collection is always taken, even alone over budget; otherwise a collection
+    larger than the budget would never be compacted.
+    """
+    ordered = sorted(
+        candidates,
+        key=lambda c: (-c.log.score, -c.log.num_records, c.log.tenant, c.log.collection_id),
+    )
+    chosen: list[Candidate] = []
+    used = 0
+    for c in ordered:
+        n = max(0, c.log.num_records)
+        if not chosen or used + n <= budget_records:
+            chosen.append(c)
+            used += n
+    return chosen
+
+
+def select(
+    candidates: Iterable[Candidate],
+    *,
+    member_id: str,
+    members: Sequence[str],
+    budget_records: int,
+    min_records: int = 0,
+) -> Selection:
+    """Merge, keep this member's share with at least ``min_records``, and apply the budget."""
+    merged = merge_candidates(candidates)
+    ours = assigned_to(merged, member_id, members)
+    eligible = [c for c in ours if c.log.num_records >= min_records]
+    chosen = apply_budget(eligible, budget_records)
+    return Selection(
+        selected=chosen,
+        merged=len(merged),
+        not_ours=len(merged) - len(ours),
+        over_budget=len(eligible) - len(chosen),
+        failed_hosts={},
+    )
+
+
+class Scheduler:
+    """Polls the hosts and selects this member's collections for one round."""
+
+    def __init__(
+        self,
+        sources: Sequence[DirtySource],
+        *,
+        member_id: str,
+        members: Sequence[str] = (),
+        budget_records: int = 10_000_000,
+        min_records: int = 1,
+        dirty_limit: int | None = None,
+    ) -> None:
+        members = list(dict.fromkeys(members))  # de-duplicated, order kept
+        if members and member_id not in members:
+            raise ValueError(f"member id {member_id!r} is not one of the members {members}")
+        self.sources = list(sources)
+        self.member_id = member_id
+        self.members = members or [member_id]
+        self.budget_records = budget_records
+        self.min_records = min_records
+        self.dirty_limit = dirty_limit
+
+    async def select_round(self) -> Selection:
+        """Poll every host and choose this round's collections."""
+        polled = await poll_hosts(
+            self.sources, min_records=self.min_records, limit=self.dirty_limit
+        )
+        sel = select(
+            polled.candidates,
+            member_id=self.member_id,
+            members=self.members,
+            budget_records=self.budget_records,
+            min_records=self.min_records,
+        )
+        return Selection(
+            selected=sel.selected,
+            merged=sel.merged,
+            not_ours=sel.not_ours,
+            over_budget=sel.over_budget,
+            failed_hosts=polled.failed_hosts,
+        )

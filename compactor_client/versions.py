@@ -1,0 +1,199 @@
+"""Immutable compacted versions and the ``CURRENT.json`` pointer that installs them.
+
+Layout under the store root, per collection::
+
+    compacted/{collection_id}/v{version:016d}/part-{token}.parquet   one immutable version
+    compacted/{collection_id}/CURRENT.json                           the installed version:
+        {"version", "offset", "rows", "path"}
+
+``offset`` is the first log offset *not* folded into the version; ``path`` is the key (relative to
+the store root) of the version's Parquet file.  The data file name carries a random per-attempt
+token because two compactors racing on the same collection allocate the same version number:
+with distinct names neither can overwrite the other's data, and the loser deletes exactly its own
+file.  ``CURRENT.json`` is only ever written by conditional put — create-only for the first
+version, ``If-Match`` the etag it was read at afterwards — so of two racing installs exactly one
+wins.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from host.wal3.errors import ObjectNotFound, PreconditionFailed
+from host.wal3.store import put_resolving
+
+from .fold import Row
+from .parquet_io import rows_to_table
+
+if TYPE_CHECKING:
+    from host.wal3.store import ObjectStore
+
+COMPACTED_PREFIX = "compacted"
+CURRENT_NAME = "CURRENT.json"
+
+
+class CorruptCurrent(ValueError):
+    """``CURRENT.json`` exists but is not a valid pointer; it is never overwritten blindly."""
+
+
+def current_key(collection_id: str) -> str:
+    """Key of a collection's ``CURRENT.json``."""
+    return f"{COMPACTED_PREFIX}/{collection_id}/{CURRENT_NAME}"
+
+
+def version_prefix(collection_id: str, version: int) -> str:
+    """Key prefix (directory) of one version of a collection."""
+    return f"{COMPACTED_PREFIX}/{collection_id}/v{version:016d}/"
+
+
+def data_key(collection_id: str, version: int, token: str) -> str:
+    """Key of the Parquet file one install attempt writes for a version."""
+    return f"{version_prefix(collection_id, version)}part-{token}.parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentVersion:
+    """The installed version of a collection, with the etag ``CURRENT.json`` was read at."""
+
+    version: int
+    offset: int
+    rows: int
+    path: str
+    etag: str
+
+    def document(self) -> dict[str, Any]:
+        """The JSON object stored in ``CURRENT.json``."""
+        return {
+            "version": self.version,
+            "offset": self.offset,
+            "rows": self.rows,
+            "path": self.path,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PendingVersion:
+    """A version being built: where its data goes and which version it must replace."""
+
+    collection_id: str
+    version: int
+    data_key: str
+    base: CurrentVersion | None
+
+    @property
+    def start_offset(self) -> int:
+        """The first log offset this version has to fold (offsets start at 1)."""
+        return self.base.offset if self.base is not None else 1
+
+
+@dataclass(frozen=True, slots=True)
+class InstallOutcome:
+    """Whether an install won; ``current`` is the newly installed pointer when it did."""
+
+    installed: bool
+    current: CurrentVersion | None
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _decode(collection_id: str, data: bytes, etag: str) -> CurrentVersion:
+    try:
+        doc = json.loads(data)
+        version, offset, rows, path = doc["version"], doc["offset"], doc["rows"], doc["path"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptCurrent(f"{current_key(collection_id)}: {e!r}") from e
+    ok = (
+        all(isinstance(v, int) and not isinstance(v, bool) for v in (version, offset, rows))
+        and isinstance(path, str)
+        and version >= 1
+        and offset >= 1
+        and rows >= 0
+    )
+    if not ok:
+        raise CorruptCurrent(f"{current_key(collection_id)}: invalid pointer {doc!r}")
+    return CurrentVersion(version=version, offset=offset, rows=rows, path=path, etag=etag)
+
+
+async def read_current(store: ObjectStore, collection_id: str) -> CurrentVersion | None:
+    """The installed version of a collection, or None before its first compaction."""
+    try:
+        got = await store.get(current_key(collection_id))
+    except ObjectNotFound:
+        return None
+    return _decode(collection_id, got.data, got.etag)
+
+
+def allocate_version(
+    collection_id: str, base: CurrentVersion | None, *, token: str | None = None
+) -> PendingVersion:
+    """The next version after ``base``, with a fresh data key of its own."""
+    version = base.version + 1 if base is not None else 1
+    return PendingVersion(
+        collection_id=collection_id,
+        version=version,
+        data_key=data_key(collection_id, version, token or uuid.uuid4().hex),
+        base=base,
+    )
+
+
+def encode_rows(rows: Iterable[Row]) -> bytes:
+    """A version's Parquet bytes (snappy), for writers that put whole objects."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows_to_table(rows), sink, compression="snappy")
+    return sink.getvalue().to_pybytes()
+
+
+async def write_rows(store: ObjectStore, pending: PendingVersion, rows: Iterable[Row]) -> int:
+    """Write a pending version's data through the store (create-only); returns its size."""
+    data = encode_rows(rows)
+    await store.put(pending.data_key, data, if_none_match="*")
+    return len(data)
+
+
+async def install_version(
+    store: ObjectStore, pending: PendingVersion, *, offset: int, rows: int
+) -> InstallOutcome:
+    """Point ``CURRENT.json`` at ``pending`` by conditional put; the loser discards its data.
+
+    A lost race deletes this attempt's data file and returns ``installed=False``: the caller must
+    then not advance the compaction cursor.  A store failure whose outcome is unknown propagates
+    and deletes nothing, since the pointer may already name this data.
+    """
+    if offset < pending.start_offset:
+        raise ValueError(f"offset {offset} is behind the base version's {pending.start_offset}")
+    new = CurrentVersion(
+        version=pending.version, offset=offset, rows=rows, path=pending.data_key, etag=""
+    )
+    body = _encode(new.document())
+    try:
+        if pending.base is None:
+            etag = await put_resolving(
+                store, current_key(pending.collection_id), body, if_none_match="*"
+            )
+        else:
+            etag = await put_resolving(
+                store, current_key(pending.collection_id), body, if_match=pending.base.etag
+            )
+    except PreconditionFailed:
+        await discard_version(store, pending)
+        return InstallOutcome(installed=False, current=None)
+    return InstallOutcome(
+        installed=True,
+        current=CurrentVersion(
+            version=new.version, offset=offset, rows=rows, path=new.path, etag=etag
+        ),
+    )
+
+
+async def discard_version(store: ObjectStore, pending: PendingVersion) -> None:
+    """Delete this attempt's data file (only its own: a racing winner may share the version)."""
+    await store.delete(pending.data_key)

@@ -1,0 +1,153 @@
+"""Versions and the conditional install of CURRENT.json, on a real LocalStore."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from compactor_client.fold import Row
+from compactor_client.parquet_io import read_version
+from compactor_client.versions import (
+    CorruptCurrent,
+    allocate_version,
+    current_key,
+    install_version,
+    read_current,
+    write_rows,
+)
+from host.wal3.errors import ObjectNotFound, StoreUnavailable
+from host.wal3.localstore import LocalStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def rows(*ids: str) -> list[Row]:
+    return [Row(id=i, document=f"doc-{i}", metadata={"i": i}, embedding=[1.5]) for i in ids]
+
+
+async def keys(store: LocalStore, prefix: str = "compacted/") -> list[str]:
+    return [m.key async for m in store.list(prefix)]
+
+
+async def test_first_then_second_version(store: LocalStore) -> None:
+    assert await read_current(store, "c1") is None
+    v1 = allocate_version("c1", None)
+    assert v1.version == 1 and v1.start_offset == 1
+    assert v1.data_key.startswith("compacted/c1/v0000000000000001/")
+    await write_rows(store, v1, rows("a", "b"))
+    out1 = await install_version(store, v1, offset=11, rows=2)
+    assert out1.installed
+
+    cur = await read_current(store, "c1")
+    assert cur is not None
+    assert (cur.version, cur.offset, cur.rows, cur.path) == (1, 11, 2, v1.data_key)
+    assert json.loads((await store.get(current_key("c1"))).data) == {
+        "version": 1, "offset": 11, "rows": 2, "path": v1.data_key}
+
+    v2 = allocate_version("c1", cur)
+    assert v2.version == 2 and v2.start_offset == 11
+    await write_rows(store, v2, rows("a"))
+    assert (await install_version(store, v2, offset=20, rows=1)).installed
+    cur2 = await read_current(store, "c1")
+    assert cur2 is not None and (cur2.version, cur2.offset, cur2.path) == (2, 20, v2.data_key)
+    assert set(read_version(store.url_for(cur2.path))) == {"a"}
+    # Older versions stay readable: they are immutable, readers may still hold them.
+    assert set(read_version(store.url_for(v1.data_key))) == {"a", "b"}
+
+
+@pytest.mark.parametrize("with_base", [False, True])
+async def test_racing_installers_one_wins_loser_discarded(
+    store: LocalStore, with_base: bool
+) -> None:
+    base = None
+    if with_base:
+        v1 = allocate_version("c", None)
+        await write_rows(store, v1, rows("x"))
+        assert (await install_version(store, v1, offset=5, rows=1)).installed
+        base = await read_current(store, "c")
+    # Both compactors read the same base, so both allocate the same version number.
+    a = allocate_version("c", base)
+    b = allocate_version("c", base)
+    assert a.version == b.version and a.data_key != b.data_key
+    await write_rows(store, a, rows("a1", "a2"))
+    await write_rows(store, b, rows("b1"))
+
+    # Real concurrency: LocalStore runs each put in its own thread under a per-key flock.
+    out_a, out_b = await asyncio.gather(
+        install_version(store, a, offset=30, rows=2), install_version(store, b, offset=31, rows=1)
+    )
+    assert [out_a.installed, out_b.installed].count(True) == 1
+    winner, loser = (a, b) if out_a.installed else (b, a)
+
+    cur = await read_current(store, "c")
+    assert cur is not None and cur.path == winner.data_key and cur.version == winner.version
+    assert cur.offset == (30 if winner is a else 31)
+    assert len(read_version(store.url_for(cur.path))) == cur.rows
+    with pytest.raises(ObjectNotFound):
+        await store.get(loser.data_key)
+    assert winner.data_key in await keys(store)
+
+
+async def test_stale_base_loses(store: LocalStore) -> None:
+    v1 = allocate_version("c", None)
+    await write_rows(store, v1, rows("a"))
+    await install_version(store, v1, offset=3, rows=1)
+    base = await read_current(store, "c")
+    fast, slow = allocate_version("c", base), allocate_version("c", base)
+    await write_rows(store, fast, rows("f"))
+    assert (await install_version(store, fast, offset=9, rows=1)).installed
+    # The slow compactor finishes later, against a pointer that moved under it.
+    await write_rows(store, slow, rows("s"))
+    assert not (await install_version(store, slow, offset=7, rows=1)).installed
+    cur = await read_current(store, "c")
+    assert cur is not None and cur.path == fast.data_key and cur.offset == 9
+
+
+async def test_install_never_goes_backwards(store: LocalStore) -> None:
+    v1 = allocate_version("c", None)
+    await write_rows(store, v1, rows("a"))
+    await install_version(store, v1, offset=10, rows=1)
+    v2 = allocate_version("c", await read_current(store, "c"))
+    with pytest.raises(ValueError):
+        await install_version(store, v2, offset=9, rows=0)
+
+
+async def test_corrupt_current_is_reported_not_overwritten(store: LocalStore) -> None:
+    await store.put(current_key("c"), b'{"version": "one"}')
+    with pytest.raises(CorruptCurrent):
+        await read_current(store, "c")
+
+
+class FlakyPointerStore(LocalStore):
+    """A LocalStore whose puts of CURRENT.json fail ambiguously (landed, then 'unavailable')."""
+
+    async def put(  # type: ignore[no-untyped-def]
+        self, key, data, *, if_none_match=None, if_match=None
+    ):
+        etag = await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
+        if key.endswith("CURRENT.json"):
+            raise StoreUnavailable("response lost")
+        return etag
+
+    async def head(self, key):  # type: ignore[no-untyped-def]
+        if key.endswith("CURRENT.json"):
+            raise StoreUnavailable("still down")
+        return await super().head(key)
+
+
+async def test_ambiguous_install_keeps_data(tmp_path: Path) -> None:
+    """When the pointer put's outcome is unknown, the data it may name must not be deleted."""
+    store = FlakyPointerStore(tmp_path / "s")
+    v1 = allocate_version("c", None)
+    await write_rows(store, v1, rows("a"))
+    with pytest.raises(StoreUnavailable):
+        await install_version(store, v1, offset=4, rows=1)
+    cur = await read_current(store, "c")
+    assert cur is not None and cur.path == v1.data_key  # it had landed after all...
+    assert (await store.get(v1.data_key)).data  # ...and its data is still there
