@@ -1,0 +1,98 @@
+"""``python -m bench [--quick] [--only NAME[,NAME]] [--profile] [--report]``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from typing import Any
+
+from . import BENCHMARKS, DEFAULT, common
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="wal3 / loghost benchmarks.  Prints Markdown tables, writes JSON to "
+                    "bench/out/ and plots to docs/img/.")
+    p.add_argument("--quick", action="store_true",
+                   help="short smoke form (seconds); results go to bench/out/*.quick.*")
+    p.add_argument("--only", default=None,
+                   help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile the append hot path (pyinstrument; bench/out/profile-*)")
+    p.add_argument("--report", action="store_true",
+                   help="do not run: re-render the tables from the JSON in bench/out/")
+    for name in BENCHMARKS:
+        mod = importlib.import_module(BENCHMARKS[name])
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(p)
+    return p
+
+
+def _header(name: str, data: dict[str, Any]) -> str:
+    m = data["machine"]
+    return "\n".join([
+        f"## {name}{' (quick)' if data.get('quick') else ''}",
+        "",
+        f"Command: `{data['command']}`",
+        "",
+        f"Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}; {m['date_utc']}; "
+        f"load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}; "
+        f"commit {m['git_head']}",
+        "",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in BENCHMARKS]
+        if unknown:
+            print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}",
+                  file=sys.stderr)
+            return 2
+    else:
+        names = list(DEFAULT)
+    if args.profile and "profile" not in names:
+        names.append("profile")
+
+    if args.report:
+        for name in names:
+            path = common.out_path(name, args.quick)
+            if not path.exists():
+                print(f"(no results for {name} at {common.rel(path)})\n")
+                continue
+            data = json.loads(path.read_text())
+            mod = importlib.import_module(BENCHMARKS[name])
+            print(_header(name, data))
+            print(mod.render(data))
+            print()
+        return 0
+
+    t_all = time.perf_counter()
+    for name in names:
+        mod = importlib.import_module(BENCHMARKS[name])
+        print(f"# running {name}{' (quick)' if args.quick else ''}: {common.command_line()}",
+              flush=True)
+        t0 = time.perf_counter()
+        data = mod.run(args.quick, args)
+        data["elapsed_s"] = time.perf_counter() - t0
+        path = common.write_json(name, args.quick, data)
+        print()
+        print(_header(name, data))
+        print(mod.render(data))
+        print()
+        print(f"(results: {common.rel(path)}"
+              + (f"; plot: {common.rel(common.Path(data['plot']))}" if data.get("plot") else "")
+              + f"; {data['elapsed_s']:.1f} s)")
+        print(flush=True)
+    print(f"# done in {time.perf_counter() - t_all:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,499 @@
+"""The REST API: a FastAPI app over one ``Server``.
+
+Request bodies are read with a size bound and validated by pydantic straight from the bytes (so a
+deeply nested or non-UTF-8 body is a 400, never a 500), and the records answer is assembled from
+the stored JSON bodies without re-encoding them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse, Response
+
+from dirtylog import inspect_records
+from host.wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
+from host.wal3.fork import fork_log
+from host.wal3.layout import join
+from host.wal3.scrub import scrub_log
+
+from . import jsonlog
+from .auth import Principal
+from .errors import (
+    BackpressureError,
+    BadRequest,
+    NotFound,
+    NotLeader,
+    TooLarge,
+    Unavailable,
+    error_response,
+    install_handlers,
+)
+from .manager import LogHandle, log_prefix
+from .models import (
+    AppendRequest,
+    AppendResponse,
+    CompactionRequest,
+    CompactionResponse,
+    CursorOut,
+    CursorPut,
+    DirtyResponse,
+    ErrorResponse,
+    ForkRequest,
+    FragmentsResponse,
+    LogState,
+    PurgeRequest,
+)
+from .server import Server
+
+_log = logging.getLogger("loghost.api")
+M = TypeVar("M", bound=BaseModel)
+MAX_OFFSET = (1 << 63) - 1
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (307, 400, 401, 403, 404, 409, 410, 413, 429, 503)
+}
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a body we parse ourselves (the schema is added in ``_openapi``)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def _parse_uuid(value: str, field: str = "collection_id") -> UUID:
+    try:
+        parsed = UUID(value)
+    except (ValueError, AttributeError):
+        raise BadRequest(f"{field}: not a UUID: {value[:64]!r}") from None
+    return parsed
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise TooLarge(f"request body over {limit} bytes")
+        except ValueError:
+            raise BadRequest("content-length: not a number") from None
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise TooLarge(f"request body over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(model: type[M], raw: bytes) -> M:
+    if not raw:
+        raise BadRequest("body: a JSON object is required")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        raise BadRequest(f"{where}: {err.get('msg', 'invalid')}") from None
+
+
+def create_app(server: Server) -> FastAPI:
+    """The FastAPI application serving ``server``."""
+    settings = server.settings
+    bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.close()
+
+    app = FastAPI(title="loghost", version="1", lifespan=lifespan,
+                  description="A multi-tenant log host over wal3 logs on object storage.")
+    install_handlers(app)
+    app.state.server = server
+
+    @app.middleware("http")
+    async def context(request: Request, call_next):  # type: ignore[no-untyped-def]
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        jsonlog.request_id.set(rid[:64])
+        jsonlog.tenant.set(None)
+        jsonlog.collection_id.set(None)
+        started = time.monotonic()
+        try:
+            response = await call_next(request)
+        except Exception:  # noqa: BLE001 - the last line of defence: an error shape, logged
+            _log.exception("unhandled error")
+            response = JSONResponse({"error": {"code": "internal", "message": "internal error"}},
+                                    status_code=500)
+        route = request.scope.get("route")
+        name = getattr(route, "path", "unmatched")
+        server.metrics.requests.labels(name, str(response.status_code)).inc()
+        response.headers["x-request-id"] = rid[:64]
+        _log.info("request", extra={"method": request.method, "route": name,
+                                    "status": response.status_code,
+                                    "ms": round((time.monotonic() - started) * 1000, 3)})
+        return response
+
+    @app.exception_handler(NotLeader)
+    async def _not_leader(request: Request, exc: NotLeader) -> Response:
+        base = exc.headers["Location"].rstrip("/")
+        location = base + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return error_response(NotLeader(location))
+
+    def principal(request: Request,
+                  _: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+        # HTTPBearer only documents the scheme; the header is checked here, one way for all.
+        return server.auth.authenticate(request.headers.get("authorization"))
+
+    def tenant_scope(tenant: str, collection_id: str, who: Principal = Depends(principal)
+                     ) -> tuple[str, UUID]:
+        server.auth.authorize_tenant(who, tenant)
+        cid = _parse_uuid(collection_id)
+        jsonlog.tenant.set(tenant)
+        jsonlog.collection_id.set(str(cid))
+        return tenant, cid
+
+    def service(who: Principal = Depends(principal)) -> Principal:
+        server.auth.require_service(who)
+        return who
+
+    v1 = APIRouter(prefix="/v1", responses=_ERRORS)
+    base = "/tenants/{tenant}/logs/{collection_id}"
+
+    # ---------------------------------------------------------------------------- records
+
+    @v1.post(base + "/records", response_model=AppendResponse, openapi_extra=_body(AppendRequest),
+             summary="Append records; answers once they are durable")
+    async def append(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)
+                     ) -> AppendResponse:
+        tenant, cid = scope
+        started = time.monotonic()
+        req = _parse(AppendRequest, await _read_body(request, settings.max_request_bytes))
+        if len(req.records) > settings.max_records_per_request:
+            raise BadRequest(f"records: at most {settings.max_records_per_request} per request")
+        bodies = [r.model_dump_json().encode() for r in req.records]
+        nbytes = sum(len(b) for b in bodies)
+        server.manager.reserve(nbytes)
+        try:
+            async with server.manager.use(cid, tenant, create=True) as h:
+                await _check_compaction_backlog(h)
+                try:
+                    result = await h.writer.append_many(bodies,
+                                                        idempotency_key=req.idempotency_key)
+                except Exception as e:
+                    outcome = type(e).__name__
+                    server.metrics.append_requests.labels(outcome).inc()
+                    if outcome == "LogContention":
+                        server.metrics.contention.inc()
+                    elif outcome == "Backpressure":
+                        server.metrics.backpressure.labels("batching").inc()
+                    raise
+        finally:
+            server.manager.release(nbytes)
+        if result.deduplicated:
+            server.metrics.idempotent_hits.inc()
+        else:
+            server.metrics.appends.inc(result.count)
+            server.metrics.append_bytes.inc(nbytes)
+        server.metrics.append_requests.labels("ok").inc()
+        server.metrics.append_latency.observe(time.monotonic() - started)
+        return AppendResponse(first_offset=result.first_offset, count=result.count,
+                              next_offset=result.next_offset)
+
+    async def _check_compaction_backlog(h: LogHandle) -> None:
+        limit = settings.backpressure_uncompacted_records
+        if h.writer.manifest.next_offset - h.compaction_offset <= limit:
+            return
+        # Maybe a compactor advanced the cursor through another path: look before refusing.
+        w = await h.cursors.load("compaction")
+        if w is not None:
+            h.note_compaction(w.cursor.offset)
+        backlog = h.writer.manifest.next_offset - h.compaction_offset
+        if backlog > limit:
+            server.metrics.backpressure.labels("compaction").inc()
+            raise BackpressureError(f"{backlog} uncompacted records (limit {limit})",
+                                    "compaction", 5)
+
+    @v1.get(base + "/records", summary="Read records from an offset (long-poll with wait_ms)",
+            responses={200: {"content": {"application/json": {}}}})
+    async def read(scope: tuple[str, UUID] = Depends(tenant_scope),
+                   from_: int = Query(1, alias="from", ge=1, le=MAX_OFFSET),
+                   limit: int = Query(100, ge=1, le=settings.max_read_records),
+                   wait_ms: int = Query(0, ge=0, le=settings.max_wait_ms)) -> Response:
+        tenant, cid = scope
+        started = time.monotonic()
+        async with server.manager.use(cid, tenant) as h:
+            m = h.writer.manifest
+            if from_ < m.oldest_offset:
+                raise LogPurged(from_, m.oldest_offset)
+            if from_ >= m.next_offset and wait_ms > 0:
+                await h.writer.wait_for_commit(from_ - 1, wait_ms / 1000.0)
+                m = h.writer.manifest
+            records = []
+            if from_ < m.next_offset:
+                records = await h.reader.read(from_, Limits(max_records=limit,
+                                                            max_bytes=settings.max_request_bytes),
+                                              manifest=m)
+            next_offset = records[-1].offset + 1 if records else from_
+        parts = [b'{"offset":%d,"timestamp_us":%d,"record":%s}' % (r.offset, r.timestamp_us,
+                                                                   r.body) for r in records]
+        body = b'{"records":[' + b",".join(parts) + b'],"next_offset":%d}' % next_offset
+        server.metrics.read_latency.observe(time.monotonic() - started)
+        return Response(body, media_type="application/json")
+
+    # ------------------------------------------------------------------------ state & co
+
+    async def _state(h: LogHandle) -> LogState:
+        m = h.writer.manifest
+        first_seq = m.initial_seq_no if m.initial_seq_no is not None else 1
+        return LogState(collection_id=str(h.collection_id), tenant=h.tenant,
+                        oldest_offset=m.oldest_offset, next_offset=m.next_offset,
+                        compaction_offset=h.compaction_offset, setsum=m.setsum.hexdigest(),
+                        sealed=m.sealed, fragments=max(0, m.next_seq_no - first_seq),
+                        bytes=m.live_bytes)
+
+    @v1.get(base, response_model=LogState, summary="A log's state")
+    async def state(scope: tuple[str, UUID] = Depends(tenant_scope)) -> LogState:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            return await _state(h)
+
+    @v1.get(base + "/fragments", response_model=FragmentsResponse,
+            summary="Fragment URLs a bulk reader can open directly")
+    async def fragments(scope: tuple[str, UUID] = Depends(tenant_scope),
+                        from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
+                        limit: int = Query(10_000, ge=1, le=100_000)) -> FragmentsResponse:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            m = h.writer.manifest
+            start = from_ if from_ is not None else h.compaction_offset
+            start = max(start, m.oldest_offset) if from_ is None else start
+            ptrs = await h.reader.scan(start, Limits(max_files=limit), manifest=m)
+        return FragmentsResponse(fragments=[
+            {"url": server.store.url_for(join(h.prefix, p.path)), "start": p.start,
+             "limit": p.limit, "num_bytes": p.num_bytes, "setsum": p.setsum.hexdigest()}
+            for p in ptrs])  # type: ignore[misc]
+
+    # ----------------------------------------------------------------------------- cursors
+
+    @v1.get(base + "/cursors/{name}", response_model=CursorOut, summary="Read a cursor")
+    async def get_cursor(name: str, scope: tuple[str, UUID] = Depends(tenant_scope)) -> CursorOut:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            w = await h.cursors.load(name)
+        if w is None:
+            raise NotFound(f"no cursor {name}")
+        return CursorOut(name=name, offset=w.cursor.offset, epoch_us=w.cursor.epoch_us,
+                         writer=w.cursor.writer, witness=w.etag)
+
+    @v1.put(base + "/cursors/{name}", response_model=CursorOut, openapi_extra=_body(CursorPut),
+            summary="Create (witness null) or compare-and-swap a cursor")
+    async def put_cursor(name: str, request: Request,
+                         scope: tuple[str, UUID] = Depends(tenant_scope)) -> CursorOut:
+        tenant, cid = scope
+        req = _parse(CursorPut, await _read_body(request, 64 << 10))
+        async with server.manager.use(cid, tenant) as h:
+            m = h.writer.manifest
+            if req.offset > m.next_offset:
+                raise BadRequest(f"offset: {req.offset} is past the log's tail {m.next_offset}")
+            if req.offset < m.oldest_offset:
+                raise LogPurged(req.offset, m.oldest_offset)
+            if req.witness is None:
+                w = await h.cursors.init(name, req.offset)
+            else:
+                w = await h.cursors.save(name, req.offset, req.witness)
+            # A cursor moved back races garbage collection: confirm it still pins live data.
+            if req.offset < h.writer.manifest.oldest_offset:
+                raise LogPurged(req.offset, h.writer.manifest.oldest_offset)
+            if name == "compaction":
+                h.compaction_offset = req.offset
+        return CursorOut(name=name, offset=w.cursor.offset, epoch_us=w.cursor.epoch_us,
+                         writer=w.cursor.writer, witness=w.etag)
+
+    @v1.delete(base + "/cursors/{name}", summary="Delete a cursor")
+    async def delete_cursor(name: str, scope: tuple[str, UUID] = Depends(tenant_scope)
+                            ) -> dict[str, Any]:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            await h.cursors.delete(name)
+        return {"name": name, "deleted": True}
+
+    @v1.post(base + "/compaction", response_model=CompactionResponse,
+             openapi_extra=_body(CompactionRequest),
+             summary="Record that everything below offset is compacted (forward only)")
+    async def compaction(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)
+                         ) -> CompactionResponse:
+        tenant, cid = scope
+        req = _parse(CompactionRequest, await _read_body(request, 64 << 10))
+        async with server.manager.use(cid, tenant) as h:
+            if req.offset > h.writer.manifest.next_offset:
+                raise BadRequest(f"offset: {req.offset} is past the log's tail "
+                                 f"{h.writer.manifest.next_offset}")
+            w = await h.cursors.advance("compaction", req.offset)
+            h.note_compaction(w.cursor.offset)
+            if server.dirty is not None:
+                server.dirty.rollup.note_compacted(cid, h.compaction_offset)
+            server.schedule_gc(cid)
+            return CompactionResponse(compaction_offset=h.compaction_offset)
+
+    @v1.post(base + "/seal", response_model=LogState, summary="Seal the log (appends then 409)")
+    async def seal(scope: tuple[str, UUID] = Depends(tenant_scope)) -> LogState:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            await h.writer.seal()
+            return await _state(h)
+
+    @v1.post(base + "/fork", response_model=LogState, openapi_extra=_body(ForkRequest),
+             summary="Fork the log (default: from its compaction cursor) into a new collection")
+    async def fork(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)) -> LogState:
+        tenant, cid = scope
+        req = _parse(ForkRequest, await _read_body(request, 64 << 10))
+        target = _parse_uuid(req.target_collection_id, "target_collection_id")
+        if target == cid:
+            raise BadRequest("target_collection_id: must differ from the source")
+        async with server.manager.use(cid, tenant) as h:
+            offset = req.offset if req.offset is not None else h.compaction_offset
+            owner = await server.manager.bind(target, tenant)
+            if owner != tenant:
+                raise NotFound(f"no log {target} for tenant {tenant}")
+            await fork_log(server.store, h.prefix, log_prefix(target), from_offset=offset,
+                           writer_name=f"loghost:{settings.server_id}")
+            await _copy_compacted(cid, target, offset)
+        async with server.manager.use(target, tenant) as t:
+            await t.cursors.advance("compaction", max(offset, t.writer.manifest.oldest_offset))
+            t.note_compaction(offset)
+            return await _state(t)
+
+    async def _copy_compacted(source: UUID, target: UUID, offset: int) -> None:
+        """Give the fork the source's compacted version when it ends exactly at the fork point."""
+        try:
+            got = await server.store.get(f"compacted/{source}/CURRENT.json")
+        except ObjectNotFound:
+            return
+        current = json.loads(got.data)
+        if current.get("offset") != offset:
+            return
+        path = str(current["path"])
+        new_path = path.replace(f"compacted/{source}/", f"compacted/{target}/", 1)
+        await server.store.copy(path, new_path)
+        current["path"] = new_path
+        await server.store.put(f"compacted/{target}/CURRENT.json",
+                               json.dumps(current).encode(), if_none_match="*")
+
+    @v1.post(base + "/gc", summary="Run one garbage-collection pass now")
+    async def gc(scope: tuple[str, UUID] = Depends(tenant_scope)) -> dict[str, Any]:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            report = await server.collect(h)
+        return {"phase": report.phase, "cutoff": report.cutoff,
+                "fragments_deleted": report.fragments_deleted,
+                "snapshots_deleted": report.snapshots_deleted,
+                "orphans_deleted": report.orphans_deleted, "waiting_s": report.waiting_s,
+                "notes": report.notes}
+
+    @v1.get(base + "/scrub", summary="Verify the log end to end from the objects")
+    async def scrub(scope: tuple[str, UUID] = Depends(tenant_scope)) -> dict[str, Any]:
+        tenant, cid = scope
+        async with server.manager.use(cid, tenant) as h:
+            report = await scrub_log(server.store, h.prefix)
+        if not report.ok:
+            server.metrics.scrub_failures.inc()
+        return {"ok": report.ok, "problems": report.problems, "fragments": report.fragments,
+                "snapshots": report.snapshots, "records": report.records, "bytes": report.bytes,
+                "setsum": report.setsum}
+
+    # ------------------------------------------------------------------------- dirty log
+
+    async def _dirty_answer(entries: list[Any]) -> DirtyResponse:
+        logs = []
+        for e in entries:
+            tenant = await server.manager.binding(e.collection_id)
+            logs.append({"tenant": tenant or "", **e.as_dict()})
+        return DirtyResponse(server_id=settings.server_id, logs=logs)  # type: ignore[arg-type]
+
+    @v1.get("/dirty", response_model=DirtyResponse, summary="Dirty collections, best first")
+    async def dirty(_: Principal = Depends(service), min_records: int = Query(1, ge=0),
+                    limit: int = Query(1000, ge=1, le=100_000)) -> DirtyResponse:
+        assert server.dirty is not None
+        entries = server.dirty.rollup.select(min_records, limit,
+                                             max_age_s=settings.dirty_max_age_s,
+                                             max_reinserts=settings.dirty_max_reinserts)
+        return await _dirty_answer(entries)
+
+    @v1.post("/dirty/rollup", response_model=DirtyResponse, summary="Roll up the dirty log now")
+    async def rollup(_: Principal = Depends(service)) -> DirtyResponse:
+        assert server.dirty is not None
+        await server.rollup_now()
+        return await _dirty_answer(server.dirty.rollup.select(0, 1 << 31))
+
+    @v1.post("/dirty/purge", openapi_extra=_body(PurgeRequest),
+             summary="Drop collections from the dirty set")
+    async def purge(request: Request, _: Principal = Depends(service)) -> dict[str, Any]:
+        assert server.dirty is not None
+        req = _parse(PurgeRequest, await _read_body(request, 1 << 20))
+        ids = [_parse_uuid(c, "collection_ids") for c in req.collection_ids]
+        first = await server.dirty.rollup.purge(ids)
+        return {"purged": len(ids), "first_offset": first}
+
+    @v1.get("/dirty/inspect", summary="Decode raw dirty-log records (operators)")
+    async def inspect(_: Principal = Depends(service),
+                      from_: int = Query(1, alias="from", ge=1, le=MAX_OFFSET),
+                      limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
+        assert server.dirty is not None
+        records = await inspect_records(server.dirty.backend, from_, limit)
+        return {"records": [r.as_dict() for r in records]}
+
+    app.include_router(v1)
+
+    # ---------------------------------------------------------------------- operations
+
+    @app.get("/healthz", summary="The process is alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "server_id": settings.server_id}
+
+    @app.get("/readyz", summary="The store is reachable", responses={503: {"model": ErrorResponse}})
+    async def readyz() -> Response:
+        try:
+            await server.store.head("readyz-probe")
+        except ObjectNotFound:
+            pass
+        except (StoreUnavailable, OSError) as e:
+            return error_response(Unavailable(f"store unreachable: {e}"))
+        return JSONResponse({"status": "ready", "server_id": settings.server_id})
+
+    @app.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        server.metrics.open_logs.set(server.manager.open_count)
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def _openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                             description=app.description)
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (AppendRequest, CursorPut, CompactionRequest, ForkRequest, PurgeRequest):
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(js.pop("$defs", {}))
+            comps[model.__name__] = js
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = _openapi  # type: ignore[method-assign]
+    return app

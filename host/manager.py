@@ -1,0 +1,336 @@
+"""The log manager: opens collection logs on demand, keeps them while used, closes them when idle.
+
+One open per log even when many requests race (single flight); a cap on open logs with LRU
+eviction of idle ones; closing flushes.  Before opening a writer the server claims the advisory
+leader hint; a log held by another live server is redirected there.  Each log is bound to the
+tenant that first wrote it (``logs/{uuid}/TENANT``, created with If-None-Match).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from host.wal3 import (
+    LogReader,
+    LogWriter,
+    LogWriterOptions,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+)
+from host.wal3.cursors import COMPACTION, CursorStore
+from host.wal3.errors import LogNotFound
+from host.wal3.layout import join, load_manifest
+from host.wal3.writer import FragmentInfo
+
+from .config import Settings
+from .errors import BackpressureError, NotFound, NotLeader
+from .leader import LeaderHint
+from .metrics import Metrics
+
+_log = logging.getLogger("loghost.manager")
+
+def log_prefix(collection_id: UUID) -> str:
+    """Where a collection's log lives in the store."""
+    return f"logs/{collection_id}"
+
+
+@dataclass(eq=False)
+class LogHandle:
+    """An open collection log."""
+
+    collection_id: UUID
+    tenant: str
+    writer: LogWriter
+    reader: LogReader
+    cursors: CursorStore
+    compaction_offset: int
+    last_used: float
+    users: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def prefix(self) -> str:
+        """The log's prefix in the store."""
+        return log_prefix(self.collection_id)
+
+    def note_compaction(self, offset: int) -> None:
+        """Remember a compaction cursor position (only ever forward)."""
+        self.compaction_offset = max(self.compaction_offset, offset)
+
+
+class LogManager:
+    """Multiplexes thousands of collection logs over one store with bounded memory."""
+
+    def __init__(self, store: ObjectStore, settings: Settings, metrics: Metrics,
+                 leader: LeaderHint, mark_dirty: Callable[[UUID, int, int], object]) -> None:
+        self._store = store
+        self._settings = settings
+        self._metrics = metrics
+        self._leader = leader
+        self._mark_dirty = mark_dirty
+        self._open: collections.OrderedDict[UUID, LogHandle] = collections.OrderedDict()
+        self._opening: dict[UUID, asyncio.Future[LogHandle]] = {}
+        self._closing: dict[UUID, asyncio.Task[None]] = {}
+        self._bindings: collections.OrderedDict[UUID, str] = collections.OrderedDict()
+        self._buffered = 0
+        self._closed = False
+        self._idle_task: asyncio.Task[None] | None = None
+        gc_grace = settings.gc_grace_s
+        self._writer_options = LogWriterOptions(
+            writer_name=f"loghost:{settings.server_id}",
+            batch_interval_s=settings.batch_interval_ms / 1000.0,
+            max_outstanding_bytes=settings.max_log_outstanding_bytes,
+            snapshot_fragment_threshold=settings.snapshot_fragment_threshold,
+            snapshot_threshold=settings.snapshot_threshold,
+            # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
+            snapshot_max_age_s=max(0.001, min(60.0, gc_grace / 2)),
+        )
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start closing idle logs in the background."""
+        self._idle_task = asyncio.create_task(self._idle_loop(), name="idle-closer")
+
+    async def close(self) -> None:
+        """Flush and close every open log (graceful shutdown)."""
+        self._closed = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+        handles = list(self._open.values())
+        await asyncio.gather(*(self._close_handle(h) for h in handles), return_exceptions=True)
+        if self._closing:
+            await asyncio.gather(*self._closing.values(), return_exceptions=True)
+
+    @property
+    def open_count(self) -> int:
+        """How many logs are open."""
+        return len(self._open)
+
+    def handles(self) -> list[LogHandle]:
+        """The open logs."""
+        return list(self._open.values())
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes accepted by appends and not yet durable, server wide."""
+        return self._buffered
+
+    # -------------------------------------------------------------------------------- tenants
+
+    async def binding(self, cid: UUID) -> str | None:
+        """The tenant a log is bound to, or None if no one wrote it yet."""
+        cached = self._bindings.get(cid)
+        if cached is not None:
+            self._bindings.move_to_end(cid)
+            return cached
+        try:
+            got = await self._store.get(join(log_prefix(cid), "TENANT"))
+        except ObjectNotFound:
+            return None
+        tenant = str(json.loads(got.data)["tenant"])
+        self._remember_binding(cid, tenant)
+        return tenant
+
+    def _remember_binding(self, cid: UUID, tenant: str) -> None:
+        self._bindings[cid] = tenant
+        while len(self._bindings) > 100_000:
+            self._bindings.popitem(last=False)
+
+    async def bind(self, cid: UUID, tenant: str) -> str:
+        """Bind a log to ``tenant`` unless someone bound it first; returns the owner."""
+        owner = await self.binding(cid)
+        if owner is not None:
+            return owner
+        body = json.dumps({"tenant": tenant}).encode()
+        try:
+            await self._store.put(join(log_prefix(cid), "TENANT"), body, if_none_match="*")
+        except PreconditionFailed:
+            self._bindings.pop(cid, None)
+            owner = await self.binding(cid)
+            if owner is None:
+                raise
+            return owner
+        self._remember_binding(cid, tenant)
+        return tenant
+
+    async def check_owner(self, cid: UUID, tenant: str, *, create: bool) -> None:
+        """Raise NotFound unless ``tenant`` owns the log (binding it first when ``create``)."""
+        owner = await (self.bind(cid, tenant) if create else self.binding(cid))
+        if owner != tenant:
+            raise NotFound(f"no log {cid} for tenant {tenant}")
+
+    # -------------------------------------------------------------------------------- opening
+
+    @contextlib.asynccontextmanager
+    async def use(self, cid: UUID, tenant: str, *, create: bool = False
+                  ) -> AsyncIterator[LogHandle]:
+        """Hold a log open for one request (opening it if needed)."""
+        await self.check_owner(cid, tenant, create=create)
+        handle = await self._get_or_open(cid, tenant, create=create)
+        handle.users += 1
+        handle.last_used = time.monotonic()
+        try:
+            yield handle
+        finally:
+            handle.users -= 1
+            handle.last_used = time.monotonic()
+
+    async def _get_or_open(self, cid: UUID, tenant: str, *, create: bool) -> LogHandle:
+        while True:
+            if self._closed:
+                raise BackpressureError("server is shutting down", "contention", 1)
+            h = self._open.get(cid)
+            if h is not None:
+                self._open.move_to_end(cid)
+                return h
+            closing = self._closing.get(cid)
+            if closing is not None:
+                # Never two writers of one log in one process: wait for the old one to flush.
+                await asyncio.shield(closing)
+                continue
+            fut = self._opening.get(cid)
+            if fut is not None:
+                return await asyncio.shield(fut)
+            fut = asyncio.get_running_loop().create_future()
+            self._opening[cid] = fut
+            try:
+                h = await self._open_log(cid, tenant, create=create)
+            except BaseException as e:
+                fut.set_exception(e)
+                fut.exception()  # retrieved: waiters re-raise it themselves
+                raise
+            finally:
+                self._opening.pop(cid, None)
+            fut.set_result(h)
+            return h
+
+    async def _open_log(self, cid: UUID, tenant: str, *, create: bool) -> LogHandle:
+        prefix = log_prefix(cid)
+        if not create and await load_manifest(self._store, prefix) is None:
+            raise NotFound(f"log {cid} was never written")
+        holder = await self._leader.claim(str(cid))
+        if holder is not None:
+            self._metrics.redirects.inc()
+            raise NotLeader(holder)
+        await self._make_room()
+        try:
+            writer = await LogWriter.open(self._store, prefix, self._writer_options,
+                                          hook=self._hook_for(cid))
+        except BaseException:
+            await self._leader.release(str(cid))
+            raise
+        cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
+        witness = await cursors.load(COMPACTION)
+        compaction = witness.cursor.offset if witness is not None else writer.manifest.oldest_offset
+        h = LogHandle(cid, tenant, writer, LogReader(self._store, prefix), cursors, compaction,
+                      time.monotonic())
+        self._open[cid] = h
+        self._metrics.opens.inc()
+        self._metrics.open_logs.set(len(self._open))
+        return h
+
+    def _hook_for(self, cid: UUID):  # type: ignore[no-untyped-def]
+        mark = self._mark_dirty
+
+        async def hook(info: FragmentInfo) -> None:
+            await mark(cid, info.start, info.count)  # type: ignore[misc]
+
+        return hook
+
+    async def _make_room(self) -> None:
+        """Close least-recently-used idle logs until there is room for one more."""
+        while len(self._open) + len(self._opening) > self._settings.max_open_logs:
+            victim = next((h for h in self._open.values() if h.users == 0), None)
+            if victim is None:
+                self._metrics.backpressure.labels("contention").inc()
+                raise BackpressureError(
+                    f"all {len(self._open)} open logs are busy", "contention", 1)
+            self._metrics.evictions.inc()
+            await self._close_handle(victim)
+
+    async def _close_handle(self, h: LogHandle) -> None:
+        if self._open.get(h.collection_id) is not h:
+            task = self._closing.get(h.collection_id)
+            if task is not None:
+                await asyncio.shield(task)
+            return
+        del self._open[h.collection_id]
+        self._metrics.open_logs.set(len(self._open))
+
+        async def finish() -> None:
+            try:
+                await h.writer.close()
+            finally:
+                await self._leader.release(str(h.collection_id))
+
+        task = asyncio.create_task(finish(), name=f"close:{h.collection_id}")
+        self._closing[h.collection_id] = task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if self._closing.get(h.collection_id) is task and task.done():
+                del self._closing[h.collection_id]
+
+    async def lost_leadership(self, collection_id: str) -> None:
+        """The hint says another server took this log over: stop writing it here."""
+        with contextlib.suppress(ValueError):
+            h = self._open.get(UUID(collection_id))
+            if h is not None and h.users == 0:
+                await self._close_handle(h)
+
+    async def _idle_loop(self) -> None:
+        period = max(0.05, min(5.0, self._settings.idle_close_s / 4))
+        while True:
+            await asyncio.sleep(period)  # a periodic sweep, not synchronisation
+            now = time.monotonic()
+            idle = [h for h in self._open.values()
+                    if h.users == 0 and now - h.last_used >= self._settings.idle_close_s]
+            for h in idle:
+                try:
+                    await self._close_handle(h)
+                    self._metrics.idle_closes.inc()
+                except Exception:  # noqa: BLE001 - a failed flush is logged; keep sweeping
+                    _log.exception("closing idle log %s failed", h.collection_id)
+
+    # ------------------------------------------------------------------------------ buffering
+
+    def reserve(self, nbytes: int) -> None:
+        """Account bytes an append is about to buffer; 429 when the server is full."""
+        if self._buffered + nbytes > self._settings.max_buffered_bytes and self._buffered:
+            self._metrics.backpressure.labels("batching").inc()
+            raise BackpressureError(f"{self._buffered} bytes buffered on this server",
+                                    "batching", 1)
+        self._buffered += nbytes
+        self._metrics.buffered_bytes.set(self._buffered)
+
+    def release(self, nbytes: int) -> None:
+        """Return bytes reserved by ``reserve``."""
+        self._buffered -= nbytes
+        self._metrics.buffered_bytes.set(self._buffered)
+
+    # ------------------------------------------------------------------------------- cursors
+
+    async def compaction_offset(self, cid: UUID) -> int | None:
+        """The compaction cursor of a log: from memory when open, else from the store."""
+        h = self._open.get(cid)
+        if h is not None:
+            return h.compaction_offset
+        w = await CursorStore(self._store, log_prefix(cid), "loghost").load(COMPACTION)
+        return None if w is None else w.cursor.offset
+
+    async def require_log(self, cid: UUID) -> None:
+        """Raise LogNotFound when the log has no manifest."""
+        if cid not in self._open and await load_manifest(self._store, log_prefix(cid)) is None:
+            raise LogNotFound(f"log {cid} was never written")

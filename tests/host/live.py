@@ -1,0 +1,135 @@
+"""Real uvicorn log hosts on free loopback ports, in-process (or as subprocesses), for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from host.api import create_app
+from host.config import Settings
+from host.server import Server
+from host.wal3 import ObjectStore
+
+from ..conftest import free_port
+
+SERVICE_KEY = "svc-key"
+KEYS = f"{SERVICE_KEY}=*,alice-key=alice,bob-key=bob"
+CID = "6d1f7a52-3c3e-4a5c-9d1e-0f2b7c9a1e01"
+
+
+def auth(key: str = SERVICE_KEY) -> dict[str, str]:
+    """The Authorization header for a key."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def record(i: int | str, op: str = "add", **kw: Any) -> dict[str, Any]:
+    """A Record body."""
+    return {"id": str(i), "op": op, **kw}
+
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the test process keeps its own signal handlers
+
+
+@dataclass
+class Live:
+    """A running log host."""
+
+    url: str
+    server: Server
+    settings: Settings
+
+    def client(self, key: str = SERVICE_KEY, **kw: Any) -> httpx.AsyncClient:
+        """An HTTP client for this host."""
+        return httpx.AsyncClient(base_url=self.url, headers=auth(key), timeout=30.0, **kw)
+
+
+@contextlib.asynccontextmanager
+async def live_server(store_url: str | None = None, *, store: ObjectStore | None = None,
+                      **settings: Any) -> AsyncIterator[Live]:
+    """Run a log host on a free 127.0.0.1 port until the block ends."""
+    port = free_port()
+    base: dict[str, Any] = {"store": store_url or "unused", "listen": f"127.0.0.1:{port}",
+                            "api_keys": KEYS, "server_id": f"test-{port}",
+                            "rollup_interval_s": 3600.0, "idle_close_s": 3600.0,
+                            "gc_interval_s": 3600.0}
+    base.update(settings)
+    cfg = Settings(**base)
+    server = Server(cfg, store=store)
+    userver = _Uvicorn(uvicorn.Config(create_app(server), host="127.0.0.1", port=port,
+                                      log_config=None, access_log=False, lifespan="on"))
+    task = asyncio.create_task(userver.serve())
+    for _ in range(2000):  # wait for the socket, bounded
+        if userver.started or task.done():
+            break
+        await asyncio.sleep(0.005)
+    if task.done():
+        await task
+        raise RuntimeError("server did not start")
+    try:
+        yield Live(f"http://127.0.0.1:{port}", server, cfg)
+    finally:
+        userver.should_exit = True
+        await task
+
+
+@dataclass
+class Proc:
+    """A log host in its own process (for kill -9 and restarts)."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def kill9(self) -> None:
+        """SIGKILL: no flush, no goodbye."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def terminate(self) -> int:
+        """SIGTERM and wait for a graceful exit."""
+        self.proc.terminate()
+        return self.proc.wait(timeout=60)
+
+
+def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_id: str = "p0",
+                 extra_env: dict[str, str] | None = None) -> Proc:
+    """Start ``loghost serve`` as a subprocess and wait until it answers /healthz."""
+    port = port or free_port()
+    env = dict(os.environ)
+    env.update({"LOGHOST_API_KEYS": KEYS, "LOGHOST_ROLLUP_INTERVAL_S": "3600",
+                "LOGHOST_LOG_LEVEL": "WARNING"})
+    env.update(extra_env or {})
+    log = log_dir / f"server-{server_id}-{port}.log"
+    out = open(log, "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "host.cli", "serve", "--store", store, "--listen",
+         f"127.0.0.1:{port}", "--server-id", server_id],
+        env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return Proc(url, port, proc, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)  # polling for readiness, bounded by the deadline
+    proc.kill()
+    raise RuntimeError("server did not become healthy")
