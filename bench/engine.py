@@ -44,7 +44,7 @@ TARGET_RATIO = 0.80  # "at least 80% of its bound at 256 appenders"
 
 FULL = {"sizes": [1024, 4096], "appenders": [1, 16, 64, 256], "warmup_s": 1.0,
         "duration_s": 4.0, "stores": ["local", "faulty", "s3"]}
-QUICK = {"sizes": [1024], "appenders": [1, 256], "warmup_s": 0.2, "duration_s": 0.6,
+QUICK = {"sizes": [1024], "appenders": [1, 256], "warmup_s": 0.15, "duration_s": 0.4,
          "stores": ["local", "faulty", "s3"]}
 
 
@@ -123,7 +123,7 @@ async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duratio
     }
 
 
-def encode_only_rate(size: int, batch: int, min_time_s: float = 0.25) -> dict[str, float]:
+def encode_only_rate(size: int, batch: float, min_time_s: float = 0.25) -> dict[str, float]:
     """Appends/s allowed by encoding + hashing alone, on batches of ``batch`` records."""
     from host.wal3.fragment import encode_fragment
 
@@ -168,7 +168,7 @@ def fsync_floor(directory: os.PathLike[str], size: int, duration_s: float) -> di
 
 
 async def run_case(store_kind: str, make_store: Any, size: int, appenders: int, warmup_s: float,
-                   duration_s: float) -> dict[str, Any]:
+                   duration_s: float, encode_s: float = 0.25) -> dict[str, Any]:
     from host.wal3 import LogWriter, LogWriterOptions
 
     store = make_store()
@@ -182,8 +182,8 @@ async def run_case(store_kind: str, make_store: Any, size: int, appenders: int, 
     finally:
         await store.close()
     res.update(store=store_kind, size=size, appenders=appenders)
-    enc = encode_only_rate(size, res["records_per_fragment"]
-                           if res["records_per_fragment"] == res["records_per_fragment"] else 1)
+    rpf = res["records_per_fragment"]
+    enc = encode_only_rate(size, rpf if rpf == rpf else 1.0, encode_s)
     res["encode_only"] = enc
     res["cpu_ratio"] = res["appends_per_s"] / enc["appends_per_s"]
     if store_kind == "faulty":
@@ -224,7 +224,7 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
             moto = stack.enter_context(common.MotoServer())
             bucket = moto.create_bucket(f"bench-{uuid.uuid4().hex[:8]}")
         for size in sizes:
-            floors.append(fsync_floor(scratch, size, min(2.0, max(0.5, duration / 2))))
+            floors.append(fsync_floor(scratch, size, min(2.0, max(0.25, duration / 2))))
             _progress(f"fsync floor {size} B: {floors[-1]['writes_per_s']:.0f} writes/s")
 
         def local() -> Any:
@@ -242,7 +242,8 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
         for kind in stores:
             for size in sizes:
                 for n in appenders:
-                    r = await run_case(kind, makers[kind], size, n, warmup, duration)
+                    r = await run_case(kind, makers[kind], size, n, warmup, duration,
+                                       0.1 if quick else 0.25)
                     rows.append(r)
                     extra = (f", {r['io_ratio']:.2f} of I/O bound" if "io_ratio" in r else "")
                     _progress(f"{kind:6} {size:5} B x{n:<4} {r['appends_per_s']:9.0f} appends/s "

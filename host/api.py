@@ -448,15 +448,16 @@ def create_app(server: Server) -> FastAPI:
         assert server.dirty is not None
         req = _parse(PurgeRequest, await _read_body(request, 1 << 20))
         ids = [_parse_uuid(c, "collection_ids") for c in req.collection_ids]
-        first = await server.dirty.rollup.purge(ids)
+        first = await server.purge(ids)
         return {"purged": len(ids), "first_offset": first}
 
     @v1.get("/dirty/inspect", summary="Decode raw dirty-log records (operators)")
     async def inspect(_: Principal = Depends(service),
-                      from_: int = Query(1, alias="from", ge=1, le=MAX_OFFSET),
+                      from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
                       limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
         assert server.dirty is not None
-        records = await inspect_records(server.dirty.backend, from_, limit)
+        start = from_ if from_ is not None else await server.dirty.backend.oldest_offset()
+        records = await inspect_records(server.dirty.backend, start, limit)
         return {"records": [r.as_dict() for r in records]}
 
     app.include_router(v1)

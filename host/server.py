@@ -49,6 +49,7 @@ class Server:
         self.manager = LogManager(self.store, settings, self.metrics, self.leader, self._mark_dirty)
         self.dirty: DirtyLog | None = None
         self._gc_due: dict[UUID, float] = {}
+        self._purged: set[UUID] = set()
         self._gc_wake = asyncio.Event()
         self._gc_task: asyncio.Task[None] | None = None
         self._rollup_task: asyncio.Task[None] | None = None
@@ -99,6 +100,14 @@ class Server:
     async def _mark_dirty(self, cid: UUID, first_offset: int, count: int) -> None:
         assert self.dirty is not None, "server not started"
         await self.dirty.mark(cid, first_offset, count)
+        self._purged.discard(cid)  # a write after a purge makes it dirty again
+
+    async def purge(self, ids: list[UUID]) -> int | None:
+        """Drop collections from the dirty set (e.g. deleted ones)."""
+        assert self.dirty is not None
+        first = await self.dirty.rollup.purge(ids)
+        self._purged.update(ids)
+        return first
 
     async def rollup_now(self) -> RollUpResult:
         """Roll the dirty log up immediately (``POST /v1/dirty/rollup``)."""
@@ -141,7 +150,8 @@ class Server:
     def untracked_collections(self, known_before: dict[UUID, int]) -> set[UUID]:
         """Open logs written before a roll-up whose uncompacted records it does not list."""
         assert self.dirty is not None
-        known = {cid: (nxt, self._compaction_of(cid)) for cid, nxt in known_before.items()}
+        known = {cid: (nxt, self._compaction_of(cid)) for cid, nxt in known_before.items()
+                 if cid not in self._purged}
         return missing_from_dirty_set(known, self.dirty.rollup.entries())
 
     def _compaction_of(self, cid: UUID) -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,9 +61,9 @@ class Live:
 
 @contextlib.asynccontextmanager
 async def live_server(store_url: str | None = None, *, store: ObjectStore | None = None,
-                      **settings: Any) -> AsyncIterator[Live]:
-    """Run a log host on a free 127.0.0.1 port until the block ends."""
-    port = free_port()
+                      port: int | None = None, **settings: Any) -> AsyncIterator[Live]:
+    """Run a log host on a free 127.0.0.1 port (or ``port``) until the block ends."""
+    port = port or free_port()
     base: dict[str, Any] = {"store": store_url or "unused", "listen": f"127.0.0.1:{port}",
                             "api_keys": KEYS, "server_id": f"test-{port}",
                             "rollup_interval_s": 3600.0, "idle_close_s": 3600.0,
@@ -107,18 +109,24 @@ class Proc:
 
 
 def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_id: str = "p0",
-                 extra_env: dict[str, str] | None = None) -> Proc:
-    """Start ``loghost serve`` as a subprocess and wait until it answers /healthz."""
+                 extra_env: dict[str, str] | None = None, api_keys: str | None = KEYS,
+                 extra_args: list[str] | None = None) -> Proc:
+    """Start ``loghost serve`` as a subprocess and wait until it answers /healthz.
+
+    ``api_keys=None`` starts it with no LOGHOST_API_KEYS at all; ``extra_args`` are appended to
+    the command line (e.g. ``["--dev"]``).
+    """
     port = port or free_port()
-    env = dict(os.environ)
-    env.update({"LOGHOST_API_KEYS": KEYS, "LOGHOST_ROLLUP_INTERVAL_S": "3600",
-                "LOGHOST_LOG_LEVEL": "WARNING"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHOST_")}
+    env.update({"LOGHOST_ROLLUP_INTERVAL_S": "3600", "LOGHOST_LOG_LEVEL": "WARNING"})
+    if api_keys is not None:
+        env["LOGHOST_API_KEYS"] = api_keys
     env.update(extra_env or {})
     log = log_dir / f"server-{server_id}-{port}.log"
     out = open(log, "ab")  # noqa: SIM115 - owned by the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "host.cli", "serve", "--store", store, "--listen",
-         f"127.0.0.1:{port}", "--server-id", server_id],
+         f"127.0.0.1:{port}", "--server-id", server_id, *(extra_args or [])],
         env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -133,3 +141,88 @@ def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_i
         time.sleep(0.05)  # polling for readiness, bounded by the deadline
     proc.kill()
     raise RuntimeError("server did not become healthy")
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared helpers of the API tests.
+
+PROMETHEUS_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
+                     timeout_s: float = 20.0, interval_s: float = 0.02) -> None:
+    """Poll ``predicate`` until true; fail (not hang) after ``timeout_s``.  Never a timing assert."""
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for: {what}")
+        await asyncio.sleep(interval_s)
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text (labels must all match); None if absent."""
+    for line in text.splitlines():
+        m = PROMETHEUS_SAMPLE.match(line)
+        if m is None or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(m.group(3))
+    return None
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of ``name`` (all label sets); 0 when absent."""
+    total = 0.0
+    for line in text.splitlines():
+        m = PROMETHEUS_SAMPLE.match(line)
+        if m is not None and m.group(1) == name:
+            total += float(m.group(3))
+    return total
+
+
+async def metrics_text(client: httpx.AsyncClient) -> str:
+    """GET /metrics."""
+    r = await client.get("/metrics")
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def log_path(tenant: str, collection_id: Any) -> str:
+    """The API path of one log."""
+    return f"/v1/tenants/{tenant}/logs/{collection_id}"
+
+
+async def read_all(client: httpx.AsyncClient, path: str, start: int = 1,
+                   limit: int = 1000) -> list[dict[str, Any]]:
+    """Every record of a log from ``start`` to its tail, following next_offset."""
+    out: list[dict[str, Any]] = []
+    nxt = start
+    while True:
+        r = await client.get(path + "/records", params={"from": nxt, "limit": limit})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        out.extend(body["records"])
+        if not body["records"]:
+            return out
+        nxt = body["next_offset"]
+
+
+def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    """Assert the status and the error shape ``{"error": {"code", "message"}}``; the error."""
+    assert r.status_code == status, f"expected {status}, got {r.status_code}: {r.text}"
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert isinstance(err.get("code"), str) and err["code"], body
+    assert isinstance(err.get("message"), str) and err["message"], body
+    if code is not None:
+        assert err["code"] == code, body
+    return err
