@@ -63,9 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------------------- measuring
 
 
-async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duration_s: float
-                ) -> dict[str, Any]:
-    """Closed-loop appenders on an open writer; measure the window after the warm-up."""
+async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duration_s: float,
+                think_s: float = 0.0) -> dict[str, Any]:
+    """Closed-loop appenders on an open writer; measure the window after the warm-up.
+
+    With ``think_s`` each appender sleeps uniform(0, think_s) between appends (spread arrivals).
+    """
+    import random
+
     from host.wal3 import Wal3Error
 
     bodies = [os.urandom(size) for _ in range(appenders)]  # incompressible, one per appender
@@ -77,7 +82,10 @@ async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duratio
 
     async def appender(i: int) -> None:
         body = bodies[i]
+        rng = random.Random(i)
         while not stop:
+            if think_s:
+                await asyncio.sleep(rng.uniform(0.0, think_s))
             t0 = time.perf_counter()
             try:
                 await writer.append(body)

@@ -185,7 +185,7 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
 
 
 async def timeline(seconds: float, options: dict[str, Any] | None = None,
-                   inner_fsync: bool = True) -> dict[str, Any]:
+                   inner_fsync: bool = True, think_s: float = 0.0) -> dict[str, Any]:
     """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle."""
     from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
@@ -197,7 +197,7 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
                                  LogWriterOptions(writer_name="bench", **(options or {})))
         warm = 0.5
         t_begin = time.perf_counter()
-        res = await drive(w, 1024, 256, warm, seconds)
+        res = await drive(w, 1024, 256, warm, seconds, think_s)
         await w.close()
         manifest_bytes = w.manifest.to_bytes()
         await store.close()
@@ -219,6 +219,8 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
                if tag == "outer" and kind == "manifest"]
     inner_m = [t1 - t0 for tag, kind, t0, t1, _ in log if tag == "inner" and kind == "manifest"]
     frag_ready = {seq: t1 for tag, kind, t0, t1, seq in log if tag == "outer" and kind == "fragment"}
+    frag_puts = [t1 - t0 for tag, kind, t0, t1, _ in log
+                 if tag == "outer" and kind == "fragment" and lo <= t0 and t1 <= hi]
     # Last fragment each manifest links (parsed after the run, off the hot path).
     last_seq = []
     for _, _, data in outer_m:
@@ -259,6 +261,7 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
         "fragments_per_manifest_write": mean["linked"],
         "timeline_ratio": LATENCY_S / cycle if cycle else float("nan"),
         "mean_put_ms": mean["put_s"] * 1e3,
+        "fragment_put_ms": (sum(frag_puts) / len(frag_puts) * 1e3) if frag_puts else float("nan"),
         "put_busy": mean["put_s"] / cycle if cycle else float("nan"),
     }
 
@@ -415,12 +418,12 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-VARIANTS: list[tuple[str, dict[str, Any], bool]] = [
-    ("defaults (batch_interval_s=0.002, max_inflight_fragments=8)", {}, True),
-    ("batch_interval_s=0", {"batch_interval_s": 0.0}, True),
-    ("batch_interval_s=0.010", {"batch_interval_s": 0.010}, True),
-    ("max_inflight_fragments=32", {"max_inflight_fragments": 32}, True),
-    ("defaults, inner LocalStore(fsync=False)", {}, False),
+VARIANTS: list[tuple[str, dict[str, Any], bool, float]] = [
+    ("defaults (batch_interval_s=0.002, max_inflight_fragments=8)", {}, True, 0.0),
+    ("batch_interval_s=0", {"batch_interval_s": 0.0}, True, 0.0),
+    ("max_inflight_fragments=32", {"max_inflight_fragments": 32}, True, 0.0),
+    ("defaults, inner LocalStore(fsync=False)", {}, False, 0.0),
+    ("defaults, appenders think U(0, 5 ms) between appends", {}, True, 0.005),
 ]
 
 
@@ -437,8 +440,8 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         runs: dict[str, list[dict[str, Any]]] = {}
         chosen = VARIANTS[:1] if quick else VARIANTS
         for rep in range(1 if quick else REPEATS):  # interleaved, so noise hits all variants
-            for label, opts, fsync in chosen:
-                t = await timeline(seconds * (1 if quick else 0.75), opts, fsync)
+            for label, opts, fsync, think in chosen:
+                t = await timeline(seconds * (1 if quick else 0.75), opts, fsync, think)
                 t["label"] = label
                 print(f"  . timeline #{rep + 1} {label}: ratio {t['io_ratio']:.2f}, cycle "
                       f"{t['mean_cycle_ms']:.1f} ms", flush=True)
@@ -486,11 +489,13 @@ def render(data: dict[str, Any]) -> str:
     out.append(common.md_table(
         ["variant", "appends/s", "rec/manifest write", "measured/bound", "(min..max)",
          "cycle ms", "inner put ms", "(idle ref)", "put other ms", "wait upload ms",
-         "loop work ms", "put busy", "p50 ms", "p99 ms"],
+         "loop work ms", "put busy", "fragment put ms", "frags/manifest write", "p50 ms",
+         "p99 ms"],
         [[t["label"], t["appends_per_s"], t["records_per_manifest_write"], t["io_ratio"],
           f"{t.get('io_ratio_min', t['io_ratio']):.2f}..{t.get('io_ratio_max', t['io_ratio']):.2f}",
           t["mean_cycle_ms"], t["inner_put_ms"], t.get("inner_put_idle_ms"), t["put_other_ms"],
-          t["wait_upload_ms"], t["loop_work_ms"], t["put_busy"], t["p50_ms"], t["p99_ms"]]
+          t["wait_upload_ms"], t["loop_work_ms"], t["put_busy"], t.get("fragment_put_ms"),
+          t["fragments_per_manifest_write"], t["p50_ms"], t["p99_ms"]]
          for t in data["timelines"]]))
     out.append("")
     out.append("(put busy = mean manifest put / cycle: the share of time a manifest write is in "

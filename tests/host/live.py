@@ -146,7 +146,8 @@ def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_i
 # ------------------------------------------------------------------------------------------------
 # Shared helpers of the API tests.
 
-PROMETHEUS_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+PROMETHEUS_SAMPLE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
