@@ -28,6 +28,7 @@ from . import common
 NAME = "manifest_growth"
 RECORD_BYTES = 1024
 FLAT_TOLERANCE = 1.25  # "flat": the last window within 25% of the first
+CYCLE = 100 * 20  # fragments per depth-1 roll-up: the root's slower saw-tooth
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -166,8 +167,12 @@ def windows(series: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
         def mean(name: str) -> float:
             return sum(series[name][lo:hi]) / k
 
+        cyc = None
+        if cp >= CYCLE:
+            cyc = sum(series["manifest_bytes"][cp - CYCLE:cp]) / CYCLE
         out.append({
             "fragments": cp, "window": [lo + 1, hi], "appends": k,
+            "cycle_manifest_bytes_per_append": cyc,
             "manifest_bytes_per_append": mean("manifest_bytes"),
             "manifest_writes_per_append": mean("manifest_writes"),
             "snapshot_bytes_per_append": mean("snapshot_bytes"),
@@ -178,7 +183,11 @@ def windows(series: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
             "mean_append_ms": mean("append_s") * 1e3,
         })
     first = out[0]
+    base_cycle = next((w["cycle_manifest_bytes_per_append"] for w in out
+                       if w["cycle_manifest_bytes_per_append"] is not None), None)
     for w in out:
+        c = w["cycle_manifest_bytes_per_append"]
+        w["ratio_cycle"] = c / base_cycle if c is not None and base_cycle else None
         w["ratio_manifest_bytes"] = w["manifest_bytes_per_append"] / first["manifest_bytes_per_append"]
         w["ratio_append_time"] = w["mean_append_ms"] / first["mean_append_ms"]
         w["ratio_metadata_bytes"] = (
@@ -196,6 +205,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         res = asyncio.run(grow(d, n))
     series = res.pop("series")
     wins = windows(series, n)
+    _save_series(series, common.out_path(NAME, quick, ".series.json.gz"))
     data = {
         "benchmark": NAME,
         "quick": quick,
@@ -214,20 +224,34 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def _save_series(series: dict[str, list[Any]], path: Any) -> None:
+    """The full per-append series, so windows and plots can be recomputed without re-running."""
+    import gzip
+    import json
+
+    with gzip.open(path, "wt") as f:
+        json.dump(series, f)
+
+
 def render(data: dict[str, Any]) -> str:
     cfg = data["config"]
     out = [f"One writer, {cfg['record_bytes']} B records appended serially (one fragment per "
            f"append), default snapshot thresholds, LocalStore(fsync=False) on {cfg['store']}; "
            f"{data['stats'].get('manifest_writes', 0):,} manifest writes, "
            f"{data['stats'].get('snapshots_written', 0):,} snapshots, "
-           f"{data['elapsed_s']:.0f} s.  Window = the last 10% of appends before the checkpoint.",
+           f"{data['elapsed_s']:.0f} s.  Window = the last 10% of appends before the checkpoint; "
+           f"'last {CYCLE:,}' = the mean over the last full depth-1 roll-up cycle "
+           f"({CYCLE:,} fragments), ratio to the first checkpoint that has one.",
            ""]
     out.append(common.md_table(
-        ["fragments", "window", "manifest B/append", "ratio to first", "max manifest B",
+        ["fragments", "window", "manifest B/append", "ratio to first",
+         f"B/append, last {CYCLE:,}", "ratio", "max manifest B",
          "root frags (mean)", "root snapshot ptrs (mean)", "depth", "snapshot B/append",
          "manifest+snapshot ratio", "ms/append", "time ratio"],
         [[w["fragments"], f"{w['window'][0]:,}..{w['window'][1]:,}",
-          w["manifest_bytes_per_append"], w["ratio_manifest_bytes"], w["max_manifest_bytes"],
+          w["manifest_bytes_per_append"], w["ratio_manifest_bytes"],
+          w.get("cycle_manifest_bytes_per_append"), w.get("ratio_cycle"),
+          w["max_manifest_bytes"],
           w["mean_root_fragments"], w["mean_root_snapshots"], w["max_depth"],
           w["snapshot_bytes_per_append"], w["ratio_metadata_bytes"], w["mean_append_ms"],
           w["ratio_append_time"]] for w in data["windows"]]))

@@ -243,7 +243,7 @@ def create_app(server: Server) -> FastAPI:
             if from_ < m.oldest_offset:
                 raise LogPurged(from_, m.oldest_offset)
             if from_ >= m.next_offset and wait_ms > 0:
-                await h.writer.wait_for_commit(from_ - 1, wait_ms / 1000.0)
+                await h.writer.wait_for_commit(from_, wait_ms / 1000.0)
                 m = h.writer.manifest
             records = []
             if from_ < m.next_offset:

@@ -112,6 +112,9 @@ def to_api_error(exc: BaseException) -> ApiError | None:
         return e
     if isinstance(exc, w.LogSealed):
         return Conflict(str(exc), "sealed")
+    if isinstance(exc, w.PreconditionFailed):
+        # Another process changed what we were about to replace (e.g. two collectors).
+        return Conflict(str(exc), "contention", retry_after_s=1)
     if isinstance(exc, w.LogContention):
         return Conflict(str(exc), "contention", retry_after_s=1)
     if isinstance(exc, w.CursorConflict):

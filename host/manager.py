@@ -192,6 +192,12 @@ class LogManager:
             if self._closed:
                 raise BackpressureError("server is shutting down", "contention", 1)
             h = self._open.get(cid)
+            if h is not None and h.writer.failed is not None:
+                # A writer that died (its store crashed under it) is replaced, not reused: the
+                # new one reloads the manifest and read-repairs whatever the old one left.
+                _log.warning("reopening %s after writer failure: %r", cid, h.writer.failed)
+                await self._close_handle(h)
+                continue
             if h is not None:
                 self._open.move_to_end(cid)
                 return h

@@ -50,6 +50,7 @@ class Server:
         self.dirty: DirtyLog | None = None
         self._gc_due: dict[UUID, float] = {}
         self._purged: set[UUID] = set()
+        self._dirty_lock = asyncio.Lock()
         self._gc_wake = asyncio.Event()
         self._gc_task: asyncio.Task[None] | None = None
         self._rollup_task: asyncio.Task[None] | None = None
@@ -67,14 +68,7 @@ class Server:
     async def start(self) -> None:
         """Open the dirty log, start the leader hint, the idle closer, roll-ups and GC."""
         await self.leader.start()
-        prefix = dirty_prefix(self.settings.server_id)
-        writer = await LogWriter.open(self.store, prefix, LogWriterOptions(
-            writer_name=f"loghost:{self.settings.server_id}",
-            batch_interval_s=self.settings.batch_interval_ms / 1000.0,
-            snapshot_max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2))))
-        backend = WalDirtyBackend(self.store, prefix, writer, self.gc_options)
-        rollup = RollUp(backend, _CompactionOffsets(self))
-        self.dirty = DirtyLog(backend, rollup, DirtyLogHook(backend))
+        self.dirty = await self._open_dirty()
         self.manager.start()
         self._rollup_task = asyncio.create_task(self._rollup_loop(), name="rollup-loop")
         self._gc_task = asyncio.create_task(self._gc_loop(), name="gc-loop")
@@ -97,8 +91,24 @@ class Server:
 
     # -------------------------------------------------------------------------- dirty log
 
+    async def _open_dirty(self) -> DirtyLog:
+        prefix = dirty_prefix(self.settings.server_id)
+        writer = await LogWriter.open(self.store, prefix, LogWriterOptions(
+            writer_name=f"loghost:{self.settings.server_id}",
+            batch_interval_s=self.settings.batch_interval_ms / 1000.0,
+            snapshot_max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2))))
+        backend = WalDirtyBackend(self.store, prefix, writer, self.gc_options)
+        return DirtyLog(backend, RollUp(backend, _CompactionOffsets(self)), DirtyLogHook(backend))
+
     async def _mark_dirty(self, cid: UUID, first_offset: int, count: int) -> None:
         assert self.dirty is not None, "server not started"
+        if self.dirty.backend.writer.failed is not None:
+            async with self._dirty_lock:
+                if self.dirty.backend.writer.failed is not None:
+                    # The dirty log's writer died under a store crash: reopen it (read repair
+                    # links what it left); the roll-up set is rebuilt by the next roll-up.
+                    _log.warning("reopening the dirty log after writer failure")
+                    self.dirty = await self._open_dirty()
         await self.dirty.mark(cid, first_offset, count)
         self._purged.discard(cid)  # a write after a purge makes it dirty again
 
@@ -182,7 +192,8 @@ class Server:
         gc = GarbageCollector(self.store, h.prefix, self.gc_options,
                               edit_manifest=h.writer.edit_manifest)
         try:
-            report = await gc.run_once()
+            async with h.lock:  # one collector per log in this process (manual and always-on)
+                report = await gc.run_once()
         except Exception:
             self.metrics.gc_failures.inc()
             raise

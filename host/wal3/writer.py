@@ -262,6 +262,11 @@ class LogWriter:
         return self._outstanding_bytes
 
     @property
+    def failed(self) -> BaseException | None:
+        """Why the writer stopped working (a crash, a bug), or None while it is healthy."""
+        return self._failure
+
+    @property
     def closed(self) -> bool:
         """Whether the writer stopped accepting appends."""
         return self._closing or self._failure is not None
@@ -347,7 +352,8 @@ class LogWriter:
                 return written
 
     async def wait_for_commit(self, after_offset: int, timeout_s: float) -> bool:
-        """Wait until the log's next offset passes ``after_offset`` (for long polls)."""
+        """Wait until the record at ``after_offset`` exists, i.e. the next offset passes it (long
+        polls); False on timeout or close."""
         deadline = self._loop.time() + timeout_s
         while self._manifest.next_offset <= after_offset:
             remaining = deadline - self._loop.time()
