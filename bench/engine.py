@@ -41,6 +41,7 @@ from . import common
 NAME = "engine"
 LATENCY_S = 0.020
 TARGET_RATIO = 0.80  # "at least 80% of its bound at 256 appenders"
+HEADLINE_REPEATS = 2  # extra runs of the headline case (full mode), for its spread
 
 FULL = {"sizes": [1024, 4096], "appenders": [1, 16, 64, 256], "warmup_s": 1.0,
         "duration_s": 4.0, "stores": ["local", "faulty", "s3"]}
@@ -131,23 +132,32 @@ async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duratio
     }
 
 
-def encode_only_rate(size: int, batch: float, min_time_s: float = 0.25) -> dict[str, float]:
-    """Appends/s allowed by encoding + hashing alone, on batches of ``batch`` records."""
+def encode_only_rate(size: int, batch: float, min_time_s: float = 0.25, blocks: int = 3
+                     ) -> dict[str, float]:
+    """Appends/s allowed by encoding + hashing alone, on batches of ``batch`` records (the median
+    of ``blocks`` timed blocks, so one noisy moment does not set the reference)."""
     from host.wal3.fragment import encode_fragment
 
     batch = max(1, int(round(batch)))
     bodies = [os.urandom(size) for _ in range(batch)]
     encode_fragment(1, 1, 1, bodies).content_md5  # warm up pyarrow
+    per: list[float] = []
     n = 0
-    t0 = time.perf_counter()
-    while True:
-        frag = encode_fragment(n + 1, 1 + n * batch, 1_700_000_000_000_000 + n, bodies)
-        frag.content_md5  # noqa: B018 - the writer computes it for every fragment
-        n += 1
-        el = time.perf_counter() - t0
-        if el >= min_time_s and n >= 3:
-            break
-    return {"batch": batch, "s_per_fragment": el / n, "appends_per_s": batch * n / el}
+    for _ in range(blocks):
+        k = 0
+        t0 = time.perf_counter()
+        while True:
+            frag = encode_fragment(n + 1, 1 + n * batch, 1_700_000_000_000_000 + n, bodies)
+            frag.content_md5  # noqa: B018 - the writer computes it for every fragment
+            n += 1
+            k += 1
+            el = time.perf_counter() - t0
+            if el >= min_time_s / blocks and k >= 2:
+                break
+        per.append(el / k)
+    per.sort()
+    s = per[len(per) // 2]
+    return {"batch": batch, "s_per_fragment": s, "appends_per_s": batch / s}
 
 
 def fsync_floor(directory: os.PathLike[str], size: int, duration_s: float) -> dict[str, Any]:
@@ -256,6 +266,19 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
                     extra = (f", {r['io_ratio']:.2f} of I/O bound" if "io_ratio" in r else "")
                     _progress(f"{kind:6} {size:5} B x{n:<4} {r['appends_per_s']:9.0f} appends/s "
                               f"p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms{extra}")
+        # The headline case again (interleaved across sizes), so its run-to-run spread is known.
+        repeats: dict[str, list[float]] = {}
+        if "faulty" in stores:
+            top = max(appenders)
+            for r in rows:
+                if r["store"] == "faulty" and r["appenders"] == top:
+                    repeats[str(r["size"])] = [r["io_ratio"]]
+            for _ in range(0 if quick else HEADLINE_REPEATS):
+                for size in sizes:
+                    r = await run_case("faulty", faulty, size, top, warmup, duration,
+                                       0.1 if quick else 0.25)
+                    repeats[str(size)].append(r["io_ratio"])
+                    _progress(f"repeat faulty {size} B x{top}: {r['io_ratio']:.2f} of I/O bound")
     data = {
         "benchmark": NAME,
         "quick": quick,
@@ -265,6 +288,7 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
                    "warmup_s": warmup, "duration_s": duration, "latency_s": LATENCY_S},
         "fsync_floor": floors,
         "rows": rows,
+        "headline_repeats": repeats,
     }
     data["plot"] = str(plot(data, common.img_path("engine_throughput", quick)))
     return data
@@ -323,14 +347,22 @@ def render(data: dict[str, Any]) -> str:
 
 
 def headline(data: dict[str, Any]) -> str:
-    """The issue target, stated as PASS/MISS with the ratio."""
+    """The issue target, stated as PASS/MISS with the ratio (median of the repeats)."""
     lines = []
+    reps = data.get("headline_repeats", {})
     for r in data["rows"]:
         if r["store"] == "faulty" and r["appenders"] == max(data["config"]["appenders"]):
-            verdict = "PASS" if r["io_ratio"] >= TARGET_RATIO else "MISS"
+            samples = sorted(reps.get(str(r["size"])) or [r["io_ratio"]])
+            med = samples[len(samples) // 2]
+            verdict = "PASS" if med >= TARGET_RATIO else "MISS"
+            spread = (f" (median of {len(samples)} runs, range {samples[0]:.2f}..{samples[-1]:.2f})"
+                      if len(samples) > 1 else "")
+            floor_ms = 2 * LATENCY_S * 1e3
             lines.append(f"- target `FaultyStore(20 ms)` at {r['appenders']} appenders, "
-                         f"{r['size']} B records: measured/bound = **{r['io_ratio']:.2f}** "
-                         f"(target >= {TARGET_RATIO:.2f}) -> {verdict}")
+                         f"{r['size']} B records: measured/bound = **{med:.2f}**{spread} "
+                         f"(target >= {TARGET_RATIO:.2f}) -> {verdict}.  Closed-loop view of "
+                         f"the same row: two injected round trips = {floor_ms:.0f} ms, p50 append "
+                         f"latency = {r['p50_ms']:.1f} ms ({floor_ms / r['p50_ms']:.2f}).")
     return "\n".join(lines)
 
 

@@ -185,7 +185,8 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
 
 
 async def timeline(seconds: float, options: dict[str, Any] | None = None,
-                   inner_fsync: bool = True, think_s: float = 0.0) -> dict[str, Any]:
+                   inner_fsync: bool = True, think_s: float = 0.0, size: int = 1024
+                   ) -> dict[str, Any]:
     """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle."""
     from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
@@ -197,7 +198,7 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
                                  LogWriterOptions(writer_name="bench", **(options or {})))
         warm = 0.5
         t_begin = time.perf_counter()
-        res = await drive(w, 1024, 256, warm, seconds, think_s)
+        res = await drive(w, size, 256, warm, seconds, think_s)
         await w.close()
         manifest_bytes = w.manifest.to_bytes()
         await store.close()
@@ -404,7 +405,7 @@ def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- driver
 
 
-REPEATS = 2
+REPEATS = 3
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -418,12 +419,14 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-VARIANTS: list[tuple[str, dict[str, Any], bool, float]] = [
-    ("defaults (batch_interval_s=0.002, max_inflight_fragments=8)", {}, True, 0.0),
-    ("batch_interval_s=0", {"batch_interval_s": 0.0}, True, 0.0),
-    ("max_inflight_fragments=32", {"max_inflight_fragments": 32}, True, 0.0),
-    ("defaults, inner LocalStore(fsync=False)", {}, False, 0.0),
-    ("defaults, appenders think U(0, 5 ms) between appends", {}, True, 0.005),
+VARIANTS: list[tuple[str, dict[str, Any], bool, float, int]] = [
+    ("defaults (batch_interval_s=0.002, max_inflight_fragments=8)", {}, True, 0.0, 1024),
+    ("batch_interval_s=0", {"batch_interval_s": 0.0}, True, 0.0, 1024),
+    ("defaults, inner LocalStore(fsync=False)", {}, False, 0.0, 1024),
+    ("defaults, appenders think U(0, 5 ms) between appends", {}, True, 0.005, 1024),
+    ("defaults, 4 KiB records", {}, True, 0.0, 4096),
+    ("4 KiB records, batch_size_bytes=256 KiB", {"batch_size_bytes": 256 << 10}, True, 0.0,
+     4096),
 ]
 
 
@@ -440,8 +443,8 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         runs: dict[str, list[dict[str, Any]]] = {}
         chosen = VARIANTS[:1] if quick else VARIANTS
         for rep in range(1 if quick else REPEATS):  # interleaved, so noise hits all variants
-            for label, opts, fsync, think in chosen:
-                t = await timeline(seconds * (1 if quick else 0.75), opts, fsync, think)
+            for label, opts, fsync, think, size in chosen:
+                t = await timeline(seconds * (1 if quick else 0.75), opts, fsync, think, size)
                 t["label"] = label
                 print(f"  . timeline #{rep + 1} {label}: ratio {t['io_ratio']:.2f}, cycle "
                       f"{t['mean_cycle_ms']:.1f} ms", flush=True)
@@ -480,7 +483,8 @@ def render(data: dict[str, Any]) -> str:
           f"{p['html']}, {p['txt']}"] for p in profs]))
     out.append("")
     reps = data["timelines"][0].get("repeats", 1)
-    out.append("Committer timeline on FaultyStore(20 ms), 256 appenders x 1 KiB: one manifest-write "
+    out.append("Committer timeline on FaultyStore(20 ms), 256 appenders x 1 KiB unless said: one "
+               "manifest-write "
                "cycle = put (injected 20 ms + inner LocalStore put + other) + gap (waiting for the "
                "next fragment's upload + event-loop work).  measured/bound = 20 ms / cycle.  "
                f"Mean of {reps} interleaved run(s) per variant; '(idle ref)' is the same "

@@ -37,6 +37,7 @@ from .errors import (
     NotFound,
     NotLeader,
     TooLarge,
+    Unauthorized,
     Unavailable,
     error_response,
     install_handlers,
@@ -110,6 +111,58 @@ def _parse(model: type[M], raw: bytes) -> M:
         raise BadRequest(f"{where}: {err.get('msg', 'invalid')}") from None
 
 
+class _RequestContext:
+    """Pure ASGI middleware: request id, the JSON request log line, request metrics.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``) so the handler runs in this task: context variables
+    it sets (tenant, collection id) are still there when the request line is logged.
+    """
+
+    def __init__(self, app: Any, server: Server) -> None:
+        self._app = app
+        self._server = server
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        rid = ""
+        for k, v in scope.get("headers", ()):
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")[:64]
+                break
+        rid = rid or uuid.uuid4().hex[:16]
+        jsonlog.request_id.set(rid)
+        jsonlog.tenant.set(None)
+        jsonlog.collection_id.set(None)
+        started = time.monotonic()
+        status = 500
+        sent_start = False
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            nonlocal status, sent_start
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                sent_start = True
+                message["headers"] = [*message.get("headers", []),
+                                      (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_wrapper)
+        except Exception:  # noqa: BLE001 - the last line of defence: an error shape, logged
+            _log.exception("unhandled error")
+            if not sent_start:
+                await JSONResponse({"error": {"code": "internal", "message": "internal error"}},
+                                   status_code=500)(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self._server.metrics.requests.labels(route, str(status)).inc()
+            _log.info("request", extra={"method": scope.get("method"), "route": route,
+                                        "status": status,
+                                        "ms": round((time.monotonic() - started) * 1000, 3)})
+
+
 def create_app(server: Server) -> FastAPI:
     """The FastAPI application serving ``server``."""
     settings = server.settings
@@ -128,27 +181,7 @@ def create_app(server: Server) -> FastAPI:
     install_handlers(app)
     app.state.server = server
 
-    @app.middleware("http")
-    async def context(request: Request, call_next):  # type: ignore[no-untyped-def]
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
-        jsonlog.request_id.set(rid[:64])
-        jsonlog.tenant.set(None)
-        jsonlog.collection_id.set(None)
-        started = time.monotonic()
-        try:
-            response = await call_next(request)
-        except Exception:  # noqa: BLE001 - the last line of defence: an error shape, logged
-            _log.exception("unhandled error")
-            response = JSONResponse({"error": {"code": "internal", "message": "internal error"}},
-                                    status_code=500)
-        route = request.scope.get("route")
-        name = getattr(route, "path", "unmatched")
-        server.metrics.requests.labels(name, str(response.status_code)).inc()
-        response.headers["x-request-id"] = rid[:64]
-        _log.info("request", extra={"method": request.method, "route": name,
-                                    "status": response.status_code,
-                                    "ms": round((time.monotonic() - started) * 1000, 3)})
-        return response
+    app.add_middleware(_RequestContext, server=server)
 
     @app.exception_handler(NotLeader)
     async def _not_leader(request: Request, exc: NotLeader) -> Response:
@@ -156,20 +189,23 @@ def create_app(server: Server) -> FastAPI:
         location = base + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return error_response(NotLeader(location))
 
-    def principal(request: Request,
-                  _: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    async def principal(request: Request,
+                        _: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
         # HTTPBearer only documents the scheme; the header is checked here, one way for all.
-        return server.auth.authenticate(request.headers.get("authorization"))
+        values = request.headers.getlist("authorization")
+        if len(values) > 1:
+            raise Unauthorized("more than one Authorization header")
+        return server.auth.authenticate(values[0] if values else None)
 
-    def tenant_scope(tenant: str, collection_id: str, who: Principal = Depends(principal)
-                     ) -> tuple[str, UUID]:
+    async def tenant_scope(tenant: str, collection_id: str, who: Principal = Depends(principal)
+                           ) -> tuple[str, UUID]:
         server.auth.authorize_tenant(who, tenant)
         cid = _parse_uuid(collection_id)
         jsonlog.tenant.set(tenant)
         jsonlog.collection_id.set(str(cid))
         return tenant, cid
 
-    def service(who: Principal = Depends(principal)) -> Principal:
+    async def service(who: Principal = Depends(principal)) -> Principal:
         server.auth.require_service(who)
         return who
 
@@ -369,6 +405,11 @@ def create_app(server: Server) -> FastAPI:
             raise BadRequest("target_collection_id: must differ from the source")
         async with server.manager.use(cid, tenant) as h:
             offset = req.offset if req.offset is not None else h.compaction_offset
+            m = h.writer.manifest
+            if offset > m.next_offset:
+                raise BadRequest(f"offset: {offset} is past the log's tail {m.next_offset}")
+            if offset < m.oldest_offset:
+                raise LogPurged(offset, m.oldest_offset)
             owner = await server.manager.bind(target, tenant)
             if owner != tenant:
                 raise NotFound(f"no log {target} for tenant {tenant}")

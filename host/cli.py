@@ -4,16 +4,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
+import uvicorn
 from pydantic import ValidationError
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+class _GracefulServer(uvicorn.Server):
+    """uvicorn, except that a SIGTERM/SIGINT that led to a clean shutdown exits 0.
 
+    (uvicorn re-raises the signal after shutting down, which makes a graceful stop look like a
+    kill to supervisors.)  A second SIGINT still forces the exit.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from . import jsonlog
     from .api import create_app
     from .auth import new_key
@@ -54,7 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=int(settings.shutdown_grace_s))
     print(f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
           f"(docs at /docs)", flush=True)
-    uvicorn.Server(config).run()
+    _GracefulServer(config).run()
     return 0
 
 

@@ -11,8 +11,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httpx
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import pytest_asyncio
 
 from host.wal3 import LocalStore
 
@@ -52,6 +54,16 @@ async def live(tmp_path: Path) -> AsyncIterator[Live]:
 async def client(live: Live) -> AsyncIterator[httpx.AsyncClient]:
     async with live.client("alice-key") as c:
         yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
+    """One server for the many parametrised bad-input cases (each starts from the same state:
+    alice's log ``CID`` with two records; refused requests change nothing)."""
+    async with live_server(str(tmp_path_factory.mktemp("shared") / "store")) as lv:
+        async with lv.client("alice-key") as c:
+            await append_singles(c, 2)
+        yield lv
 
 
 async def append(c: httpx.AsyncClient, *records: dict[str, Any], path: str = BASE,
@@ -433,6 +445,22 @@ async def test_health_ready_docs(live: Live) -> None:
         assert r.status_code == 200 and "text/html" in r.headers["content-type"]
 
 
+async def test_readyz_is_503_while_the_store_fails(s3_fault_proxy: Any, s3_bucket: str) -> None:
+    from host.wal3 import S3Store
+
+    store = S3Store(bucket=s3_bucket, prefix="ready", endpoint_url=s3_fault_proxy.endpoint,
+                    region="us-east-1", max_attempts=2, base_backoff_s=0.01, max_backoff_s=0.02)
+    async with live_server(store=store) as lv, httpx.AsyncClient(base_url=lv.url) as anon:
+        assert (await anon.get("/readyz")).status_code == 200
+        s3_fault_proxy.fail_next("internal_error", method="HEAD", count=20)
+        s3_fault_proxy.fail_next("internal_error", method="GET", count=20)
+        r = await anon.get("/readyz")
+        assert_error(r, 503)
+        assert (await anon.get("/healthz")).status_code == 200  # alive, just not ready
+        s3_fault_proxy.script.clear()
+        assert (await anon.get("/readyz")).status_code == 200
+
+
 async def test_metrics_names_and_counts(live: Live, client: httpx.AsyncClient) -> None:
     await append(client, record("a", document="x" * 100), record("b"))
     text = await metrics_text(client)
@@ -487,17 +515,21 @@ BAD_APPEND_BODIES: list[tuple[str, bytes, str]] = [
 ]
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(("body", "field"), [(b, f) for _, b, f in BAD_APPEND_BODIES],
                          ids=[n for n, _, _ in BAD_APPEND_BODIES])
-async def test_bad_append_is_400_naming_the_field(live: Live, body: bytes, field: str) -> None:
-    async with live.client("alice-key") as c:
-        r = await c.post(BASE + "/records", content=body,
-                         headers={"content-type": "application/json"})
-        err = assert_error(r, 400)
-        if field:
-            assert field in err["message"], err
-        # nothing was created by a refused append
-        assert_error(await c.get(BASE), 404)
+async def test_bad_append_is_400_naming_the_field(shared: Live, body: bytes, field: str) -> None:
+    fresh = log_path("alice", uuid.uuid4())
+    async with shared.client("alice-key") as c:
+        for path in (fresh, BASE):  # a new log and an existing one
+            r = await c.post(path + "/records", content=body,
+                             headers={"content-type": "application/json"})
+            err = assert_error(r, 400)
+            if field:
+                assert field in err["message"], err
+        # nothing was created or appended by a refused append
+        assert_error(await c.get(fresh), 404)
+        assert (await c.get(BASE)).json()["next_offset"] == 3
 
 
 BAD_REQUESTS: list[tuple[str, str, str, bytes | None, str]] = [
@@ -541,13 +573,13 @@ BAD_REQUESTS: list[tuple[str, str, str, bytes | None, str]] = [
 ]
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(("method", "path", "body", "field"),
                          [(m, p, b, f) for _, m, p, b, f in BAD_REQUESTS],
                          ids=[n for n, *_ in BAD_REQUESTS])
-async def test_bad_input_is_400(live: Live, method: str, path: str, body: bytes | None,
+async def test_bad_input_is_400(shared: Live, method: str, path: str, body: bytes | None,
                                 field: str) -> None:
-    async with live.client("alice-key") as c:
-        await append_singles(c, 2)
+    async with shared.client("alice-key") as c:
         kw: dict[str, Any] = {}
         if body is not None:
             kw = {"content": body, "headers": {"content-type": "application/json"}}
@@ -566,23 +598,28 @@ async def test_dirty_purge_bad_input_is_400(live: Live) -> None:
 # ------------------------------------------------------------------------------ 401/403/404
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("header", [
     None, "Bearer nope", "Bearer", "Basic c3ZjLWtleTo=", "svc-key", "Bearersvc-key",
     "Token svc-key", "Bearer svc-key-but-longer", "Bearer " + "x" * 5000,
 ])
-async def test_401_for_missing_unknown_or_malformed_authorization(live: Live,
+async def test_401_for_missing_unknown_or_malformed_authorization(shared: Live,
                                                                   header: str | None) -> None:
     headers = {} if header is None else {"Authorization": header}
-    async with httpx.AsyncClient(base_url=live.url, headers=headers) as c:
+    fresh = log_path("alice", uuid.uuid4())
+    async with httpx.AsyncClient(base_url=shared.url, headers=headers) as c:
+        assert_error(await c.post(fresh + "/records", json={"records": [record("a")]}), 401)
         assert_error(await c.post(BASE + "/records", json={"records": [record("a")]}), 401)
         assert_error(await c.get(BASE + "/records"), 401)
         assert_error(await c.get(BASE), 401)
+        assert_error(await c.get(BASE + "/cursors/compaction"), 401)
         assert_error(await c.get("/v1/dirty"), 401)
         # bad input does not get past authentication either
         assert_error(await c.post("/v1/tenants/alice/logs/not-a-uuid/records", content=b"{"),
                      401)
-    async with live.client() as svc:  # and nothing was created
-        assert_error(await svc.get(BASE), 404)
+    async with shared.client() as svc:  # and nothing was created or appended
+        assert_error(await svc.get(fresh), 404)
+        assert (await svc.get(BASE)).json()["next_offset"] == 3
 
 
 async def test_403_tenant_key_on_another_tenants_path(live: Live) -> None:
@@ -690,6 +727,59 @@ async def test_429_batching_backpressure(tmp_path: Path, setting: str) -> None:
         assert ids == ["warm", "held"]
         # once drained, the same append is accepted
         assert (await append(c, record("over", document=doc)))["first_offset"] == 3
+
+
+async def test_429_contention_when_every_open_log_is_busy(tmp_path: Path) -> None:
+    store = GatedStore(tmp_path / "store", f"logs/{CID}/")
+    other = log_path("alice", uuid.uuid4())
+    async with live_server(store=store, max_open_logs=1) as lv, lv.client("alice-key") as c:
+        await append(c, record("warm"))
+        store.gate.clear()
+        busy = asyncio.create_task(c.post(BASE + "/records", json={"records": [record("held")]}))
+        await wait_until(lambda: store.waiting >= 1 or busy.done(), "the only open log busy")
+        assert not busy.done(), busy.result().text
+        r = await c.post(other + "/records", json={"records": [record("elsewhere")]})
+        err = assert_error(r, 429, "backpressure")
+        assert int(r.headers["Retry-After"]) >= 1
+        assert "contention" in json.dumps(err)
+        store.gate.set()
+        assert (await busy).status_code == 200
+        text = await metrics_text(c)
+        assert metric(text, "loghost_backpressure_total", reason="contention") == 1
+        # the busy log is idle now: it is evicted to make room
+        assert (await append(c, record("elsewhere"), path=other))["first_offset"] == 1
+        assert metric(await metrics_text(c), "loghost_log_evictions_total") == 1
+        assert [x["record"]["id"] for x in await read_all(c, BASE)] == ["warm", "held"]
+
+
+async def test_fragment_urls_on_s3_are_readable_by_a_bulk_reader(moto_endpoint: str,
+                                                                 s3_bucket: str) -> None:
+    import boto3
+
+    from host.wal3 import S3Store
+
+    store = S3Store(bucket=s3_bucket, prefix="root", endpoint_url=moto_endpoint,
+                    region="us-east-1")
+    async with live_server(store=store) as lv, lv.client("alice-key") as c:
+        await append(c, record("s3-a", document="über"))
+        await append(c, record("s3-b"), record("s3-c"))
+        r = await c.get(BASE + "/fragments", params={"from": 1})
+        assert r.status_code == 200, r.text
+        frags = r.json()["fragments"]
+        assert [(f["start"], f["limit"]) for f in frags] == [(1, 2), (2, 4)]
+        s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+        bodies = []
+        for f in frags:
+            parts = urlsplit(f["url"])
+            assert parts.scheme == "s3" and parts.netloc == s3_bucket, f["url"]
+            obj = s3.get_object(Bucket=s3_bucket, Key=unquote(parts.path.lstrip("/")))
+            data = obj["Body"].read()
+            assert len(data) == f["num_bytes"]
+            table = pq.read_table(pa.BufferReader(data))
+            assert table.column("offset").to_pylist() == list(range(f["start"], f["limit"]))
+            bodies += [json.loads(b) for b in table.column("body").to_pylist()]
+        assert [b["id"] for b in bodies] == ["s3-a", "s3-b", "s3-c"]
+        assert bodies[0]["document"] == "über"
 
 
 async def test_bad_input_never_500_on_any_endpoint(live: Live) -> None:

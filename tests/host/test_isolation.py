@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from host.jsonlog import JsonFormatter
 from host.wal3 import LocalStore
@@ -47,9 +48,8 @@ def endpoints() -> list[tuple[str, str, dict[str, Any] | None]]:
 ENDPOINT_IDS = [f"{m} {s or '/'}" for m, s, _ in endpoints()]
 
 
-@pytest.fixture
-async def live(tmp_path: Path) -> AsyncIterator[Live]:
-    async with live_server(store=LocalStore(tmp_path / "store", fsync=False)) as lv:
+async def _populated(root: Path) -> AsyncIterator[Live]:
+    async with live_server(store=LocalStore(root, fsync=False)) as lv:
         async with lv.client("alice-key") as alice:
             a = alice.post(log_path("alice", ALICE_LOG) + "/records",
                            json={"records": [record("sx1"), record("sx2"), record("sx3")],
@@ -64,6 +64,20 @@ async def live(tmp_path: Path) -> AsyncIterator[Live]:
             r = await bob.post(log_path("bob", BOB_LOG) + "/records",
                                json={"records": [record("b1")]})
             assert r.status_code == 200, r.text
+        yield lv
+
+
+@pytest.fixture
+async def live(tmp_path: Path) -> AsyncIterator[Live]:
+    """alice's log (3 records, cursor "mine" at 2, compaction at 2) and bob's log (1 record)."""
+    async for lv in _populated(tmp_path / "store"):
+        yield lv
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
+    """The same, shared by the per-endpoint cases (each checks alice's log is unchanged)."""
+    async for lv in _populated(tmp_path_factory.mktemp("iso") / "store"):
         yield lv
 
 
@@ -87,47 +101,43 @@ async def call(c: httpx.AsyncClient, method: str, url: str, body: dict[str, Any]
         await c.request(method, url)
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(("method", "suffix", "body"), endpoints(), ids=ENDPOINT_IDS)
-async def test_other_tenants_path_is_403(live: Live, method: str, suffix: str,
-                                         body: dict[str, Any] | None) -> None:
-    before = await snapshot(live, "alice", ALICE_LOG)
-    async with live.client("bob-key") as bob:
+async def test_bob_can_neither_act_on_nor_learn_of_alices_log(shared: Live, method: str,
+                                                              suffix: str,
+                                                              body: dict[str, Any] | None) -> None:
+    before = await snapshot(shared, "alice", ALICE_LOG)
+    async with shared.client("bob-key") as bob:
+        # bob's key on alice's path: 403, also for a log of alice that does not exist
         err = assert_error(await call(bob, method, log_path("alice", ALICE_LOG) + suffix, body),
                            403)
         assert "sx1" not in err["message"]
-        # also on a log of alice that does not exist: still 403 (nothing to learn)
         assert_error(await call(bob, method, log_path("alice", uuid.uuid4()) + suffix, body), 403)
-    assert await snapshot(live, "alice", ALICE_LOG) == before
-
-
-@pytest.mark.parametrize(("method", "suffix", "body"), endpoints(), ids=ENDPOINT_IDS)
-async def test_other_tenants_collection_on_own_path_is_404(live: Live, method: str, suffix: str,
-                                                           body: dict[str, Any] | None) -> None:
-    before = await snapshot(live, "alice", ALICE_LOG)
-    async with live.client("bob-key") as bob:
+        # alice's collection through bob's own path: 404, nothing of alice's in the answer
         r = await call(bob, method, log_path("bob", ALICE_LOG) + suffix, body)
         assert_error(r, 404)
         assert "alice" not in r.text and "sx1" not in r.text
-    async with live.client() as svc:  # the service key on the wrong tenant's path: 404 as well
+    async with shared.client() as svc:  # the service key on the wrong tenant's path: 404 as well
         r = await call(svc, method, log_path("bob", ALICE_LOG) + suffix, body)
         assert_error(r, 404)
         assert "alice" not in r.text
-    assert await snapshot(live, "alice", ALICE_LOG) == before
-    if suffix == "/fork":  # the refused fork created nothing, bound nothing
+    assert await snapshot(shared, "alice", ALICE_LOG) == before
+    if suffix == "/fork":  # the refused forks created nothing, bound nothing
         target = body["target_collection_id"]  # type: ignore[index]
-        async with live.client("alice-key") as alice:
+        async with shared.client("alice-key") as alice:
             assert_error(await alice.get(log_path("alice", target)), 404)
             r = await alice.post(log_path("alice", target) + "/records",
                                  json={"records": [record("mine")]})
             assert r.status_code == 200, r.text
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("suffix", ["", "/records", "/fragments", "/cursors/mine",
                                     "/cursors/compaction", "/scrub"])
-async def test_404_for_foreign_log_is_indistinguishable_from_no_log(live: Live,
+async def test_404_for_foreign_log_is_indistinguishable_from_no_log(shared: Live,
                                                                     suffix: str) -> None:
     never = str(uuid.uuid4())
-    async with live.client("bob-key") as bob:
+    async with shared.client("bob-key") as bob:
         foreign = await bob.get(log_path("bob", ALICE_LOG) + suffix)
         missing = await bob.get(log_path("bob", never) + suffix)
     assert foreign.status_code == missing.status_code == 404
@@ -177,6 +187,7 @@ async def test_idempotency_keys_do_not_cross_tenants(live: Live) -> None:
         assert r.json() == {"first_offset": 2, "count": 1, "next_offset": 3}
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(("method", "path", "body"), [
     ("GET", "/v1/dirty", None),
     ("GET", "/v1/dirty?min_records=0", None),
@@ -184,14 +195,14 @@ async def test_idempotency_keys_do_not_cross_tenants(live: Live) -> None:
     ("POST", "/v1/dirty/purge", {"collection_ids": [ALICE_LOG]}),
     ("GET", "/v1/dirty/inspect", None),
 ])
-async def test_dirty_endpoints_need_a_service_key(live: Live, method: str, path: str,
+async def test_dirty_endpoints_need_a_service_key(shared: Live, method: str, path: str,
                                                   body: dict[str, Any] | None) -> None:
     for key in ("alice-key", "bob-key"):
-        async with live.client(key) as c:
+        async with shared.client(key) as c:
             r = await call(c, method, path, body)
             assert_error(r, 403)
             assert ALICE_LOG not in r.text and BOB_LOG not in r.text
-    async with live.client() as svc:
+    async with shared.client() as svc:
         r = await call(svc, method, path, body)
         assert r.status_code == 200, r.text
 

@@ -1,0 +1,414 @@
+"""Real parts for the reliability verifier: log hosts in-process and as processes, redis-server,
+and the "process died here" latch over a :class:`~host.wal3.faulty.FaultyStore`.
+
+Everything listens on 127.0.0.1 only.  Nothing here waits by sleeping: readiness and exits are
+polled with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from host.wal3 import ObjectStore, SimulatedCrash
+from host.wal3.store import GetResult, ObjectMeta
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICE_KEY = "svc-key"
+API_KEYS = f"{SERVICE_KEY}=*,alice-key=alice,bob-key=bob"
+TENANT_KEYS = {"alice": "alice-key", "bob": "bob-key"}
+
+_log = logging.getLogger("bench.reliability")
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of a process in KiB (from /proc), or None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+async def poll(predicate: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float,
+               interval_s: float = 0.02) -> None:
+    """Poll ``predicate`` until true; raise TimeoutError (never hang) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for: {what}")
+        await asyncio.sleep(interval_s)  # polling interval of a bounded wait
+
+
+# ------------------------------------------------------------------------------- crash latch
+
+
+class CrashLatch(ObjectStore):
+    """One process incarnation's view of the store.
+
+    ``FaultyStore`` raises :class:`SimulatedCrash` at the injection point; a real process would be
+    dead from that instant.  The latch makes it so: after the first crash every later request of
+    this incarnation fails with ``SimulatedCrash`` without reaching the store, so no background
+    task, graceful close or flush of the "dead" server can write anything more.  The harness then
+    starts a fresh server (a new latch) on the same store: a restart.
+
+    ``observers`` see every request that succeeded: ``(op, key, data)`` (data for puts only); the
+    GC-phase scenarios use that to arm a crash at "the next manifest write after the plan landed".
+    """
+
+    def __init__(self, inner: ObjectStore, name: str = "") -> None:
+        self.inner = inner
+        self.name = name
+        self.dead: BaseException | None = None
+        self.crashed = asyncio.Event()
+        self.observers: list[Callable[[str, str, bytes | None], None]] = []
+
+    def __repr__(self) -> str:
+        return f"CrashLatch({self.inner!r}, dead={self.dead is not None})"
+
+    def _check(self) -> None:
+        if self.dead is not None:
+            raise SimulatedCrash(f"process {self.name} is dead: {self.dead}")
+
+    def _die(self, e: BaseException) -> None:
+        if self.dead is None:
+            self.dead = e
+            self.crashed.set()
+
+    def _seen(self, op: str, key: str, data: bytes | None = None) -> None:
+        for obs in list(self.observers):
+            obs(op, key, data)
+
+    async def _call(self, op: str, key: str, fn: Callable[[], Awaitable[Any]],
+                    data: bytes | None = None) -> Any:
+        self._check()
+        try:
+            out = await fn()
+        except SimulatedCrash as e:
+            self._die(e)
+            raise
+        self._check()  # died while this request was in flight: its answer is never seen
+        self._seen(op, key, out.data if op == "get" else data)
+        return out
+
+    async def get(self, key: str) -> GetResult:
+        return await self._call("get", key, lambda: self.inner.get(key))  # type: ignore[no-any-return]
+
+    async def head(self, key: str) -> ObjectMeta:
+        return await self._call("head", key, lambda: self.inner.head(key))  # type: ignore[no-any-return]
+
+    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
+                  if_match: str | None = None) -> str:
+        return await self._call(  # type: ignore[no-any-return]
+            "put", key, lambda: self.inner.put(key, data, if_none_match=if_none_match,
+                                               if_match=if_match), data)
+
+    async def delete(self, key: str) -> None:
+        await self._call("delete", key, lambda: self.inner.delete(key))
+
+    async def list(self, prefix: str, *, start_after: str | None = None
+                   ) -> AsyncIterator[ObjectMeta]:
+        self._check()
+        try:
+            async for meta in self.inner.list(prefix, start_after=start_after):
+                self._check()
+                yield meta
+        except SimulatedCrash as e:
+            self._die(e)
+            raise
+
+    async def copy(self, src: str, dst: str, *, if_none_match: Literal["*"] | None = None) -> str:
+        return await self._call(  # type: ignore[no-any-return]
+            "copy", dst, lambda: self.inner.copy(src, dst, if_none_match=if_none_match))
+
+    def url_for(self, key: str) -> str:
+        return self.inner.url_for(key)
+
+    async def close(self) -> None:
+        """The shared store outlives every incarnation: nothing to close."""
+
+
+# ------------------------------------------------------------------------- in-process host
+
+
+class _Uvicorn:
+    """A uvicorn server that leaves the process's signal handlers alone."""
+
+    @staticmethod
+    def make(app: Any, port: int) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):  # type: ignore[no-untyped-def]
+                yield
+
+        return Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                     access_log=False, lifespan="on",
+                                     timeout_graceful_shutdown=10))
+
+
+@dataclass
+class InProcessHost:
+    """A real uvicorn log host in this process over a shared (faulty) store, restartable.
+
+    Each incarnation gets its own :class:`CrashLatch`; :meth:`restart` stops the current one (a
+    dead incarnation cannot write anything while it shuts down) and starts a fresh ``Server`` on
+    the same port, store and server id, as a process supervisor would.
+    """
+
+    store: ObjectStore
+    settings: dict[str, Any]
+    observers: list[Callable[[str, str, bytes | None], None]] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    server_id: str = "h0"
+    latch: CrashLatch | None = None
+    server: Any = None
+    restarts: int = 0
+    start_failures: int = 0
+    _userver: Any = None
+    _task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        from host.api import create_app
+        from host.config import Settings
+        from host.server import Server
+
+        base: dict[str, Any] = {"store": "unused", "listen": f"127.0.0.1:{self.port}",
+                                "api_keys": API_KEYS, "server_id": self.server_id,
+                                "rollup_interval_s": 3600.0, "idle_close_s": 3600.0,
+                                "gc_interval_s": 3600.0, "log_level": "WARNING"}
+        base.update(self.settings)
+        for attempt in range(20):
+            self.latch = CrashLatch(self.store, f"{self.server_id}#{self.restarts}.{attempt}")
+            self.latch.observers.extend(self.observers)
+            self.server = Server(Settings(**base), store=self.latch)
+            self._userver = _Uvicorn.make(create_app(self.server), self.port)
+            self._task = asyncio.create_task(self._userver.serve(), name=f"uvicorn-{self.port}")
+            await poll(lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
+                       "uvicorn to start", 60)
+            if not self._task.done():
+                return
+            # Startup itself hit an injected crash (e.g. opening the dirty log): try again, as a
+            # supervisor would restart a process that died while starting.
+            with contextlib.suppress(BaseException):
+                await self._task
+            self.start_failures += 1
+            if self.latch.dead is None:
+                raise RuntimeError("in-process log host failed to start")
+        raise RuntimeError("in-process log host kept crashing while starting")
+
+    async def stop(self) -> None:
+        if self._userver is None:
+            return
+        self._userver.should_exit = True
+        assert self._task is not None
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self._task), 60)
+        if not self._task.done():
+            self._userver.force_exit = True
+            with contextlib.suppress(BaseException):
+                await self._task
+        self._userver = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.restarts += 1
+        await self.start()
+
+    @property
+    def crashed(self) -> bool:
+        return self.latch is not None and self.latch.dead is not None
+
+
+# --------------------------------------------------------------------------- process hosts
+
+
+@dataclass
+class ProcHost:
+    """A log host as its own process (``python -m host.cli serve`` or the faulty launcher)."""
+
+    store_dir: Path
+    log_dir: Path
+    server_id: str = "p0"
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    faulty_args: list[str] | None = None  # set: run bench.reliability_host with these arguments
+    proc: subprocess.Popen[bytes] | None = None
+    kills: int = 0
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHOST_")}
+        env.update({"LOGHOST_API_KEYS": API_KEYS, "LOGHOST_LOG_LEVEL": "WARNING",
+                    "LOGHOST_ROLLUP_INTERVAL_S": "3600", "LOGHOST_GC_INTERVAL_S": "3600",
+                    "LOGHOST_IDLE_CLOSE_S": "3600"})
+        env.update(self.env)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.faulty_args is None:
+            cmd = [sys.executable, "-m", "host.cli", "serve"]
+        else:
+            cmd = [sys.executable, "-m", "bench.reliability_host", *self.faulty_args]
+        cmd += ["--store", str(self.store_dir), "--listen", f"127.0.0.1:{self.port}",
+                "--server-id", self.server_id]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"host-{self.server_id}.log"
+        with open(log, "ab") as out:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=ROOT)
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"log host exited: {log.read_text(errors='replace')[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)  # polling for readiness, bounded by the deadline
+        self.kill9()
+        raise RuntimeError("log host did not become healthy")
+
+    def kill9(self) -> None:
+        """SIGKILL our child: no flush, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.kills += 1
+
+    def terminate(self) -> None:
+        """SIGTERM our child and wait for its graceful exit (SIGKILL after 60 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def rss_kib(self) -> int | None:
+        return rss_kib(self.proc.pid) if self.proc is not None else None
+
+
+# --------------------------------------------------------------------------------- redis
+
+
+class RedisProc:
+    """redis-server on a loopback port, without persistence; stop() kills it (data gone)."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        import shutil
+
+        exe = shutil.which("redis-server") or (
+            "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.exe = exe
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stops = 0
+
+    @staticmethod
+    def available() -> bool:
+        import shutil
+
+        return bool(shutil.which("redis-server") or os.path.exists("/usr/bin/redis-server"))
+
+    def _pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.workdir / "redis.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.workdir)],
+                stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not self._pong():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)  # polling interval of a bounded readiness loop
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(timeout=10)
+        self.stops += 1
+
+
+# ------------------------------------------------------------------------ store inspection
+
+
+def compacted_objects(root: Path) -> tuple[int, int]:
+    """(Parquet parts, CURRENT.json files) under ``root/compacted``."""
+    parts = currents = 0
+    base = root / "compacted"
+    if not base.is_dir():
+        return 0, 0
+    for _dirpath, _dirs, files in os.walk(base):
+        for f in files:
+            if f.endswith(".parquet"):
+                parts += 1
+            elif f == "CURRENT.json":
+                currents += 1
+    return parts, currents
+
+
+LOG_KEY = re.compile(r"^logs/([0-9a-f-]{36})/")

@@ -1,0 +1,855 @@
+"""The seeded fault scenarios of the reliability verifier.
+
+Every scenario is ``async def scenario(seed, quick, workdir, opts) -> Result``.  All random choices
+(the fault schedule, the crash points, the writers' plans, collection ids) come from
+``random.Random`` seeded with the scenario's seed, so a failing seed is rerun with
+``python -m bench.reliability --scenario NAME --seed S``.  Timing (which request a fault lands on
+among concurrent ones) is not reproducible bit for bit; the schedule is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from host.wal3 import FaultRule, FaultyStore, LocalStore
+
+from .reliability_core import (
+    Collection,
+    Load,
+    Result,
+    Run,
+    Workload,
+    append,
+    audit,
+    dirty_coverage,
+    drain_readers,
+    finish,
+    log_states,
+    make_collections,
+    run_with,
+    service_call,
+)
+from .reliability_infra import (
+    ROOT,
+    SERVICE_KEY,
+    CrashLatch,
+    InProcessHost,
+    ProcHost,
+    RedisProc,
+    compacted_objects,
+    poll,
+)
+
+
+@dataclass
+class Options:
+    """Knobs of the long form that are not per seed."""
+
+    soak_seconds: float = 600.0
+    soak_logs: int = 1000
+
+
+def workload(quick: bool, **over: Any) -> Workload:
+    if quick:
+        wl = Workload(collections=6, writers=6, appends_per_writer=40, max_batch=4,
+                      mean_interval_s=0.01, wait_ms=300, gc_interval_s=0.15,
+                      rollup_interval_s=0.4)
+    else:
+        wl = Workload(collections=16, writers=12, appends_per_writer=150, max_batch=6,
+                      mean_interval_s=0.01, wait_ms=500, gc_interval_s=0.15,
+                      rollup_interval_s=0.5)
+    for k, v in over.items():
+        setattr(wl, k, v)
+    return wl
+
+
+# --------------------------------------------------------------------------- gated rules
+
+
+@dataclass(eq=False)
+class GatedRule(FaultRule):
+    """A FaultRule that only matches while ``gate(op, key)`` holds (a phase of GC or roll-up)."""
+
+    gate: Callable[[str, str], bool] | None = None
+
+    def matches(self, op: str, key: str, *, conditional: bool) -> bool:
+        return super().matches(op, key, conditional=conditional) and (
+            self.gate is None or self.gate(op, key))
+
+
+_GARBAGE = re.compile(r"^((?:logs|dirty)/[^/]+)/gc/GARBAGE$")
+_CURSOR = re.compile(r"^(dirty/[^/]+)/cursor/stable_prefix\.json$")
+
+
+class PhaseTracker:
+    """Follows GC and roll-up phases per log from the requests that succeed (a latch observer).
+
+    GC: ``gc/GARBAGE`` holds a plan (phase 1 done), an applied plan (phase 2 done) or ``{}``
+    (reset, phase 3 done).  Roll-up: the ``stable_prefix`` cursor was loaded (a window is open)
+    or moved (the window is consumed).
+    """
+
+    def __init__(self) -> None:
+        self.gc: dict[str, str] = {}
+        self.rollup: dict[str, str] = {}
+        self.run: Run | None = None
+
+    @property
+    def rollups_in_flight(self) -> int:
+        """Roll-up requests of the harness now in flight (the gate of the roll-up crashes)."""
+        return self.run.rollups_in_flight if self.run is not None else 0
+
+    def observe(self, op: str, key: str, data: bytes | None) -> None:
+        m = _GARBAGE.match(key)
+        if m is not None and data is not None and op in ("get", "put"):
+            try:
+                obj = json.loads(data) or {}
+            except ValueError:
+                obj = {}
+            self.gc[m.group(1)] = ("reset" if not obj else
+                                   "applied" if obj.get("applied_us") is not None else "plan")
+            return
+        m = _CURSOR.match(key)
+        if m is not None:
+            if op == "get":
+                self.rollup[m.group(1)] = "loaded"
+            elif op == "put":
+                self.rollup[m.group(1)] = "moved"
+
+    def gc_state(self, key: str) -> str | None:
+        parts = key.split("/")
+        return self.gc.get("/".join(parts[:2]))
+
+
+# -------------------------------------------------------------------- in-process scenarios
+
+
+@dataclass
+class StorePlan:
+    """The fault schedule of one in-process scenario."""
+
+    faulty: dict[str, float] = field(default_factory=dict)  # FaultyStore background rates
+    rules: list[FaultRule] = field(default_factory=list)  # armed from the start
+    crash: Callable[[random.Random, PhaseTracker, int], FaultRule] | None = None
+    crashes: int = 0  # crash rules armed one after another (after each restart)
+    settings: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+
+
+BASE_SETTINGS: dict[str, Any] = {
+    "gc_grace_s": 0.0, "snapshot_fragment_threshold": 4, "snapshot_threshold": 2,
+    "batch_interval_ms": 2.0,
+}
+
+
+async def run_store_scenario(name: str, seed: int, quick: bool, workdir: Path,
+                             plan: StorePlan) -> Result:
+    """Writers and readers against one in-process host over a seeded FaultyStore."""
+    started = time.monotonic()
+    rng = random.Random(f"{name}:crash:{seed}")
+    store_root = workdir / "store"
+    # No fsync: the crashes emulated here are process deaths, which the page cache survives.
+    faulty = FaultyStore(LocalStore(store_root, fsync=False), seed=seed, **plan.faulty)
+    for rule in plan.rules:
+        faulty.add_rule(rule)
+    tracker = PhaseTracker()
+    settings = dict(BASE_SETTINGS)
+    settings.update(plan.settings)
+    host = InProcessHost(faulty, settings, observers=[tracker.observe])
+    await host.start()
+    wl = workload(quick, **plan.workload)
+    run = Run(name, seed, make_collections(seed, wl.collections), lambda: [host.url], wl)
+    tracker.run = run
+    result = Result(name, seed)
+    crash_rules: list[FaultRule] = []
+
+    async def supervise(load: Load) -> None:
+        """Arm the crash points one by one; restart the host each time one fires."""
+        armed = 0
+        if plan.crash is not None and plan.crashes > 0:
+            crash_rules.append(faulty.add_rule(plan.crash(rng, tracker, armed)))
+            armed += 1
+        stop = asyncio.create_task(run.stop.wait())
+        try:
+            while not run.stop.is_set():
+                latch = host.latch
+                assert latch is not None
+                dead = asyncio.create_task(latch.crashed.wait())
+                await asyncio.wait({dead, stop}, return_when=asyncio.FIRST_COMPLETED)
+                dead.cancel()
+                if not host.crashed:
+                    break
+                run.events["crash_restart"] += 1
+                await host.restart()
+                if plan.crash is not None and armed < plan.crashes:
+                    crash_rules.append(faulty.add_rule(plan.crash(rng, tracker, armed)))
+                    armed += 1
+        finally:
+            stop.cancel()
+
+    phases: dict[str, float] = {}
+    result.notes["phase_seconds"] = phases
+    try:
+        t = time.monotonic()
+        load = await run_with(run, supervise, 600 if quick else 1800)
+        phases["load"] = round(time.monotonic() - t, 2)
+        faulty.disable()
+        if host.crashed:  # a crash in the last moments: restart before the audit
+            run.events["crash_restart"] += 1
+            await host.restart()
+        t = time.monotonic()
+        await drain_readers(load)
+        phases["drain"] = round(time.monotonic() - t, 2)
+        t = time.monotonic()
+        await audit(run, result, store_root)
+        phases["audit"] = round(time.monotonic() - t, 2)
+    except Exception as e:  # noqa: BLE001 - reported in the result
+        result.error = repr(e)
+    finally:
+        with contextlib.suppress(Exception):
+            await host.stop()
+        await run.close()
+    stats = faulty.stats()
+    result.faults = faulty.faults_injected
+    result.fault_kinds = dict(stats["faults"])
+    result.notes["store_requests"] = stats["requests_total"]
+    result.notes["restarts"] = host.restarts
+    result.notes["crash_points"] = [f"{r.kind} {r.ops} {r.key_regex} after={r.after} "
+                                    f"fired={r.fired}" for r in crash_rules]
+    if plan.crashes and not any(r.fired for r in crash_rules):
+        result.notes["warning"] = "no crash point was reached"
+    return finish(run, result, started)
+
+
+# ---- the schedules
+
+
+def plan_latency(seed: int, quick: bool) -> StorePlan:
+    rng = random.Random(f"latency:{seed}")
+    spike = FaultRule("latency", probability=rng.uniform(0.01, 0.04),
+                      latency_s=rng.uniform(0.3, 1.5))
+    long_spike = FaultRule("latency", ops={"put"}, key_regex=r"/manifest/MANIFEST$",
+                           probability=rng.uniform(0.002, 0.01), latency_s=rng.uniform(2.5, 4.0))
+    return StorePlan(faulty={"latency_s": rng.uniform(0.0, 0.003),
+                             "jitter_s": rng.uniform(0.002, 0.02)},
+                     rules=[spike, long_spike],
+                     # Client timeouts shorter than the longest spikes: retries race the original
+                     # request; a small per-log buffer turns slow commits into 429s.
+                     settings={"max_log_outstanding_bytes": rng.choice((4096, 16384, 1 << 20))},
+                     workload={"request_timeout_s": 2.0})
+
+
+def plan_errors(seed: int, quick: bool) -> StorePlan:
+    rng = random.Random(f"errors:{seed}")
+    burst = FaultRule("error", after=rng.randint(20, 200), times=rng.randint(10, 60))
+    return StorePlan(faulty={"error_rate": rng.uniform(0.01, 0.06)}, rules=[burst])
+
+
+def plan_storms(seed: int, quick: bool) -> StorePlan:
+    rng = random.Random(f"storms:{seed}")
+    rules = [FaultRule("precondition", ops={"put"}, key_regex=r"/manifest/MANIFEST$",
+                       after=rng.randint(5, 80), times=rng.randint(5, 40)),
+             FaultRule("precondition", ops={"put", "copy"}, probability=rng.uniform(0.02, 0.1))]
+    return StorePlan(faulty={"precondition_storm_rate": rng.uniform(0.02, 0.1)}, rules=rules)
+
+
+def plan_lost(seed: int, quick: bool) -> StorePlan:
+    rng = random.Random(f"lost:{seed}")
+    rules = [FaultRule("lost_response", ops={"put"}, key_regex=r"/manifest/MANIFEST$",
+                       probability=rng.uniform(0.02, 0.1)),
+             FaultRule("lost_response", ops={"put"}, key_regex=r"/log/Bucket=",
+                       probability=rng.uniform(0.02, 0.1)),
+             FaultRule("lost_response", ops={"put", "delete"}, key_regex=r"/(gc|cursor)/",
+                       probability=rng.uniform(0.02, 0.2))]
+    return StorePlan(faulty={"lost_response_rate": rng.uniform(0.005, 0.03)}, rules=rules)
+
+
+def _crash_frag_manifest(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
+    kind, regex = rng.choice([
+        ("crash_after", r"^logs/[^/]+/log/Bucket="),     # fragment landed, manifest never written
+        ("crash_after", r"/log/Bucket="),                 # ... any log, the dirty log included
+        ("crash_before", r"^logs/[^/]+/manifest/MANIFEST$"),  # fragment(s) up, manifest not
+        ("crash_after", r"^logs/[^/]+/manifest/MANIFEST$"),   # manifest landed, answer never seen
+    ])
+    return FaultRule(kind, ops={"put"}, key_regex=regex, after=rng.randint(3, 40), times=1)  # type: ignore[arg-type]
+
+
+def plan_crash_fragment_manifest(seed: int, quick: bool) -> StorePlan:
+    return StorePlan(crash=_crash_frag_manifest, crashes=2 if quick else 4)
+
+
+def _crash_snapshot(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
+    return FaultRule(rng.choice(("crash_before", "crash_after")), ops={"put"},  # type: ignore[arg-type]
+                     key_regex=r"/snapshot/SNAPSHOT\.", after=rng.randint(0, 4), times=1)
+
+
+def plan_crash_snapshot(seed: int, quick: bool) -> StorePlan:
+    rng = random.Random(f"snapshot:{seed}")
+    return StorePlan(crash=_crash_snapshot, crashes=2 if quick else 4,
+                     settings={"snapshot_fragment_threshold": rng.randint(2, 5),
+                               "snapshot_threshold": rng.randint(2, 3)})
+
+
+def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultRule]:
+    logs_garbage = r"^logs/[^/]+/gc/GARBAGE$"
+
+    def make(rng: random.Random, t: PhaseTracker, i: int) -> FaultRule:
+        kind = rng.choice(("crash_before", "crash_after"))
+        after = rng.randint(0, 2)
+        if phase == "plan":  # phase 1: writing the plan to gc/GARBAGE
+            return GatedRule(kind, ops={"put"}, key_regex=logs_garbage, after=after, times=1,  # type: ignore[arg-type]
+                             gate=lambda op, key: t.gc_state(key) in (None, "reset"))
+        if phase == "apply":  # phase 2: the manifest write that applies it, or its marker
+            if rng.random() < 0.6:
+                return GatedRule(kind, ops={"put"}, key_regex=r"^logs/[^/]+/manifest/MANIFEST$",  # type: ignore[arg-type]
+                                 after=0, times=1,
+                                 gate=lambda op, key: t.gc_state(key) == "plan")
+            return GatedRule(kind, ops={"put"}, key_regex=logs_garbage, after=after, times=1,  # type: ignore[arg-type]
+                             gate=lambda op, key: t.gc_state(key) == "plan")
+        if phase == "delete":  # phase 3: deleting fragments and snapshots
+            return GatedRule(kind, ops={"delete"}, key_regex=r"^logs/[^/]+/(log|snapshot)/",  # type: ignore[arg-type]
+                             after=after, times=1,
+                             gate=lambda op, key: t.gc_state(key) == "applied")
+        assert phase == "reset"  # phase 3 done: resetting gc/GARBAGE
+        return GatedRule(kind, ops={"put"}, key_regex=logs_garbage, after=after, times=1,  # type: ignore[arg-type]
+                         gate=lambda op, key: t.gc_state(key) == "applied")
+
+    return make
+
+
+def plan_crash_gc(phase: str) -> Callable[[int, bool], StorePlan]:
+    def plan(seed: int, quick: bool) -> StorePlan:
+        rng = random.Random(f"gc-{phase}:{seed}")
+        return StorePlan(crash=_gc_crash(phase), crashes=2 if quick else 4,
+                         settings={"snapshot_fragment_threshold": rng.randint(2, 6),
+                                   "snapshot_threshold": 2},
+                         workload={"gc_interval_s": 0.05})
+
+    return plan
+
+
+def _rollup_crash(step: str) -> Callable[[random.Random, PhaseTracker, int], FaultRule]:
+    def make(rng: random.Random, t: PhaseTracker, i: int) -> FaultRule:
+        kind = rng.choice(("crash_before", "crash_after"))
+
+        def rolling(op: str, key: str) -> bool:
+            return t.rollups_in_flight > 0
+
+        if step == "read":  # reading the window [cursor, end)
+            return GatedRule("crash_before", ops={"get"}, key_regex=r"^dirty/[^/]+/log/Bucket=",
+                             after=rng.randint(0, 2), times=1, gate=rolling)
+        if step == "append":  # re-appending the still-dirty collections
+            return GatedRule(kind, ops={"put"},  # type: ignore[arg-type]
+                             key_regex=r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)",
+                             after=rng.randint(0, 1), times=1,
+                             gate=lambda op, key: rolling(op, key) and t.rollup.get(
+                                 "/".join(key.split("/")[:2])) == "loaded")
+        if step == "cursor":  # moving the stable_prefix cursor past the window
+            return GatedRule(kind, ops={"put"}, key_regex=r"cursor/stable_prefix\.json$",  # type: ignore[arg-type]
+                             after=rng.randint(0, 2), times=1)
+        assert step == "gc"  # the dirty log's own garbage collection
+        return GatedRule(kind, ops={"put", "delete"},  # type: ignore[arg-type]
+                         key_regex=r"^dirty/[^/]+/(gc/GARBAGE$|log/|snapshot/)",
+                         after=rng.randint(0, 3), times=1,
+                         gate=lambda op, key: op == "put" or t.gc_state(key) == "applied")
+
+    return make
+
+
+def plan_crash_rollup(step: str) -> Callable[[int, bool], StorePlan]:
+    def plan(seed: int, quick: bool) -> StorePlan:
+        return StorePlan(crash=_rollup_crash(step), crashes=2 if quick else 4,
+                         settings={"snapshot_fragment_threshold": 3},
+                         workload={"rollup_interval_s": 0.1})
+
+    return plan
+
+
+# ---------------------------------------------------------------------- process scenarios
+
+
+PROC_ENV = {"LOGHOST_GC_GRACE_S": "0", "LOGHOST_SNAPSHOT_FRAGMENT_THRESHOLD": "4",
+            "LOGHOST_SNAPSHOT_THRESHOLD": "2"}
+
+
+async def _ack_fraction(run: Run, fraction: float, timeout_s: float) -> bool:
+    """Wait (polling) until ``fraction`` of the planned appends are acknowledged."""
+    wl = run.workload
+    total = wl.writers * (wl.appends_per_writer or 0)
+    with contextlib.suppress(TimeoutError):
+        await poll(lambda: run.stop.is_set() or run.acked_appends >= fraction * total,
+                   f"{fraction:.0%} of the appends acknowledged", timeout_s, 0.01)
+    return not run.stop.is_set()
+
+
+async def scenario_kill9(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
+    """kill -9 a real log host process under load and restart it, several times."""
+    started = time.monotonic()
+    rng = random.Random(f"kill9:{seed}")
+    store = workdir / "store"
+    host = ProcHost(store, workdir / "logs", "p0", env=dict(PROC_ENV))
+    await asyncio.to_thread(host.start)
+    wl = workload(quick, appends_per_writer=60 if quick else 200)
+    run = Run("kill9", seed, make_collections(seed, wl.collections), lambda: [host.url], wl)
+    result = Result("kill9", seed)
+    kills = sorted(rng.uniform(0.1, 0.9) for _ in range(2 if quick else 4))
+    result.notes["kill_at_fraction_acked"] = [round(k, 3) for k in kills]
+
+    async def chaos(load: Load) -> None:
+        for frac in kills:
+            if not await _ack_fraction(run, frac, 300):
+                return
+            await asyncio.to_thread(host.kill9)
+            run.events["kill9"] += 1
+            await asyncio.to_thread(host.start)
+
+    try:
+        load = await run_with(run, chaos, 600 if quick else 1800)
+        await drain_readers(load)
+        await audit(run, result, store)
+    except Exception as e:  # noqa: BLE001
+        result.error = repr(e)
+    finally:
+        await asyncio.to_thread(host.terminate)
+        await run.close()
+    result.faults = run.events["kill9"]
+    result.fault_kinds = {"kill9": run.events["kill9"]}
+    return finish(run, result, started)
+
+
+async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
+                     redis: RedisProc | None) -> Result:
+    started = time.monotonic()
+    rng = random.Random(f"{name}:{seed}")
+    store = workdir / "store"
+    env = dict(PROC_ENV)
+    if redis is not None:
+        env.update({"LOGHOST_REDIS_URL": redis.url, "LOGHOST_LEADER_TTL_MS": "1000"})
+    hosts = [ProcHost(store, workdir / "logs", f"p{i}", env=env) for i in range(2)]
+    for h in hosts:
+        await asyncio.to_thread(h.start)
+    # Few collections, so both hosts write the same logs all the time.
+    wl = workload(quick, collections=3 if quick else 6, appends_per_writer=50 if quick else 200,
+                  mean_interval_s=0.005)
+    urls = [h.url for h in hosts]
+    current = {"hosts": urls}
+    run = Run(name, seed, make_collections(seed, wl.collections), lambda: current["hosts"], wl)
+    result = Result(name, seed)
+
+    async def chaos(load: Load) -> None:
+        if redis is None:
+            return
+        cycles = 1 if quick else 2
+        points = sorted(rng.uniform(0.1, 0.9) for _ in range(2 * cycles))
+        for i in range(cycles):
+            if not await _ack_fraction(run, points[2 * i], 300):
+                return
+            await asyncio.to_thread(redis.stop)
+            run.events["redis_stop"] += 1
+            if not await _ack_fraction(run, points[2 * i + 1], 300):
+                await asyncio.to_thread(redis.start)
+                return
+            await asyncio.to_thread(redis.start)
+            run.events["redis_start"] += 1
+
+    try:
+        load = await run_with(run, chaos, 600 if quick else 1800)
+        metrics = [await _metrics(run, u) for u in urls]
+        result.notes["contention_409"] = sum(m.get("loghost_contention_total", 0) for m in metrics)
+        result.notes["redirects_307"] = sum(m.get("loghost_not_leader_redirects_total", 0)
+                                            for m in metrics)
+        result.notes["leader_hint_failures"] = sum(
+            m.get("loghost_leader_hint_failures_total", 0) for m in metrics)
+        # Audit through one freshly started host (a second host's in-memory view of a log it
+        # no longer writes is legitimately behind); both dirty logs are checked.
+        for h in hosts:
+            await asyncio.to_thread(h.terminate)
+            await asyncio.to_thread(h.start)
+        current["hosts"] = [urls[0]]
+        await drain_readers(load)
+        await audit(run, result, store, read_hosts=[urls[0]], check_dirty=False)
+        await dirty_coverage(run, urls, await log_states(run))
+    except Exception as e:  # noqa: BLE001
+        result.error = repr(e)
+    finally:
+        for h in hosts:
+            await asyncio.to_thread(h.terminate)
+        await run.close()
+    contention = int(result.notes.get("contention_409", 0))
+    result.fault_kinds = {"concurrent_writer_409": contention}
+    if redis is not None:
+        result.fault_kinds.update({"redis_stop": run.events["redis_stop"]})
+    result.faults = sum(result.fault_kinds.values())
+    return finish(run, result, started)
+
+
+async def _metrics(run: Run, url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with contextlib.suppress(httpx.HTTPError):
+        r = await run.client.get(url + "/metrics")
+        for line in r.text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            base = name.split("{", 1)[0]
+            with contextlib.suppress(ValueError):
+                out[base] = out.get(base, 0.0) + float(value)
+    return out
+
+
+async def scenario_two_hosts(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
+    """Two real host processes write the same logs with no leader hint; clients retry."""
+    return await _two_hosts("two_hosts", seed, quick, workdir, None)
+
+
+async def scenario_redis_restart(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
+    """Two hosts with a Redis leader hint; Redis is killed and restarted empty mid-run."""
+    redis = RedisProc(workdir / "redis")
+    await asyncio.to_thread(redis.start)
+    try:
+        return await _two_hosts("redis_restart", seed, quick, workdir, redis)
+    finally:
+        await asyncio.to_thread(redis.stop)
+
+
+# --------------------------------------------------------------------- compactor scenario
+
+
+def compactor_records(rng: random.Random, tags: list[str]) -> list[dict[str, Any]]:
+    """Operations on a small id space (so the fold has work to do), each uniquely tagged."""
+    out = []
+    for t in tags:
+        rid = f"doc-{rng.randrange(12)}"
+        op = rng.choice(["add", "add", "upsert", "upsert", "update", "delete"])
+        rec: dict[str, Any] = {"id": rid, "op": op, "metadata": {"tag": t}}
+        if op != "delete":
+            if rng.random() < 0.7:
+                rec["document"] = f"text {rng.randrange(1000)}"
+            if rng.random() < 0.6:
+                rec["metadata"][f"k{rng.randrange(4)}"] = rng.choice(
+                    [None, rng.randrange(100), f"v{rng.randrange(9)}", True])
+            if rng.random() < 0.5:
+                rec["embedding"] = [round(rng.uniform(-1, 1), 3) for _ in range(4)]
+        out.append(rec)
+    return out
+
+
+def _compactor_cmd(host_url: str, store: Path) -> list[str]:
+    return [sys.executable, "-m", "compactor_client", "run", "--hosts", host_url, "--store",
+            str(store), "--spark-master", "local[2]", "--once", "--member-id", "c1",
+            "--no-progress"]
+
+
+def _compactor_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
+    env.update({"COMPACTOR_API_KEY": SERVICE_KEY, "PYTHONPATH": str(ROOT)})
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _read_full(run: Run, coll: Collection, host: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    pos = 1
+    while True:
+        r = await run.client.get(host + coll.path + "/records", params={"from": pos,
+                                                                         "limit": 1000},
+                                 headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+        r.raise_for_status()
+        body = r.json()
+        if not body["records"]:
+            return out
+        out.extend(body["records"])
+        pos = body["next_offset"]
+
+
+def _check_compacted(run: Run, store: Path, coll: Collection, state: dict[str, Any],
+                     records: list[dict[str, Any]], *, complete: bool) -> int | None:
+    """CURRENT.json consistent, cursor never ahead of it, Parquet == reference fold."""
+    import pyarrow.parquet as pq
+
+    from tests.compactor_client.test_e2e import reference_fold
+
+    cur_path = store / "compacted" / coll.cid / "CURRENT.json"
+    cursor = int(state["compaction_offset"])
+    if not cur_path.exists():
+        if cursor > 1:
+            run.violation(f"{coll.cid}: compaction cursor {cursor} but no CURRENT.json")
+        if complete:
+            run.violation(f"{coll.cid}: never compacted")
+        return None
+    try:
+        current = json.loads(cur_path.read_text())
+        offset = int(current["offset"])
+        table = pq.read_table(store / current["path"])
+    except Exception as e:  # noqa: BLE001 - any unreadable version is a violation
+        run.violation(f"{coll.cid}: CURRENT.json unusable: {e!r}")
+        return None
+    if cursor > offset:
+        run.violation(f"{coll.cid}: cursor {cursor} is ahead of CURRENT.json offset {offset}")
+    if complete and not (cursor == offset == int(state["next_offset"])):
+        run.violation(f"{coll.cid}: after the final round cursor={cursor} CURRENT={offset} "
+                      f"next={state['next_offset']}")
+    folded = [r["record"] for r in records if int(r["offset"]) < offset]
+    want = reference_fold(folded)
+    got = {}
+    for row in table.to_pylist():
+        emb = row["embedding"]
+        got[row["id"]] = {"document": row["document"], "metadata": json.loads(row["metadata"]),
+                          "embedding": None if emb is None else [round(x, 3) for x in emb]}
+    if got != want or int(current["rows"]) != len(want):
+        diff = sorted(set(got) ^ set(want)) or [k for k in want if got.get(k) != want[k]][:3]
+        run.violation(f"{coll.cid}: compacted version at offset {offset} differs from the "
+                      f"reference fold of the log (ids {diff[:5]})")
+    return int(current["version"])
+
+
+async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
+    """SIGKILL ``compactor run --once`` mid-round (in the Spark fold or while installing), then
+    rerun it: versions stay consistent, cursors never run ahead, nothing acknowledged is lost."""
+    started = time.monotonic()
+    rng = random.Random(f"compactor:{seed}")
+    store = workdir / "store"
+    host = ProcHost(store, workdir / "logs", "p0", env=dict(PROC_ENV))
+    await asyncio.to_thread(host.start)
+    wl = workload(quick, collections=8 if quick else 24, writers=4 if quick else 8,
+                  appends_per_writer=None, gc_interval_s=None, rollup_interval_s=None,
+                  records=compactor_records, keyless_fraction=0.0, mean_interval_s=0.02)
+    colls = make_collections(seed, wl.collections)
+    run = Run("compactor_kill", seed, colls, lambda: [host.url], wl)
+    result = Result("compactor_kill", seed)
+    kill_at = "fold" if seed % 2 == 1 else "install"
+    result.notes["kill_at"] = kill_at
+    logdir = workdir / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    try:
+        # Every log gets a first record and a reader cursor at 1, so garbage collection never
+        # purges what the audit still has to read back (the compactor's own cursor moves).
+        prng = random.Random(f"prime:{seed}")
+        for i, c in enumerate(colls):
+            tag = f"s{seed}prime.{i}"
+            assert await append(run, prng, c, [tag], compactor_records(prng, [tag]), f"prime-{i}")
+            r = await service_call(run, "PUT", c.path + "/cursors/verifier",
+                                   json={"offset": 1, "witness": None})
+            assert r is not None and r.status_code == 200, r and r.text
+        load_task = asyncio.create_task(run_with(run, None, 900))
+        # Let some load build up, roll the dirty log up, then start the compactor under load.
+        await poll(lambda: run.acked_records >= (150 if quick else 1500), "initial load", 300)
+        await service_call(run, "POST", "/v1/dirty/rollup")
+        out = open(logdir / "compactor-1.log", "wb")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(_compactor_cmd(host.url, store), env=_compactor_env(), cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        killed = False
+        try:
+            def at_kill_point() -> bool:
+                parts, currents = compacted_objects(store)
+                return proc.poll() is not None or (parts > 0 if kill_at == "fold"
+                                                   else currents > 0)
+
+            await poll(at_kill_point, f"the compactor to reach {kill_at}", 300, 0.005)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # the compactor and its Spark JVM
+                killed = True
+                run.events["compactor_kill9"] += 1
+            await asyncio.to_thread(proc.wait, 60)
+            await poll(lambda: not _group_alive(proc.pid), "the compactor's group to exit", 60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        parts, currents = compacted_objects(store)
+        result.notes["after_kill"] = {"killed": killed, "exit": proc.returncode,
+                                      "parquet_parts": parts, "current_json": currents}
+        # The state the kill left behind is consistent already.
+        states = {c.cid: (await service_call(run, "GET", c.path)).json() for c in colls}  # type: ignore[union-attr]
+        for c in colls:
+            recs = await _read_full(run, c, host.url)
+            _check_compacted(run, store, c, states[c.cid], recs, complete=False)
+        run.stop.set()
+        load = await load_task
+        # Rerun to completion on a quiet log host.
+        await service_call(run, "POST", "/v1/dirty/rollup")
+        for attempt in range(3):
+            with open(logdir / f"compactor-{attempt + 2}.log", "wb") as out2:
+                done = await asyncio.to_thread(
+                    subprocess.run, _compactor_cmd(host.url, store), env=_compactor_env(),
+                    cwd=ROOT, stdout=out2, stderr=subprocess.STDOUT, timeout=900)
+            if done.returncode != 0:
+                run.violation(f"compactor rerun {attempt + 1} exited {done.returncode}")
+            states = {c.cid: (await service_call(run, "GET", c.path)).json() for c in colls}  # type: ignore[union-attr]
+            if all(s["compaction_offset"] == s["next_offset"] for s in states.values()):
+                break
+            await service_call(run, "POST", "/v1/dirty/rollup")
+        versions = {}
+        for c in colls:
+            recs = await _read_full(run, c, host.url)
+            versions[c.cid] = _check_compacted(run, store, c, states[c.cid], recs, complete=True)
+        result.notes["versions"] = sorted(v or 0 for v in versions.values())
+        await drain_readers(load)
+        await audit(run, result, store)
+    except Exception as e:  # noqa: BLE001
+        result.error = repr(e)
+    finally:
+        await asyncio.to_thread(host.terminate)
+        await run.close()
+    result.faults = run.events["compactor_kill9"]
+    result.fault_kinds = {"compactor_kill9": result.faults}
+    return finish(run, result, started)
+
+
+# ---------------------------------------------------------------------------------- soak
+
+
+async def scenario_soak(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
+    """Many logs for a long time on a real host process over a mildly faulty store."""
+    started = time.monotonic()
+    seconds = 10.0 if quick else opts.soak_seconds
+    nlogs = 100 if quick else opts.soak_logs
+    rng = random.Random(f"soak:{seed}")
+    store = workdir / "store"
+    env = dict(PROC_ENV)
+    env.update({"LOGHOST_ROLLUP_INTERVAL_S": "5" if quick else "10",
+                "LOGHOST_IDLE_CLOSE_S": "5" if quick else "30",
+                "LOGHOST_MAX_OPEN_LOGS": str(max(16, nlogs * 2 // 5)),
+                "LOGHOST_GC_INTERVAL_S": "30"})
+    faults = ["--seed", str(seed), "--latency-s", "0.001", "--jitter-s", "0.004",
+              "--error-rate", "0.002", "--lost-response-rate", "0.001",
+              "--precondition-storm-rate", "0.002"]
+    host = ProcHost(store, workdir / "logs", "soak", env=env, faulty_args=faults)
+    await asyncio.to_thread(host.start)
+    mem: dict[str, Any] = {"start_kib": host.rss_kib(), "samples": []}
+    wl = workload(quick, collections=nlogs, writers=8 if quick else 16, appends_per_writer=None,
+                  mean_interval_s=0.02 if quick else 0.04, tailed=16 if quick else 32,
+                  gc_interval_s=0.1, rollup_interval_s=None, wait_ms=1000,
+                  request_timeout_s=15.0)
+    run = Run("soak", seed, make_collections(seed, nlogs), lambda: [host.url], wl)
+    result = Result("soak", seed)
+
+    async def clock(load: Load) -> None:
+        t0 = time.monotonic()
+        warm_at = t0 + min(60.0, seconds / 10)
+        while True:
+            now = time.monotonic()
+            if now - t0 >= seconds:
+                break
+            kib = host.rss_kib()
+            mem["samples"].append((round(now - t0, 1), kib))
+            if "warm_kib" not in mem and now >= warm_at:
+                mem["warm_kib"] = kib
+            await asyncio.sleep(min(5.0, max(0.0, seconds - (now - t0))))  # the soak's clock
+        mem["end_kib"] = host.rss_kib()
+        run.stop.set()
+
+    try:
+        load = await run_with(run, clock, seconds + 600)
+        r = await run.client.post(host.url + "/_bench/faults/disable")
+        stats = r.json()
+        result.faults = int(stats["faults_injected"])
+        result.fault_kinds = dict(stats["faults"])
+        result.notes["store_requests"] = stats["requests_total"]
+        await drain_readers(load, 300)
+        await audit(run, result, store, api_scrub=False)  # the objects are scrubbed
+        mem["after_audit_kib"] = host.rss_kib()
+    except Exception as e:  # noqa: BLE001
+        result.error = repr(e)
+    finally:
+        await asyncio.to_thread(host.terminate)
+        await run.close()
+    samples = [k for _, k in mem["samples"] if k]
+    mem["peak_kib"] = max(samples, default=None)
+    mem["samples"] = mem["samples"][:: max(1, len(mem["samples"]) // 40)]
+    result.notes["memory"] = mem
+    result.notes["seconds_of_load"] = seconds
+    result.notes["appends_acknowledged"] = run.acked_appends
+    return finish(run, result, started)
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+Scenario = Callable[[int, bool, Path, Options], Awaitable[Result]]
+
+
+def _store(name: str, plan: Callable[[int, bool], StorePlan]) -> Scenario:
+    async def scenario(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
+        return await run_store_scenario(name, seed, quick, workdir, plan(seed, quick))
+
+    return scenario
+
+
+SCENARIOS: dict[str, tuple[Scenario, str]] = {
+    "latency": (_store("latency", plan_latency),
+                "latency with jitter, random spikes up to 1.5 s and rare manifest stalls of "
+                "2.5-4 s (longer than the 2 s client timeout); a small per-log buffer (429s)"),
+    "errors": (_store("errors", plan_errors),
+               "5xx / throttling: StoreUnavailable on 1-6% of all requests plus a burst of "
+               "10-60 consecutive failures"),
+    "storms": (_store("storms", plan_storms),
+               "409/412 storms: failed conditions on 2-10% of conditional writes plus a burst of "
+               "5-40 on the manifest"),
+    "lost_responses": (_store("lost_responses", plan_lost),
+                       "lost responses after a successful put (manifest, fragments, GC state, "
+                       "cursors) and on 0.5-3% of all requests"),
+    "crash_fragment_manifest": (
+        _store("crash_fragment_manifest", plan_crash_fragment_manifest),
+        "process crash between fragment and manifest writes (after a fragment put, before or "
+        "after a manifest put), then restart"),
+    "crash_snapshot": (_store("crash_snapshot", plan_crash_snapshot),
+                       "process crash before/after a snapshot write, then restart"),
+    "crash_gc_plan": (_store("crash_gc_plan", plan_crash_gc("plan")),
+                      "crash while GC writes its plan (gc/GARBAGE, phase 1)"),
+    "crash_gc_apply": (_store("crash_gc_apply", plan_crash_gc("apply")),
+                       "crash in the manifest write that applies the plan, or its applied "
+                       "marker (phase 2)"),
+    "crash_gc_delete": (_store("crash_gc_delete", plan_crash_gc("delete")),
+                        "crash while GC deletes fragments/snapshots (phase 3)"),
+    "crash_gc_reset": (_store("crash_gc_reset", plan_crash_gc("reset")),
+                       "crash while GC resets gc/GARBAGE after deleting"),
+    "crash_rollup_read": (_store("crash_rollup_read", plan_crash_rollup("read")),
+                          "crash while the roll-up reads its dirty-log window"),
+    "crash_rollup_append": (_store("crash_rollup_append", plan_crash_rollup("append")),
+                            "crash while the roll-up re-appends the dirty collections"),
+    "crash_rollup_cursor": (_store("crash_rollup_cursor", plan_crash_rollup("cursor")),
+                            "crash before/after moving the stable_prefix cursor"),
+    "crash_rollup_gc": (_store("crash_rollup_gc", plan_crash_rollup("gc")),
+                        "crash in the dirty log's own GC after a roll-up"),
+    "kill9": (scenario_kill9, "kill -9 of a real host process under load, restarted on the same "
+                              "store and port (2 kills quick, 4 long)"),
+    "two_hosts": (scenario_two_hosts, "two real host processes writing the same logs with no "
+                                      "leader hint; clients retry on 409/503 with their keys"),
+    "redis_restart": (scenario_redis_restart,
+                      "two hosts with the Redis leader hint; redis-server killed and restarted "
+                      "empty mid-run; clients follow 307s"),
+    "compactor_kill": (scenario_compactor_kill,
+                       "`compactor run --once` SIGKILLed (with its Spark JVM) in the fold or "
+                       "while installing, under write load; then rerun to completion"),
+    "soak": (scenario_soak, "1,000 logs on one host process for 10 minutes over a mildly faulty "
+                            "store with continuous compaction, GC and roll-ups"),
+}
+
+STORE_SCENARIOS = [n for n in SCENARIOS if n not in ("kill9", "two_hosts", "redis_restart",
+                                                      "compactor_kill", "soak")]
