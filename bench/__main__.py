@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also profile the append hot path (pyinstrument; bench/out/profile-*)")
     p.add_argument("--report", action="store_true",
                    help="do not run: re-render the tables from the JSON in bench/out/")
+    p.add_argument("--write-docs", action="store_true",
+                   help="with --report: replace the generated blocks of docs/PERFORMANCE.md "
+                        "(between <!-- bench:NAME --> and <!-- /bench:NAME -->)")
     for name in BENCHMARKS:
         mod = importlib.import_module(BENCHMARKS[name])
         if hasattr(mod, "add_arguments"):
@@ -46,6 +49,24 @@ def _header(name: str, data: dict[str, Any]) -> str:
     ])
 
 
+DOCS = common.ROOT / "docs" / "PERFORMANCE.md"
+
+
+def _write_docs(blocks: dict[str, str]) -> None:
+    """Replace each generated block of docs/PERFORMANCE.md with freshly rendered tables."""
+    import re
+
+    text = DOCS.read_text()
+    for name, body in blocks.items():
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
+        if not pattern.search(text):
+            print(f"(docs: no block for {name})")
+            continue
+        text = pattern.sub(lambda m, b=body: m.group(1) + b.rstrip() + m.group(2), text)
+        print(f"(docs: updated block {name})")
+    DOCS.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.only:
@@ -61,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         names.append("profile")
 
     if args.report:
+        if args.only is None and "profile" not in names:
+            names.append("profile")
+        blocks: dict[str, str] = {}
         for name in names:
             path = common.out_path(name, args.quick)
             if not path.exists():
@@ -68,9 +92,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             data = json.loads(path.read_text())
             mod = importlib.import_module(BENCHMARKS[name])
+            text = _header(name, data).split("\n", 2)[2] + mod.render(data)
+            blocks[name] = text
             print(_header(name, data))
             print(mod.render(data))
             print()
+        if args.write_docs:
+            if args.quick:
+                print("--write-docs only takes full runs", file=sys.stderr)
+                return 2
+            _write_docs(blocks)
         return 0
 
     t_all = time.perf_counter()

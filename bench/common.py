@@ -246,3 +246,62 @@ class MotoServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# ------------------------------------------------------------------------------------ memory
+
+
+def memory_store() -> Any:
+    """A bench-only in-memory ObjectStore with the same conditional-write semantics (create-only
+    with ``if_none_match="*"``, replace with ``if_match``; etag = hex MD5), no threads, no disk.
+
+    Used under ``FaultyStore`` to measure the engine against injected latency alone, without the
+    local disk's own (noisy) time inside every request.
+    """
+    import hashlib
+
+    from host.wal3 import ObjectMeta, ObjectNotFound, ObjectStore, PreconditionFailed
+    from host.wal3.store import GetResult
+
+    class MemoryStore(ObjectStore):
+        def __init__(self) -> None:
+            self.objects: dict[str, tuple[bytes, str, float]] = {}
+
+        async def get(self, key: str) -> Any:
+            try:
+                data, etag, _ = self.objects[key]
+            except KeyError:
+                raise ObjectNotFound(key) from None
+            return GetResult(data=data, etag=etag)
+
+        async def head(self, key: str) -> Any:
+            try:
+                data, etag, mtime = self.objects[key]
+            except KeyError:
+                raise ObjectNotFound(key) from None
+            return ObjectMeta(key=key, etag=etag, size=len(data), last_modified=mtime)
+
+        async def put(self, key: str, data: bytes, *, if_none_match: Any = None,
+                      if_match: str | None = None) -> str:
+            cur = self.objects.get(key)
+            if if_none_match == "*" and cur is not None:
+                raise PreconditionFailed(key, "object exists")
+            if if_match is not None and (cur is None or cur[1] != if_match.strip('"')):
+                raise PreconditionFailed(key, "etag mismatch")
+            etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
+            self.objects[key] = (bytes(data), etag, time.time())
+            return etag
+
+        async def delete(self, key: str) -> None:
+            self.objects.pop(key, None)
+
+        async def list(self, prefix: str, *, start_after: str | None = None) -> Any:
+            for key in sorted(k for k in self.objects if k.startswith(prefix)):
+                if start_after is None or key > start_after:
+                    data, etag, mtime = self.objects[key]
+                    yield ObjectMeta(key=key, etag=etag, size=len(data), last_modified=mtime)
+
+        def url_for(self, key: str) -> str:
+            return f"memory://{key}"
+
+    return MemoryStore()

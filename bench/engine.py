@@ -43,8 +43,8 @@ LATENCY_S = 0.020
 TARGET_RATIO = 0.80  # "at least 80% of its bound at 256 appenders"
 HEADLINE_REPEATS = 2  # extra runs of the headline case (full mode), for its spread
 
-FULL = {"sizes": [1024, 4096], "appenders": [1, 16, 64, 256], "warmup_s": 1.0,
-        "duration_s": 4.0, "stores": ["local", "faulty", "s3"]}
+FULL = {"sizes": [1024, 4096], "appenders": [1, 16, 64, 256], "warmup_s": 0.75,
+        "duration_s": 3.0, "stores": ["local", "faulty", "s3"]}
 QUICK = {"sizes": [1024], "appenders": [1, 256], "warmup_s": 0.15, "duration_s": 0.4,
          "stores": ["local", "faulty", "s3"]}
 
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-stores", default=None,
                    help="comma-separated subset of local,faulty,s3 (default: all)")
     g.add_argument("--engine-duration", type=float, default=None,
-                   help="measured seconds per case (default 4, quick 0.6)")
+                   help="measured seconds per case (default 3, quick 0.4)")
     g.add_argument("--engine-appenders", default=None,
                    help="comma-separated appender counts (default 1,16,64,256)")
     g.add_argument("--engine-sizes", default=None,

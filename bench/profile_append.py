@@ -185,14 +185,16 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
 
 
 async def timeline(seconds: float, options: dict[str, Any] | None = None,
-                   inner_fsync: bool = True, think_s: float = 0.0, size: int = 1024
+                   inner_fsync: bool | None = True, think_s: float = 0.0, size: int = 1024
                    ) -> dict[str, Any]:
+    """``inner_fsync=None`` puts the bench-only MemoryStore under the fault injector."""
     """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle."""
     from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
     log: list[tuple[str, str, float, float, Any]] = []
     with common.scratch_dir("timeline") as d:
-        inner = _timing_store(LocalStore(d, fsync=inner_fsync), log, "inner")
+        inner = _timing_store(common.memory_store() if inner_fsync is None
+                              else LocalStore(d, fsync=inner_fsync), log, "inner")
         store = _timing_store(FaultyStore(inner, seed=0, latency_s=LATENCY_S), log, "outer")
         w = await LogWriter.open(store, f"tl-{uuid.uuid4().hex[:6]}",
                                  LogWriterOptions(writer_name="bench", **(options or {})))
@@ -204,7 +206,7 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
         await store.close()
         # Reference: the same LocalStore's conditional manifest put, synchronously, on an idle
         # loop right after the run -- what the inner put costs without contention.
-        ref = LocalStore(d, fsync=inner_fsync)
+        ref = LocalStore(d, fsync=bool(inner_fsync))
         key = "ref/manifest/MANIFEST"
         etag = ref._put(key, manifest_bytes, "*", None)
         samples = []
@@ -214,7 +216,7 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
             etag = ref._put(key, data, None, etag)
             samples.append(time.perf_counter() - t0)
         samples.sort()
-        idle_put = samples[len(samples) // 2]
+        idle_put = samples[len(samples) // 2] if inner_fsync is not None else 0.0
     lo, hi = t_begin + warm, t_begin + warm + res["window_s"]
     outer_m = [(t0, t1, data) for tag, kind, t0, t1, data in log
                if tag == "outer" and kind == "manifest"]
@@ -405,7 +407,7 @@ def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- driver
 
 
-REPEATS = 3
+REPEATS = 2
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -419,14 +421,15 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-VARIANTS: list[tuple[str, dict[str, Any], bool, float, int]] = [
+VARIANTS: list[tuple[str, dict[str, Any], bool | None, float, int]] = [
+    # (label, LogWriterOptions overrides, inner LocalStore fsync / None = MemoryStore, think, size)
     ("defaults (batch_interval_s=0.002, max_inflight_fragments=8)", {}, True, 0.0, 1024),
-    ("batch_interval_s=0", {"batch_interval_s": 0.0}, True, 0.0, 1024),
     ("defaults, inner LocalStore(fsync=False)", {}, False, 0.0, 1024),
-    ("defaults, appenders think U(0, 5 ms) between appends", {}, True, 0.005, 1024),
+    ("defaults, inner MemoryStore (no disk)", {}, None, 0.0, 1024),
+    ("batch_interval_s=0, inner MemoryStore", {"batch_interval_s": 0.0}, None, 0.0, 1024),
+    ("appenders think U(0, 5 ms), inner MemoryStore", {}, None, 0.005, 1024),
     ("defaults, 4 KiB records", {}, True, 0.0, 4096),
-    ("4 KiB records, batch_size_bytes=256 KiB", {"batch_size_bytes": 256 << 10}, True, 0.0,
-     4096),
+    ("4 KiB records, inner MemoryStore", {}, None, 0.0, 4096),
 ]
 
 

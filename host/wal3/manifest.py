@@ -176,10 +176,7 @@ def _check_run(entries: Sequence[Pointer], where: str) -> None:
 
 
 def _sum(entries: Iterable[Pointer]) -> Setsum:
-    total = Setsum.zero()
-    for e in entries:
-        total = total + e.setsum
-    return total
+    return Setsum.sum(e.setsum for e in entries)
 
 
 @dataclass(frozen=True, slots=True)

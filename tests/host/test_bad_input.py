@@ -1,5 +1,5 @@
-"""Hand-written bad requests against a real uvicorn: each is a 4xx with the error shape, never a 5xx,
-never a hang, and stores nothing.
+"""Hand-written bad requests against a real uvicorn: each is a 4xx with the error shape, never a
+5xx, never a hang, and stores nothing.
 
 One server serves the whole module (a rejected request must leave no trace, so the cases cannot
 disturb each other; each one checks exactly that).  ``max_request_bytes`` is set to 1 MiB so
@@ -480,13 +480,10 @@ async def test_chunked_body_over_the_limit_is_413(env: Env) -> None:
     fresh = fresh_id("chunked")
     alice_before = await alice_now(env)
     before = store_snapshot(env.root)
-    sent = 0
 
     async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: Transfer-Encoding: chunked
-        nonlocal sent
         yield b'{"records": [{"id": "big", "op": "add", "document": "'
         for _ in range(40):  # 2.5 MiB in all, over the 1 MiB limit
-            sent += 64 << 10
             yield b"y" * (64 << 10)
         yield b'"}]}'
 

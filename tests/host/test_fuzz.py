@@ -17,9 +17,12 @@ examples, positive and negative cases are sent:
 Every request has a 10 s client timeout: a timeout is reported as a hang (not a timing assertion).
 
 The schema types ``collection_id`` as a plain string, so the fuzzer mostly sends invalid ids (those
-must be 400); to exercise the real paths too, half of the cases use a known tenant and a valid
-collection id (an existing log of alice's, a never-written id, the same id spelt in capitals) and,
-for fork and purge, bodies with valid UUIDs.
+must be 400); to exercise the real paths too, most cases use a known tenant and a valid collection
+id (alice's and bob's existing logs, also spelt in capitals or without dashes, a never-written id,
+another tenant's log), some with bodies the server accepts (records, UUIDs to fork into or purge,
+small offsets), and each operation first gets explicit valid and boundary requests on alice's log
+(offsets at and just past its tail).  Beyond the schema, every log state answered must be coherent:
+``oldest_offset <= compaction_offset <= next_offset``.
 """
 
 from __future__ import annotations
@@ -352,7 +355,8 @@ def assert_state_invariants(case: Any, response: Any) -> None:
         body = response.json()
     except ValueError:
         return
-    if isinstance(body, dict) and {"oldest_offset", "compaction_offset", "next_offset"} <= set(body):
+    offsets = {"oldest_offset", "compaction_offset", "next_offset"}
+    if isinstance(body, dict) and offsets <= set(body):
         assert 1 <= body["oldest_offset"] <= body["next_offset"], body
         assert body["compaction_offset"] <= body["next_offset"], (
             f"compaction cursor past the tail after {case.method} {response.request.url} "
@@ -412,10 +416,9 @@ def test_the_served_schema_lists_every_operation(schema: Any, fuzz_live: Live) -
     served = sorted((m.upper(), p) for p, ops in schema.raw_schema["paths"].items() for m in ops)
     assert served == OPERATIONS
     assert len(OPERATIONS) >= 17
-    # and the schema describes every route but the deliberate exceptions: nothing goes unfuzzed
+    # the schema describes every route but the deliberate exceptions: nothing goes unfuzzed
     routes = [(m, p) for m, p in _routes_of_the_app() if p not in NOT_IN_SCHEMA]
     assert routes == OPERATIONS
-    # Every route of the app that takes part in the schema is fuzzed below.
     r = httpx.get(fuzz_live.url + "/openapi.json", timeout=30, trust_env=False)
     assert r.status_code == 200 and r.json()["paths"].keys() == schema.raw_schema["paths"].keys()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
