@@ -69,7 +69,10 @@ def _check_embedding(emb: Any) -> list[float] | None:
         isinstance(x, (int, float)) and not isinstance(x, bool) for x in emb
     ):
         raise InvalidRecord("embedding must be a list of numbers")
-    return [float(x) for x in emb]
+    try:
+        return [float(x) for x in emb]
+    except OverflowError:
+        raise InvalidRecord("embedding value too large for a float") from None
 
 
 Metadata = dict[str, Scalar]

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -19,6 +30,21 @@ class Op(str, Enum):
 
 
 MetadataValue = StrictStr | StrictBool | StrictInt | StrictFloat | None
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _finite_float32(values: list[float | int] | None) -> list[float | int] | None:
+    # Embeddings are materialised as float32: refuse what cannot be one (huge ints, overflow).
+    if values is None:
+        return None
+    for i, x in enumerate(values):
+        try:
+            f = float(x)
+        except OverflowError:
+            raise ValueError(f"element {i} does not fit a float32") from None
+        if not math.isfinite(f) or abs(f) > _FLOAT32_MAX:
+            raise ValueError(f"element {i} does not fit a float32")
+    return values
 
 
 class Record(BaseModel):
@@ -30,7 +56,8 @@ class Record(BaseModel):
     op: Op
     document: StrictStr | None = None
     metadata: dict[StrictStr, MetadataValue] | None = None
-    embedding: list[StrictFloat | StrictInt] | None = None
+    embedding: Annotated[list[StrictFloat | StrictInt] | None,
+                         AfterValidator(_finite_float32)] = None
 
 
 class AppendRequest(BaseModel):

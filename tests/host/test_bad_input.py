@@ -28,6 +28,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from host.wal3 import LocalStore
+
 from .live import CID, Live, assert_error, live_server, log_path, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -148,8 +150,10 @@ class Env:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     root = tmp_path_factory.mktemp("bad-input") / "store"
-    async with live_server(str(root), max_request_bytes=LIMIT, max_records_per_request=MAX_RECORDS,
-                           max_wait_ms=1000) as lv:
+    # fsync off: these tests are about what is stored, not about durability (and shared CI disks
+    # make fsync slow); the store is a real LocalStore directory all the same.
+    async with live_server(store=LocalStore(root, fsync=False), max_request_bytes=LIMIT,
+                           max_records_per_request=MAX_RECORDS, max_wait_ms=1000) as lv:
         async with lv.client("alice-key") as c:
             r = await c.post(ALICE + "/records",
                              json={"records": [record(i, document=f"d{i}") for i in range(3)]})
@@ -499,7 +503,8 @@ async def test_chunked_body_over_the_limit_is_413(env: Env) -> None:
 async def test_body_exactly_at_the_limit_is_accepted(tmp_path: Path) -> None:
     """The limit is a limit, not an off-by-one: a body of exactly max_request_bytes is served."""
     path = log_path("alice", CID) + "/records"
-    async with live_server(str(tmp_path / "store"), max_request_bytes=4096) as lv:
+    async with live_server(store=LocalStore(tmp_path / "store", fsync=False),
+                           max_request_bytes=4096) as lv:
         async with lv.client("alice-key") as c:
             skeleton = json.dumps({"records": [record("x", document="")]}).encode()
             doc = "d" * (4096 - len(skeleton))

@@ -55,6 +55,7 @@ from starlette.routing import compile_path
 from host.api import create_app
 from host.config import Settings
 from host.server import Server
+from host.wal3 import LocalStore
 
 from .live import CID, KEYS, SERVICE_KEY, Live, live_server, log_path, record
 
@@ -137,7 +138,9 @@ class ThreadedServer:
             self._ready.set()
 
     async def _main(self) -> None:
-        async with live_server(str(self._store_dir), **self._settings) as lv:
+        # fsync off: fuzzing is about answers, not durability (a real LocalStore all the same)
+        store = LocalStore(self._store_dir, fsync=False)
+        async with live_server(store=store, **self._settings) as lv:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self.live = lv

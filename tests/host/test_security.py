@@ -30,6 +30,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from host import jsonlog
+from host.wal3 import LocalStore
 
 from . import live as live_module
 from .live import CID, KEYS, Live, assert_error, live_server, log_path, record
@@ -139,7 +140,8 @@ async def env(tmp_path_factory: pytest.TempPathFactory, recorded_apps: list[Fast
               ) -> AsyncIterator[Env]:
     root = tmp_path_factory.mktemp("security") / "store"
     built = len(recorded_apps)
-    async with live_server(str(root), gc_grace_s=3600) as lv:
+    # fsync off: isolation is about what is stored, not durability (a real LocalStore all the same)
+    async with live_server(store=LocalStore(root, fsync=False), gc_grace_s=3600) as lv:
         assert len(recorded_apps) == built + 1, "live_server did not build its app as expected"
         app = recorded_apps[-1]
         for key, tenant, cid in (("alice-key", "alice", CID), ("bob-key", "bob", BOB_CID)):
@@ -334,7 +336,7 @@ async def logged_run(tmp_path_factory: pytest.TempPathFactory) -> LoggedRun:
     root.setLevel(logging.DEBUG)
     try:
         store = tmp_path_factory.mktemp("logged") / "store"
-        async with live_server(str(store)) as lv:
+        async with live_server(store=LocalStore(store, fsync=False)) as lv:
             async with httpx.AsyncClient(base_url=lv.url, timeout=30, trust_env=False) as c:
                 await _use_every_key(c)
     finally:
