@@ -37,14 +37,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _header(name: str, data: dict[str, Any]) -> str:
     m = data["machine"]
+    # Runs before 2026-11-22 16:40 recorded the machine when the benchmark ended.
+    when = "at start" if m.get("recorded_at") == "start" else "at the end of the run"
     return "\n".join([
         f"## {name}{' (quick)' if data.get('quick') else ''}",
         "",
         f"Command: `{data['command']}`",
         "",
-        f"Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}; {m['date_utc']}; "
-        f"load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}; "
-        f"commit {m['git_head']}",
+        f"Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}.  Recorded {when}: "
+        f"{m['date_utc']}, load average {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, "
+        f"commit {m['git_head']}.",
         "",
     ])
 
@@ -58,11 +60,12 @@ def _write_docs(blocks: dict[str, str]) -> None:
 
     text = DOCS.read_text()
     for name, body in blocks.items():
-        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)",
+                             re.S)
         if not pattern.search(text):
             print(f"(docs: no block for {name})")
             continue
-        text = pattern.sub(lambda m, b=body: m.group(1) + b.rstrip() + m.group(2), text)
+        text = pattern.sub(lambda m, b=body: m.group(1) + b.rstrip() + "\n" + m.group(2), text)
         print(f"(docs: updated block {name})")
     DOCS.write_text(text)
 
@@ -109,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.import_module(BENCHMARKS[name])
         print(f"# running {name}{' (quick)' if args.quick else ''}: {common.command_line()}",
               flush=True)
+        machine = {**common.machine_info(), "recorded_at": "start"}
         t0 = time.perf_counter()
         data = mod.run(args.quick, args)
+        data["machine_at_end"] = data.get("machine")
+        data["machine"] = machine
         data["elapsed_s"] = time.perf_counter() - t0
         path = common.write_json(name, args.quick, data)
         print()

@@ -15,7 +15,10 @@ Four parts, all measured in one run:
    does before every manifest put) at realistic root sizes, against a prototype in this file that
    caches each immutable pointer's JSON and sums setsum lanes once (same bytes, asserted).
 4. **Option variants** on ``FaultyStore(20 ms)`` at 256 appenders (no engine change): the
-   measured/bound ratio with different batching options, to test what the timeline suggests.
+   measured/bound ratio with other options, another store under the injector (LocalStore without
+   fsync, or the bench-only MemoryStore: injected latency only) or spread arrivals.
+5. **Ack path**: what it costs to wake a group of waiting appenders and have each submit again,
+   awaiting through ``asyncio.shield`` (as ``append_many`` does) or not.
 """
 
 from __future__ import annotations
@@ -404,6 +407,57 @@ def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
     return out
 
 
+# ----------------------------------------------------------------------------- 5. ack path
+
+
+async def ack_path(n: int = 128, rounds: int = 300) -> dict[str, float]:
+    """µs per append to resolve ``n`` waiting appenders and have each resume and register a new
+    future -- awaited through ``asyncio.shield`` (as ``LogWriter.append_many`` does) or directly."""
+    loop = asyncio.get_running_loop()
+
+    async def one(shield: bool) -> float:
+        futs: list[Any] = [None] * n
+        ready = asyncio.Event()
+        count = 0
+
+        async def waiter(i: int) -> None:
+            nonlocal count
+            while True:
+                f = loop.create_future()
+                futs[i] = f
+                count += 1
+                if count == n:
+                    ready.set()
+                try:
+                    await (asyncio.shield(f) if shield else f)
+                except asyncio.CancelledError:
+                    return
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(n)]
+        await ready.wait()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            ready.clear()
+            count = 0
+            for f in futs:
+                f.set_result(None)
+            await ready.wait()
+        dt = time.perf_counter() - t0
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return dt / rounds / n * 1e6
+
+    shield, plain = [], []
+    for _ in range(3):  # interleaved; medians
+        shield.append(await one(True))
+        plain.append(await one(False))
+    shield.sort()
+    plain.sort()
+    return {"appenders": n, "shield_us": shield[1], "plain_us": plain[1],
+            "ratio": shield[1] / plain[1]}
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -452,7 +506,9 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  . timeline #{rep + 1} {label}: ratio {t['io_ratio']:.2f}, cycle "
                       f"{t['mean_cycle_ms']:.1f} ms", flush=True)
                 runs.setdefault(label, []).append(t)
-        return {"profiles": profiles, "timelines": [_merge(v) for v in runs.values()]}
+        ack = await ack_path()
+        return {"profiles": profiles, "timelines": [_merge(v) for v in runs.values()],
+                "ack_path": ack}
 
     data = asyncio.run(go())
     data["manifest_cpu"] = manifest_cpu(0.3 if quick else 1.5)
@@ -519,6 +575,13 @@ def render(data: dict[str, Any]) -> str:
           m["default_us"], m["check_us"], m["to_bytes_us"], m["prototype_us"], m["speedup"]]
          for m in data["manifest_cpu"]]))
     out.append("")
+    ack = data.get("ack_path")
+    if ack:
+        out.append(f"Ack path ({ack['appenders']} waiting appenders resolved and re-registered, "
+                   f"no I/O): awaiting through `asyncio.shield` costs {ack['shield_us']:.2f} µs "
+                   f"per append vs {ack['plain_us']:.2f} µs awaiting the future directly "
+                   f"({ack['ratio']:.1f}x).")
+        out.append("")
     out.append("Top self time (event-loop thread):")
     out.append("")
     for p in profs:

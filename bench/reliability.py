@@ -89,7 +89,7 @@ def command_line() -> str:
 
 async def run_one(name: str, seed: int, quick: bool, workdir: Path,
                   opts: Options | None = None) -> Result:
-    """Run one scenario with one seed in ``workdir`` (created); never raises for a bad result."""
+    """Run one scenario with one seed in ``workdir`` (created), in this process."""
     workdir.mkdir(parents=True, exist_ok=True)
     fn, _ = SCENARIOS[name]
     started = time.monotonic()
@@ -98,6 +98,92 @@ async def run_one(name: str, seed: int, quick: bool, workdir: Path,
     except Exception as e:  # noqa: BLE001 - a harness failure is a failed run, with the reason
         result = Result(name, seed, error=repr(e), seconds=time.monotonic() - started)
     return result
+
+
+def time_limit(name: str, quick: bool, opts: Options) -> float:
+    """The hard limit of one run (a hung host must fail the run, not stall the harness)."""
+    if name == "soak":
+        return (10.0 if quick else opts.soak_seconds) + 900.0
+    if name == "compactor_kill":
+        return 600.0 if quick else 1500.0
+    return 180.0 if quick else 600.0
+
+
+async def run_isolated(name: str, seed: int, quick: bool, workdir: Path,
+                       opts: Options | None = None, timeout_s: float | None = None) -> Result:
+    """Run one scenario in a child process with a hard time limit.
+
+    In-process scenarios share the event loop with their host: a host that livelocks its loop
+    would freeze the harness.  The child dumps every thread's stack to ``workdir/hang.txt``
+    shortly before the limit; then it is killed and the run reported as hung.
+    """
+    opts = opts or Options()
+    limit = timeout_s or time_limit(name, quick, opts)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "result.json"
+    cmd = [sys.executable, "-m", "bench.reliability", "--_child", name, str(seed),
+           "1" if quick else "0", str(workdir), str(limit - 10), str(opts.soak_seconds),
+           str(opts.soak_logs)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    started = time.monotonic()
+    with open(workdir / "child.log", "ab") as log:
+        proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env, stdout=log,
+                                                    stderr=asyncio.subprocess.STDOUT,
+                                                    start_new_session=True)
+        try:
+            await asyncio.wait_for(proc.wait(), limit)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            _kill_group(proc.pid)
+            await proc.wait()
+            hang = workdir / "hang.txt"
+            where = _hang_summary(hang) if hang.exists() else "no stack dump"
+            return Result(name, seed, error=f"hung: no result after {limit:.0f}s ({where}); "
+                          f"stacks in {hang}", seconds=time.monotonic() - started)
+        finally:
+            _kill_group(proc.pid)  # whatever the child left behind (hosts, redis, Spark)
+    if not out.exists():
+        tail = (workdir / "child.log").read_text(errors="replace")[-1500:]
+        return Result(name, seed, error=f"child exited {proc.returncode} without a result: "
+                      f"{tail}", seconds=time.monotonic() - started)
+    return Result.from_dict(json.loads(out.read_text()))
+
+
+def _kill_group(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # the child's own session: it and what it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _hang_summary(path: Path) -> str:
+    """The innermost frame of the main thread in a faulthandler dump."""
+    lines = path.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Current thread") or ("most recent call first" in line and i + 1 <
+                                                  len(lines) and "File" in lines[i + 1]):
+            return lines[i + 1].strip()
+    return "see the dump"
+
+
+def _child(argv: list[str]) -> int:
+    """``--_child NAME SEED QUICK WORKDIR DUMP_AFTER SOAK_S LOGS``: one run, result as JSON."""
+    import faulthandler
+
+    name, seed, quick, workdir, dump_after, soak_s, logs = argv
+    wd = Path(workdir)
+    _setup_logging(wd / "host.log")
+    hang = open(wd / "hang.txt", "w")  # noqa: SIM115 - kept open for faulthandler
+    faulthandler.dump_traceback_later(float(dump_after), exit=False, file=hang)
+    opts = Options(soak_seconds=float(soak_s), soak_logs=int(logs))
+    result = asyncio.run(run_one(name, int(seed), quick == "1", wd, opts))
+    faulthandler.cancel_dump_traceback_later()
+    hang.close()
+    if (wd / "hang.txt").stat().st_size == 0:
+        (wd / "hang.txt").unlink()
+    (wd / "result.json").write_text(json.dumps(result.as_dict(), default=str))
+    return 0
 
 
 def _setup_logging(path: Path) -> None:
@@ -133,7 +219,7 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], float]:
     for name in names:
         for seed in (seeds if name != "soak" else seeds[:1]):
             workdir = base / f"{name}-{seed}"
-            r = await run_one(name, seed, args.quick, workdir, opts)
+            r = await run_isolated(name, seed, args.quick, workdir, opts)
             results.append(r)
             print(r.line(), flush=True)
             if not r.ok:
@@ -146,6 +232,9 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--_child"]:
+        return _child(argv[1:])
     args = _parser().parse_args(argv)
     results, seconds = asyncio.run(_main(args))
     bad = [r for r in results if not r.ok]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 import uuid
@@ -120,7 +121,19 @@ class Result:
         d = dict(vars(self))
         d["ok"] = self.ok
         d["violations"] = self.violations[:50]
+        d["violation_count"] = len(self.violations)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Result:
+        r = cls(d["scenario"], int(d["seed"]))
+        for k in vars(r):
+            if k in d:
+                setattr(r, k, d[k])
+        extra = int(d.get("violation_count", len(r.violations))) - len(r.violations)
+        if extra > 0:
+            r.violations.append(f"... and {extra} more violations")
+        return r
 
 
 def tag_of(record: dict[str, Any]) -> str:
@@ -145,6 +158,9 @@ class Run:
         self.hosts = hosts
         self.workload = workload
         self.acked: dict[str, tuple[str, int]] = {}  # tag -> (cid, offset)
+        self.keyless: set[str] = set()  # tags sent without an idempotency key
+        self.attempts: dict[str, list[str]] = {}  # first tag of an append -> its attempts
+        self.t0 = time.monotonic()
         self.sent: dict[str, str] = {}  # every tag ever sent -> cid
         self.unresolved: set[str] = set()  # sent, never acknowledged
         self.seen: dict[str, dict[int, str]] = {c.cid: {} for c in collections}  # tailers
@@ -159,9 +175,33 @@ class Run:
         self.acked_records = 0
         self.acked_appends = 0
         self.compaction_sent: dict[str, int] = {}
+        # Redirects are followed by ``send``: httpx drops Authorization on a redirect to another
+        # origin (another host's port), and a leader redirect must keep the caller's key.
         self.client = httpx.AsyncClient(
-            follow_redirects=True, timeout=httpx.Timeout(workload.request_timeout_s, connect=5.0),
+            follow_redirects=False, timeout=httpx.Timeout(workload.request_timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        self.redirects = 0
+        self.trace_file: Any = None  # set by a scenario when RELIABILITY_TRACE is set
+
+    def trace(self, **event: Any) -> None:
+        """Append one event to the run's trace (forensics for a failed run; off by default)."""
+        if self.trace_file is not None:
+            event["t"] = round(time.monotonic() - self.t0, 4)
+            self.trace_file.write(json.dumps(event, default=str) + "\n")
+
+    async def send(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        """One request, following up to 3 ``307 not_leader`` hops with the same key and body."""
+        for _ in range(3):
+            r = await self.client.request(method, url, **kw)
+            if r.status_code not in (307, 308) or "location" not in r.headers:
+                return r
+            self.redirects += 1
+            self.trace(ev="redirect", method=method, url=url, to=r.headers["location"])
+            url = r.headers["location"]
+            if not url.startswith("http://127.0.0.1:"):
+                self.violation(f"redirect to a non-loopback location {url!r}")
+                return r
+        return r
 
     def violation(self, msg: str) -> None:
         if len(self.violations) < 10_000:
@@ -173,6 +213,8 @@ class Run:
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self.trace_file is not None:
+            self.trace_file.close()
 
 
 # ---------------------------------------------------------------------------------- writers
@@ -218,6 +260,9 @@ async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str]
     for t in tags:
         run.sent[t] = coll.cid
         run.unresolved.add(t)
+        if key is None:
+            run.keyless.add(t)
+    history = run.attempts.setdefault(tags[0], [])
     body: dict[str, Any] = {"records": records}
     if key is not None:
         body["idempotency_key"] = key
@@ -227,17 +272,21 @@ async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str]
     while True:
         url = run.pick(rng) + coll.path + "/records"
         retry_after = 0.0
+        sent_at = time.monotonic() - run.t0
         try:
-            r = await run.client.post(url, json=body, headers=headers)
+            r = await run.send("POST", url, json=body, headers=headers)
         except httpx.ConnectError:
             run.http["connect_error"] += 1  # never reached a server: safe to re-send, key or not
+            history.append(f"{sent_at:.3f}s connect_error")
         except httpx.HTTPError as e:
             run.http[type(e).__name__] += 1
+            history.append(f"{sent_at:.3f}s {type(e).__name__}")
             if key is None:
                 return False  # ambiguous: it may be in the log once; never re-sent
         else:
             code = r.status_code
             run.http[str(code)] += 1
+            history.append(f"{sent_at:.3f}s {code} {r.text[:160] if code != 200 else r.text}")
             if code == 200:
                 got = r.json()
                 first, count = int(got["first_offset"]), int(got["count"])
@@ -251,6 +300,8 @@ async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str]
                     run.unresolved.discard(t)
                 run.acked_records += len(tags)
                 run.acked_appends += 1
+                run.trace(ev="ack", cid=coll.cid, key=key, tags=tags, first=first,
+                          url=str(r.url), sent=sent_at)
                 return True
             err = _error_code(r)
             if code == 429:
@@ -311,16 +362,21 @@ async def _read_page(run: Run, rng: random.Random, coll: Collection, start: int,
                      wait_ms: int, who: str) -> int | None:
     """One read from ``start``: the new position, or None on a retryable failure."""
     try:
-        r = await run.client.get(run.pick(rng) + coll.path + "/records",
-                                 params={"from": start, "limit": limit, "wait_ms": wait_ms},
-                                 headers={"Authorization": f"Bearer {coll.key}"},
-                                 timeout=run.workload.request_timeout_s + wait_ms / 1000)
+        r = await run.send("GET", run.pick(rng) + coll.path + "/records",
+                           params={"from": start, "limit": limit, "wait_ms": wait_ms},
+                           headers={"Authorization": f"Bearer {coll.key}"},
+                           timeout=run.workload.request_timeout_s + wait_ms / 1000)
     except httpx.HTTPError as e:
         run.http[f"read_{type(e).__name__}"] += 1
         return None
     run.http[f"read_{r.status_code}"] += 1
     if r.status_code == 200:
-        return _check_page(run, coll.cid, start, r.json(), who)
+        body = r.json()
+        if run.trace_file is not None:
+            run.trace(ev="page", who=who, cid=coll.cid, start=start, url=str(r.url),
+                      recs=[(x["offset"], tag_of(x["record"])) for x in body["records"]],
+                      next=body["next_offset"])
+        return _check_page(run, coll.cid, start, body, who)
     if r.status_code == 410:
         oldest = int(r.json()["error"].get("oldest_offset", start))
         run.violation(f"{who} {coll.cid}: purged at {start} (oldest {oldest}) before it was "
@@ -372,8 +428,8 @@ async def service_call(run: Run, method: str, path: str, rng: random.Random | No
     """One call with the service key to a random host; None on a transport failure."""
     rng = rng or random.Random()
     try:
-        r = await run.client.request(method, run.pick(rng) + path,
-                                     headers={"Authorization": f"Bearer {SERVICE_KEY}"}, **kw)
+        r = await run.send(method, run.pick(rng) + path,
+                           headers={"Authorization": f"Bearer {SERVICE_KEY}"}, **kw)
     except httpx.HTTPError as e:
         run.http[f"svc_{type(e).__name__}"] += 1
         return None
@@ -448,6 +504,11 @@ class Load:
 
 def start_load(run: Run) -> Load:
     wl = run.workload
+    trace_dir = os.environ.get("RELIABILITY_TRACE")
+    if trace_dir and run.trace_file is None:
+        path = Path(trace_dir) / f"trace-{run.name}-{run.seed}-{os.getpid()}.jsonl"
+        run.trace_file = open(path, "w")  # noqa: SIM115 - closed with the run
+
     writers = [asyncio.create_task(writer(run, w), name=f"writer-{w}") for w in range(wl.writers)]
     tailed = run.collections[:wl.tailed]
     readers = [asyncio.create_task(tailer(run, c, i), name=f"tailer-{i}")
@@ -530,9 +591,9 @@ async def read_log(run: Run, coll: Collection, host: str, start: int, end: int
     tries = 0
     while pos < end:
         try:
-            r = await run.client.get(host + coll.path + "/records",
-                                     params={"from": pos, "limit": 1000},
-                                     headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+            r = await run.send("GET", host + coll.path + "/records",
+                               params={"from": pos, "limit": 1000},
+                               headers={"Authorization": f"Bearer {SERVICE_KEY}"})
         except httpx.HTTPError:
             r = None
         if r is None or r.status_code != 200:
@@ -564,8 +625,8 @@ async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[
         r = None
         for _ in range(20):
             try:
-                r = await run.client.post(h + "/v1/dirty/rollup",
-                                          headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+                r = await run.send("POST", h + "/v1/dirty/rollup",
+                                   headers={"Authorization": f"Bearer {SERVICE_KEY}"})
                 if r.status_code == 200:
                     break
             except httpx.HTTPError:
@@ -664,9 +725,16 @@ async def audit(run: Run, result: Result, store_root: Path, *,
         st["_below"] = below
     result.read = read
     result.duplicated = sum(n - 1 for n in counts.values() if n > 1)
-    for tag, n in counts.items():
-        if n > 1 and len(run.violations) < 50:
-            run.violation(f"{tag} appears {n} times")
+    dups = [t for t, n in counts.items() if n > 1]
+    for tag in dups[:20]:
+        where = [(cid, off) for cid, st in states.items()
+                 for off, t in list(st["_by_off"].items()) + list(st["_below"].items())
+                 if t == tag]
+        first = tag.rsplit(".", 1)[0] + ".0"
+        run.violation(f"{tag} appears {counts[tag]} times at {where}; "
+                      f"{'keyless' if tag in run.keyless else 'keyed'}, acknowledged at "
+                      f"{run.acked.get(tag)}; attempts {run.attempts.get(first)}")
+    result.notes["duplicates"] = dups[:100]
     lost = 0
     for tag, (cid, off) in run.acked.items():
         st = states.get(cid)
@@ -716,6 +784,7 @@ def finish(run: Run, result: Result, started: float) -> Result:
     result.violations = list(run.violations)
     result.seconds = time.monotonic() - started
     result.notes.setdefault("http", dict(sorted(run.http.items())))
+    result.notes["redirects_followed"] = run.redirects
     if run.events:
         result.notes["events"] = dict(run.events)
     return result

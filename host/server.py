@@ -208,6 +208,8 @@ class Server:
             self.schedule_gc(h.collection_id, self.settings.gc_grace_s)
         elif report.phase == "waiting":
             self.schedule_gc(h.collection_id, report.waiting_s)
+        elif report.phase == "busy":
+            self.schedule_gc(h.collection_id, self.settings.gc_interval_s)
         return report
 
     async def _gc_loop(self) -> None:

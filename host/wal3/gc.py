@@ -347,8 +347,10 @@ class GarbageCollector:
             return await put_resolving(self._store, key, data, if_none_match="*")
         return await put_resolving(self._store, key, data, if_match=etag)
 
-    async def cutoff(self) -> tuple[int, Manifest]:
-        """The cursor dance: the minimum cursor, consistent with the manifest read between."""
+    async def cutoff(self) -> tuple[int, Manifest] | None:
+        """The cursor dance: the minimum cursor, consistent with the manifest read between.
+
+        None when the cursors kept moving throughout (try again later)."""
         for _ in range(8):
             before = await self.cursors.load_all()
             loaded = await load_manifest(self._store, self._prefix)
@@ -359,7 +361,7 @@ class GarbageCollector:
                 if not after:
                     raise NoCursors(f"{self._prefix} has no cursors: nothing can be collected")
                 return min(w.cursor.offset for w in after.values()), loaded[0]
-        raise GarbageRejected("cursors kept moving during the garbage collection dance")
+        return None
 
     async def run_once(self, *, sweep_orphans: bool = True) -> GcReport:
         """Advance garbage collection as far as it can go now."""
@@ -382,7 +384,12 @@ class GarbageCollector:
         return report
 
     async def _phase1(self, report: GcReport, etag: str | None) -> tuple[Garbage | None, str | None]:
-        cutoff, m = await self.cutoff()
+        dance = await self.cutoff()
+        if dance is None:
+            report.phase = "busy"
+            report.notes.append("cursors kept moving during the dance; try again later")
+            return None, etag
+        cutoff, m = dance
         report.cutoff = cutoff
         if cutoff <= m.oldest_offset:
             return None, etag

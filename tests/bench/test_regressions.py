@@ -1,0 +1,247 @@
+"""Regression tests for bugs the reliability verifier (bench/reliability.py) found.
+
+Each is the smallest reproduction at the level where the bug lives; they fail until it is fixed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from host.wal3 import (
+    FaultRule,
+    FaultyStore,
+    GarbageRejected,
+    Limits,
+    LocalStore,
+    LogReader,
+    LogWriter,
+    LogWriterOptions,
+    StoreUnavailable,
+)
+from host.wal3.cursors import CursorStore
+from host.wal3.fork import fork_log
+from host.wal3.gc import GarbageCollector, GcOptions
+from host.wal3.layout import load_manifest
+from host.wal3.scrub import scrub_log
+
+SNAPSHOT = r"/snapshot/SNAPSHOT\."
+
+
+async def _write(store: FaultyStore | LocalStore, prefix: str, n: int) -> LogWriter:
+    w = await LogWriter.open(store, prefix, LogWriterOptions(snapshot_fragment_threshold=2,
+                                                              snapshot_threshold=2))
+    for i in range(n):
+        await w.append(b"record-%d" % i)  # sequential: one fragment per record
+    return w
+
+
+async def _all_bodies(store: LocalStore, prefix: str) -> list[bytes]:
+    reader = LogReader(store, prefix)
+    m = await reader.manifest()
+    return [r.body for r in await reader.read(m.oldest_offset, Limits(max_records=10_000),
+                                              manifest=m)]
+
+
+async def test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store(
+        tmp_path: Path) -> None:
+    """Found by ``storms`` (seed 1): a snapshot put answered with a failed condition (S3's 409
+    ConditionalRequestConflict: another request was writing the same key at the same moment) is
+    taken as proof that the snapshot exists, and the next manifest links it.  It never existed:
+    every read through that part of the log fails and scrub reports the snapshot missing."""
+    base = LocalStore(tmp_path)
+    faulty = FaultyStore(base, seed=1)
+    rule = faulty.add_rule(FaultRule("precondition", ops={"put"}, key_regex=SNAPSHOT, times=1))
+    w = await _write(faulty, "logs/a", 12)
+    await w.compact_manifest()
+    await w.close()
+    assert rule.fired == 1
+    report = await scrub_log(base, "logs/a")
+    assert report.ok, report.problems
+    assert await _all_bodies(base, "logs/a") == [b"record-%d" % i for i in range(12)]
+
+
+async def test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store(
+        tmp_path: Path) -> None:
+    """Same cause in garbage collection: the snapshot GC writes when it splits a snapshot that
+    straddles the cutoff is assumed present after a failed condition, and phase 2 installs a root
+    pointing at it."""
+    base = LocalStore(tmp_path)
+    w = await _write(base, "logs/g", 16)
+    await w.compact_manifest()
+    m = w.manifest
+    assert m.snapshots, "the log needs a snapshot to split"
+    cut = m.snapshots[0].start + 1  # inside the first snapshot: GC must split it
+    await w.close()
+    await CursorStore(base, "logs/g", "t").init("compaction", cut)
+    faulty = FaultyStore(base, seed=2)
+    rule = faulty.add_rule(FaultRule("precondition", ops={"put"}, key_regex=SNAPSHOT, times=1))
+    gc = GarbageCollector(faulty, "logs/g", GcOptions(grace_s=0))
+    for _ in range(3):  # a pass may fail on the fault; the next one must finish cleanly
+        try:
+            await gc.run_once()
+        except (StoreUnavailable, GarbageRejected):
+            continue
+    assert rule.fired == 1
+    report = await scrub_log(base, "logs/g")
+    assert report.ok, report.problems
+    loaded = await load_manifest(base, "logs/g")
+    assert loaded is not None
+    oldest = loaded[0].oldest_offset
+    assert await _all_bodies(base, "logs/g") == [b"record-%d" % i for i in range(oldest - 1, 16)]
+
+
+async def test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store(
+        tmp_path: Path) -> None:
+    """Same cause in fork: a fragment copy that fails its condition is taken as "a retried fork
+    copied it already", and the fork's manifest references a fragment the fork does not have."""
+    base = LocalStore(tmp_path)
+    w = await _write(base, "logs/src", 16)
+    await w.close()
+    faulty = FaultyStore(base, seed=3)
+    rule = faulty.add_rule(FaultRule("precondition", ops={"copy"}, key_regex=r"/log/Bucket=",
+                                     times=1))
+    await fork_log(faulty, "logs/src", "logs/dst", from_offset=5)
+    assert rule.fired == 1
+    report = await scrub_log(base, "logs/dst")
+    assert report.ok, report.problems
+    assert await _all_bodies(base, "logs/dst") == [b"record-%d" % i for i in range(4, 16)]
+
+
+@pytest.mark.timeout(20)  # the bug livelocks the event loop: only the signal timeout ends it
+async def test_regression_cancelled_close_livelocks_the_next_request_for_that_log(
+        tmp_path: Path) -> None:
+    """Found by ``crash_fragment_manifest`` (seed 13), where the whole in-process host hung.
+
+    ``LogManager._close_handle`` removes its entry from ``_closing`` only if its own awaiter is
+    still there when the close task finishes.  When that awaiter is cancelled (Starlette cancels a
+    request whose client went away; here: a request evicting another log), a finished task stays
+    in ``_closing`` for good, and the next request for that log loops in ``_get_or_open`` on
+    ``await asyncio.shield(<done task>)``, which returns without yielding: the event loop spins
+    and the host stops answering anything."""
+    import asyncio
+    import uuid
+
+    from host.config import Settings
+    from host.leader import NullLeaderHint
+    from host.manager import LogManager
+    from host.metrics import Metrics
+
+    faulty = FaultyStore(LocalStore(tmp_path), seed=4)
+    settings = Settings(store="unused", api_keys="k=*", server_id="t", max_open_logs=1)
+
+    async def mark(cid: uuid.UUID, first: int, count: int) -> None:
+        return None
+
+    mgr = LogManager(faulty, settings, Metrics(), NullLeaderHint(), mark)
+    a, b = uuid.uuid4(), uuid.uuid4()
+    async with mgr.use(a, "alice", create=True) as h:
+        await h.writer.append_many([b"first"])
+        # Leave something for the close to flush, behind a slow manifest write.
+        slow = faulty.add_rule(FaultRule("latency", ops={"put"}, key_regex=r"manifest/MANIFEST$",
+                                         latency_s=1.0, times=1))
+        flushed = asyncio.ensure_future(h.writer.append_many([b"second"]))
+
+    async def open_b() -> None:
+        async with mgr.use(b, "alice", create=True):  # evicts a (max_open_logs=1)
+            pass
+
+    evicting = asyncio.create_task(open_b())
+    deadline = asyncio.get_running_loop().time() + 10
+    while a not in mgr._closing:  # polling for the eviction to start, bounded
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.005)
+    evicting.cancel()  # the request that evicts a goes away mid-close
+    with pytest.raises(asyncio.CancelledError):
+        await evicting
+    await flushed  # the close of a finishes in the background
+    assert slow.fired == 1
+    async with mgr.use(a, "alice") as again:  # livelocks before the fix
+        assert again.writer.manifest.next_offset == 3
+    await mgr.close()
+
+
+async def test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotten_on_reopen(
+        tmp_path: Path) -> None:
+    """Found by ``crash_snapshot`` (duplicates after a restart).  A reopened writer learns
+    idempotency keys from ``manifest.fragments[-dedup_window_fragments:]``: the root's fragments
+    only.  Keys in fragments already folded into a snapshot are forgotten, so a client retrying
+    after a crash or failover appends its records a second time; with the default thresholds the
+    window shrinks from 256 fragments to whatever the root still holds."""
+    store = LocalStore(tmp_path)
+    opts = LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
+    w1 = await LogWriter.open(store, "logs/k", opts)
+    first = await w1.append_many([b"once"], idempotency_key="key-1")
+    for i in range(8):
+        await w1.append_many([b"later-%d" % i])
+    await w1.compact_manifest()
+    assert not any(f.start <= first.first_offset < f.limit for f in w1.manifest.fragments), \
+        "the keyed fragment must be inside a snapshot for this test"
+    await w1.close()
+    w2 = await LogWriter.open(store, "logs/k", opts)  # a restart, or another host
+    again = await w2.append_many([b"once"], idempotency_key="key-1")  # the client's retry
+    await w2.close()
+    assert again.deduplicated and again.first_offset == first.first_offset
+    assert (await _all_bodies(store, "logs/k")).count(b"once") == 1
+
+
+class _GateStore:
+    """Forwards to a store, holding manifest puts until ``gate`` is set (``reached`` tells when
+    the first one is waiting)."""
+
+    def __init__(self, inner: LocalStore) -> None:
+        import asyncio
+
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def]
+        if key.endswith("manifest/MANIFEST"):
+            self.reached.set()
+            await self.gate.wait()
+        return await self.inner.put(key, data, **kw)
+
+
+async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot(
+        tmp_path: Path) -> None:
+    """Found by ``redis_restart`` (seeds 2-5: one POST, its records twice in the log, the second
+    copy acknowledged).  Writer A uploads a fragment; before A's manifest write lands, writer B
+    (another host) read-repairs that fragment into the log and snapshots fold it away.  A's
+    recovery checks ``manifest.contains_fragment``, which only looks at the root's fragments, so A
+    does not see its batch linked and appends it again (or, if B's later fragments are still in
+    the root, answers 409 "not written" for records that are in the log)."""
+    import asyncio
+
+    store = LocalStore(tmp_path)
+    opts = LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
+    base = await LogWriter.open(store, "logs/two", opts)
+    for i in range(3):
+        await base.append_many([b"base-%d" % i])
+    await base.close()
+    gated = _GateStore(store)
+    a = await LogWriter.open(gated, "logs/two", opts)  # type: ignore[arg-type]
+    b = await LogWriter.open(store, "logs/two", opts)
+    pending = asyncio.ensure_future(a.append_many([b"from-a"], idempotency_key="a-1"))
+    await gated.reached.wait()  # A's fragment is uploaded; its manifest write is held
+    # B appends: its upload collides with A's fragment, B read-repairs A's fragment into the log.
+    for i in range(6):
+        await b.append_many([b"from-b-%d" % i])
+    await b.compact_manifest()
+    assert b"from-a" in await _all_bodies(store, "logs/two")
+    gated.gate.set()
+    outcome: object
+    try:
+        outcome = await pending
+    except Exception as e:  # noqa: BLE001 - any refusal is checked against the log below
+        outcome = e
+    await a.close()
+    await b.close()
+    bodies = await _all_bodies(store, "logs/two")
+    assert bodies.count(b"from-a") == 1, f"A's records are in the log {bodies.count(b'from-a')} times"
+    assert not isinstance(outcome, Exception), \
+        f"A was told {outcome!r} for records that are in the log"
