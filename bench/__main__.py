@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             data = json.loads(path.read_text())
             mod = importlib.import_module(BENCHMARKS[name])
-            text = _header(name, data).split("\n", 2)[2] + mod.render(data)
+            text = _header(name, data).split("\n", 2)[2] + "\n" + mod.render(data)
             blocks[name] = text
             print(_header(name, data))
             print(mod.render(data))

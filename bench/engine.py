@@ -54,7 +54,7 @@ QUICK = {"sizes": [1024], "appenders": [1, 256], "warmup_s": 0.15, "duration_s":
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--engine-stores", default=None,
-                   help="comma-separated subset of local,faulty,s3 (default: all)")
+                   help="comma-separated subset of local,faulty,s3,memory (default: all; quick: no memory)")
     g.add_argument("--engine-duration", type=float, default=None,
                    help="measured seconds per case (default 3, quick 0.4)")
     g.add_argument("--engine-appenders", default=None,
