@@ -286,10 +286,15 @@ class ProcHost:
                     "LOGHOST_IDLE_CLOSE_S": "3600"})
         env.update(self.env)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        # ``loghost serve`` (host.cli.main), with faulthandler on SIGUSR1 so a host that stops
+        # answering can be asked where it is stuck (see ``dump_stacks``).
+        boot = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
+                "all_threads=True); from {mod} import main; sys.exit(main(sys.argv[1:]))")
         if self.faulty_args is None:
-            cmd = [sys.executable, "-m", "host.cli", "serve"]
+            cmd = [sys.executable, "-c", boot.format(mod="host.cli"), "serve"]
         else:
-            cmd = [sys.executable, "-m", "bench.reliability_host", *self.faulty_args]
+            cmd = [sys.executable, "-c", boot.format(mod="bench.reliability_host"),
+                   *self.faulty_args]
         cmd += ["--store", str(self.store_dir), "--listen", f"127.0.0.1:{self.port}",
                 "--server-id", self.server_id]
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -331,6 +336,38 @@ class ProcHost:
 
     def rss_kib(self) -> int | None:
         return rss_kib(self.proc.pid) if self.proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"host-{self.server_id}.log"
+
+    async def responsive(self, timeout_s: float = 10.0) -> str | None:
+        """None if the host answers /healthz; else where its main thread is stuck."""
+        if self.proc is None or self.proc.poll() is not None:
+            return f"host {self.server_id} is not running (exit {self.proc and self.proc.returncode})"
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as c:
+                if (await c.get(self.url + "/healthz")).status_code == 200:
+                    return None
+        except httpx.HTTPError:
+            pass
+        return f"host {self.server_id} stopped answering /healthz; {await self.dump_stacks()}"
+
+    async def dump_stacks(self) -> str:
+        """SIGUSR1 the host (faulthandler) and return the innermost frame of its main thread."""
+        assert self.proc is not None
+        before = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc.send_signal(signal.SIGUSR1)
+        text = ""
+        for _ in range(100):  # polling for the dump to be written, bounded
+            await asyncio.sleep(0.05)
+            text = self.log_path.read_text(errors="replace")[before:]
+            if "most recent call first" in text and text.rstrip().endswith(")"):
+                break
+        frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("File ")]
+        inner = [f for f in frames if "/host/" in f or "/wal3/" in f or "/dirtylog/" in f]
+        return f"main thread in: {inner[0] if inner else (frames[0] if frames else 'unknown')} " \
+               f"(full dump in {self.log_path})"
 
 
 # --------------------------------------------------------------------------------- redis

@@ -420,6 +420,9 @@ async def scenario_kill9(seed: int, quick: bool, workdir: Path, opts: Options) -
 
     try:
         load = await run_with(run, chaos, 600 if quick else 1800)
+        stuck = await host.responsive()
+        if stuck is not None:
+            raise RuntimeError(stuck)
         await drain_readers(load)
         await audit(run, result, store)
     except Exception as e:  # noqa: BLE001
@@ -469,6 +472,10 @@ async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
 
     try:
         load = await run_with(run, chaos, 600 if quick else 1800)
+        for h in hosts:
+            stuck = await h.responsive()
+            if stuck is not None:
+                raise RuntimeError(stuck)
         metrics = [await _metrics(run, u) for u in urls]
         result.notes["contention_409"] = sum(m.get("loghost_contention_total", 0) for m in metrics)
         result.notes["redirects_307"] = sum(m.get("loghost_not_leader_redirects_total", 0)
@@ -655,9 +662,14 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
             r = await service_call(run, "PUT", c.path + "/cursors/verifier",
                                    json={"offset": 1, "witness": None})
             assert r is not None and r.status_code == 200, r and r.text
+        phases: dict[str, float] = {}
+        result.notes["phase_seconds"] = phases
+        t = time.monotonic()
         load_task = asyncio.create_task(run_with(run, None, 900))
         # Let some load build up, roll the dirty log up, then start the compactor under load.
         await poll(lambda: run.acked_records >= (150 if quick else 1500), "initial load", 300)
+        phases["initial_load"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
         await service_call(run, "POST", "/v1/dirty/rollup")
         out = open(logdir / "compactor-1.log", "wb")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(_compactor_cmd(host.url, store), env=_compactor_env(), cwd=ROOT,
@@ -681,6 +693,8 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
+        phases["first_compactor_until_kill"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
         parts, currents = compacted_objects(store)
         result.notes["after_kill"] = {"killed": killed, "exit": proc.returncode,
                                       "parquet_parts": parts, "current_json": currents}
@@ -704,6 +718,8 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
             if all(s["compaction_offset"] == s["next_offset"] for s in states.values()):
                 break
             await service_call(run, "POST", "/v1/dirty/rollup")
+        phases["reruns"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
         versions = {}
         for c in colls:
             recs = await _read_full(run, c, host.url)
@@ -711,6 +727,7 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         result.notes["versions"] = sorted(v or 0 for v in versions.values())
         await drain_readers(load)
         await audit(run, result, store)
+        phases["checks_and_audit"] = round(time.monotonic() - t, 1)
     except Exception as e:  # noqa: BLE001
         result.error = repr(e)
     finally:
@@ -766,6 +783,9 @@ async def scenario_soak(seed: int, quick: bool, workdir: Path, opts: Options) ->
 
     try:
         load = await run_with(run, clock, seconds + 600)
+        stuck = await host.responsive()
+        if stuck is not None:
+            raise RuntimeError(stuck)
         r = await run.client.post(host.url + "/_bench/faults/disable")
         stats = r.json()
         result.faults = int(stats["faults_injected"])

@@ -17,6 +17,7 @@ import hashlib
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
@@ -34,6 +35,7 @@ class LocalStore(ObjectStore):
     def __init__(self, root_dir: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root_dir).resolve()
         self._fsync = fsync
+        self._executor: ThreadPoolExecutor | None = None
         self._tmp = self.root / _HIDDEN / "tmp"
         self._locks = self.root / _HIDDEN / "locks"
         self._tmp.mkdir(parents=True, exist_ok=True)
@@ -262,10 +264,19 @@ class LocalStore(ObjectStore):
         """A file:// URL of the object."""
         return self._path(key).as_uri()
 
-    @staticmethod
-    async def _run(fn, *args):  # type: ignore[no-untyped-def]
+    async def close(self) -> None:
+        """Stop the store's I/O threads."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+        # A pool of its own: blocking fsyncs of many logs must not queue behind the loop's
+        # small default pool, and run_in_executor skips to_thread's per-call context copy.
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="localstore")
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS):
                 raise StoreUnavailable(f"local store I/O error: {e}") from e

@@ -27,6 +27,14 @@ def snapshot_path(setsum: Setsum) -> str:
     return f"{SNAPSHOT_PREFIX}SNAPSHOT.{setsum.hexdigest()}"
 
 
+def _compact(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _array(pointers: Sequence[FragmentPointer | SnapshotPointer]) -> bytes:
+    return b"[" + b",".join(p.json_bytes() for p in pointers) + b"]"
+
+
 def _pos(offset: int) -> dict[str, int]:
     return {"offset": offset}
 
@@ -80,6 +88,14 @@ class FragmentPointer:
     # ignores: the setsum proves the records, this proves every byte, so scrub catches a flip
     # in Parquet metadata too, and readers can skip re-hashing records.
     content_md5: str | None = None
+    _json: bytes | None = field(default=None, compare=False, repr=False)
+
+    def json_bytes(self) -> bytes:
+        """The compact JSON encoding, computed once (pointers are immutable and every manifest
+        write re-encodes all of them)."""
+        if self._json is None:
+            object.__setattr__(self, "_json", _compact(self.to_json()))
+        return self._json  # type: ignore[return-value]
 
     def to_json(self) -> dict[str, Any]:
         """JSON form, as the Rust crate writes it (plus ``content_md5`` when known)."""
@@ -121,6 +137,13 @@ class SnapshotPointer:
     start: int
     limit: int
     num_bytes: int
+    _json: bytes | None = field(default=None, compare=False, repr=False)
+
+    def json_bytes(self) -> bytes:
+        """The compact JSON encoding, computed once."""
+        if self._json is None:
+            object.__setattr__(self, "_json", _compact(self.to_json()))
+        return self._json  # type: ignore[return-value]
 
     @property
     def path(self) -> str:
@@ -421,22 +444,27 @@ class Manifest:
     # ------------------------------------------------------------------------------ codec
 
     def to_bytes(self) -> bytes:
-        """Compact JSON encoding (Rust field names; ``sealed`` only when set)."""
-        obj: dict[str, Any] = {
-            "setsum": self.setsum.hexdigest(),
-            "collected": self.collected.hexdigest(),
-            "acc_bytes": self.acc_bytes,
-            "writer": self.writer,
-            "snapshots": [s.to_json() for s in self.snapshots],
-            "fragments": [f.to_json() for f in self.fragments],
-        }
+        """Compact JSON encoding (Rust field names; ``sealed`` only when set).
+
+        Assembled from each pointer's cached encoding: byte for byte what ``json.dumps`` of the
+        whole object with compact separators gives, without re-encoding every pointer per write.
+        """
+        parts = [
+            b'{"setsum":"', self.setsum.hexdigest().encode(),
+            b'","collected":"', self.collected.hexdigest().encode(),
+            b'","acc_bytes":', str(self.acc_bytes).encode(),
+            b',"writer":', _compact(self.writer),
+            b',"snapshots":', _array(self.snapshots),
+            b',"fragments":', _array(self.fragments),
+        ]
         if self.initial_offset is not None:
-            obj["initial_offset"] = _pos(self.initial_offset)
+            parts += [b',"initial_offset":{"offset":', str(self.initial_offset).encode(), b"}"]
         if self.initial_seq_no is not None:
-            obj["initial_seq_no"] = self.initial_seq_no
+            parts += [b',"initial_seq_no":', str(self.initial_seq_no).encode()]
         if self.sealed:
-            obj["sealed"] = True
-        return json.dumps(obj, separators=(",", ":")).encode()
+            parts.append(b',"sealed":true')
+        parts.append(b"}")
+        return b"".join(parts)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:

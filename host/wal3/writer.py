@@ -2,8 +2,8 @@
 
 The write path:
 
-1. ``append_many`` queues the bodies and waits (shielded: a cancelled caller cannot abort work
-   that other appends depend on).
+1. ``append_many`` queues the bodies and waits on a future of its own: a cancelled caller only
+   stops waiting, the work that other appends depend on goes on.
 2. The batcher cuts a batch when enough bytes are queued, when the pipeline is idle, or when the
    batch interval expires, and assigns it the next sequence number and offsets speculatively.
 3. Each batch is encoded off the event loop and uploaded with ``If-None-Match: *`` concurrently with
@@ -117,14 +117,29 @@ class LogWriterOptions:
 
 
 class _Append:
-    __slots__ = ("bodies", "nbytes", "key", "future", "attempts")
+    __slots__ = ("bodies", "nbytes", "key", "future", "shared", "attempts")
 
     def __init__(self, bodies: list[bytes], key: str | None, loop: asyncio.AbstractEventLoop):
         self.bodies = bodies
         self.nbytes = sum(len(b) for b in bodies) + 32 * len(bodies)
         self.key = key
+        # The caller's future may be cancelled with the caller; duplicates of a keyed append
+        # wait on ``shared`` instead, which only the writer settles.
         self.future: asyncio.Future[AppendResult] = loop.create_future()
+        self.shared: asyncio.Future[AppendResult] | None = (
+            loop.create_future() if key is not None else None)
         self.attempts = 0
+
+    def settle(self, result: AppendResult | None, err: BaseException | None) -> None:
+        """Answer the caller (unless it gave up) and any duplicate waiting on the same key."""
+        for f in (self.future, self.shared):
+            if f is None or f.done():
+                continue
+            if err is None:
+                f.set_result(result)  # type: ignore[arg-type]
+            else:
+                f.set_exception(err)
+                f.exception()  # nobody may be left to retrieve it; do not warn
 
 
 class _Batch:
@@ -304,12 +319,12 @@ class LogWriter:
             raise Backpressure(
                 f"{self._outstanding_bytes} bytes outstanding on {self._prefix}", "batching")
         self._outstanding_bytes += item.nbytes
-        if idempotency_key is not None:
-            self._key_waiters[idempotency_key] = item.future
+        if item.shared is not None:
+            self._key_waiters[idempotency_key] = item.shared  # type: ignore[index]
         self._pending.append(item)
         self._pending_bytes += item.nbytes
         self._kick()
-        return await asyncio.shield(item.future)
+        return await item.future
 
     async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
         """Apply a pure manifest transform through the normal, fenced manifest write.
@@ -640,16 +655,13 @@ class LogWriter:
         if a.key is not None:
             self._remember_key(a.key, r)
             self._key_waiters.pop(a.key, None)
-        if not a.future.done():
-            a.future.set_result(r)
+        a.settle(r, None)
 
     def _reject(self, a: _Append, err: BaseException) -> None:
         self._outstanding_bytes -= a.nbytes
-        if a.key is not None and self._key_waiters.get(a.key) is a.future:
+        if a.key is not None and self._key_waiters.get(a.key) is a.shared:
             del self._key_waiters[a.key]
-        if not a.future.done():
-            a.future.set_exception(err)
-            a.future.exception()  # the caller may have been cancelled; do not warn
+        a.settle(None, err)
 
     def _fail_sealed(self) -> None:
         err = LogSealed(f"log {self._prefix} is sealed")
@@ -887,9 +899,8 @@ class LogWriter:
             self._pending_bytes -= a.nbytes
             self._outstanding_bytes -= a.nbytes
             self._key_waiters.pop(a.key, None)  # type: ignore[arg-type]
-            if not a.future.done():
-                a.future.set_result(AppendResult(known.first_offset, known.count,
-                                                 known.timestamp_us, True))
+            a.settle(AppendResult(known.first_offset, known.count, known.timestamp_us, True),
+                     None)
         self._pending = keep
 
     async def _ensure_keys_loaded(self) -> None:

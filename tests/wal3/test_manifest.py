@@ -129,3 +129,21 @@ def test_snapshot_rejects_mixed_and_bad_setsum() -> None:
         Snapshot.build([m.fragments[0], s.to_pointer()], "w")
     # A snapshot whose children are no longer a run of the root cannot be applied.
     assert m.with_snapshot(Snapshot.build([m.fragments[0], m.fragments[2]], "w"), "w") is None
+
+
+def test_assembled_bytes_equal_plain_json_encoding() -> None:
+    from dataclasses import replace
+
+    m = grow(Manifest.empty('wr"iter\u00e9'), [3, 2, 5])
+    snap = Snapshot.build(m.fragments[:2], "w")
+    m = m.with_snapshot(snap, "w")  # type: ignore[assignment]
+    m = replace(m, initial_offset=1, initial_seq_no=1, sealed=True)
+    obj = {
+        "setsum": m.setsum.hexdigest(), "collected": m.collected.hexdigest(),
+        "acc_bytes": m.acc_bytes, "writer": m.writer,
+        "snapshots": [s.to_json() for s in m.snapshots],
+        "fragments": [f.to_json() for f in m.fragments],
+        "initial_offset": {"offset": 1}, "initial_seq_no": 1, "sealed": True,
+    }
+    assert m.to_bytes() == json.dumps(obj, separators=(",", ":")).encode()
+    assert Manifest.from_bytes(m.to_bytes()) == m
