@@ -19,5 +19,9 @@ BENCHMARKS: dict[str, str] = {
     "engine": "bench.engine",
     "manifest_growth": "bench.manifest_growth",
     "profile": "bench.profile_append",
+    "http": "bench.http",
+    "scale": "bench.scale",
+    "peers": "bench.peers",
+    "http_profile": "bench.http_profile",
 }
-DEFAULT = ("engine", "manifest_growth")
+DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers")

@@ -42,7 +42,7 @@ from typing import Any
 
 from .reliability_core import Result
 from .reliability_infra import ROOT, RedisProc
-from .reliability_scenarios import SCENARIOS, Options
+from .reliability_scenarios import SCENARIOS, Options, seeds_for
 
 DOC = ROOT / "docs" / "RELIABILITY.md"
 OUT = ROOT / "bench" / "out"
@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="small bounded form of each scenario (one seed unless --seeds)")
     p.add_argument("--seeds", type=int, default=None,
-                   help=f"seeds per scenario (default {DEFAULT_SEEDS}; 1 with --quick)")
+                   help=f"seeds per store-fault scenario (default {DEFAULT_SEEDS}; 1 with "
+                        f"--quick); kill9/two_hosts/redis_restart get 2/3 of that, "
+                        f"compactor_kill half, the soak one")
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1)")
     p.add_argument("--seed", type=int, default=None, help="run exactly this seed")
     p.add_argument("--soak-seconds", type=float, default=600.0,
@@ -142,6 +144,11 @@ async def run_isolated(name: str, seed: int, quick: bool, workdir: Path,
         finally:
             _kill_group(proc.pid)  # whatever the child left behind (hosts, redis, Spark)
     if not out.exists():
+        hang = workdir / "hang.txt"
+        if proc.returncode == 3 and hang.exists():
+            return Result(name, seed, error=f"hung: the event loop stalled for {STALL_S:.0f}s "
+                          f"({_hang_summary(hang)}); stacks in {hang}",
+                          seconds=time.monotonic() - started)
         tail = (workdir / "child.log").read_text(errors="replace")[-1500:]
         return Result(name, seed, error=f"child exited {proc.returncode} without a result: "
                       f"{tail}", seconds=time.monotonic() - started)
@@ -158,13 +165,42 @@ def _kill_group(pgid: int) -> None:
 
 
 def _hang_summary(path: Path) -> str:
-    """The innermost frame of the main thread in a faulthandler dump."""
+    """The innermost host frame of the busy thread in a faulthandler dump."""
     lines = path.read_text(errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("Current thread") or ("most recent call first" in line and i + 1 <
-                                                  len(lines) and "File" in lines[i + 1]):
-            return lines[i + 1].strip()
-    return "see the dump"
+    frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")]
+    for f in frames:
+        if "/host/" in f or "/wal3/" in f or "/dirtylog/" in f:
+            return f
+    return frames[0] if frames else "see the dump"
+
+
+STALL_S = 30.0
+_last_beat = [time.monotonic()]
+
+
+async def _heartbeat() -> None:
+    while True:
+        _last_beat[0] = time.monotonic()
+        await asyncio.sleep(0.5)  # the heartbeat the stall watchdog looks for
+
+
+def _start_stall_watchdog(wd: Path, hang: Any) -> None:
+    """A thread that notices an event loop making no progress (a livelocked in-process host
+    freezes the harness with it): it dumps every stack and ends the child."""
+    import faulthandler
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)  # the watchdog's own clock, in its own thread
+            if time.monotonic() - _last_beat[0] > STALL_S:
+                hang.write(f"event loop stalled for more than {STALL_S:.0f}s\n")
+                hang.flush()
+                faulthandler.dump_traceback(file=hang, all_threads=True)
+                hang.flush()
+                os._exit(3)
+
+    threading.Thread(target=watch, name="stall-watchdog", daemon=True).start()
 
 
 def _child(argv: list[str]) -> int:
@@ -177,7 +213,16 @@ def _child(argv: list[str]) -> int:
     hang = open(wd / "hang.txt", "w")  # noqa: SIM115 - kept open for faulthandler
     faulthandler.dump_traceback_later(float(dump_after), exit=False, file=hang)
     opts = Options(soak_seconds=float(soak_s), soak_logs=int(logs))
-    result = asyncio.run(run_one(name, int(seed), quick == "1", wd, opts))
+
+    async def main() -> Result:
+        beat = asyncio.create_task(_heartbeat())
+        try:
+            return await run_one(name, int(seed), quick == "1", wd, opts)
+        finally:
+            beat.cancel()
+
+    _start_stall_watchdog(wd, hang)
+    result = asyncio.run(main())
     faulthandler.cancel_dump_traceback_later()
     hang.close()
     if (wd / "hang.txt").stat().st_size == 0:
@@ -217,7 +262,8 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], float]:
     results: list[Result] = []
     t0 = time.monotonic()
     for name in names:
-        for seed in (seeds if name != "soak" else seeds[:1]):
+        mine = seeds if args.seed is not None else seeds[:seeds_for(name, len(seeds))]
+        for seed in mine:
             workdir = base / f"{name}-{seed}"
             r = await run_isolated(name, seed, args.quick, workdir, opts)
             results.append(r)
@@ -273,6 +319,43 @@ def _machine() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ doc
+
+# Bugs this verifier found, each with its regression test (tests/bench/test_regressions.py).
+FINDINGS: list[tuple[str, str, str]] = [
+    ("storms", "test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store",
+     "a snapshot put that fails its condition (S3's 409 ConditionalRequestConflict) is taken as "
+     "proof the snapshot exists, and the manifest links a snapshot that was never written: reads "
+     "through it fail, acknowledged records are unreadable, scrub fails "
+     "(`LogWriter._write_snapshot`)"),
+    ("storms", "test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store",
+     "the same in garbage collection: a split snapshot is assumed written after a failed "
+     "condition and phase 2 installs a root pointing at nothing (`GarbageCollector._phase1`)"),
+    ("(review of the same pattern)",
+     "test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store",
+     "the same in fork: a fragment copy that fails its condition is taken as already copied "
+     "and the fork references a fragment it does not have (`fork_log`)"),
+    ("crash_fragment_manifest, crash_snapshot, soak",
+     "test_regression_cancelled_close_livelocks_the_next_request_for_that_log",
+     "when the request awaiting a log's close is cancelled (client gone), a finished task stays "
+     "in `LogManager._closing`; the next request for that log spins on "
+     "`await asyncio.shield(<done task>)`, which never yields: the host's event loop livelocks "
+     "and it stops answering everything, health checks included"),
+    ("crash_snapshot, crash_gc_apply",
+     "test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotten_on_reopen",
+     "a reopened writer (restart, failover) learns idempotency keys only from the root's "
+     "fragments: keys in fragments already folded into snapshots are forgotten and a client's "
+     "retry after a crash appends its records a second time"),
+    ("redis_restart, two_hosts",
+     "test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot",
+     "`Manifest.contains_fragment` only looks at the root: when another host read-repairs a "
+     "writer's fragment and snapshots fold it, the writer's recovery does not see its batch "
+     "linked and appends it again (duplicate, second copy acknowledged) or answers 409 \"not "
+     "written\" for records that are in the log"),
+    ("two_hosts", "test_regression_append_joining_a_reads_open_of_a_new_log_gets_404",
+     "`LogManager._get_or_open` shares one open per log regardless of `create`: an append that "
+     "arrives while a read is opening a new log (tenant bound, manifest not yet written) gets "
+     "the read's 404 \"never written\""),
+]
 
 
 def _kinds(rs: list[dict[str, Any]]) -> str:
@@ -344,6 +427,7 @@ def render_doc(data: dict[str, Any]) -> str:
     total_faults = sum(r["faults"] for r in results)
     failed = [r for r in results if not r["ok"]]
     scen_md = "\n".join(f"| `{n}` | {d} |" for n, (_, d) in SCENARIOS.items())
+    findings_md = "\n".join(f"| {by} | `{test}` | {what} |" for by, test, what in FINDINGS)
     failed_md = "none" if not failed else "\n".join(
         f"- `{r['scenario']}` seed {r['seed']}: " + "; ".join(r["violations"][:3] or
                                                            [str(r.get("error"))])
@@ -436,6 +520,14 @@ fresh `Server` + uvicorn on the same store, port and server id, arms the next cr
 clients retry with their keys.  GC and roll-up crash points are *phase-gated*: the latch observes
 `gc/GARBAGE` (plan, applied, reset) and the `stable_prefix` cursor, so a rule fires only inside
 the phase it names.
+
+## Bugs found
+
+Each has a regression test in `tests/bench/test_regressions.py` that fails until it is fixed.
+
+| found by | regression test | what goes wrong |
+|:--|:--|:--|
+{findings_md}
 
 ## Scenarios
 

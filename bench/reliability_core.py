@@ -374,7 +374,8 @@ async def _read_page(run: Run, rng: random.Random, coll: Collection, start: int,
         body = r.json()
         if run.trace_file is not None:
             run.trace(ev="page", who=who, cid=coll.cid, start=start, url=str(r.url),
-                      recs=[(x["offset"], tag_of(x["record"])) for x in body["records"]],
+                      recs=[(x["offset"], tag_of(x["record"]), x["timestamp_us"])
+                            for x in body["records"]],
                       next=body["next_offset"])
         return _check_page(run, coll.cid, start, body, who)
     if r.status_code == 410:

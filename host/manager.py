@@ -208,7 +208,13 @@ class LogManager:
                 continue
             fut = self._opening.get(cid)
             if fut is not None:
-                return await asyncio.shield(fut)
+                try:
+                    return await asyncio.shield(fut)
+                except NotFound:
+                    if not create:
+                        raise
+                    continue  # a read found no log yet; this append creates it
+
             fut = asyncio.get_running_loop().create_future()
             self._opening[cid] = fut
             try:
@@ -281,13 +287,18 @@ class LogManager:
             finally:
                 await self._leader.release(str(h.collection_id))
 
-        task = asyncio.create_task(finish(), name=f"close:{h.collection_id}")
-        self._closing[h.collection_id] = task
-        try:
-            await asyncio.shield(task)
-        finally:
-            if self._closing.get(h.collection_id) is task and task.done():
-                del self._closing[h.collection_id]
+        cid = h.collection_id
+        task = asyncio.create_task(finish(), name=f"close:{cid}")
+        self._closing[cid] = task
+
+        def forget(t: asyncio.Task[None]) -> None:
+            # On the task itself, not in an awaiter that may be cancelled: a finished close
+            # left behind would make the next open of this log spin.
+            if self._closing.get(cid) is t:
+                del self._closing[cid]
+
+        task.add_done_callback(forget)
+        await asyncio.shield(task)
 
     async def lost_leadership(self, collection_id: str) -> None:
         """The hint says another server took this log over: stop writing it here."""

@@ -19,7 +19,7 @@ from .gc import plan_cut
 from .layout import join, load_manifest
 from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapshot
 from .reader import SnapshotCache
-from .store import ObjectStore, put_resolving
+from .store import ObjectStore, ensure_copy, ensure_object, put_resolving
 
 
 async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset: int | None = None,
@@ -44,10 +44,7 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
 
     async def put_snapshot(s: Snapshot) -> None:
         created.add(s.path)
-        try:
-            await put_resolving(store, join(target, s.path), s.to_bytes(), if_none_match="*")
-        except PreconditionFailed:
-            pass  # a retried fork: content-addressed, so it is the same snapshot
+        await ensure_object(store, join(target, s.path), s.to_bytes())
 
     garbage = await plan_cut(store, source, m, from_offset, cache, writer_name, put_snapshot)
     forked = garbage.apply(m, writer_name) if garbage is not None else m
@@ -74,10 +71,7 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
 
     async def copy(path: str) -> None:
         async with sem:
-            try:
-                await store.copy(join(source, path), join(target, path), if_none_match="*")
-            except PreconditionFailed:
-                pass  # a retried fork copied it already; paths are immutable
+            await ensure_copy(store, join(source, path), join(target, path))
 
     await asyncio.gather(*(copy(p) for p in paths))
     try:

@@ -41,7 +41,7 @@ from .manifest import (
 )
 from .reader import SnapshotCache
 from .setsum import Setsum
-from .store import ObjectStore, put_resolving
+from .store import ObjectStore, ensure_object, put_resolving
 
 _log = logging.getLogger("wal3.gc")
 
@@ -395,11 +395,7 @@ class GarbageCollector:
             return None, etag
 
         async def put_snapshot(s: Snapshot) -> None:
-            try:
-                await put_resolving(self._store, join(self._prefix, s.path), s.to_bytes(),
-                                    if_none_match="*")
-            except PreconditionFailed:
-                pass  # content-addressed: already there
+            await ensure_object(self._store, join(self._prefix, s.path), s.to_bytes())
 
         g = await plan_cut(self._store, self._prefix, m, cutoff, self._cache,
                            self._opts.writer_name, put_snapshot)

@@ -104,6 +104,26 @@ async def resolve_fragments(
     return out
 
 
+async def tail_fragments(store: ObjectStore, prefix: str,
+                         entries: tuple[Pointer, ...] | list[Pointer], n: int,
+                         cache: SnapshotCache) -> list[FragmentPointer]:
+    """The last ``n`` fragment pointers (oldest first), descending into snapshots as needed."""
+    out: list[FragmentPointer] = []
+
+    async def walk(pointers: tuple[Pointer, ...] | list[Pointer]) -> None:
+        for p in reversed(pointers):
+            if len(out) >= n:
+                return
+            if isinstance(p, FragmentPointer):
+                out.append(p)
+            else:
+                await walk((await cache.get(store, prefix, p)).children)
+
+    await walk(entries)
+    out.reverse()
+    return out
+
+
 class LogReader:
     """Reads a log without coordinating with its writer."""
 

@@ -137,3 +137,37 @@ async def put_resolving(
                 raise PreconditionFailed(key, "etag moved") from e
     assert last is not None
     raise last
+
+
+async def ensure_object(store: ObjectStore, key: str, data: bytes, *, attempts: int = 8) -> None:
+    """Make sure a content-addressed object exists (snapshots), whoever wrote it.
+
+    A failed create-only put is not proof of existence: S3 answers 409 when another request is
+    writing the same key at that moment, and that write may fail.  So look before trusting it.
+    """
+    for _ in range(attempts):
+        try:
+            await put_resolving(store, key, data, if_none_match="*")
+            return
+        except PreconditionFailed:
+            try:
+                await store.head(key)
+                return
+            except ObjectNotFound:
+                continue  # the conflicting write did not land: try again
+    raise StoreUnavailable(f"could not create {key}: the store kept refusing")
+
+
+async def ensure_copy(store: ObjectStore, src: str, dst: str, *, attempts: int = 8) -> None:
+    """Copy an immutable object unless ``dst`` already holds it (e.g. a retried fork)."""
+    for _ in range(attempts):
+        try:
+            await store.copy(src, dst, if_none_match="*")
+            return
+        except PreconditionFailed:
+            try:
+                await store.head(dst)
+                return
+            except ObjectNotFound:
+                continue
+    raise StoreUnavailable(f"could not copy {src} to {dst}: the store kept refusing")

@@ -47,8 +47,9 @@ from .errors import (
 from .fragment import EncodedFragment, decode_fragment, encode_fragment, fragment_path, read_footer
 from .layout import join, load_manifest
 from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, plan_snapshot
+from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
 from .setsum import Setsum
-from .store import ObjectStore, content_etag, put_resolving
+from .store import ObjectStore, content_etag, ensure_object, put_resolving
 
 _log = logging.getLogger("wal3.writer")
 _INLINE_ENCODE_BYTES = 256 << 10  # smaller batches encode faster than a thread hop
@@ -221,6 +222,7 @@ class LogWriter:
         self._keys_loaded = False
         self._unlearned: list[FragmentPointer] = []  # fragments whose footers we still must read
         self._keys_lock = asyncio.Lock()
+        self._snapshots = SnapshotCache(16)
         self._key_waiters: dict[str, asyncio.Future[AppendResult]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
         self._committer = asyncio.create_task(self._commit_loop(), name=f"wal3-commit:{prefix}")
@@ -720,22 +722,21 @@ class LogWriter:
                     if reloaded is None:
                         raise WriterClosed(f"manifest of {self._prefix} vanished")
                 manifest, etag = await self._repair(*reloaded)
+                ours = {(b.frag.path, b.frag.setsum) for b in self._inflight.values()
+                        if b.frag is not None}
+                linked = [b for b in self._inflight.values()
+                          if b.frag is not None and await self._links(manifest, b.frag)]
+                # Contention means another writer committed.  Orphans we just linked ourselves
+                # (a crashed writer's leftovers) are not contention: our batches are retried.
+                # Both lists look into snapshots too: new fragments may be folded away already.
+                foreign = [f for f in await self._since(reloaded[0], base)
+                           if (f.path, f.setsum) not in ours]
+                learned = [f for f in await self._since(manifest, base)
+                           if (f.path, f.setsum) not in ours]
             except (StoreUnavailable, OSError) as e:
                 self._go_stale(e)
                 return
             self._stale = False
-            ours = {(b.frag.path, b.frag.setsum) for b in self._inflight.values()
-                    if b.frag is not None}
-            # Contention means another writer committed.  Orphans we just linked ourselves
-            # (a crashed writer's leftovers) are not contention: our batches are retried.
-            committed = reloaded[0]
-            foreign = [f for f in committed.fragments
-                       if f.seq_no >= base.next_seq_no and (f.path, f.setsum) not in ours]
-            learned = [f for f in manifest.fragments
-                       if f.seq_no >= base.next_seq_no and (f.path, f.setsum) not in ours]
-            linked = [b for b in self._inflight.values()
-                      if b.frag is not None and manifest.contains_fragment(b.frag.path,
-                                                                           b.frag.setsum)]
             self._installed(manifest, etag, linked)
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
@@ -775,6 +776,26 @@ class LogWriter:
         finally:
             self._recovering = False
         self._kick()
+
+    async def _since(self, manifest: Manifest, base: Manifest) -> list[FragmentPointer]:
+        """Fragments ``manifest`` links beyond ``base``'s tail."""
+        n = manifest.next_seq_no - base.next_seq_no
+        if n <= 0:
+            return []
+        return await tail_fragments(self._store, self._prefix, manifest.entries, n,
+                                    self._snapshots)
+
+    async def _links(self, manifest: Manifest, frag: EncodedFragment) -> bool:
+        """Whether ``manifest`` links exactly this fragment, even folded into a snapshot since
+        (another writer may have repaired it and snapshotted past it)."""
+        if manifest.contains_fragment(frag.path, frag.setsum):
+            return True
+        if not manifest.snapshots or not (manifest.oldest_offset <= frag.start
+                                          < manifest.snapshots[-1].limit):
+            return False
+        found = await resolve_fragments(self._store, self._prefix, manifest.snapshots,
+                                        frag.start, Limits(max_files=1), self._snapshots)
+        return bool(found) and (found[0].path, found[0].setsum) == (frag.path, frag.setsum)
 
     def _give_up_error(self, b: _Batch) -> BaseException:
         """The most useful reason to report for a batch that ran out of attempts."""
@@ -865,11 +886,7 @@ class LogWriter:
     async def _write_snapshot(self, snap: Snapshot) -> None:
         """Upload a snapshot off the append path; the next manifest write links it."""
         try:
-            try:
-                await put_resolving(self._store, join(self._prefix, snap.path), snap.to_bytes(),
-                                    if_none_match="*")
-            except PreconditionFailed:
-                pass  # content-addressed: an existing object with this name holds this content
+            await ensure_object(self._store, join(self._prefix, snap.path), snap.to_bytes())
             self._snapshot = (snap, time.monotonic())
             self.stats["snapshots_written"] += 1
             self._wake.set()
@@ -908,7 +925,9 @@ class LogWriter:
             return
         async with self._keys_lock:
             if not self._keys_loaded:
-                tail = self._manifest.fragments[-self._opts.dedup_window_fragments:]
+                    # The window counts fragments, wherever they sit (root or snapshots).
+                tail = await tail_fragments(self._store, self._prefix, self._manifest.entries,
+                                            self._opts.dedup_window_fragments, self._snapshots)
                 self._unlearned.extend(tail)
                 await self._learn_keys()
                 self._keys_loaded = True

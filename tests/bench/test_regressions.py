@@ -245,3 +245,44 @@ async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_sn
     assert bodies.count(b"from-a") == 1, f"A's records are in the log {bodies.count(b'from-a')} times"
     assert not isinstance(outcome, Exception), \
         f"A was told {outcome!r} for records that are in the log"
+
+
+async def test_regression_append_joining_a_reads_open_of_a_new_log_gets_404(
+        tmp_path: Path) -> None:
+    """Found by ``two_hosts`` (seed 4): an append answered ``404 log ... was never written``.
+
+    ``LogManager._get_or_open`` shares one open per log (single flight) without looking at
+    ``create``: an append (``create=True``) arriving while a read is opening the same log, bound
+    to its tenant but with no manifest yet (its first append is still creating it, maybe on
+    another host), awaits the read's ``create=False`` open and fails with the read's NotFound.
+    Clients treat 404 as final, so a valid append is lost to a harmless read."""
+    import asyncio
+    import uuid
+
+    from host.config import Settings
+    from host.errors import NotFound
+    from host.leader import NullLeaderHint
+    from host.manager import LogManager
+    from host.metrics import Metrics
+
+    settings = Settings(store="unused", api_keys="k=*", server_id="t")
+
+    async def mark(cid: uuid.UUID, first: int, count: int) -> None:
+        return None
+
+    mgr = LogManager(LocalStore(tmp_path), settings, Metrics(), NullLeaderHint(), mark)
+    cid = uuid.uuid4()
+    await mgr.bind(cid, "alice")  # the state while the log's first append is opening it
+
+    async def read() -> None:
+        async with mgr.use(cid, "alice"):
+            pass
+
+    async def append() -> int:
+        async with mgr.use(cid, "alice", create=True) as h:
+            return (await h.writer.append_many([b"x"])).first_offset
+
+    got_read, got_append = await asyncio.gather(read(), append(), return_exceptions=True)
+    await mgr.close()
+    assert isinstance(got_read, NotFound | type(None))  # a read of an empty log: 404 is fine
+    assert got_append == 1, f"the append failed: {got_append!r}"

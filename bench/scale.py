@@ -1,0 +1,681 @@
+"""Scale: memory per open log, open/close cost, dirty-log bytes per fragment, roll-up time.
+
+(a) Memory per open log.  A real ``loghost serve`` process (store on tmpfs, so opening 10,000
+    logs takes seconds, not minutes; memory does not depend on the disk), idle close disabled,
+    ``LOGHOST_MAX_OPEN_LOGS=20000``.  Logs are opened over HTTP by one small append each (32 at a
+    time).  RSS (``/proc/PID/stat``) is sampled after 1 log (the code paths warm: "none") and at
+    1k, 2.5k, 5k and 10k open logs; the server's ``loghost_open_logs`` gauge confirms the count.
+    KiB per open log = (RSS at 10k - RSS at 1) / 9,999, and the least-squares slope over all
+    samples.  Target: < 64 KiB.
+(b) Open/close cost.  In-process, ``FaultyStore`` (no faults) over a ``LocalStore`` with fsync on
+    the repository's disk: object-store requests per op from ``stats()``, and wall time per op,
+    for the engine (``LogWriter.open`` of a new log, of an existing log, ``close``) and for the
+    host (``LogManager.use(create=True)`` on a new collection, as the append path does, and the
+    manager's flush-and-close of each log).
+(c) Dirty-log bytes per fragment.  In-process server (``host.server.Server``) over a counting
+    store: K collection-log fragments across N logs; every dirty-log record body must be exactly
+    48 bytes; stored dirty-log bytes (fragment objects + manifest writes) per collection fragment.
+(d) Roll-up time with 1,000 dirty logs among 100,000.  A LocalStore (fsync on for everything the
+    roll-up writes) holding 100,000 collection logs created cheaply (TENANT, an empty manifest and
+    a compaction cursor written directly as files), a dirty log (a real ``LogWriter`` on
+    ``dirty/<id>``) with one mark for each dirty log, and ``RollUp.run()`` through
+    ``host.dirty.WalDirtyBackend`` and the server's own cursor lookup
+    (``host.dirty.compaction_offsets_from_store``).  1,000 dirty among 1,000 vs among 100,000
+    (the ratio should be ~1), then 100 / 1,000 / 10,000 dirty among 100,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from . import common, loadgen
+
+NAME = "scale"
+TARGET_KIB = 64
+
+FULL = {"mem_points": [1, 1000, 2500, 5000, 10000], "open_n": 200, "dirty_logs": 100,
+        "dirty_fragments": 2000, "rollup_total": 100_000, "rollup_dirty": 1000,
+        "rollup_counts": [100, 1000, 10000], "rollup_repeats": 3}
+QUICK = {"mem_points": [1, 300], "open_n": 20, "dirty_logs": 10, "dirty_fragments": 100,
+         "rollup_total": 2000, "rollup_dirty": 100, "rollup_counts": [50, 100],
+         "rollup_repeats": 1}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scale")
+    g.add_argument("--scale-parts", default=None,
+                   help="comma-separated subset of memory,open,dirty,rollup (default: all)")
+    g.add_argument("--scale-logs", type=int, default=None,
+                   help="open logs for the memory part (default 10000)")
+    g.add_argument("--rollup-total", type=int, default=None,
+                   help="logs in the store for the roll-up part (default 100000)")
+
+
+# ------------------------------------------------------------------------------- stores
+
+
+def counting_store(inner: Any) -> Any:
+    """An ObjectStore wrapper counting requests and bytes per op and key class."""
+    from host.wal3 import ObjectStore
+
+    class CountingStore(ObjectStore):
+        def __init__(self) -> None:
+            self.inner = inner
+            self.ops: collections.Counter[str] = collections.Counter()
+            self.bytes: collections.Counter[str] = collections.Counter()
+
+        @staticmethod
+        def klass(key: str) -> str:
+            top = key.split("/", 1)[0]
+            if "/manifest/" in key:
+                part = "manifest"
+            elif "/log/" in key:
+                part = "fragment"
+            elif "/snapshot/" in key:
+                part = "snapshot"
+            elif "/cursor/" in key:
+                part = "cursor"
+            else:
+                part = key.rsplit("/", 1)[-1]
+            return f"{top}:{part}"
+
+        def _count(self, op: str, key: str, n: int = 0) -> None:
+            k = f"{op} {self.klass(key)}"
+            self.ops[k] += 1
+            self.bytes[k] += n
+
+        async def get(self, key: str) -> Any:
+            r = await inner.get(key)
+            self._count("get", key, len(r.data))
+            return r
+
+        async def head(self, key: str) -> Any:
+            self._count("head", key)
+            return await inner.head(key)
+
+        async def put(self, key: str, data: bytes, **kw: Any) -> str:
+            etag = await inner.put(key, data, **kw)
+            self._count("put", key, len(data))
+            return etag
+
+        async def delete(self, key: str) -> None:
+            self._count("delete", key)
+            await inner.delete(key)
+
+        async def list(self, prefix: str, *, start_after: str | None = None) -> Any:
+            self._count("list", prefix)
+            async for m in inner.list(prefix, start_after=start_after):
+                yield m
+
+        async def copy(self, src: str, dst: str, **kw: Any) -> str:
+            self._count("copy", dst)
+            return await inner.copy(src, dst, **kw)
+
+        def url_for(self, key: str) -> str:
+            return inner.url_for(key)
+
+        async def close(self) -> None:
+            await inner.close()
+
+        def snapshot(self) -> tuple[collections.Counter[str], collections.Counter[str]]:
+            return collections.Counter(self.ops), collections.Counter(self.bytes)
+
+    return CountingStore()
+
+
+def _settings(**kw: Any) -> Any:
+    from host.config import Settings
+
+    base = {"api_keys": "benchkey=*", "server_id": "bench", "max_open_logs": 20000,
+            "idle_close_s": 86400.0, "rollup_interval_s": 86400.0, "store": "unused"}
+    base.update(kw)
+    return Settings(**base)
+
+
+def _diff(a: collections.Counter[str], b: collections.Counter[str]) -> dict[str, int]:
+    return {k: b[k] - a[k] for k in sorted(set(a) | set(b)) if b[k] - a[k]}
+
+
+# ------------------------------------------------------------------------------- (a) memory
+
+
+def _open_logs_metric(base: str) -> int | None:
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:  # 127.0.0.1 only
+        for line in r.read().decode().splitlines():
+            if line.startswith("loghost_open_logs "):
+                return int(float(line.split()[1]))
+    return None
+
+
+def memory_part(points: list[int], work: Path) -> dict[str, Any]:
+    shm = common.tmpfs_dir()
+    base_dir = Path(tempfile.mkdtemp(prefix="scale-mem-", dir=shm)) if shm else work / "mem"
+    samples = []
+    try:
+        with loadgen.ServerProcess("host", base_dir) as srv:
+            time.sleep(0.5)
+            _, rss_fresh = srv.cpu_rss()
+            paths = loadgen.log_paths(max(points), "mem", salt=0xA)
+            body = loadgen.append_body(1)
+            done = 0
+            for target in points:
+                t0 = time.perf_counter()
+                opened = loadgen.open_logs(srv.base, paths[done:target], body, concurrency=32)
+                el = time.perf_counter() - t0
+                done = target
+                time.sleep(1.0)  # let background work (dirty-log batches) settle
+                cpu, rss = srv.cpu_rss()
+                gauge = _open_logs_metric(srv.base)
+                samples.append({"logs": target, "rss": rss, "open_logs_gauge": gauge,
+                                "open_seconds": el, "errors": opened["errors"],
+                                "opens_per_s": opened["opens_per_s"]})
+                print(f"  . memory: {target:6} logs open (gauge {gauge}), RSS "
+                      f"{rss / 2**20:.1f} MiB, opened at {opened['opens_per_s']:.0f}/s",
+                      flush=True)
+    finally:
+        if shm:
+            shutil.rmtree(base_dir, ignore_errors=True)
+    xs = [s["logs"] for s in samples]
+    ys = [s["rss"] for s in samples]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    den = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+    per = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] > xs[0] else float("nan")
+    return {"store": "tmpfs" if shm else "disk", "rss_fresh": rss_fresh, "samples": samples,
+            "kib_per_log": per / 1024, "kib_per_log_fit": slope / 1024}
+
+
+# ------------------------------------------------------------------------------- (b) open/close
+
+
+async def open_close_part(n: int, work: Path) -> dict[str, Any]:
+    from host.server import Server
+    from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+
+    out: dict[str, Any] = {}
+    root = work / "openclose"
+    faulty = FaultyStore(LocalStore(root), seed=0)
+    opts = LogWriterOptions(writer_name="bench")
+
+    def req() -> collections.Counter[str]:
+        return collections.Counter(faulty.stats()["requests"])
+
+    async def phase(name: str, fn: Any, items: list[Any]) -> Any:
+        r0 = req()
+        t0 = time.perf_counter()
+        res = [await fn(x) for x in items]
+        el = time.perf_counter() - t0
+        d = _diff(r0, req())
+        out[name] = {"n": len(items), "ms_per_op": el / len(items) * 1e3,
+                     "requests": {k: v / len(items) for k, v in d.items()},
+                     "requests_per_op": sum(d.values()) / len(items)}
+        return res
+
+    try:
+        prefixes = [f"bench/{uuid.uuid4().hex[:12]}" for _ in range(n)]
+        writers = await phase("engine: open new log", lambda p: LogWriter.open(faulty, p, opts),
+                              prefixes)
+        await phase("engine: close (no appends)", lambda w: w.close(), writers)
+        writers = await phase("engine: open existing log",
+                              lambda p: LogWriter.open(faulty, p, opts), prefixes)
+        r0 = req()
+        await asyncio.gather(*(w.append(b"x" * 100) for w in writers))
+        out["(one 100 B append per open log)"] = {
+            "n": n, "ms_per_op": float("nan"),
+            "requests": {k: v / n for k, v in _diff(r0, req()).items()},
+            "requests_per_op": sum(_diff(r0, req()).values()) / n}
+        await phase("engine: close (after an append)", lambda w: w.close(), writers)
+
+        # The host's open: bind the tenant, claim the hint (none here), open the writer, load the
+        # compaction cursor -- LogManager.use(create=True), exactly as POST .../records does.
+        server = Server(_settings(), store=faulty)
+        await server.start()
+        try:
+            cids = [uuid.uuid4() for _ in range(n)]
+
+            async def host_open(cid: uuid.UUID) -> None:
+                async with server.manager.use(cid, "bench", create=True):
+                    pass
+
+            await phase("host: open new collection (LogManager.use, create)", host_open, cids)
+            r0, t0 = req(), time.perf_counter()
+            await server.manager.close()  # flush-and-close every open log, as on shutdown
+            el = time.perf_counter() - t0
+            d = _diff(r0, req())
+            out["host: close (LogManager.close, all at once)"] = {
+                "n": n, "ms_per_op": el / n * 1e3, "requests": {k: v / n for k, v in d.items()},
+                "requests_per_op": sum(d.values()) / n}
+        finally:
+            await server.close()
+    finally:
+        await faulty.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# ------------------------------------------------------------------------------- (c) dirty bytes
+
+
+async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, Any]:
+    from dirtylog import DirtyRecord
+    from host.dirty import dirty_prefix
+    from host.server import Server
+    from host.wal3 import LocalStore
+
+    shm = common.tmpfs_dir()
+    root = Path(tempfile.mkdtemp(prefix="scale-dirty-", dir=shm or work))
+    results: dict[str, Any] = {}
+    try:
+        for mode in ("serial", "concurrent"):
+            store = counting_store(LocalStore(root / mode, fsync=False))
+            server = Server(_settings(), store=store)
+            await server.start()
+            try:
+                cids = [uuid.uuid4() for _ in range(n_logs)]
+                for cid in cids:  # open first, so the counters only see appends
+                    async with server.manager.use(cid, "bench", create=True):
+                        pass
+                ops0, bytes0 = store.snapshot()
+                frags0 = {c: 0 for c in cids}
+
+                async def one(cid: uuid.UUID, k: int) -> None:
+                    async with server.manager.use(cid, "bench", create=True) as h:
+                        for _ in range(k):
+                            await h.writer.append(b'{"id":"x","op":"add"}')
+
+                per = n_frags // n_logs
+                if mode == "serial":
+                    for cid in cids:
+                        await one(cid, per)
+                else:
+                    await asyncio.gather(*(one(c, per) for c in cids))
+                ops1, bytes1 = store.snapshot()
+                handles = {h.collection_id: h for h in server.manager.handles()}
+                frags = sum(handles[c].writer.stats["fragments_written"] - frags0[c]
+                            for c in cids)
+                dops, dbytes = _diff(ops0, ops1), _diff(bytes0, bytes1)
+                # Read back every dirty-log record written during the run.
+                assert server.dirty is not None
+                backend = server.dirty.backend
+                recs = await backend.read(await backend.oldest_offset(), 1 << 30)
+                sizes = collections.Counter(len(b) for _, b in recs)
+                kinds = collections.Counter(DirtyRecord.decode(b).kind.name for _, b in recs)
+                dirty_frag_bytes = dbytes.get("put dirty:fragment", 0)
+                dirty_man_bytes = dbytes.get("put dirty:manifest", 0)
+                results[mode] = {
+                    "logs": n_logs, "collection_fragments": frags,
+                    "dirty_records": len(recs), "record_sizes": dict(sizes),
+                    "record_kinds": dict(kinds),
+                    "dirty_fragment_puts": dops.get("put dirty:fragment", 0),
+                    "dirty_manifest_puts": dops.get("put dirty:manifest", 0),
+                    "dirty_fragment_bytes": dirty_frag_bytes,
+                    "dirty_manifest_bytes": dirty_man_bytes,
+                    "collection_fragment_bytes": dbytes.get("put logs:fragment", 0),
+                    "collection_manifest_bytes": dbytes.get("put logs:manifest", 0),
+                    "dirty_bytes_per_fragment": (dirty_frag_bytes + dirty_man_bytes) / frags,
+                    "dirty_fragment_bytes_per_fragment": dirty_frag_bytes / frags,
+                    "dirty_manifest_bytes_per_fragment": dirty_man_bytes / frags,
+                    "marks_per_dirty_fragment": len(recs) / max(1, dops.get(
+                        "put dirty:fragment", 0)),
+                    "prefix": dirty_prefix("bench"),
+                }
+                print(f"  . dirty log ({mode}): {frags} fragments over {n_logs} logs -> "
+                      f"{len(recs)} records of sizes {dict(sizes)}, "
+                      f"{results[mode]['dirty_bytes_per_fragment']:.0f} stored B/fragment",
+                      flush=True)
+            finally:
+                await server.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+# ------------------------------------------------------------------------------- (d) roll-up
+
+
+def _make_logs(root: Path, cids: list[uuid.UUID]) -> float:
+    """Write each collection log's TENANT, empty manifest and compaction cursor as plain files."""
+    from host.wal3.cursors import Cursor
+    from host.wal3.manifest import MANIFEST_PATH, Manifest
+
+    t0 = time.perf_counter()
+    manifest = Manifest.empty("bench").to_bytes()
+    tenant = json.dumps({"tenant": "bench"}).encode()
+    cursor = Cursor(offset=1, epoch_us=time.time_ns() // 1000, writer="bench").to_bytes()
+    man_dir = os.path.dirname(MANIFEST_PATH)
+    logs = root / "logs"
+    os.makedirs(logs, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    for cid in cids:
+        d = f"{logs}/{cid}"
+        os.mkdir(d)
+        os.mkdir(f"{d}/{man_dir}")
+        os.mkdir(f"{d}/cursor")
+        for rel, data in (("TENANT", tenant), (MANIFEST_PATH, manifest),
+                          ("cursor/compaction.json", cursor)):
+            fd = os.open(f"{d}/{rel}", flags, 0o644)
+            os.write(fd, data)
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+class _Offsets:
+    """The server's ``CompactionOffsets``, with no open logs: every cursor comes from the store."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls = 0
+        self.ids = 0
+
+    async def compaction_offsets(self, ids: Any) -> dict[uuid.UUID, int]:
+        from host.dirty import compaction_offsets_from_store
+        from host.manager import log_prefix
+
+        self.calls += 1
+        self.ids += len(ids)
+        return await compaction_offsets_from_store(self.store, ids, log_prefix, {})
+
+
+class _RollupEnv:
+    def __init__(self, root: Path, total: int) -> None:
+        self.root = root
+        self.total = total
+        self.cids = [uuid.uuid4() for _ in range(total)]
+        self.make_s = _make_logs(root, self.cids)
+
+    async def __aenter__(self) -> _RollupEnv:
+        from dirtylog import RollUp
+        from host.dirty import WalDirtyBackend, dirty_prefix
+        from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+        from host.wal3.gc import GcOptions
+
+        self.store = FaultyStore(LocalStore(self.root), seed=0)
+        prefix = dirty_prefix("bench")
+        self.writer = await LogWriter.open(self.store, prefix,
+                                           LogWriterOptions(writer_name="loghost:bench"))
+        self.backend = WalDirtyBackend(self.store, prefix, self.writer,
+                                       GcOptions(writer_name="loghost-gc:bench"))
+        self.offsets = _Offsets(self.store)
+        self.rollup = RollUp(self.backend, self.offsets)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.writer.close()
+        await self.store.close()
+
+    async def mark(self, dirty: int) -> None:
+        from dirtylog import DirtyRecord
+
+        now = time.time_ns() // 1000
+        bodies = [DirtyRecord.mark(c, 1, 10, now).encode() for c in self.cids[:dirty]]
+        for i in range(0, len(bodies), 1024):
+            await self.backend.append_many(bodies[i:i + 1024])
+
+    async def timed_run(self) -> dict[str, Any]:
+        r0 = collections.Counter(self.store.stats()["requests"])
+        c0 = self.offsets.ids
+        t0 = time.perf_counter()
+        res = await self.rollup.run()
+        el = time.perf_counter() - t0
+        d = _diff(r0, collections.Counter(self.store.stats()["requests"]))
+        return {"seconds": el, "entries": len(res.entries), "records_read": res.records_read,
+                "reinserted": res.reinserted, "cursor_lookups": self.offsets.ids - c0,
+                "requests": d, "requests_total": sum(d.values())}
+
+
+async def rollup_part(total: int, dirty: int, counts: list[int], repeats: int,
+                      work: Path) -> dict[str, Any]:
+    shm = common.tmpfs_dir()
+    out: dict[str, Any] = {"total": total, "dirty": dirty, "store": "tmpfs" if shm else "disk"}
+    base = Path(tempfile.mkdtemp(prefix="scale-rollup-", dir=shm or work))
+    disk_base = Path(tempfile.mkdtemp(prefix="scale-rollup-", dir=work))
+    try:
+        small = _RollupEnv(base / "small", dirty)
+        big = _RollupEnv(base / "big", total)
+        # The same small case on the repository's disk: what tmpfs hides (fsync, metadata).
+        disk = _RollupEnv(disk_base / "disk", dirty)
+        out["make_small_s"], out["make_big_s"] = small.make_s, big.make_s
+        print(f"  . roll-up: wrote {dirty:,} logs in {small.make_s:.1f} s and {total:,} logs in "
+              f"{big.make_s:.1f} s", flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {"small": [], "big": [], "disk": []}
+        async with small as s, big as b, disk as k:
+            await s.mark(dirty)
+            await b.mark(dirty)
+            await k.mark(dirty)
+            for env in (s, b, k):  # warm-up (imports, thread pools, first encode), untimed
+                await env.timed_run()
+            # Alternate the two stores so drift in the machine's load hits both alike.  Run 1 folds
+            # the original marks; later runs fold the previous run's re-appended marks (the same
+            # number of records, the same cursor lookups).
+            for _ in range(repeats):
+                for name, env in (("small", s), ("big", b), ("disk", k)):
+                    r = await env.timed_run()
+                    runs[name].append(r)
+                    print(f"  . roll-up: {dirty:,} dirty among {env.total:,} ({name}): "
+                          f"{r['seconds'] * 1e3:.0f} ms, {r['records_read']} records read, "
+                          f"{r['cursor_lookups']} cursor lookups, "
+                          f"{r['requests_total']} store requests", flush=True)
+            out["runs"] = runs
+            out["median_small_s"] = statistics.median(r["seconds"] for r in runs["small"])
+            out["median_big_s"] = statistics.median(r["seconds"] for r in runs["big"])
+            out["median_disk_s"] = statistics.median(r["seconds"] for r in runs["disk"])
+            out["ratio"] = out["median_big_s"] / out["median_small_s"]
+            # Roll-up time vs dirty count, among ``total`` logs.  Each count is preceded by a
+            # roll-up that empties the window, then ``n`` fresh marks.
+            by_count = []
+            for n in counts:
+                await _drain(b)
+                await b.mark(n)
+                r = await b.timed_run()
+                r["dirty"] = n
+                by_count.append(r)
+                print(f"  . roll-up: {n:,} dirty among {total:,}: {r['seconds'] * 1e3:.0f} ms "
+                      f"({r['seconds'] / n * 1e6:.0f} µs per dirty log)", flush=True)
+            out["by_count"] = by_count
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(disk_base, ignore_errors=True)
+    return out
+
+
+async def _drain(env: _RollupEnv) -> None:
+    """Make every collection clean (compaction cursor past the marks), then roll up once, so the
+    dirty log's window holds nothing but what the next ``mark`` writes; restore the cursors."""
+    from host.wal3.cursors import Cursor
+
+    # Marks cover offsets [1, 11): a cursor at 11 makes them fully compacted.
+    past = Cursor(offset=11, epoch_us=time.time_ns() // 1000, writer="bench").to_bytes()
+    back = Cursor(offset=1, epoch_us=time.time_ns() // 1000, writer="bench").to_bytes()
+    touched = set(env.rollup.entries())  # what the previous run left dirty
+    for cid in touched:
+        (env.root / "logs" / str(cid) / "cursor" / "compaction.json").write_bytes(past)
+    await env.rollup.run()
+    for cid in touched:
+        (env.root / "logs" / str(cid) / "cursor" / "compaction.json").write_bytes(back)
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = dict(QUICK if quick else FULL)
+    parts = (getattr(args, "scale_parts", None) or "memory,open,dirty,rollup").split(",")
+    if getattr(args, "scale_logs", None):
+        top = args.scale_logs
+        cfg["mem_points"] = sorted({1, *[p for p in cfg["mem_points"] if p < top], top})
+    if getattr(args, "rollup_total", None):
+        cfg["rollup_total"] = args.rollup_total
+    data: dict[str, Any] = {"benchmark": NAME, "quick": quick, "command": common.command_line(),
+                            "machine": common.machine_info(), "config": cfg}
+    with common.scratch_dir("scale") as work:
+        if "memory" in parts:
+            data["memory"] = memory_part(cfg["mem_points"], work)
+        if "open" in parts:
+            data["open_close"] = asyncio.run(open_close_part(cfg["open_n"], work))
+            for k, v in data["open_close"].items():
+                print(f"  . {k}: {v['requests_per_op']:.2f} requests, {v['ms_per_op']:.2f} ms",
+                      flush=True)
+        if "dirty" in parts:
+            data["dirty"] = asyncio.run(dirty_bytes_part(cfg["dirty_logs"],
+                                                         cfg["dirty_fragments"], work))
+        if "rollup" in parts:
+            data["rollup"] = asyncio.run(rollup_part(cfg["rollup_total"], cfg["rollup_dirty"],
+                                                     cfg["rollup_counts"],
+                                                     cfg["rollup_repeats"], work))
+    if "memory" in data:
+        data["plot"] = str(plot(data, common.img_path("scale_memory", quick)))
+    return data
+
+
+# ------------------------------------------------------------------------------- rendering
+
+
+def render(data: dict[str, Any]) -> str:
+    out: list[str] = []
+    mem = data.get("memory")
+    if mem:
+        out.append(f"(a) Memory per open log: `loghost serve` with its store on "
+                   f"{mem['store']}, logs opened over HTTP by one 1-record append each "
+                   f"(32 at a time); RSS from /proc.  Fresh server: "
+                   f"{mem['rss_fresh'] / 2**20:.1f} MiB.")
+        out.append("")
+        out.append(common.md_table(
+            ["open logs", "loghost_open_logs gauge", "RSS MiB", "KiB per log over the first",
+             "opened/s (HTTP, tmpfs)"],
+            [[s["logs"], s["open_logs_gauge"], s["rss"] / 2**20,
+              ((s["rss"] - mem["samples"][0]["rss"]) / 1024 / (s["logs"] - mem["samples"][0]
+                                                               ["logs"]))
+              if s["logs"] > mem["samples"][0]["logs"] else None, s["opens_per_s"]]
+             for s in mem["samples"]]))
+        out.append("")
+        top = mem["samples"][-1]["logs"]
+        verdict = "PASS" if mem["kib_per_log"] < TARGET_KIB else "MISS"
+        out.append(f"- target: idle open logs cost under {TARGET_KIB} KiB each: "
+                   f"**{mem['kib_per_log']:.1f} KiB** per open log at {top:,} "
+                   f"(least-squares slope {mem['kib_per_log_fit']:.1f} KiB) -> {verdict} "
+                   f"({mem['kib_per_log'] / TARGET_KIB:.2f} of the budget).")
+        out.append("")
+    oc = data.get("open_close")
+    if oc:
+        out.append("(b) Open/close cost: FaultyStore (no faults) over LocalStore with fsync, "
+                   "in-process, sequential; object-store requests per operation by kind:")
+        out.append("")
+        out.append(common.md_table(
+            ["operation", "n", "ms per op", "requests per op", "by kind"],
+            [[k, v["n"], v["ms_per_op"], v["requests_per_op"],
+              ", ".join(f"{op} {c:g}" for op, c in v["requests"].items())]
+             for k, v in oc.items()]))
+        out.append("")
+    dirty = data.get("dirty")
+    if dirty:
+        out.append("(c) Dirty-log bytes per fragment (in-process server, counting store): every "
+                   "collection-log fragment appends one mark to the server's dirty log.")
+        out.append("")
+        rows = []
+        for mode, d in dirty.items():
+            rows.append([mode, d["logs"], d["collection_fragments"], d["dirty_records"],
+                         ", ".join(f"{k} B x {v}" for k, v in d["record_sizes"].items()),
+                         d["dirty_fragment_puts"], d["marks_per_dirty_fragment"],
+                         d["dirty_fragment_bytes_per_fragment"],
+                         d["dirty_manifest_bytes_per_fragment"],
+                         d["dirty_bytes_per_fragment"]])
+        out.append(common.md_table(
+            ["appends", "logs", "collection fragments", "dirty records", "record body sizes",
+             "dirty fragment puts", "marks per dirty fragment", "dirty fragment B/frag",
+             "dirty manifest B/frag", "dirty stored B/frag"], rows))
+        out.append("")
+        ok = all(set(d["record_sizes"]) == {48} for d in dirty.values())
+        out.append(f"- dirty-log record bodies are exactly 48 bytes: "
+                   f"{'PASS' if ok else 'MISS'} (sizes seen: "
+                   f"{sorted({k for d in dirty.values() for k in d['record_sizes']})}).")
+        out.append("")
+    ru = data.get("rollup")
+    if ru:
+        out.append(f"(d) Roll-up (`RollUp.run()` over `WalDirtyBackend`, LocalStore with fsync "
+                   f"on {ru.get('store', 'disk')}, cursors read like the server does): "
+                   f"{ru['dirty']:,} dirty logs among {ru['dirty']:,} vs among {ru['total']:,} "
+                   f"logs in the store (created in {ru['make_big_s']:.0f} s as plain files), "
+                   f"and the small case again on the repository's disk.  Runs alternate "
+                   f"between the stores:")
+        out.append("")
+        rows = []
+        where = ru.get("store", "disk")
+        for name, total, label in (("small", ru["dirty"], where), ("big", ru["total"], where),
+                                   ("disk", ru["dirty"], "repository disk")):
+            for i, r in enumerate(ru["runs"].get(name, [])):
+                rows.append([f"{ru['dirty']:,} dirty among {total:,} ({label})", i + 1,
+                             r["seconds"] * 1e3, r["records_read"], r["cursor_lookups"],
+                             r["requests_total"],
+                             ", ".join(f"{k} {v}" for k, v in r["requests"].items())])
+        out.append(common.md_table(["case", "run", "ms", "records read", "cursor lookups",
+                                    "store requests", "by kind"], rows))
+        out.append("")
+        out.append(common.md_table(
+            ["dirty logs (among " + f"{ru['total']:,})", "ms", "µs per dirty log",
+             "records read", "store requests"],
+            [[r["dirty"], r["seconds"] * 1e3, r["seconds"] / r["dirty"] * 1e6,
+              r["records_read"], r["requests_total"]] for r in ru["by_count"]]))
+        out.append("")
+        out.append(f"- roll-up time with {ru['dirty']:,} dirty among {ru['total']:,} vs among "
+                   f"{ru['dirty']:,}: **{ru['ratio']:.2f}** (medians "
+                   f"{ru['median_big_s'] * 1e3:.0f} vs {ru['median_small_s'] * 1e3:.0f} ms); "
+                   f"the store requests are the same in both, so the cost follows dirty "
+                   f"entries, not logs in the store.")
+    return "\n".join(out)
+
+
+def plot(data: dict[str, Any], path: Any) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mem = data["memory"]
+    fig, axes = plt.subplots(1, 2 if data.get("rollup") else 1, figsize=(11, 4.2), squeeze=False)
+    ax = axes[0][0]
+    xs = [s["logs"] for s in mem["samples"]]
+    ys = [s["rss"] / 2**20 for s in mem["samples"]]
+    ax.plot(xs, ys, "o-", label="loghost serve RSS")
+    base = ys[0]
+    ax.plot(xs, [base + (x - xs[0]) * TARGET_KIB / 1024 for x in xs], "--", color="tab:red",
+            alpha=0.6, label=f"budget: {TARGET_KIB} KiB per open log")
+    ax.set_xlabel("open logs")
+    ax.set_ylabel("RSS (MiB)")
+    ax.set_title(f"memory vs open logs: {mem['kib_per_log']:.1f} KiB per log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ru = data.get("rollup")
+    if ru:
+        ax = axes[0][1]
+        bc = ru["by_count"]
+        ax.plot([r["dirty"] for r in bc], [r["seconds"] * 1e3 for r in bc], "o-",
+                label=f"dirty among {ru['total']:,} logs")
+        ax.plot([ru["dirty"]], [ru["median_small_s"] * 1e3], "s", color="tab:green",
+                label=f"{ru['dirty']:,} dirty among {ru['dirty']:,} logs")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("dirty logs")
+        ax.set_ylabel("roll-up time (ms)")
+        ax.set_title("roll-up time vs dirty logs")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"scale ({data['machine']['nproc']} cores, {data['machine']['date_utc']})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
