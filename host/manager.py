@@ -203,6 +203,11 @@ class LogManager:
                 return h
             closing = self._closing.get(cid)
             if closing is not None:
+                if closing.done():
+                    # Its done-callback may not have run yet; awaiting a finished task does not
+                    # yield, so waiting for the callback here would spin the loop forever.
+                    self._closing.pop(cid, None)
+                    continue
                 # Never two writers of one log in one process: wait for the old one to flush.
                 await asyncio.shield(closing)
                 continue
