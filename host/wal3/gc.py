@@ -58,6 +58,10 @@ class GcOptions:
     deletes_per_second: float = 500.0
     orphan_scan_limit: int = 10_000
     writer_name: str = "wal3-gc"
+    # Unlinked fragments stay a while: their footers are the idempotency window a reopened
+    # writer reads (the last ``retain_fragments`` sequence numbers, up to ``retain_s`` old).
+    retain_fragments: int = 256
+    retain_s: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -445,8 +449,10 @@ class GarbageCollector:
         live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
         if live & set(g.snapshots_to_delete):
             raise GarbageRejected("a snapshot to delete is still referenced")
+        # The newest fragments are kept for the idempotency window; the sweep takes them later.
+        upto = min(g.first_seq_to_keep, m.next_seq_no - self._opts.retain_fragments)
         keys = [join(self._prefix, fragment_path(s))
-                for s in range(g.first_seq_to_delete, g.first_seq_to_keep)]
+                for s in range(g.first_seq_to_delete, upto)]
         report.fragments_deleted = await self._delete(keys)
         report.snapshots_deleted = await self._delete(
             [join(self._prefix, p) for p in g.snapshots_to_delete])
@@ -475,7 +481,10 @@ class GarbageCollector:
         if loaded is None:
             return
         m = loaded[0]
-        horizon = self._clock() - self._opts.grace_s
+        now = self._clock()
+        horizon = now - self._opts.grace_s
+        retain_horizon = now - max(self._opts.grace_s, self._opts.retain_s)
+        retain_from = m.next_seq_no - self._opts.retain_fragments
         first_live = await min_live_seq(self._store, self._prefix, m, self._cache)
         doomed: list[str] = []
         scanned = 0
@@ -489,7 +498,8 @@ class GarbageCollector:
                 continue
             if seq >= first_live:
                 break  # keys list in sequence order: the rest is live or beyond the tail
-            if meta.last_modified < horizon:
+            if meta.last_modified < horizon and (seq < retain_from
+                                                 or meta.last_modified < retain_horizon):
                 doomed.append(meta.key)
         # An unlinked snapshot is only certainly dead once its whole range is below the live
         # range: above it, a writer may still link a snapshot with the same (content) name.

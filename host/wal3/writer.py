@@ -220,7 +220,7 @@ class LogWriter:
         self._committed = asyncio.Event()
         self._keys: collections.OrderedDict[str, AppendResult] = collections.OrderedDict()
         self._keys_loaded = False
-        self._unlearned: list[FragmentPointer] = []  # fragments whose footers we still must read
+        self._unlearned: set[int] = set()  # sequence numbers whose footers we still must read
         self._keys_lock = asyncio.Lock()
         self._snapshots = SnapshotCache(16)
         self._key_waiters: dict[str, asyncio.Future[AppendResult]] = {}
@@ -761,8 +761,10 @@ class LogWriter:
             self._next_seq = manifest.next_seq_no
             self._next_offset = manifest.next_offset
             self._tail = self._resolved(manifest.tail_setsum)
+            # Learn the keys of fragments others linked, even while the first load is still
+            # running (it started from an older manifest and would miss them).
+            self._unlearned.update(f.seq_no for f in learned)
             if self._keys_loaded and learned:
-                self._unlearned.extend(learned)
                 try:
                     await self._learn_keys()
                 except (StoreUnavailable, OSError) as e:
@@ -925,35 +927,34 @@ class LogWriter:
             return
         async with self._keys_lock:
             if not self._keys_loaded:
-                    # The window counts fragments, wherever they sit (root or snapshots).
-                tail = await tail_fragments(self._store, self._prefix, self._manifest.entries,
-                                            self._opts.dedup_window_fragments, self._snapshots)
-                self._unlearned.extend(tail)
+                # The window is the last ``dedup_window_fragments`` sequence numbers, read by path:
+                # wherever they sit (root or snapshots) and even when garbage collection already
+                # unlinked them (it keeps their objects for the window).  Every sequence number
+                # below the tail was linked once, so every such object is the log's own.
+                nxt = self._manifest.next_seq_no
+                self._unlearned.update(range(max(1, nxt - self._opts.dedup_window_fragments), nxt))
+            while self._unlearned:
                 await self._learn_keys()
-                self._keys_loaded = True
-            elif self._unlearned:
-                await self._learn_keys()
+            self._keys_loaded = True
 
     async def _learn_keys(self) -> None:
         """Read the footers of ``_unlearned`` fragments into the idempotency window (the log is
         the source of truth), and settle queued appends whose key is already in the log."""
-        fragments = list(self._unlearned)
+        seqs = sorted(self._unlearned)
         sem = asyncio.Semaphore(16)
 
-        async def footer(f: FragmentPointer) -> tuple[FragmentPointer, dict[str, tuple[int, int]]]:
+        async def footer(seq: int) -> dict[str, tuple[int, int]]:
             async with sem:
                 try:
-                    got = await self._store.get(join(self._prefix, f.path))
+                    got = await self._store.get(join(self._prefix, fragment_path(seq)))
                 except ObjectNotFound:
-                    return f, {}
-            _, keys = read_footer(got.data)
-            return f, keys
+                    return {}  # collected long ago: outside the window
+            return read_footer(got.data)[1]
 
-        found = await asyncio.gather(*(footer(f) for f in fragments))
-        for _f, keys in sorted(found, key=lambda x: x[0].seq_no):
+        found = await asyncio.gather(*(footer(seq) for seq in seqs))
+        for keys in found:
             for k, (first, count) in keys.items():
                 if k not in self._keys:
                     self._remember_key(k, AppendResult(first, count, 0))
-        done = {f.seq_no for f in fragments}
-        self._unlearned = [f for f in self._unlearned if f.seq_no not in done]
+        self._unlearned.difference_update(seqs)
         self._drop_known_keys()

@@ -31,6 +31,7 @@ from host.wal3 import (
 from host.wal3.cursors import CursorStore
 from host.wal3.fork import fork_log
 from host.wal3.gc import GarbageCollector, GcOptions
+from host.wal3.fragment import fragment_path
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.scrub import find_logs, scrub_log
 
@@ -94,7 +95,8 @@ async def test_gc_three_phases_with_grace(store: ObjectStore) -> None:
     w = await LogWriter.open(store, "logs/g", SMALL)
     await _fill(w, 20)
     await w.compact_manifest()
-    gc = GarbageCollector(store, "logs/g", GcOptions(grace_s=60, delete_batch=4),
+    gc = GarbageCollector(store, "logs/g", GcOptions(grace_s=60, delete_batch=4,
+                                                     retain_fragments=12, retain_s=600),
                           edit_manifest=w.edit_manifest, clock=clock)
     with pytest.raises(NoCursors):
         await gc.run_once()
@@ -113,6 +115,14 @@ async def test_gc_three_phases_with_grace(store: ObjectStore) -> None:
     clock.now += 61
     r2 = await gc.run_once()
     assert r2.phase == "done" and r2.fragments_deleted > 0
+    # The newest unlinked fragments stay for the idempotency window, then the sweep takes them.
+    retained = w.manifest.next_seq_no - 12
+    assert w.manifest.snapshots[0].start > retained or w.manifest.oldest_offset > retained
+    assert join("logs/g", fragment_path(retained)) in await _objects(store, "logs/g")
+    assert join("logs/g", fragment_path(retained - 1)) not in await _objects(store, "logs/g")
+    clock.now = 10**12  # objects' real modification times are now far past retain_s
+    assert (await gc.run_once()).orphans_deleted >= 1
+    assert join("logs/g", fragment_path(retained)) not in await _objects(store, "logs/g")
     garbage = json.loads((await store.get(join("logs/g", GARBAGE_PATH))).data)
     assert garbage == {}
     manifest, records = await read_all(store, "logs/g")
@@ -196,7 +206,8 @@ async def test_gc_crash_at_every_phase_boundary(store: ObjectStore,
     faulty = FaultyStore(store, seed=11)
     ops = {"delete"} if "Bucket" in key else {"put"}
     rule = faulty.add_rule(FaultRule(kind, ops=ops, key_regex=key, after=after, times=1))  # type: ignore[arg-type]
-    gc = GarbageCollector(faulty, "logs/k", GcOptions(grace_s=0, writer_name="gc"), clock=clock)
+    gc = GarbageCollector(faulty, "logs/k", GcOptions(grace_s=0, writer_name="gc",
+                                                      retain_fragments=0), clock=clock)
     with pytest.raises(SimulatedCrash):
         for _ in range(4):
             await gc.run_once()
@@ -222,7 +233,8 @@ async def test_orphans_below_the_live_range_are_swept(tmp_path) -> None:  # type
     await _fill(w, 6)
     await w.close()
     await CursorStore(store, "logs/o", "t").init("compaction", 4)
-    gc = GarbageCollector(store, "logs/o", GcOptions(grace_s=0), clock=clock)
+    gc = GarbageCollector(store, "logs/o", GcOptions(grace_s=0, retain_fragments=0),
+                          clock=clock)
     await gc.run_once()
     # Resurrect an old fragment object (as a crashed delete would leave it) and add a live-range
     # orphan beyond the tail: only the first may go.
