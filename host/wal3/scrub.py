@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .errors import CorruptFragment, CorruptManifest, ObjectNotFound
 from .fragment import decode_fragment, parse_fragment_path
 from .layout import join, load_manifest
-from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapshot, SnapshotPointer
+from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapshot
 from .setsum import Setsum
 from .store import ObjectStore, content_etag
 

@@ -196,7 +196,7 @@ async def test_no_collection_with_uncompacted_records_falls_out(tmp_path: Path) 
                     assert server.untracked_collections(before) == set()
                     entries = server.dirty.rollup.entries()  # type: ignore[union-attr]
                     for h in server.manager.handles():
-                        nxt, comp = h.writer.manifest.next_offset, h.compaction_offset
+                        comp = h.compaction_offset
                         if h.collection_id in before and before[h.collection_id] > comp:
                             e = entries[h.collection_id]
                             assert e.start <= comp and e.limit >= before[h.collection_id]
