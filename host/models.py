@@ -37,6 +37,11 @@ def _finite_float32(values: list[float | int] | None) -> list[float | int] | Non
     # Embeddings are materialised as float32: refuse what cannot be one (huge ints, overflow).
     if values is None:
         return None
+    try:  # the common case in one pass of C loops; the slow loop only names the culprit
+        if all(map(math.isfinite, values)) and max(map(abs, values), default=0) <= _FLOAT32_MAX:
+            return values
+    except OverflowError:
+        pass
     for i, x in enumerate(values):
         try:
             f = float(x)

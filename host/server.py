@@ -160,15 +160,10 @@ class Server:
     def untracked_collections(self, known_before: dict[UUID, int]) -> set[UUID]:
         """Open logs written before a roll-up whose uncompacted records it does not list."""
         assert self.dirty is not None
-        known = {cid: (nxt, self._compaction_of(cid)) for cid, nxt in known_before.items()
+        offsets = {h.collection_id: h.compaction_offset for h in self.manager.handles()}
+        known = {cid: (nxt, offsets.get(cid, 1)) for cid, nxt in known_before.items()
                  if cid not in self._purged}
         return missing_from_dirty_set(known, self.dirty.rollup.entries())
-
-    def _compaction_of(self, cid: UUID) -> int:
-        for h in self.manager.handles():
-            if h.collection_id == cid:
-                return h.compaction_offset
-        return 1
 
     # --------------------------------------------------------------------------- leader hint
 

@@ -152,7 +152,7 @@ def encode_fragment(
         ],
         schema=_SCHEMA.with_metadata(meta or None),
     )
-    sink = io.BytesIO()
+    sink = pa.BufferOutputStream()  # cheaper than BytesIO for the many small fragments
     # Statistics only where a bulk reader can use them (offset ranges); dictionary encoding only
     # for the one repeated value (the timestamp): both halve the cost of small fragments.
     pq.write_table(table, sink, compression="snappy", write_statistics=["offset"],
@@ -160,7 +160,7 @@ def encode_fragment(
     return EncodedFragment(
         seq_no=seq_no,
         path=fragment_path(seq_no),
-        data=sink.getvalue(),
+        data=sink.getvalue().to_pybytes(),
         start=start,
         limit=start + n,
         timestamp_us=timestamp_us,
