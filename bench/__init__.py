@@ -1,15 +1,19 @@
 """loghost benchmarks.  Run ``python -m bench --help``.
 
-``python -m bench``                 the full suite (6-10 minutes on 2 noisy cores)
-``python -m bench --quick``         a smoke run, 15-25 s (results in bench/out/*.quick.json)
-``python -m bench --only engine``   one benchmark (engine, manifest_growth, profile)
-``python -m bench --profile``       also profile the append hot path with pyinstrument
+``python -m bench``                 the full suite: engine, manifest_growth, http, scale, peers
+                                    (about 14 minutes on 2 noisy cores)
+``python -m bench --quick``         a smoke run of the same, about 60 s (bench/out/*.quick.json)
+``python -m bench --only http``     any subset (engine, manifest_growth, http, scale, peers,
+                                    profile, http_profile)
+``python -m bench --profile``       also profile the engine's and the host's append paths
 ``python -m bench --report``        re-render the tables from bench/out/*.json without running
 ``python -m bench --report --write-docs``  and refresh the generated blocks of docs/PERFORMANCE.md
 
 Every benchmark prints Markdown tables headed by the exact command that produced them, writes its
 results as JSON to ``bench/out/`` (gitignored) and its plots to ``docs/img/`` (quick runs keep
-their plots in ``bench/out/`` so they never overwrite the documented ones).
+their plots in ``bench/out/`` so they never overwrite the documented ones).  HTTP load comes from
+``wrk`` when installed (else ``bench.loadgen``'s asyncio client); the peers (SlateDB, Chroma,
+redis-py) live in ``bench/out/peers-venv``, created on first use.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None,
                    help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
     p.add_argument("--profile", action="store_true",
-                   help="also profile the append hot path (pyinstrument; bench/out/profile-*)")
+                   help="also profile the engine's append path and the host's HTTP append path "
+                        "(pyinstrument; bench/out/profile-*, bench/out/http-profile-*)")
     p.add_argument("--report", action="store_true",
                    help="do not run: re-render the tables from the JSON in bench/out/")
     p.add_argument("--write-docs", action="store_true",
@@ -81,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     else:
         names = list(DEFAULT)
-    if args.profile and "profile" not in names:
-        names.append("profile")
+    if args.profile:
+        names += [n for n in ("profile", "http_profile") if n not in names]
 
     if args.report:
-        if args.only is None and "profile" not in names:
-            names.append("profile")
+        if args.only is None:
+            names += [n for n in ("profile", "http_profile") if n not in names]
         blocks: dict[str, str] = {}
         for name in names:
             path = common.out_path(name, args.quick)

@@ -26,7 +26,7 @@ NAME = "http"
 FULL = {"logs": [1, 100, 1000], "records": [1, 100], "connections": 64, "warmup_s": 1,
         "duration_s": 5}
 QUICK = {"logs": [1, 100], "records": [1, 100], "connections": 64, "warmup_s": 0,
-         "duration_s": 1}
+         "duration_s": 1, "cases": [(1, 100), (100, 1)], "healthz": False}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,17 +89,19 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         ceiling = stack.enter_context(loadgen.ServerProcess("ceiling", work / "ceiling"))
         _, rss0 = host.cpu_rss()
         refs["host_rss_idle"] = rss0
-        # GET /healthz: a real endpoint of the server (auth-free, no body), for scale.
-        refs["host_healthz"] = loadgen.run_load(host.base, ["/healthz"], b"", method="GET",
-                                                connections=conns, duration_s=duration,
-                                                workdir=work)
-        refs["ceiling_healthz"] = loadgen.run_load(ceiling.base, ["/healthz"], b"",
-                                                   method="GET", connections=conns,
-                                                   duration_s=duration, workdir=work)
-        case = 0
-        for n_logs in logs:
-            for n_rec in records:
-                case += 1
+        if cfg.get("healthz", True):
+            # GET /healthz: a real endpoint of the server (auth-free, no body), for scale.
+            refs["host_healthz"] = loadgen.run_load(host.base, ["/healthz"], b"", method="GET",
+                                                    connections=conns, duration_s=duration,
+                                                    workdir=work)
+            refs["ceiling_healthz"] = loadgen.run_load(ceiling.base, ["/healthz"], b"",
+                                                       method="GET", connections=conns,
+                                                       duration_s=duration, workdir=work)
+        cases = cfg.get("cases") if not (getattr(args, "http_logs", None) or
+                                         getattr(args, "http_records", None)) else None
+        cases = cases or [(n_logs, n_rec) for n_logs in logs for n_rec in records]
+        for case, (n_logs, n_rec) in enumerate(cases, 1):
+            if True:
                 r = measure_case(host, ceiling, n_logs, n_rec, conns, warmup, duration,
                                  f"http{case}", work, salt=case)
                 rows.append(r)
@@ -112,7 +114,9 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     data = {
         "benchmark": NAME, "quick": quick, "command": common.command_line(),
         "machine": common.machine_info(), "client": loadgen.client_name(),
-        "config": {"logs": logs, "records": records, "connections": conns,
+        "config": {"logs": sorted({r["logs"] for r in rows}),
+                   "records": sorted({r["records_per_request"] for r in rows}),
+                   "connections": conns,
                    "warmup_s": warmup, "duration_s": duration,
                    "record_json_bytes": loadgen.record_json_bytes()},
         "rows": rows, "refs": refs,

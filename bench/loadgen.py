@@ -132,7 +132,7 @@ class ServerProcess:
                     "LOGHOST_IDLE_CLOSE_S": "86400", "PYTHONUNBUFFERED": "1"})
         env.update(self.env)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, cwd=common.ROOT)
         try:
@@ -150,6 +150,24 @@ class ServerProcess:
     def cpu_rss(self) -> tuple[float, int]:
         """The server's CPU seconds so far and its RSS now."""
         return _proc_stat(self.pid)
+
+    def thread_cpu(self) -> tuple[float, float]:
+        """CPU seconds of the main (event-loop) thread and of all other threads together."""
+        main = other = 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                cpu = (int(fields[11]) + int(fields[12])) / tick
+                if int(tid) == self.pid:
+                    main += cpu
+                else:
+                    other += cpu
+        return main, other
 
     def __exit__(self, *exc: object) -> None:
         proc, self.proc = self.proc, None
@@ -212,7 +230,8 @@ def client_name() -> str:
     w = wrk_path()
     if w is None:
         return "python asyncio raw HTTP/1.1 client (bench.loadgen; wrk not installed)"
-    ver = subprocess.run([w, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    ver = subprocess.run([w, "--version"], capture_output=True, text=True,
+                         check=False).stdout.split("\n")[0]
     return f"wrk -t1 ({ver.split(' Copyright')[0].strip()})"
 
 
@@ -232,7 +251,7 @@ def run_load(base: str, paths: Sequence[str], body: bytes, *, connections: int,
     if w is not None:
         lua = workdir / "bench.lua"
         lua.write_text(_WRK_LUA.replace("%PCTS%", ",".join(str(p) for p in PCTS)))
-        dur = max(1, int(round(duration_s)))
+        dur = max(1, round(duration_s))
         cmd = [w, "-t1", f"-c{connections}", f"-d{dur}s", f"--timeout={int(timeout_s)}s",
                "-s", str(lua), base]
     else:
@@ -240,7 +259,7 @@ def run_load(base: str, paths: Sequence[str], body: bytes, *, connections: int,
         cmd = [sys.executable, "-m", "bench.loadgen", base, str(connections), str(dur)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=common.ROOT,
-                         timeout=dur + timeout_s + 30)
+                         timeout=dur + timeout_s + 30, check=False)
     wall = time.perf_counter() - t0
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     if line is None:

@@ -30,7 +30,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,9 +44,9 @@ HEADLINE_N = 64
 
 FULL = {"slatedb_local": [1, 16, 64, 256], "slatedb_s3": [1, 16, 64, 256],
         "redis": [1, 16, 64], "chroma": [1, 100], "host_records": [1, 100],
-        "warmup_s": 0.5, "duration_s": 3.0, "strace": True}
+        "warmup_s": 0.5, "duration_s": 3.0, "strace": True, "headline_repeats": 2}
 QUICK = {"slatedb_local": [64], "slatedb_s3": [], "redis": [16], "chroma": [100],
-         "host_records": [100], "warmup_s": 0.2, "duration_s": 1.0, "strace": False}
+         "host_records": [100], "warmup_s": 0.2, "duration_s": 0.75, "strace": False}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,7 +79,7 @@ def peers_python(install: bool) -> tuple[str | None, dict[str, str]]:
         "for p in ['slatedb', 'chromadb', 'redis']:\n"
         "    try: v[p] = m.version(p)\n"
         "    except Exception: pass\n"
-        "print(json.dumps(v))")], capture_output=True, text=True)
+        "print(json.dumps(v))")], capture_output=True, text=True, check=False)
     try:
         return str(py), json.loads(out.stdout)
     except ValueError:
@@ -96,7 +95,7 @@ def child(py: str, args: list[str], timeout_s: float = 300, strace_to: Path | No
     env = dict(os.environ)
     env["ANONYMIZED_TELEMETRY"] = "False"
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=common.ROOT,
-                         env=env)
+                         env=env, check=False)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     if line is None:
         raise RuntimeError(f"peer failed ({' '.join(args[:1])}): {out.stderr[-1500:]}")
@@ -175,6 +174,20 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                           f"(p50 {s['p50_ms']:.1f} ms) | wal3 {e['appends_per_s']:7.0f} "
                           f"appends/s (p50 {e['p50_ms']:.1f} ms) -> {row['ratio']:.2f}",
                           flush=True)
+            # The headline pair again, twice, alternating, so its spread within the run is known.
+            if HEADLINE_N in cfg["slatedb_local"]:
+                reps = [r["ratio"] for r in slate
+                        if r["store"] == "local" and r["writers"] == HEADLINE_N]
+                for _ in range(cfg.get("headline_repeats", 0)):
+                    tag = uuid.uuid4().hex[:8]
+                    s = child(py, ["slatedb", "--writers", str(HEADLINE_N), "--flush-ms",
+                                   str(FLUSH_MS), "--path", str(work / f"slatedb-{tag}"), *sargs])
+                    e = engine_case("local", HEADLINE_N,
+                                    lambda t=tag: LocalStore(work / f"wal3-{t}"))
+                    reps.append(e["appends_per_s"] / s["ops_per_s"])
+                    print(f"  . repeat local x{HEADLINE_N}: slatedb {s['ops_per_s']:.0f} | wal3 "
+                          f"{e['appends_per_s']:.0f} -> {reps[-1]:.2f}", flush=True)
+                data["headline_repeats"] = reps
             if cfg["strace"] and shutil.which("strace"):
                 f = work / "slatedb.strace"
                 s = child(py, ["slatedb", "--writers", "64", "--flush-ms", str(FLUSH_MS),
@@ -235,7 +248,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             try:
                 loadgen.wait_port(port, 15, proc)
                 ver = subprocess.run([server, "--version"], capture_output=True,
-                                     text=True).stdout.strip()
+                                     text=True, check=False).stdout.strip()
                 data["versions"]["redis-server"] = ver.split(" sha=")[0]
                 for n in cfg["redis"]:
                     r = child(py, ["redis", "--port", str(port), "--writers", str(n), *sargs])
@@ -300,11 +313,16 @@ def render(data: dict[str, Any]) -> str:
             out.append("")
         for r in data["slatedb"]:
             if r["store"] == "local" and r["writers"] == HEADLINE_N:
-                verdict = "PASS" if r["ratio"] >= 1.0 else "MISS"
+                reps = sorted(data.get("headline_repeats") or [r["ratio"]])
+                med = reps[len(reps) // 2]
+                verdict = "PASS" if med >= 1.0 else "MISS"
+                spread = (f" (median of {len(reps)} alternating pairs, range "
+                          f"{reps[0]:.2f}..{reps[-1]:.2f})" if len(reps) > 1 else "")
                 out.append(f"- target: with {HEADLINE_N} appenders of 1 KiB on the same local "
                            f"directory, wal3 durable appends/s >= SlateDB-py durable puts/s: "
-                           f"**{r['ratio']:.2f}x** ({r['engine']['appends_per_s']:,.0f} vs "
-                           f"{r['slatedb']['ops_per_s']:,.0f}) -> {verdict}.  Not like for like "
+                           f"**{med:.2f}x**{spread}; the matrix row: "
+                           f"{r['engine']['appends_per_s']:,.0f} vs "
+                           f"{r['slatedb']['ops_per_s']:,.0f} -> {verdict}.  Not like for like "
                            f"in SlateDB's favour: its local store does not fsync.")
         out.append("")
     if data.get("chroma"):

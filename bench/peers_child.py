@@ -110,7 +110,8 @@ def chroma(args: argparse.Namespace) -> dict[str, Any]:
     client = chromadb.PersistentClient(path=args.path,
                                        settings=Settings(anonymized_telemetry=False))
     col = client.get_or_create_collection("bench", embedding_function=None)
-    recs = json.loads(open(args.records_file).read())  # [{id, document, embedding, metadata}]
+    with open(args.records_file) as f:
+        recs = json.load(f)  # [{id, document, embedding, metadata}]
     per = args.per_call
     out: dict[str, Any] = {"chromadb": chromadb.__version__, "per_call": per}
     lat: list[float] = []

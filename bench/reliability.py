@@ -320,41 +320,55 @@ def _machine() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ doc
 
-# Bugs this verifier found, each with its regression test (tests/bench/test_regressions.py).
-FINDINGS: list[tuple[str, str, str]] = [
+# Bugs this verifier found, each with its regression test (tests/bench/test_regressions.py):
+# (found by, test, what goes wrong, status).
+FIXED_7 = "fixed (384b0ed)"
+FINDINGS: list[tuple[str, str, str, str]] = [
     ("storms", "test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store",
      "a snapshot put that fails its condition (S3's 409 ConditionalRequestConflict) is taken as "
      "proof the snapshot exists, and the manifest links a snapshot that was never written: reads "
      "through it fail, acknowledged records are unreadable, scrub fails "
-     "(`LogWriter._write_snapshot`)"),
+     "(`LogWriter._write_snapshot`)", FIXED_7),
     ("storms", "test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store",
      "the same in garbage collection: a split snapshot is assumed written after a failed "
-     "condition and phase 2 installs a root pointing at nothing (`GarbageCollector._phase1`)"),
+     "condition and phase 2 installs a root pointing at nothing (`GarbageCollector._phase1`)", FIXED_7),
     ("(review of the same pattern)",
      "test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store",
      "the same in fork: a fragment copy that fails its condition is taken as already copied "
-     "and the fork references a fragment it does not have (`fork_log`)"),
+     "and the fork references a fragment it does not have (`fork_log`)", FIXED_7),
     ("crash_fragment_manifest, crash_snapshot, soak",
      "test_regression_cancelled_close_livelocks_the_next_request_for_that_log",
      "when the request awaiting a log's close is cancelled (client gone), a finished task stays "
      "in `LogManager._closing`; the next request for that log spins on "
      "`await asyncio.shield(<done task>)`, which never yields: the host's event loop livelocks "
-     "and it stops answering everything, health checks included"),
+     "and it stops answering everything, health checks included", FIXED_7),
     ("crash_snapshot, crash_gc_apply",
      "test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotten_on_reopen",
      "a reopened writer (restart, failover) learns idempotency keys only from the root's "
      "fragments: keys in fragments already folded into snapshots are forgotten and a client's "
-     "retry after a crash appends its records a second time"),
+     "retry after a crash appends its records a second time", FIXED_7),
     ("redis_restart, two_hosts",
      "test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot",
      "`Manifest.contains_fragment` only looks at the root: when another host read-repairs a "
      "writer's fragment and snapshots fold it, the writer's recovery does not see its batch "
      "linked and appends it again (duplicate, second copy acknowledged) or answers 409 \"not "
-     "written\" for records that are in the log"),
+     "written\" for records that are in the log", FIXED_7),
     ("two_hosts", "test_regression_append_joining_a_reads_open_of_a_new_log_gets_404",
      "`LogManager._get_or_open` shares one open per log regardless of `create`: an append that "
      "arrives while a read is opening a new log (tenant bound, manifest not yet written) gets "
-     "the read's 404 \"never written\""),
+     "the read's 404 \"never written\"", FIXED_7),
+    ("crash_rollup_cursor (long form)",
+     "test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped",
+     "after a restart, keys of an orphan fragment that read repair links while the writer's "
+     "first idempotency-key load is still reading footers are never learned "
+     "(`LogWriter._recover` learns them only `if self._keys_loaded`): the client's retry of the "
+     "append that wrote the orphan is appended a second time", "open"),
+    ("crash_fragment_manifest, crash_gc_reset (crash + compaction + GC)",
+     "test_regression_idempotency_window_ends_at_the_gc_cutoff_after_reopen",
+     "a reopened writer learns idempotency keys only from fragments still live in the "
+     "manifest: once a compactor and GC have moved the oldest offset past an append, a client "
+     "retrying it after a crash or failover gets it appended again, however recent it is "
+     "(the window is `dedup_window_fragments` in name, the uncompacted tail in fact)", "open"),
 ]
 
 
@@ -427,10 +441,19 @@ def render_doc(data: dict[str, Any]) -> str:
     total_faults = sum(r["faults"] for r in results)
     failed = [r for r in results if not r["ok"]]
     scen_md = "\n".join(f"| `{n}` | {d} |" for n, (_, d) in SCENARIOS.items())
-    findings_md = "\n".join(f"| {by} | `{test}` | {what} |" for by, test, what in FINDINGS)
-    failed_md = "none" if not failed else "\n".join(
-        f"- `{r['scenario']}` seed {r['seed']}: " + "; ".join(r["violations"][:3] or
-                                                           [str(r.get("error"))])
+    findings_md = "\n".join(f"| {by} | `{test}` | {what} | {status} |"
+                             for by, test, what, status in FINDINGS)
+    def _short(text: str, n: int = 240) -> str:
+        text = " ".join(str(text).split())
+        return text if len(text) <= n else text[:n] + "..."
+
+    failed_md = "none." if not failed else "\n\n" + "\n".join(
+        f"- `{r['scenario']}` seed {r['seed']} "
+        f"(`python -m bench.reliability --scenario {r['scenario']} --seed {r['seed']}"
+        f"{' --quick' if data['quick'] else ''}`): "
+        + _short(r.get("error") or (r["violations"][0] if r["violations"] else "failed"))
+        + (f" (+{r.get('violation_count', len(r['violations'])) - 1} more)"
+           if r.get("violation_count", len(r["violations"])) > 1 else "")
         for r in failed)
     return f"""# Reliability
 
@@ -448,7 +471,9 @@ Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}; {m['date_utc'
 
 **Totals: {total_ack:,} records acknowledged, {total_lost} lost, {total_dup} duplicated,
 {total_faults:,} faults injected, {sum(1 for r in results if r['scrub_ok'])}/{len(results)} runs
-scrubbed clean.**  Failed runs: {failed_md}
+scrubbed clean, {len(results) - len(failed)}/{len(results)} runs without any violation.**
+
+Failed runs: {failed_md}
 
 | scenario | seeds | faults | fault kinds | acknowledged | read | lost | duplicated | scrub | runs ok | seconds |
 |:--|:--|--:|:--|--:|--:|--:|--:|:--|--:|--:|
@@ -525,8 +550,8 @@ the phase it names.
 
 Each has a regression test in `tests/bench/test_regressions.py` that fails until it is fixed.
 
-| found by | regression test | what goes wrong |
-|:--|:--|:--|
+| found by | regression test | what goes wrong | status |
+|:--|:--|:--|:--|
 {findings_md}
 
 ## Scenarios
@@ -536,8 +561,10 @@ Each has a regression test in `tests/bench/test_regressions.py` that fails until
 {scen_md}
 
 Per-scenario details: store-fault scenarios run one in-process host (real uvicorn on 127.0.0.1)
-over `FaultyStore(LocalStore)`; quick form 6 writers x 40 appends into 6 collections, long form 12
-writers x 150 appends into 16 collections, snapshots every 2-6 fragments.  Crash scenarios arm 2
+over `FaultyStore(LocalStore)` (no fsync: the crashes emulated are process deaths, which the page
+cache survives); quick form 6 writers x 30 appends into 6 collections, long form 10 writers x 80
+appends into 16 collections, batches of 1-4 (quick) or 1-6 records, snapshots every 2-6
+fragments.  Crash scenarios arm 2
 (quick) or 4 (long) crash points one after another.  `kill9`, `two_hosts`, `redis_restart` and
 `compactor_kill` run `python -m host.cli serve` processes (and `redis-server`, and
 `python -m compactor_client run --once` with Spark `local[2]`).  In `compactor_kill` every log also
@@ -549,8 +576,10 @@ its offset; after the rerun every cursor must equal its `CURRENT.json` offset an
 ## Covered and not covered
 
 Covered: the faults above, on the embedded `LocalStore`; one and two host processes; Redis loss;
-compactor death; GC and roll-up phases; snapshots; 1,000 logs with LRU eviction and idle closing
-(`max_open_logs` = 40% of the logs) for the soak.
+compactor death; GC and roll-up phases; snapshots; LRU eviction under load (the quick soak keeps
+40 of its 100 logs open); 1,000 logs on one host for the long soak (at the default
+`max_open_logs=1024`, with idle closing after 30 s, roll-ups every 10 s and continuous compaction
+and GC).
 
 Not covered here: S3 itself (moto and the S3 fault proxy are exercised by `tests/wal3` and
 `tests/compactor_client`; FaultyStore's `error` stands for a 5xx/429 that outlived the S3 client's

@@ -436,6 +436,9 @@ async def service_call(run: Run, method: str, path: str, rng: random.Random | No
         return None
     last = path.rsplit("/", 1)[-1]
     run.http[f"svc_{'state' if len(last) == 36 else last}_{r.status_code}"] += 1
+    if run.trace_file is not None and method == "POST":
+        run.trace(ev="svc", path=path, body=kw.get("json"), status=r.status_code,
+                  answer=r.text[:300] if last != "rollup" else None)
     return r
 
 

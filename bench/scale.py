@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
 import os
 import shutil
@@ -48,10 +47,11 @@ TARGET_KIB = 64
 
 FULL = {"mem_points": [1, 1000, 2500, 5000, 10000], "open_n": 200, "dirty_logs": 100,
         "dirty_fragments": 2000, "rollup_total": 100_000, "rollup_dirty": 1000,
-        "rollup_counts": [100, 1000, 10000], "rollup_repeats": 3}
-QUICK = {"mem_points": [1, 300], "open_n": 20, "dirty_logs": 10, "dirty_fragments": 100,
+        "rollup_counts": [100, 1000, 10000], "rollup_repeats": 5,
+        "untracked_counts": [500, 1000, 2000, 4000]}
+QUICK = {"mem_points": [1, 400], "open_n": 20, "dirty_logs": 10, "dirty_fragments": 100,
          "rollup_total": 2000, "rollup_dirty": 100, "rollup_counts": [50, 100],
-         "rollup_repeats": 1}
+         "rollup_repeats": 1, "untracked_counts": [250, 500]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,12 +160,65 @@ def _open_logs_metric(base: str) -> int | None:
     return None
 
 
-def memory_part(points: list[int], work: Path) -> dict[str, Any]:
+class _Probe:
+    """GET /healthz every 100 ms on its own keep-alive connection: how long the event loop
+    leaves a trivial request waiting (an event-loop stall shows as one slow probe)."""
+
+    def __init__(self, port: int) -> None:
+        import threading
+
+        self.port = port
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+            except OSError:
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+                continue
+            self.samples.append((t0, time.perf_counter() - t0))
+            self._stop.wait(0.1)
+        conn.close()
+
+    def __enter__(self) -> _Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=600)
+
+    def max_since(self, t0: float) -> float:
+        return max((lat for t, lat in self.samples if t >= t0), default=float("nan"))
+
+
+def _timed_rollup(base: str) -> float:
+    req = urllib.request.Request(base + "/v1/dirty/rollup", data=b"", method="POST",
+                                 headers={"Authorization": f"Bearer {loadgen.API_KEY}"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:  # 127.0.0.1 only
+        r.read()
+    return time.perf_counter() - t0
+
+
+def memory_part(points: list[int], work: Path, rollup_probe: bool) -> dict[str, Any]:
     shm = common.tmpfs_dir()
     base_dir = Path(tempfile.mkdtemp(prefix="scale-mem-", dir=shm)) if shm else work / "mem"
     samples = []
+    # The periodic roll-up is pushed out of the way (its bookkeeping is quadratic in open logs,
+    # see the roll-up rows below) so that opening 10,000 logs measures opening, not stalls.
+    env = {"LOGHOST_ROLLUP_INTERVAL_S": "86400"}
     try:
-        with loadgen.ServerProcess("host", base_dir) as srv:
+        with loadgen.ServerProcess("host", base_dir, env=env) as srv, _Probe(srv.port) as probe:
             time.sleep(0.5)
             _, rss_fresh = srv.cpu_rss()
             paths = loadgen.log_paths(max(points), "mem", salt=0xA)
@@ -177,13 +230,23 @@ def memory_part(points: list[int], work: Path) -> dict[str, Any]:
                 el = time.perf_counter() - t0
                 done = target
                 time.sleep(1.0)  # let background work (dirty-log batches) settle
-                cpu, rss = srv.cpu_rss()
+                _, rss = srv.cpu_rss()
                 gauge = _open_logs_metric(srv.base)
-                samples.append({"logs": target, "rss": rss, "open_logs_gauge": gauge,
-                                "open_seconds": el, "errors": opened["errors"],
-                                "opens_per_s": opened["opens_per_s"]})
+                sample = {"logs": target, "rss": rss, "open_logs_gauge": gauge,
+                          "open_seconds": el, "errors": opened["errors"],
+                          "opens_per_s": opened["opens_per_s"],
+                          "probe_max_opening_s": probe.max_since(t0)}
+                if rollup_probe:
+                    # POST /v1/dirty/rollup = what the server's roll-up loop runs every 10 s.
+                    t1 = time.perf_counter()
+                    sample["rollup_s"] = _timed_rollup(srv.base)
+                    time.sleep(0.25)
+                    sample["probe_max_rollup_s"] = probe.max_since(t1 - 0.2)
+                samples.append(sample)
                 print(f"  . memory: {target:6} logs open (gauge {gauge}), RSS "
-                      f"{rss / 2**20:.1f} MiB, opened at {opened['opens_per_s']:.0f}/s",
+                      f"{rss / 2**20:.1f} MiB, opened at {opened['opens_per_s']:.0f}/s"
+                      + (f"; POST /v1/dirty/rollup {sample['rollup_s']:.2f} s, /healthz waited "
+                         f"up to {sample['probe_max_rollup_s']:.2f} s" if rollup_probe else ""),
                       flush=True)
     finally:
         if shm:
@@ -197,6 +260,41 @@ def memory_part(points: list[int], work: Path) -> dict[str, Any]:
     per = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] > xs[0] else float("nan")
     return {"store": "tmpfs" if shm else "disk", "rss_fresh": rss_fresh, "samples": samples,
             "kib_per_log": per / 1024, "kib_per_log_fit": slope / 1024}
+
+
+async def untracked_part(counts: list[int]) -> list[dict[str, Any]]:
+    """Time ``Server.untracked_collections`` (run after every roll-up, on the event loop) with
+    N open logs.  The handles are synthetic (``LogHandle`` objects without writers, injected into
+    the manager) so that N can grow without opening N logs; the function is the server's own."""
+    from host.manager import LogHandle
+    from host.server import Server
+    from host.wal3 import LocalStore
+
+    shm = common.tmpfs_dir()
+    root = Path(tempfile.mkdtemp(prefix="scale-untracked-", dir=shm))
+    out = []
+    try:
+        server = Server(_settings(), store=LocalStore(root, fsync=False))
+        await server.start()
+        try:
+            for n in counts:
+                cids = [uuid.uuid4() for _ in range(n)]
+                for cid in cids:
+                    server.manager._open[cid] = LogHandle(cid, "bench", None, None, None, 1,
+                                                          0.0)  # type: ignore[arg-type]
+                known = {cid: 2 for cid in cids}
+                t0 = time.perf_counter()
+                missing = server.untracked_collections(known)
+                el = time.perf_counter() - t0
+                out.append({"open_logs": n, "seconds": el, "untracked": len(missing)})
+                print(f"  . Server.untracked_collections with {n:,} open logs: {el * 1e3:.0f} ms",
+                      flush=True)
+                server.manager._open.clear()
+        finally:
+            await server.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
 
 
 # ------------------------------------------------------------------------------- (b) open/close
@@ -292,7 +390,7 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
                 ops0, bytes0 = store.snapshot()
                 frags0 = {c: 0 for c in cids}
 
-                async def one(cid: uuid.UUID, k: int) -> None:
+                async def one(cid: uuid.UUID, k: int, server: Any = server) -> None:
                     async with server.manager.use(cid, "bench", create=True) as h:
                         for _ in range(k):
                             await h.writer.append(b'{"id":"x","op":"add"}')
@@ -523,7 +621,8 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                             "machine": common.machine_info(), "config": cfg}
     with common.scratch_dir("scale") as work:
         if "memory" in parts:
-            data["memory"] = memory_part(cfg["mem_points"], work)
+            data["memory"] = memory_part(cfg["mem_points"], work, True)
+            data["untracked"] = asyncio.run(untracked_part(cfg["untracked_counts"]))
         if "open" in parts:
             data["open_close"] = asyncio.run(open_close_part(cfg["open_n"], work))
             for k, v in data["open_close"].items():
@@ -555,11 +654,13 @@ def render(data: dict[str, Any]) -> str:
         out.append("")
         out.append(common.md_table(
             ["open logs", "loghost_open_logs gauge", "RSS MiB", "KiB per log over the first",
-             "opened/s (HTTP, tmpfs)"],
+             "opened/s (HTTP, tmpfs)", "POST /v1/dirty/rollup s",
+             "longest /healthz wait during it s"],
             [[s["logs"], s["open_logs_gauge"], s["rss"] / 2**20,
               ((s["rss"] - mem["samples"][0]["rss"]) / 1024 / (s["logs"] - mem["samples"][0]
                                                                ["logs"]))
-              if s["logs"] > mem["samples"][0]["logs"] else None, s["opens_per_s"]]
+              if s["logs"] > mem["samples"][0]["logs"] else None, s["opens_per_s"],
+              s.get("rollup_s"), s.get("probe_max_rollup_s")]
              for s in mem["samples"]]))
         out.append("")
         top = mem["samples"][-1]["logs"]
@@ -568,6 +669,19 @@ def render(data: dict[str, Any]) -> str:
                    f"**{mem['kib_per_log']:.1f} KiB** per open log at {top:,} "
                    f"(least-squares slope {mem['kib_per_log_fit']:.1f} KiB) -> {verdict} "
                    f"({mem['kib_per_log'] / TARGET_KIB:.2f} of the budget).")
+        out.append("")
+    un = data.get("untracked")
+    if un:
+        out.append("After every roll-up (every `rollup_interval_s`, 10 s by default) the server "
+                   "runs `Server.untracked_collections` on its event loop.  For each open log it "
+                   "calls `_compaction_of`, which scans `manager.handles()`: O(open logs^2). "
+                   "Timed in-process with synthetic handles:")
+        out.append("")
+        base = un[0]
+        out.append(common.md_table(
+            ["open logs", "ms (event loop blocked)", "ratio to first", "(logs ratio)^2"],
+            [[u["open_logs"], u["seconds"] * 1e3, u["seconds"] / base["seconds"],
+              (u["open_logs"] / base["open_logs"]) ** 2] for u in un]))
         out.append("")
     oc = data.get("open_close")
     if oc:
@@ -598,10 +712,9 @@ def render(data: dict[str, Any]) -> str:
              "dirty fragment puts", "marks per dirty fragment", "dirty fragment B/frag",
              "dirty manifest B/frag", "dirty stored B/frag"], rows))
         out.append("")
-        ok = all(set(d["record_sizes"]) == {48} for d in dirty.values())
+        seen = sorted({int(k) for d in dirty.values() for k in d["record_sizes"]})
         out.append(f"- dirty-log record bodies are exactly 48 bytes: "
-                   f"{'PASS' if ok else 'MISS'} (sizes seen: "
-                   f"{sorted({k for d in dirty.values() for k in d['record_sizes']})}).")
+                   f"{'PASS' if seen == [48] else 'MISS'} (body sizes seen: {seen}).")
         out.append("")
     ru = data.get("rollup")
     if ru:
