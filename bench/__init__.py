@@ -1,10 +1,10 @@
 """loghost benchmarks.  Run ``python -m bench --help``.
 
-``python -m bench``                 the full suite: engine, manifest_growth, http, scale, peers
-                                    (about 14 minutes on 2 noisy cores)
+``python -m bench``                 the full suite: engine, manifest_growth, http, scale, peers,
+                                    compaction (about 16 minutes on 2 noisy cores)
 ``python -m bench --quick``         a smoke run of the same, about 60 s (bench/out/*.quick.json)
 ``python -m bench --only http``     any subset (engine, manifest_growth, http, scale, peers,
-                                    profile, http_profile)
+                                    compaction, profile, http_profile)
 ``python -m bench --profile``       also profile the engine's and the host's append paths
 ``python -m bench --report``        re-render the tables from bench/out/*.json without running
 ``python -m bench --report --write-docs``  and refresh the generated blocks of docs/PERFORMANCE.md
@@ -27,5 +27,6 @@ BENCHMARKS: dict[str, str] = {
     "scale": "bench.scale",
     "peers": "bench.peers",
     "http_profile": "bench.http_profile",
+    "compaction": "bench.compaction_bench",
 }
-DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers")
+DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers", "compaction")

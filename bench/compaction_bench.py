@@ -100,6 +100,89 @@ def pyarrow_fold(fold_tasks: list[FoldTask], frag_tasks: list[FragmentTask]) -> 
             raise RuntimeError(stats.error)
 
 
+QUICK = {"collections": [1, 4], "records": 1000}
+FULL = {"collections": [1, 4, 16], "records": 5000}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The benchmark's flags on the suite's parser."""
+    g = p.add_argument_group("compaction")
+    g.add_argument("--compaction-collections", default=None,
+                   help="k values, comma-separated (default 1,4,16; quick 1,4)")
+    g.add_argument("--compaction-records", type=int, default=None,
+                   help="records per collection (default 5000; quick 1000)")
+    g.add_argument("--compaction-master", default="local[*]")
+
+
+def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """Spark job vs single-process pyarrow fold, same data, same run."""
+    cfg = QUICK if quick else FULL
+    ks = ([int(k) for k in args.compaction_collections.split(",")]
+          if getattr(args, "compaction_collections", None) else cfg["collections"])
+    records = getattr(args, "compaction_records", None) or cfg["records"]
+    master = getattr(args, "compaction_master", None) or "local[*]"
+    from bench import common
+
+    return {"benchmark": "compaction", "quick": quick, "command": common.command_line(),
+            "master": master, "records_per_collection": records,
+            "results": measure(ks, records, 1000, 1000, 16, master)}
+
+
+def measure(ks: list[int], records: int, per_fragment: int, ids: int, dim: int,
+            master: str) -> list[dict[str, Any]]:
+    """Records/s in for one Spark job over k collections and for the pyarrow baseline."""
+    rng = random.Random(42)
+    spark = build_session(master, app_name="compaction-bench", ui=False)
+    ship_package(spark.sparkContext)
+    results: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="compaction-bench-") as tmp:
+            root = Path(tmp)
+            cids = [f"c{i:04d}" for i in range(max(ks))]
+            frags = {cid: write_collection(root, cid, make_records(rng, records, ids, dim),
+                                           per_fragment) for cid in cids}
+            # A warm-up job first, so JVM and worker start-up are not charged to the first k.
+            run_compaction_job(spark.sparkContext, *tasks_for(root, cids[:1], frags, "warmup"))
+            for k in ks:
+                fold_tasks, frag_tasks = tasks_for(root, cids[:k], frags, f"spark-{k}")
+                t0 = time.perf_counter()
+                stats = run_compaction_job(spark.sparkContext, fold_tasks, frag_tasks)
+                spark_s = time.perf_counter() - t0
+                errors = [st.error for st in stats if st.error]
+                if errors:
+                    raise RuntimeError(errors[0])
+                fold_tasks, frag_tasks = tasks_for(root, cids[:k], frags, f"pyarrow-{k}")
+                t0 = time.perf_counter()
+                pyarrow_fold(fold_tasks, frag_tasks)
+                arrow_s = time.perf_counter() - t0
+                n = k * records
+                results.append({
+                    "collections": k, "records": n,
+                    "spark_seconds": round(spark_s, 3), "spark_records_per_s": round(n / spark_s),
+                    "pyarrow_seconds": round(arrow_s, 3),
+                    "pyarrow_records_per_s": round(n / arrow_s),
+                    "spark_over_pyarrow": round(arrow_s / spark_s, 3),
+                })
+    finally:
+        spark.stop()
+    return results
+
+
+def render(data: dict[str, Any]) -> str:
+    """The results as a Markdown table."""
+    lines = [
+        f"Spark master `{data['master']}`, {data['records_per_collection']:,} records per "
+        "collection, one job per k (after a warm-up job):",
+        "",
+        "| collections per job | records | Spark rec/s | pyarrow fold rec/s | Spark / pyarrow |",
+        "| ------------------: | ------: | ----------: | -----------------: | --------------: |",
+    ]
+    for r in data["results"]:
+        lines.append(f"| {r['collections']} | {r['records']:,} | {r['spark_records_per_s']:,} | "
+                     f"{r['pyarrow_records_per_s']:,} | {r['spark_over_pyarrow']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print/write its results."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
