@@ -623,7 +623,11 @@ async def read_log(run: Run, coll: Collection, host: str, start: int, end: int
 
 async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[str, Any]]
                          ) -> None:
-    """After a roll-up on every host, the dirty sets cover every uncompacted record."""
+    """After a roll-up on every host, the dirty sets cover every uncompacted record.
+
+    Tails come from ``states`` (sampled before the roll-up), compaction cursors are read again
+    after it: a compaction whose client gave up may still land meanwhile and rightly clip the set.
+    """
     spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for h in hosts:
         r = None
@@ -643,8 +647,10 @@ async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[
                                    headers={"Authorization": f"Bearer {SERVICE_KEY}"})
         for e in got.json()["logs"]:
             spans[e["collection_id"]].append((int(e["start"]), int(e["limit"])))
+    after = await log_states(run)
     for cid, st in states.items():
-        lo, hi = int(st["compaction_offset"]), int(st["next_offset"])
+        lo = int(after.get(cid, st)["compaction_offset"])
+        hi = int(st["next_offset"])
         if hi <= lo:
             continue
         pos = lo

@@ -71,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
     host, port = settings.host_port
     config = uvicorn.Config(create_app(server), host=host, port=port, log_config=None,
                             access_log=False, lifespan="on", server_header=False,
+                            timeout_keep_alive=max(1, round(settings.keep_alive_s)),
                             timeout_graceful_shutdown=int(settings.shutdown_grace_s))
     print(f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
           f"(docs at /docs)", flush=True)
@@ -120,6 +121,8 @@ async def _gc(args: argparse.Namespace) -> int:
     try:
         gc = GarbageCollector(store, args.log, GcOptions(grace_s=args.grace_s,
                                                          max_fraction=args.max_fraction,
+                                                         retain_fragments=args.retain_fragments,
+                                                         retain_s=args.retain_s,
                                                          writer_name="loghost-cli-gc"))
         report = await gc.run_once()
     finally:
@@ -208,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("log", help="the log prefix, e.g. logs/<uuid> or dirty/<server-id>")
     g.add_argument("--grace-s", type=float, default=300.0)
     g.add_argument("--max-fraction", type=float, default=1.0)
+    g.add_argument("--retain-fragments", type=int, default=256,
+                   help="keep the objects of the newest N sequence numbers after unlinking them "
+                        "(the idempotency window a reopened writer reads); 0 keeps none")
+    g.add_argument("--retain-s", type=float, default=900.0,
+                   help="how long those retained objects are kept at most")
     g.set_defaults(func=_gc, is_async=True)
 
     i = sub.add_parser("inspect", help="print a log's manifest summary, cursors and garbage")

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     max_wait_ms: int = Field(30_000, ge=0)
     batch_interval_ms: float = Field(2.0, ge=0)
     shutdown_grace_s: float = Field(25.0, ge=0)
+    # Longer than clients' idle-connection expiry (httpx: 5 s, load balancers: 60 s), so a client
+    # never sends on a connection the server is closing at that moment (a lost request).
+    keep_alive_s: float = Field(75.0, gt=0)
 
     # Garbage collection (always on, rate limited) and snapshots.
     gc_grace_s: float = Field(300.0, ge=0)

@@ -286,3 +286,98 @@ async def test_regression_append_joining_a_reads_open_of_a_new_log_gets_404(
     await mgr.close()
     assert isinstance(got_read, NotFound | type(None))  # a read of an empty log: 404 is fine
     assert got_append == 1, f"the append failed: {got_append!r}"
+
+
+class _ReadGate:
+    """Forwards to a store, holding gets of the given keys until ``gate`` is set."""
+
+    def __init__(self, inner: object, held: set[str]) -> None:
+        import asyncio
+
+        self.inner = inner
+        self.held = held
+        self.gate = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    async def get(self, key: str):  # type: ignore[no-untyped-def]
+        if key in self.held:
+            self.reached.set()
+            await self.gate.wait()
+        return await self.inner.get(key)
+
+
+async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped(
+        tmp_path: Path) -> None:
+    """Found by ``crash_rollup_cursor`` (long form, seed 101: a keyed append retried across four
+    restarts landed twice).  After a restart a writer learns idempotency keys lazily, at its first
+    keyed append, from the manifest it has then.  If, while those footers are being read, another
+    append collides with a crashed process's orphan fragment and read repair links it,
+    ``_recover`` learns the orphan's keys only ``if self._keys_loaded`` - false until the first
+    load finishes, and that load never saw the orphan.  The orphan's keys are lost, and the retry
+    of the append that wrote the orphan is appended again."""
+    import asyncio
+
+    from host.wal3 import SimulatedCrash, WriterClosed
+    from host.wal3.fragment import fragment_path
+    from host.wal3.layout import join
+
+    base = LocalStore(tmp_path)
+    w0 = await LogWriter.open(base, "logs/c")
+    for i in range(3):
+        await w0.append_many([b"before-%d" % i])
+    await w0.close()
+    # A process dies between uploading a keyed fragment and writing the manifest.
+    dying = FaultyStore(base, seed=5)
+    dying.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=r"manifest/MANIFEST$", times=1))
+    w1 = await LogWriter.open(dying, "logs/c")
+    with pytest.raises((SimulatedCrash, WriterClosed)):
+        await w1.append_many([b"retried"], idempotency_key="k")
+    await w1.close()
+    # The restarted process: its first key load is slow (held), a keyless append runs meanwhile.
+    gated = _ReadGate(base, {join("logs/c", fragment_path(s)) for s in (1, 2, 3)})
+    w2 = await LogWriter.open(gated, "logs/c")  # type: ignore[arg-type]
+    loading = asyncio.ensure_future(w2.append_many([b"other"], idempotency_key="k2"))
+    await gated.reached.wait()
+    await w2.append_many([b"keyless"])  # collides with the orphan: read repair links it
+    gated.gate.set()
+    await loading
+    again = await w2.append_many([b"retried"], idempotency_key="k")  # the client's retry
+    await w2.close()
+    bodies = await _all_bodies(base, "logs/c")
+    assert bodies.count(b"retried") == 1, bodies
+    assert again.deduplicated
+
+
+async def test_regression_idempotency_window_ends_at_the_gc_cutoff_after_reopen(
+        tmp_path: Path) -> None:
+    """Found by ``crash_fragment_manifest`` (seed 8) and ``crash_gc_reset`` (seeds 8, 16): an
+    append died with its host after its fragment was written; the next host read-repaired it;
+    compaction and GC then moved the log's oldest offset past it; the client's retry, a few
+    seconds later, reached a host that had reopened the log and was appended a second time.
+
+    A reopened writer learns idempotency keys only from fragments still live in the manifest.
+    GC phase 2 moves ``oldest_offset`` at once, and phase 3 deletes the fragments (after the
+    grace), so with a compactor keeping up the dedup window after a restart shrinks to nothing -
+    far short of ``dedup_window_fragments`` - and how long a retry stays safe depends on how fast
+    the compactor is.  The window must survive collection (e.g. GC keeps the objects of the newest
+    ``dedup_window_fragments`` fragments and a reopened writer reads their footers, linked or not);
+    at ``gc_grace_s=0`` (the verifier's setting) merely reading not-yet-deleted fragments is not
+    enough."""
+    store = LocalStore(tmp_path)
+    w1 = await LogWriter.open(store, "logs/w")
+    first = await w1.append_many([b"once"], idempotency_key="k")
+    for i in range(4):
+        await w1.append_many([b"later-%d" % i])
+    await w1.close()
+    # A compactor consumed the whole log; GC collects it (grace 0: apply and delete in one pass).
+    await CursorStore(store, "logs/w", "t").init("compaction", 6)
+    gc = GarbageCollector(store, "logs/w", GcOptions(grace_s=0))
+    report = await gc.run_once()
+    assert report.phase == "done", report
+    w2 = await LogWriter.open(store, "logs/w")  # a restart, or another host
+    again = await w2.append_many([b"once"], idempotency_key="k")  # the client's retry
+    await w2.close()
+    assert again.deduplicated and again.first_offset == first.first_offset, again
