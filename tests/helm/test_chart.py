@@ -995,3 +995,10 @@ def test_dockerignore_lets_in_every_package_the_distribution_declares():
     assert (IMAGE_DIR / "compactor-supervisor.py").is_file()
     scripts = pyproject["project"]["scripts"]
     assert {"loghost", "compactor"} <= set(scripts)
+
+
+def test_keep_alive_outlasts_a_load_balancer_idle_timeout(chart):
+    # A server closing idle connections before the balancer does loses requests sent on them.
+    assert int(env_value(host_sts(render(chart)), "loghost", "LOGHOST_KEEP_ALIVE_S")) > 60
+    sts = host_sts(render(chart, {"host": {"config": {"keepAliveS": 400}}}))
+    assert env_value(sts, "loghost", "LOGHOST_KEEP_ALIVE_S") == "400"
