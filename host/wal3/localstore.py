@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
-from .store import GetResult, ObjectMeta, ObjectStore, content_etag
+from .store import GetResult, ObjectMeta, ObjectStore, check_condition, content_etag
 
 _HIDDEN = ".wal3-local"  # temp files and lock files live here, outside the key space
 _STALE_TEMP_S = 3600.0
@@ -239,10 +239,7 @@ class LocalStore(ObjectStore):
         if_match: str | None = None,
     ) -> str:
         """Write an object atomically, optionally conditionally."""
-        if if_none_match is not None and if_none_match != "*":
-            raise ValueError("if_none_match only supports '*'")
-        if if_none_match is not None and if_match is not None:
-            raise ValueError("give at most one condition")
+        check_condition(if_none_match, if_match)
         return await self._run(self._put, key, bytes(data), if_none_match, if_match)
 
     async def copy(self, src: str, dst: str, *, if_none_match: Literal["*"] | None = None) -> str:

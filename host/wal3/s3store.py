@@ -31,7 +31,13 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .errors import ObjectNotFound, PreconditionFailed, StoreError, StoreUnavailable
-from .store import GetResult, ObjectMeta, ObjectStore, etag_matches_content
+from .store import (
+    GetResult,
+    ObjectMeta,
+    ObjectStore,
+    check_condition,
+    etag_matches_content,
+)
 
 T = TypeVar("T")
 
@@ -360,10 +366,7 @@ class S3Store(ObjectStore):
         if_match: str | None = None,
     ) -> str:
         """Write an object, optionally conditionally; returns the new etag."""
-        if if_none_match is not None and if_none_match != "*":
-            raise ValueError("if_none_match only supports '*'")
-        if if_none_match is not None and if_match is not None:
-            raise ValueError("give at most one condition")
+        check_condition(if_none_match, if_match)
         full = self._full(key)
         data = bytes(data)
         params: dict[str, Any] = {

@@ -39,6 +39,14 @@ def content_etag(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
+def check_condition(if_none_match: str | None, if_match: str | None) -> None:
+    """Reject a put condition no store supports (a programming error, not a store failure)."""
+    if if_none_match is not None and if_none_match != "*":
+        raise ValueError("if_none_match only supports '*'")
+    if if_none_match is not None and if_match is not None:
+        raise ValueError("give at most one condition")
+
+
 def etag_matches_content(etag: str, data: bytes) -> bool:
     """Whether an etag names exactly these bytes."""
     return etag.strip('"') == content_etag(data)
