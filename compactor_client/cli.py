@@ -55,6 +55,8 @@ class Settings:
     once: bool = False
     dirty_limit: int | None = None
     progress: bool = False
+    keep_versions: int = 2
+    prune_grace_s: float = 300.0
 
 
 def _split(value: str | None) -> tuple[str, ...]:
@@ -94,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "[COMPACTOR_METRICS_LISTEN]")
     run.add_argument("--dirty-limit", help="dirty entries asked of each host "
                      "[COMPACTOR_DIRTY_LIMIT]")
+    run.add_argument("--keep-versions", help="compacted versions kept per collection, the "
+                     "current one included [COMPACTOR_KEEP_VERSIONS; 2]")
+    run.add_argument("--prune-grace-s", help="seconds a superseded version stays readable "
+                     "before it is deleted [COMPACTOR_PRUNE_GRACE_S; 300]")
     run.add_argument("--once", action="store_true", default=None,
                      help="run one round and exit (0 when it succeeded)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -132,6 +138,10 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     min_records = pick(args.min_records, "COMPACTOR_MIN_RECORDS")
     interval_s = pick(args.interval_s, "COMPACTOR_INTERVAL_S")
     budget = pick(args.budget_records, "COMPACTOR_BUDGET_RECORDS")
+    keep_versions = int(_num("keep-versions", pick(args.keep_versions, "COMPACTOR_KEEP_VERSIONS"),
+                             int, 2))
+    if keep_versions < 1:
+        raise SettingsError("keep-versions must be at least 1 (the current version)")
     return Settings(
         hosts=tuple(h.rstrip("/") for h in hosts),
         api_key=str(api_key),
@@ -146,6 +156,9 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         once=bool(args.once) or once_env,
         dirty_limit=int(_num("dirty-limit", dirty_limit, int, 0)) or None,
         progress=bool(progress),
+        keep_versions=keep_versions,
+        prune_grace_s=float(_num("prune-grace-s",
+                                 pick(args.prune_grace_s, "COMPACTOR_PRUNE_GRACE_S"), float, 300.0)),
     )
 
 
@@ -200,7 +213,8 @@ async def run(
             dirty_limit=settings.dirty_limit,
         )
         pipeline = CompactionPipeline(
-            spark, store, clients, metrics=metrics, progress=settings.progress
+            spark, store, clients, metrics=metrics, progress=settings.progress,
+            keep_versions=settings.keep_versions, prune_grace_s=settings.prune_grace_s,
         )
         while True:
             ok = await _one_round(scheduler, pipeline, metrics)

@@ -51,10 +51,12 @@ from .parquet_io import S3Options
 from .scheduler import Candidate
 from .versions import (
     CorruptCurrent,
+    CurrentVersion,
     PendingVersion,
     allocate_version,
     discard_version,
     install_version,
+    prune_versions,
     read_current,
 )
 
@@ -230,6 +232,8 @@ class CompactionPipeline:
         console: Console | None = None,
         concurrency: int = 16,
         progress_interval_s: float = 0.5,
+        keep_versions: int = 2,
+        prune_grace_s: float = 300.0,
     ) -> None:
         self.spark = spark
         self.store = store
@@ -239,6 +243,8 @@ class CompactionPipeline:
         self.progress = progress
         self.console = console
         self.progress_interval_s = progress_interval_s
+        self.keep_versions = keep_versions
+        self.prune_grace_s = prune_grace_s
         self._sem = asyncio.Semaphore(concurrency)
 
     # ------------------------------------------------------------------------------- planning
@@ -341,7 +347,18 @@ class CompactionPipeline:
                 # The data is current; the cursor catches up next round (see module docstring).
                 return outcome("failed", stage="cursor", error=str(e),
                                records_in=stats.records_in, rows_out=stats.rows_out)
+            await self._prune(cid, installed.current)
         return outcome("compacted", records_in=stats.records_in, rows_out=stats.rows_out)
+
+    async def _prune(self, cid: str, current: CurrentVersion | None) -> None:
+        """Best effort: what is not pruned now is pruned after the next install."""
+        if current is None:
+            return
+        try:
+            await prune_versions(self.store, current, cid, keep=self.keep_versions,
+                                 grace_s=self.prune_grace_s)
+        except Exception as e:  # noqa: BLE001 - leftover files are harmless; report and go on
+            log.warning("could not prune old versions of %s: %r", cid, e)
 
     async def _discard(self, plan: _Plan) -> None:
         try:

@@ -13,11 +13,17 @@ with distinct names neither can overwrite the other's data, and the loser delete
 file.  ``CURRENT.json`` is only ever written by conditional put — create-only for the first
 version, ``If-Match`` the etag it was read at afterwards — so of two racing installs exactly one
 wins.
+
+Superseded versions are pruned (:func:`prune_versions`) once the newest ``keep`` versions are
+safely elsewhere and a grace period has passed since they were superseded: a reader that read the
+previous ``CURRENT.json`` may still be reading its file.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,7 +39,7 @@ from .fold import Row
 from .parquet_io import rows_to_table
 
 if TYPE_CHECKING:
-    from host.wal3.store import ObjectStore
+    from host.wal3.store import ObjectMeta, ObjectStore
 
 COMPACTED_PREFIX = "compacted"
 CURRENT_NAME = "CURRENT.json"
@@ -197,3 +203,72 @@ async def install_version(
 async def discard_version(store: ObjectStore, pending: PendingVersion) -> None:
     """Delete this attempt's data file (only its own: a racing winner may share the version)."""
     await store.delete(pending.data_key)
+
+
+_DATA_KEY = re.compile(r"^v(\d{16})/part-[^/]+\.parquet$")
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What a prune deleted and what it left for later (still inside the grace period)."""
+
+    deleted: list[str]
+    deferred: int
+
+
+async def prune_versions(
+    store: ObjectStore,
+    current: CurrentVersion,
+    collection_id: str,
+    *,
+    keep: int = 2,
+    grace_s: float = 300.0,
+    now: float | None = None,
+) -> PruneReport:
+    """Delete data no reader can still need: versions older than the newest ``keep`` and files
+    of lost or crashed install attempts, each only once ``grace_s`` has passed since it was
+    superseded (approximated by the write time of the file that replaced it).
+
+    Files of versions newer than ``current`` belong to installs in flight and are never touched.
+    """
+    keep = max(1, keep)
+    now = time.time() if now is None else now
+    base = f"{COMPACTED_PREFIX}/{collection_id}/"
+    by_version: dict[int, list[ObjectMeta]] = {}
+    async for meta in store.list(base):
+        m = _DATA_KEY.match(meta.key[len(base):])
+        if m is not None:
+            by_version.setdefault(int(m.group(1)), []).append(meta)
+    current_meta = next((x for x in by_version.get(current.version, ()) if x.key == current.path),
+                        None)
+    if current_meta is None:
+        # CURRENT.json names a file the listing does not show (eventual listing, or damage):
+        # not a state to delete anything in.
+        return PruneReport([], sum(len(v) for v in by_version.values()))
+
+    def superseded_at(version: int) -> float:
+        later = [x.last_modified for v, files in by_version.items() if v > version
+                 and v <= current.version for x in files]
+        return min(later, default=current_meta.last_modified)
+
+    doomed: list[str] = []
+    deferred = 0
+    for version, files in by_version.items():
+        if version > current.version:
+            continue
+        if version == current.version:
+            # Attempts that lost the race for this version (or crashed before discarding).
+            candidates = [(x, x.last_modified) for x in files if x.key != current.path]
+        elif version > current.version - keep:
+            continue
+        else:
+            when = superseded_at(version)
+            candidates = [(x, when) for x in files]
+        for meta, since in candidates:
+            if since <= now - grace_s:
+                doomed.append(meta.key)
+            else:
+                deferred += 1
+    for key in doomed:
+        await store.delete(key)
+    return PruneReport(sorted(doomed), deferred)

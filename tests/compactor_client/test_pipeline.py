@@ -266,9 +266,20 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     assert {o.collection_id: o.records_in for o in r2.outcomes if o.status == "compacted"} == {
         "alpha": 25, "beta": 15, "delta": 12}
     assert sorted(api.compact_calls) == [("alpha", 146), ("beta", 31), ("delta", 13), ("zeta", 6)]
-    # Version 1 of alpha is still readable: versions are immutable.
+    # Version 1 of alpha is still readable: versions are immutable, and the previous one is kept.
     assert await store.get(v1_alpha)
     assert sample(registry, "compactor_rounds_total", outcome="ok") == 1
+
+    # ---- round 3: version 3 of alpha pushes version 1 out of the kept window (2 by default);
+    # with no grace it is deleted right after the install, version 2 stays for its readers.
+    v2_alpha = (await read_current(store, "alpha")).path  # type: ignore[union-attr]
+    await logs["alpha"].append_fragment(random_records(rng, 5))
+    pruning = CompactionPipeline(spark, store, {HOST: api}, prune_grace_s=0.0)
+    r3 = await pruning.run_round([candidate(logs["alpha"], start=api.cursors["alpha"])])
+    assert [o.status for o in r3.outcomes] == ["compacted"]
+    await assert_current_matches(store, logs["alpha"], version=3)
+    v3_alpha = (await read_current(store, "alpha")).path  # type: ignore[union-attr]
+    assert await parquet_keys(store, "alpha") == {v2_alpha, v3_alpha}
 
 
 async def test_racing_pipelines_never_corrupt_current(spark: Any, tmp_path: Path) -> None:
@@ -478,6 +489,12 @@ def test_cli_settings_flags_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> N
     assert s.hosts == ("http://a:1", "http://b:2") and s.api_key == "envkey"
     assert s.min_records == 9 and s.interval_s == 2.5 and s.once and s.members == ("x", "y")
     assert s.spark_master is None and s.budget_records == 10_000_000
+    assert s.keep_versions == 2 and s.prune_grace_s == 300.0
+    s = cli.settings_from(parser.parse_args(["run", "--keep-versions", "3"]),
+                          {**env, "COMPACTOR_PRUNE_GRACE_S": "60"})
+    assert s.keep_versions == 3 and s.prune_grace_s == 60.0
+    with pytest.raises(cli.SettingsError):
+        cli.settings_from(parser.parse_args(["run", "--keep-versions", "0"]), env)
     with pytest.raises(cli.SettingsError):
         cli.settings_from(parser.parse_args(["run"]), {})
     with pytest.raises(cli.SettingsError):

@@ -15,6 +15,7 @@ from compactor_client.versions import (
     allocate_version,
     current_key,
     install_version,
+    prune_versions,
     read_current,
     write_rows,
 )
@@ -151,3 +152,76 @@ async def test_ambiguous_install_keeps_data(tmp_path: Path) -> None:
     cur = await read_current(store, "c")
     assert cur is not None and cur.path == v1.data_key  # it had landed after all...
     assert (await store.get(v1.data_key)).data  # ...and its data is still there
+
+
+async def _install_next(store: LocalStore, cid: str, offset: int, *, crashed_attempt: bool = False
+                        ) -> str:
+    """Install the next version (optionally leaving a crashed rival's file beside it)."""
+    base = await read_current(store, cid)
+    if crashed_attempt:
+        rival = allocate_version(cid, base)
+        await write_rows(store, rival, rows("rival"))
+    pending = allocate_version(cid, base)
+    await write_rows(store, pending, rows(f"v{offset}"))
+    assert (await install_version(store, pending, offset=offset, rows=1)).installed
+    return pending.data_key
+
+
+async def test_prune_keeps_the_newest_versions_and_waits_out_the_grace(store: LocalStore) -> None:
+    paths = [await _install_next(store, "c", 10 * (i + 1), crashed_attempt=(i == 3))
+             for i in range(5)]
+    cur = await read_current(store, "c")
+    assert cur is not None and cur.version == 5 and cur.path == paths[4]
+    before = set(await keys(store))
+    rival = next(k for k in before if "/v0000000000000004/" in k and k != paths[3])
+
+    # Within the grace period nothing goes, however old the version.
+    young = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0)
+    assert young.deleted == [] and young.deferred == 3
+    assert set(await keys(store)) == before
+
+    later = (await store.head(cur.path)).last_modified + 7200.0
+    report = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0, now=later)
+    # Versions 1-3 are gone, 4 (the previous one, which readers may hold) and 5 stay, and so
+    # does the crashed rival of version 4: it is inside the kept window and harmless.
+    assert report.deleted == sorted(paths[:3])
+    assert set(await keys(store)) == before - set(paths[:3])
+    assert set(read_version(store.url_for(cur.path))) == {"v50"}
+    assert rival in await keys(store)
+
+    # The next install pushes version 4 out of the window: its real file and its rival go.
+    newest = await _install_next(store, "c", 60)
+    cur = await read_current(store, "c")
+    assert cur is not None and cur.path == newest
+    later = (await store.head(newest)).last_modified + 7200.0
+    report = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0, now=later)
+    assert report.deleted == sorted([paths[3], rival])
+    assert sorted(await keys(store)) == sorted([current_key("c"), paths[4], newest])
+
+
+async def test_prune_leaves_the_current_and_in_flight_versions(store: LocalStore) -> None:
+    await _install_next(store, "c", 10)
+    cur = await read_current(store, "c")
+    assert cur is not None
+    # A loser's file in the current version, and an install of version 2 in flight.
+    loser = allocate_version("c", None)
+    await write_rows(store, loser, rows("loser"))
+    in_flight = allocate_version("c", cur)
+    await write_rows(store, in_flight, rows("next"))
+    later = (await store.head(in_flight.data_key)).last_modified + 10.0
+    report = await prune_versions(store, cur, "c", keep=1, grace_s=5.0, now=later)
+    assert report.deleted == [loser.data_key]
+    remaining = await keys(store)
+    assert cur.path in remaining and in_flight.data_key in remaining
+
+
+async def test_prune_deletes_nothing_when_current_names_a_missing_file(store: LocalStore) -> None:
+    await _install_next(store, "c", 10)
+    await _install_next(store, "c", 20)
+    await _install_next(store, "c", 30)
+    cur = await read_current(store, "c")
+    assert cur is not None
+    await store.delete(cur.path)
+    before = set(await keys(store))
+    report = await prune_versions(store, cur, "c", keep=1, grace_s=0.0, now=1e12)
+    assert report.deleted == [] and set(await keys(store)) == before

@@ -614,6 +614,16 @@ def test_extra_hosts_are_appended(chart):
     assert hosts == host_advertise_urls(r) + ["http://old-host-7.example.svc:8080"]
 
 
+def test_version_pruning_is_configurable(chart):
+    env = env_of(compactor_sts(render(chart)), "compactor")
+    assert "COMPACTOR_KEEP_VERSIONS" not in env and "COMPACTOR_PRUNE_GRACE_S" not in env
+    sts = compactor_sts(render(chart, {"compactor": {"keepVersions": 3, "pruneGraceS": 600}}))
+    assert env_value(sts, "compactor", "COMPACTOR_KEEP_VERSIONS") == "3"
+    assert env_value(sts, "compactor", "COMPACTOR_PRUNE_GRACE_S") == "600"
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, {"compactor": {"keepVersions": 0}})
+
+
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_static_membership_matches_pod_names(chart, replicas):
     r = render(chart, {"compactor": {"replicas": replicas}})
