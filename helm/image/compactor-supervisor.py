@@ -1,25 +1,37 @@
 #!/usr/bin/env python3
-"""compactor-supervisor: keep `compactor run` in step with its StatefulSet's size.
+"""compactor-supervisor: keep `compactor run` in step with the compactor pods.
 
 Rendezvous assignment needs every compactor to agree on the full member list.
-The compactors run as a StatefulSet, so the members are exactly
-``<statefulset>-0 .. <statefulset>-(replicas-1)``. With a fixed replica count the
-chart renders that list into COMPACTOR_MEMBERS. When the count can change at run
-time (an HPA, or ``kubectl scale``) this supervisor derives the list instead:
+When the replica count can change at run time (an HPA, ``kubectl scale``, a
+Deployment rollout) this supervisor derives the list from the Kubernetes API
+instead of taking it from the chart. Two sources (MEMBERSHIP_MODE):
 
-* it reads ``spec.replicas`` of its own StatefulSet from the Kubernetes API
-  (RBAC: ``get`` on that one StatefulSet) every MEMBERSHIP_POLL_S seconds;
-* it runs the given command (normally ``compactor run``) with
-  COMPACTOR_MEMBERS set to that list and COMPACTOR_MEMBER_ID to this pod's name;
-* when the count changes it stops the command (SIGTERM, then SIGKILL after
-  MEMBERSHIP_STOP_GRACE_S) and starts it again with the new list; a pod whose
-  ordinal is no longer below the count (it is being scaled away) runs nothing;
-* SIGTERM/SIGINT are forwarded to the command; its exit status becomes ours,
-  and if it exits on its own, so does the supervisor (the kubelet restarts it).
+* ``statefulset`` (the default): the members are exactly
+  ``<statefulset>-0 .. <statefulset>-(replicas-1)``; it reads ``spec.replicas``
+  of its own StatefulSet (RBAC: ``get`` on that one StatefulSet). A pod whose
+  ordinal is no longer below the count (it is being scaled away) runs nothing.
+* ``pods``: for a Deployment, whose pod names are random. It lists the pods
+  matching MEMBERSHIP_SELECTOR (RBAC: ``list`` pods in the namespace) and takes
+  the names of those that are Running, or Pending on a node, and not being
+  deleted, plus always its own name, sorted. Scheduled Pending pods count so
+  that a starting pod does not cause a second restart when it turns Running;
+  unscheduled, terminating, Succeeded and Failed pods do not, because they will
+  not (or no longer) compact.
+
+In both modes it polls every MEMBERSHIP_POLL_S seconds and:
+
+* runs the given command (normally ``compactor run``) with COMPACTOR_MEMBERS set
+  to the list and COMPACTOR_MEMBER_ID to this pod's name;
+* when the list changes, stops the command (SIGTERM, then SIGKILL after
+  MEMBERSHIP_STOP_GRACE_S) and starts it again with the new list;
+* forwards SIGTERM/SIGINT to the command; its exit status becomes ours, and if
+  it exits on its own, so does the supervisor (the kubelet restarts it).
 
 Standard library only; configured by environment:
 
-  MEMBERSHIP_STATEFULSET   (required) the StatefulSet name
+  MEMBERSHIP_MODE          statefulset (default) or pods
+  MEMBERSHIP_STATEFULSET   statefulset mode (required): the StatefulSet name
+  MEMBERSHIP_SELECTOR      pods mode (required): label selector, e.g. app=x,component=y
   MEMBERSHIP_NAMESPACE     default: the service account's namespace file
   MEMBERSHIP_POLL_S        default 30
   MEMBERSHIP_STOP_GRACE_S  default 30
@@ -40,6 +52,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -52,9 +65,18 @@ def log(message: str) -> None:
 
 class Config:
     def __init__(self, env: dict[str, str]) -> None:
+        self.mode = env.get("MEMBERSHIP_MODE", "") or "statefulset"
+        if self.mode not in ("statefulset", "pods"):
+            raise SystemExit(
+                f"compactor-supervisor: MEMBERSHIP_MODE must be statefulset or pods, not {self.mode!r}"
+            )
         self.statefulset = env.get("MEMBERSHIP_STATEFULSET", "")
-        if not self.statefulset:
+        if self.mode == "statefulset" and not self.statefulset:
             raise SystemExit("compactor-supervisor: MEMBERSHIP_STATEFULSET is required")
+        self.selector = env.get("MEMBERSHIP_SELECTOR", "")
+        if self.mode == "pods" and not self.selector:
+            # An empty selector would list every pod in the namespace.
+            raise SystemExit("compactor-supervisor: MEMBERSHIP_SELECTOR is required in pods mode")
         namespace = env.get("MEMBERSHIP_NAMESPACE", "")
         if not namespace and (SA_DIR / "namespace").is_file():
             namespace = (SA_DIR / "namespace").read_text().strip()
@@ -82,9 +104,9 @@ class Config:
             raise SystemExit("compactor-supervisor: POD_NAME (or COMPACTOR_MEMBER_ID) is required")
 
 
-def read_replicas(cfg: Config) -> int:
-    """spec.replicas of the StatefulSet (Kubernetes defaults a missing value to 1)."""
-    url = f"{cfg.api}/apis/apps/v1/namespaces/{cfg.namespace}/statefulsets/{cfg.statefulset}"
+def api_get(cfg: Config, path: str) -> dict:
+    """GET a path from the API server as JSON, authenticated as the pod's service account."""
+    url = f"{cfg.api}{path}"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if cfg.token_file.is_file():  # re-read every time: projected tokens rotate
         request.add_header("Authorization", f"Bearer {cfg.token_file.read_text().strip()}")
@@ -95,6 +117,14 @@ def read_replicas(cfg: Config) -> int:
         )
     with urllib.request.urlopen(request, timeout=10, context=context) as response:
         body = json.load(response)
+    if not isinstance(body, dict):
+        raise TypeError(f"unexpected API response {type(body).__name__}")
+    return body
+
+
+def read_replicas(cfg: Config) -> int:
+    """spec.replicas of the StatefulSet (Kubernetes defaults a missing value to 1)."""
+    body = api_get(cfg, f"/apis/apps/v1/namespaces/{cfg.namespace}/statefulsets/{cfg.statefulset}")
     replicas = body.get("spec", {}).get("replicas", 1)
     if not isinstance(replicas, int) or replicas < 0:
         raise ValueError(f"unexpected spec.replicas {replicas!r}")
@@ -103,6 +133,33 @@ def read_replicas(cfg: Config) -> int:
 
 def members_for(statefulset: str, replicas: int) -> list[str]:
     return [f"{statefulset}-{i}" for i in range(replicas)]
+
+
+def list_pods(cfg: Config) -> list[dict]:
+    """The pods matching the selector in the namespace (one unpaginated list)."""
+    query = urllib.parse.urlencode({"labelSelector": cfg.selector})
+    body = api_get(cfg, f"/api/v1/namespaces/{cfg.namespace}/pods?{query}")
+    items = body.get("items")
+    if not isinstance(items, list):  # an error Status has no items: never read it as "no pods"
+        raise TypeError(f"unexpected pod list (kind {body.get('kind')!r})")
+    return items
+
+
+def members_from_pods(pods: list[dict], own: str) -> list[str]:
+    """Names of the pods that are or will be compacting, always including our own, sorted."""
+    names = {own}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = meta.get("name")
+        if not name or meta.get("deletionTimestamp"):
+            continue
+        phase = (pod.get("status") or {}).get("phase")
+        # A Pending pod counts only once scheduled: one that never fits anywhere must not
+        # hold a share of the collections that nobody then compacts.
+        scheduled = bool((pod.get("spec") or {}).get("nodeName"))
+        if phase == "Running" or (phase == "Pending" and scheduled):
+            names.add(name)
+    return sorted(names)
 
 
 class Supervisor:
@@ -114,6 +171,16 @@ class Supervisor:
         self.stopping = False
         # Signal the child once: a second SIGTERM can cut its flush short.
         self.child_signalled = False
+
+    def source(self) -> str:
+        if self.cfg.mode == "pods":
+            return f"pods matching {self.cfg.selector}"
+        return f"StatefulSet {self.cfg.statefulset}"
+
+    def read_members(self) -> list[str]:
+        if self.cfg.mode == "pods":
+            return members_from_pods(list_pods(self.cfg), self.cfg.pod_name)
+        return members_for(self.cfg.statefulset, read_replicas(self.cfg))
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.stopping = True
@@ -158,14 +225,13 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_poll:
                 try:
-                    replicas = read_replicas(self.cfg)
+                    members = self.read_members()
                 except Exception as exc:  # API hiccup: keep the current membership
-                    log(f"cannot read StatefulSet {self.cfg.statefulset}: {exc}")
+                    log(f"cannot read the members ({self.source()}): {exc}")
                     next_poll = now + (backoff if self.members is None else self.cfg.poll_s)
                 else:
                     next_poll = now + self.cfg.poll_s
-                    members = members_for(self.cfg.statefulset, replicas)
-                    if self.cfg.pod_name not in members:
+                    if self.cfg.pod_name not in members:  # statefulset mode: scaled away
                         if self.child is not None:
                             log(f"{self.cfg.pod_name} is no longer a member; stopping compactor")
                             self.stop()

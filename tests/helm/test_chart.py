@@ -9,14 +9,18 @@ of their CRD schemas written below, also strict.
 Beyond validity the tests check the wiring the programs depend on: the server id
 is the pod name, the advertise URL is the pod's headless DNS name, probes hit
 /healthz and /readyz on the serving port, compactors get every host's per-pod
-URL and a member list that matches their own pod names, and credentials are only
+URL and a member list that matches their own pod names (StatefulSet) or the
+supervisor's pod listing (Deployment, the default), and credentials are only
 ever referenced from Secrets.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
 import re
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -85,9 +89,15 @@ S3_EXISTING_SECRET = {
 }
 EXTERNAL_REDIS = {"redis": {"enabled": True, "existingSecret": "acme-redis", "existingSecretKey": "url"}}
 EXTERNAL_REDIS_URL = {"redis": {"enabled": True, "url": "redis://redis-master.redis.svc.cluster.local:6379/0"}}
+# Compactor workload kinds (compactor.workload; Deployment is the default).
+STATEFULSET = {"compactor": {"workload": "StatefulSet"}}
+DEPLOYMENT = {"compactor": {"workload": "Deployment"}}
+WORKLOADS = {"Deployment": DEPLOYMENT, "StatefulSet": STATEFULSET}
 EXTERNAL_SPARK = {
     "compactor": {
         "replicas": 2,
+        # Two compactors in the default Deployment: members come from the pod list.
+        "membership": {"mode": "kubernetes"},
         "spark": {
             "master": "spark://spark-master.spark.svc.cluster.local:7077",
             "driverMemory": "1g",
@@ -96,7 +106,8 @@ EXTERNAL_SPARK = {
         "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
     }
 }
-FIVE_REPLICAS = {"host": {"replicas": 5}, "compactor": {"replicas": 3}}
+# Three compactors with a static member list: only a StatefulSet can do that.
+FIVE_REPLICAS = {"host": {"replicas": 5}, "compactor": {"replicas": 3, "workload": "StatefulSet"}}
 MONITORED_AUTOSCALED = {
     "service": {"type": "LoadBalancer"},
     "compactor": {
@@ -132,6 +143,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "external-spark": EXTERNAL_SPARK,
     "five-replicas": FIVE_REPLICAS,
     "monitored-autoscaled": MONITORED_AUTOSCALED,
+    "monitored-autoscaled-statefulset": {
+        **MONITORED_AUTOSCALED, "compactor": {**MONITORED_AUTOSCALED["compactor"], "workload": "StatefulSet"},
+    },
     "irsa-ambient-credentials": IRSA,
     "local-dev": LOCAL_DEV,
     "local-shared-claim": LOCAL_SHARED,
@@ -148,6 +162,7 @@ def merge(*dicts: dict[str, Any]) -> dict[str, Any]:
             else:
                 out[key] = copy.deepcopy(value)
     return out
+
 
 
 # --- rendering helpers --------------------------------------------------------
@@ -198,6 +213,22 @@ def host_sts(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
 
 def compactor_sts(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
     return r.get("StatefulSet", f"{name}-compactor")
+
+
+def compactor_deploy(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
+    return r.get("Deployment", f"{name}-compactor")
+
+
+def compactor_workload(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
+    """The compactor workload, whichever kind was rendered (exactly one of them)."""
+    found = [r.by_key[(kind, f"{name}-compactor")] for kind in ("Deployment", "StatefulSet")
+             if (kind, f"{name}-compactor") in r.by_key]
+    assert len(found) == 1, [w["kind"] for w in found]
+    return found[0]
+
+
+def workloads(r: Rendered) -> list[dict[str, Any]]:
+    return r.kinds("StatefulSet") + r.kinds("Deployment")
 
 
 def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
@@ -389,7 +420,8 @@ def test_lint_strict_has_no_errors_or_warnings():
     assert serious == [], serious
 
 
-@pytest.mark.parametrize("scenario", ["s3-existing-secret", "external-spark", "monitored-autoscaled", "local-dev"])
+@pytest.mark.parametrize("scenario", ["s3-existing-secret", "external-spark", "monitored-autoscaled",
+                                      "monitored-autoscaled-statefulset", "five-replicas", "local-dev"])
 def test_lint_strict_with_overrides(scenario):
     report = helm.lint(str(CHART_DIR), SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
@@ -422,15 +454,20 @@ def test_default_render_has_the_expected_objects(chart):
         ("Service", "loghost-headless"),
         ("Service", "loghost"),
         ("PodDisruptionBudget", "loghost"),
-        ("StatefulSet", "loghost-compactor"),
+        ("Deployment", "loghost-compactor"),
         ("Service", "loghost-compactor"),
         ("ServiceAccount", "loghost"),
     }
     assert set(r.by_key) == expected
+    # The StatefulSet kind swaps only the workload object.
+    r = render(chart, STATEFULSET)
+    assert set(r.by_key) == expected - {("Deployment", "loghost-compactor")} | {("StatefulSet", "loghost-compactor")}
 
 
-def test_optional_objects_appear_when_enabled(chart):
-    r = render(chart, MONITORED_AUTOSCALED)
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_optional_objects_appear_when_enabled(chart, kind):
+    r = render(chart, merge(MONITORED_AUTOSCALED, WORKLOADS[kind]))
+    assert compactor_workload(r)["kind"] == kind
     for key in [
         ("HorizontalPodAutoscaler", "loghost-compactor"),
         ("PodDisruptionBudget", "loghost-compactor"),
@@ -491,7 +528,7 @@ def test_advertise_url_is_the_pods_headless_dns_name(chart):
 def test_env_references_are_defined_before_use(chart):
     for values in SCENARIOS.values():
         r = render(chart, values)
-        for sts in r.kinds("StatefulSet"):
+        for sts in workloads(r):
             for c in sts["spec"]["template"]["spec"]["containers"]:
                 seen: set[str] = set()
                 for item in c.get("env", []):
@@ -550,7 +587,7 @@ def test_resources_pdb_and_anti_affinity(chart):
     assert pdb["spec"]["maxUnavailable"] == 1
     assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(sts))
     # The host PDB must not also cover compactor pods.
-    assert not selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(compactor_sts(r)))
+    assert not selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(compactor_workload(r)))
     soft = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     term = soft["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
@@ -563,10 +600,11 @@ def test_resources_pdb_and_anti_affinity(chart):
     assert "affinity" not in none["spec"]["template"]["spec"]
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "local-dev", "external-spark"])
+@pytest.mark.parametrize("scenario", ["defaults", "local-dev", "external-spark", "five-replicas"])
 def test_security_context(chart, scenario):
     r = render(chart, SCENARIOS[scenario])
-    for sts in r.kinds("StatefulSet"):
+    assert len(workloads(r)) == (1 if scenario == "local-dev" else 2)
+    for sts in workloads(r):
         spec = sts["spec"]["template"]["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["runAsUser"] != 0
@@ -599,10 +637,11 @@ def test_client_service_reaches_serving_hosts_only(chart):
 # --- compactor wiring ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "five-replicas", "external-spark", "s3-existing-secret"])
+@pytest.mark.parametrize("scenario", ["defaults", "five-replicas", "external-spark", "s3-existing-secret",
+                                      "monitored-autoscaled-statefulset"])
 def test_compactor_gets_every_host_url(chart, scenario):
     r = render(chart, SCENARIOS[scenario])
-    hosts = env_value(compactor_sts(r), "compactor", "COMPACTOR_HOSTS").split(",")
+    hosts = env_value(compactor_workload(r), "compactor", "COMPACTOR_HOSTS").split(",")
     # Exactly the URLs the hosts advertise themselves under, one per pod, in ordinal order.
     assert hosts == host_advertise_urls(r)
     assert len(hosts) == host_sts(r)["spec"]["replicas"]
@@ -610,14 +649,14 @@ def test_compactor_gets_every_host_url(chart, scenario):
 
 def test_extra_hosts_are_appended(chart):
     r = render(chart, {"compactor": {"extraHosts": ["http://old-host-7.example.svc:8080"]}})
-    hosts = env_value(compactor_sts(r), "compactor", "COMPACTOR_HOSTS").split(",")
+    hosts = env_value(compactor_workload(r), "compactor", "COMPACTOR_HOSTS").split(",")
     assert hosts == host_advertise_urls(r) + ["http://old-host-7.example.svc:8080"]
 
 
 def test_version_pruning_is_configurable(chart):
-    env = env_of(compactor_sts(render(chart)), "compactor")
+    env = env_of(compactor_workload(render(chart)), "compactor")
     assert "COMPACTOR_KEEP_VERSIONS" not in env and "COMPACTOR_PRUNE_GRACE_S" not in env
-    sts = compactor_sts(render(chart, {"compactor": {"keepVersions": 3, "pruneGraceS": 600}}))
+    sts = compactor_workload(render(chart, {"compactor": {"keepVersions": 3, "pruneGraceS": 600}}))
     assert env_value(sts, "compactor", "COMPACTOR_KEEP_VERSIONS") == "3"
     assert env_value(sts, "compactor", "COMPACTOR_PRUNE_GRACE_S") == "600"
     with pytest.raises(helm.HelmValuesError):
@@ -626,7 +665,7 @@ def test_version_pruning_is_configurable(chart):
 
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_static_membership_matches_pod_names(chart, replicas):
-    r = render(chart, {"compactor": {"replicas": replicas}})
+    r = render(chart, merge(STATEFULSET, {"compactor": {"replicas": replicas}}))
     sts = compactor_sts(r)
     env = env_of(sts, "compactor")
     assert sts["spec"]["replicas"] == replicas
@@ -639,16 +678,19 @@ def test_static_membership_matches_pod_names(chart, replicas):
     assert container(sts, "compactor")["args"] == ["compactor", "run"]
     assert not r.has("Role", "loghost-compactor")
     assert sts["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert not r.has("Deployment", "loghost-compactor")
 
 
 def test_kubernetes_membership_and_hpa_are_coherent(chart):
-    r = render(chart, MONITORED_AUTOSCALED)
+    r = render(chart, merge(MONITORED_AUTOSCALED, STATEFULSET))
     sts = compactor_sts(r)
     env = env_of(sts, "compactor")
     assert "replicas" not in sts["spec"], "the HPA owns the replica count"
     assert "COMPACTOR_MEMBERS" not in env, "members come from the supervisor, not a stale rendered list"
     assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["MEMBERSHIP_MODE"]["value"] == "statefulset"
     assert env["MEMBERSHIP_STATEFULSET"]["value"] == sts["metadata"]["name"]
+    assert "MEMBERSHIP_SELECTOR" not in env
     assert env["MEMBERSHIP_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["MEMBERSHIP_POLL_S"]["value"] == "15"
     assert container(sts, "compactor")["args"] == ["compactor-supervisor", "--", "compactor", "run"]
@@ -671,8 +713,184 @@ def test_kubernetes_membership_and_hpa_are_coherent(chart):
     assert host_sts(r)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-def test_spark_local_mode(chart):
-    sts = compactor_sts(render(chart))
+def parse_selector(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(","))
+
+
+def supervisor_config(workload: dict[str, Any]):
+    """The supervisor's Config built from the container env the chart renders, with the
+    downward-API fields filled in as the kubelet would: proves the two agree on names."""
+    spec = importlib.util.spec_from_file_location("compactor_supervisor", IMAGE_DIR / "compactor-supervisor.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fields = {"metadata.name": "loghost-compactor-6d4cf56db6-q2xlz", "metadata.namespace": NAMESPACE,
+              "status.podIP": "10.0.0.7"}
+    env = {"MEMBERSHIP_API_URL": "https://10.96.0.1:443"}
+    for item in env_list(workload, "compactor"):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "fieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return module.Config(env)
+
+
+def test_default_compactor_is_a_single_deployment(chart):
+    r = render(chart)
+    deploy = compactor_deploy(r)
+    assert not r.has("StatefulSet", "loghost-compactor")
+    spec = deploy["spec"]
+    assert deploy["metadata"]["labels"]["app.kubernetes.io/component"] == "compactor"
+    assert spec["replicas"] == 1
+    assert spec["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "loghost", "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": "compactor",
+    }
+    assert selects(spec["selector"]["matchLabels"], pod_labels(deploy))
+    # Nor may it select host pods (they share name/instance labels).
+    assert not selects(spec["selector"]["matchLabels"], pod_labels(host_sts(r)))
+    # StatefulSet-only fields stay out; a Deployment gets a one-at-a-time, no-surge rollout.
+    for field in ("serviceName", "podManagementPolicy", "volumeClaimTemplates", "updateStrategy"):
+        assert field not in spec, field
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    # One compactor, no API access: no member list, so it owns every collection.
+    env = env_of(deploy, "compactor")
+    assert container(deploy, "compactor")["args"] == ["compactor", "run"]
+    assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "COMPACTOR_MEMBERS" not in env
+    assert not [name for name in env if name.startswith("MEMBERSHIP_")]
+    assert spec["template"]["spec"]["automountServiceAccountToken"] is False
+    assert not r.has("Role", "loghost-compactor") and not r.has("RoleBinding", "loghost-compactor")
+    # The compactor contract: every host URL, the Spark master, the store, no inline credentials.
+    assert env_value(deploy, "compactor", "COMPACTOR_HOSTS").split(",") == host_advertise_urls(r)
+    assert env_value(deploy, "compactor", "COMPACTOR_SPARK_MASTER") == "local[*]"
+    assert env_value(deploy, "compactor", "COMPACTOR_STORE") == "s3://loghost/wal"
+    refs = secret_refs(r)
+    assert refs[("loghost-compactor", "COMPACTOR_API_KEY")] == ("loghost-api-keys", "COMPACTOR_API_KEY")
+    assert refs[("loghost-compactor", "AWS_SECRET_ACCESS_KEY")] == ("loghost-s3", "AWS_SECRET_ACCESS_KEY")
+    for obj in r.objects:
+        validate_object(obj)
+
+
+@pytest.mark.parametrize("replicas", [2, 5])
+def test_deployment_with_static_membership_refuses_more_than_one_replica(chart, replicas):
+    values = {"compactor": {"replicas": replicas}}
+    # The schema refuses it, and its error lists the three ways out.
+    with pytest.raises(helm.HelmValuesError) as err:
+        chart.validate_schema(values)
+    message = str(err.value)
+    assert "/compactor/replicas" in message and "want 1" in message
+    assert "/compactor/membership/mode" in message and "'kubernetes'" in message
+    assert "/compactor/workload" in message and "'StatefulSet'" in message
+    with pytest.raises(helm.HelmValuesError):
+        render(chart, values)
+    report = helm.lint(str(CHART_DIR), values, strict=True, namespace=NAMESPACE)
+    assert report["errors"], "lint must surface the refusal too"
+    # Each named fix renders.
+    for fix in ({"membership": {"mode": "kubernetes"}}, {"workload": "StatefulSet"}, {"replicas": 1}):
+        r = render(chart, merge(values, {"compactor": fix}))
+        assert compactor_workload(r)["kind"] == fix.get("workload", "Deployment")
+    # A disabled compactor is not checked.
+    chart.validate_schema(merge(values, {"compactor": {"enabled": False}}))
+
+
+def test_deployment_with_static_membership_is_also_refused_at_render(tmp_path):
+    # For installs that skip schema validation: the same combination fails in the templates,
+    # with a message that names the fix. Checked on a copy of the chart without the schema rule.
+    copy_dir = tmp_path / "loghost"
+    shutil.copytree(CHART_DIR, copy_dir)
+    schema_path = copy_dir / "values.schema.json"
+    schema = json.loads(schema_path.read_text())
+    rules = schema["properties"]["compactor"]["allOf"]
+    kept = [rule for rule in rules if "workload" not in json.dumps(rule["if"])]
+    assert len(kept) == len(rules) - 1
+    schema["properties"]["compactor"]["allOf"] = kept
+    schema_path.write_text(json.dumps(schema))
+    with helm.Chart.load(str(copy_dir)) as loaded:
+        loaded.validate_schema({"compactor": {"replicas": 3}})
+        with pytest.raises(helm.HelmRenderError) as err:
+            render(loaded, {"compactor": {"replicas": 3}})
+    message = str(err.value)
+    assert "compactor.replicas=3" in message
+    assert "compactor.membership.mode=kubernetes" in message and "compactor.workload=StatefulSet" in message
+
+
+def test_deployment_kubernetes_membership_lists_pods(chart):
+    r = render(chart, merge(DEPLOYMENT, {"compactor": {"replicas": 3, "membership": {"mode": "kubernetes",
+                                                                                      "pollSeconds": 20}}}))
+    deploy = compactor_deploy(r)
+    env = env_of(deploy, "compactor")
+    pod = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 3
+    assert container(deploy, "compactor")["args"] == ["compactor-supervisor", "--", "compactor", "run"]
+    assert "COMPACTOR_MEMBERS" not in env, "members come from the supervisor's pod list"
+    assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["MEMBERSHIP_MODE"]["value"] == "pods"
+    assert "MEMBERSHIP_STATEFULSET" not in env
+    # The supervisor lists exactly the pods the Deployment selects.
+    assert parse_selector(env["MEMBERSHIP_SELECTOR"]["value"]) == deploy["spec"]["selector"]["matchLabels"]
+    assert env["MEMBERSHIP_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["MEMBERSHIP_POLL_S"]["value"] == "20"
+    assert pod["automountServiceAccountToken"] is True
+
+    role = r.get("Role", "loghost-compactor")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    binding = r.get("RoleBinding", "loghost-compactor")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "loghost-compactor"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}]
+    assert not r.kinds("ClusterRole") and not r.kinds("ClusterRoleBinding"), "nothing cluster-wide"
+    assert host_sts(r)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    for obj in r.objects:
+        validate_object(obj)
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_supervisor_accepts_the_rendered_environment(chart, kind):
+    r = render(chart, merge(MONITORED_AUTOSCALED, WORKLOADS[kind]))
+    workload = compactor_workload(r)
+    cfg = supervisor_config(workload)
+    assert cfg.namespace == NAMESPACE
+    assert cfg.poll_s == 15
+    assert cfg.pod_name == "loghost-compactor-6d4cf56db6-q2xlz"
+    if kind == "Deployment":
+        assert cfg.mode == "pods"
+        assert parse_selector(cfg.selector) == workload["spec"]["selector"]["matchLabels"]
+    else:
+        assert (cfg.mode, cfg.statefulset) == ("statefulset", "loghost-compactor")
+
+
+def test_hpa_and_pdb_follow_the_deployment(chart):
+    r = render(chart, MONITORED_AUTOSCALED)
+    deploy = compactor_deploy(r)
+    assert "replicas" not in deploy["spec"], "the HPA owns the replica count"
+    hpa = r.get("HorizontalPodAutoscaler", "loghost-compactor")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "loghost-compactor"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    pdb = r.get("PodDisruptionBudget", "loghost-compactor")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(deploy))
+    assert not selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(host_sts(r)))
+    assert r.get("Role", "loghost-compactor")["rules"][0]["resources"] == ["pods"]
+
+
+def test_compactor_service_is_the_same_for_both_kinds(chart):
+    # Switching compactor.workload on an installed release must not need a change to the
+    # Service's immutable clusterIP; it stays the headless metrics target either way.
+    services = [render(chart, WORKLOADS[kind]).get("Service", "loghost-compactor") for kind in sorted(WORKLOADS)]
+    assert services[0] == services[1]
+    assert services[0]["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_notes_name_the_compactor_workload(chart, kind):
+    notes = render(chart, WORKLOADS[kind]).notes
+    assert f"Compactors: {kind} loghost-compactor, Spark master local[*]" in notes
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_spark_local_mode(chart, kind):
+    sts = compactor_workload(render(chart, WORKLOADS[kind]))
+    assert sts["kind"] == kind
     env = env_of(sts, "compactor")
     assert env["COMPACTOR_SPARK_MASTER"]["value"] == "local[*]"
     assert env["SPARK_LOCAL_IP"]["value"] == "127.0.0.1"
@@ -686,8 +904,10 @@ def test_spark_local_mode(chart):
     assert env["COMPACTOR_STORE"]["value"] == env_value(host_sts(render(chart)), "loghost", "LOGHOST_STORE")
 
 
-def test_spark_external_master(chart):
-    sts = compactor_sts(render(chart, EXTERNAL_SPARK))
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_spark_external_master(chart, kind):
+    sts = compactor_workload(render(chart, merge(EXTERNAL_SPARK, WORKLOADS[kind])))
+    assert sts["kind"] == kind
     env = env_of(sts, "compactor")
     assert env["COMPACTOR_SPARK_MASTER"]["value"] == "spark://spark-master.spark.svc.cluster.local:7077"
     submit = env["PYSPARK_SUBMIT_ARGS"]["value"]
@@ -730,7 +950,7 @@ SECRET_ENV = {
 def secret_refs(r: Rendered) -> dict[tuple[str, str], tuple[str, str]]:
     """(workload, env name) -> (secret name, key) for every secretKeyRef."""
     refs = {}
-    for sts in r.kinds("StatefulSet"):
+    for sts in workloads(r):
         for c in sts["spec"]["template"]["spec"]["containers"]:
             for item in c.get("env", []):
                 if item["name"] in SECRET_ENV or item["name"] == "LOGHOST_REDIS_URL":
@@ -743,8 +963,10 @@ def secret_refs(r: Rendered) -> dict[tuple[str, str], tuple[str, str]]:
     return refs
 
 
-def test_secrets_are_referenced_not_inlined(chart):
-    r = render(chart, merge(S3_EXISTING_SECRET, EXTERNAL_REDIS))
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_secrets_are_referenced_not_inlined(chart, kind):
+    r = render(chart, merge(S3_EXISTING_SECRET, EXTERNAL_REDIS, WORKLOADS[kind]))
+    assert compactor_workload(r)["kind"] == kind
     refs = secret_refs(r)
     for workload in ("loghost", "loghost-compactor"):
         assert refs[(workload, "AWS_ACCESS_KEY_ID")] == ("acme-s3-credentials", "access-key")
@@ -756,7 +978,7 @@ def test_secrets_are_referenced_not_inlined(chart):
     session = env_of(host_sts(r), "loghost")["AWS_SESSION_TOKEN"]
     assert session["valueFrom"]["secretKeyRef"]["optional"] is True
     # S3-compatible endpoint and region reach both programs.
-    for sts, cname in ((host_sts(r), "loghost"), (compactor_sts(r), "compactor")):
+    for sts, cname in ((host_sts(r), "loghost"), (compactor_workload(r), "compactor")):
         assert env_value(sts, cname, "AWS_ENDPOINT_URL") == "https://minio.storage.svc.cluster.local:9000"
         assert env_value(sts, cname, "AWS_REGION") == "eu-central-1"
         assert env_value(sts, cname, "LOGHOST_STORE" if cname == "loghost" else "COMPACTOR_STORE") == "s3://acme-wal/prod/loghost"
@@ -764,7 +986,8 @@ def test_secrets_are_referenced_not_inlined(chart):
 
 def test_ambient_credentials_render_no_keys(chart):
     r = render(chart, IRSA)
-    for sts in r.kinds("StatefulSet"):
+    assert len(workloads(r)) == 2
+    for sts in workloads(r):
         names = {e["name"] for c in sts["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
         assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
         assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "loghost"
@@ -776,7 +999,7 @@ def test_redis_is_optional(chart):
     assert "LOGHOST_REDIS_URL" not in env_of(host_sts(render(chart)), "loghost")
     plain = env_of(host_sts(render(chart, EXTERNAL_REDIS_URL)), "loghost")["LOGHOST_REDIS_URL"]
     assert plain["value"] == "redis://redis-master.redis.svc.cluster.local:6379/0"
-    assert "LOGHOST_REDIS_URL" not in env_of(compactor_sts(render(chart, EXTERNAL_REDIS_URL)), "compactor")
+    assert "LOGHOST_REDIS_URL" not in env_of(compactor_workload(render(chart, EXTERNAL_REDIS_URL)), "compactor")
 
 
 # --- values.schema.json rejects bad values ----------------------------------------
@@ -802,6 +1025,9 @@ BAD_VALUES = {
     "spark-conf-not-spark": {"compactor": {"spark": {"conf": {"executor.memory": "4g"}}}},
     "hpa-with-static-membership": {"compactor": {"autoscaling": {"enabled": True}}},
     "unknown-membership-mode": {"compactor": {"membership": {"mode": "dns"}}},
+    "unknown-workload-kind": {"compactor": {"workload": "DaemonSet"}},
+    "workload-kind-lowercase": {"compactor": {"workload": "deployment"}},
+    "hpa-with-static-membership-statefulset": merge(STATEFULSET, {"compactor": {"autoscaling": {"enabled": True}}}),
     "privileged-port": {"host": {"port": 80}},
     "root-allowed": {"host": {"podSecurityContext": {"runAsNonRoot": False}}},
     "root-user": {"compactor": {"podSecurityContext": {"runAsUser": 0}}},
@@ -848,9 +1074,10 @@ def test_local_dev_store_uses_a_pvc(chart):
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
 
 
-def test_local_shared_claim_is_mounted_by_hosts_and_compactors(chart):
-    r = render(chart, LOCAL_SHARED)
-    for sts, cname in ((host_sts(r), "loghost"), (compactor_sts(r), "compactor")):
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_local_shared_claim_is_mounted_by_hosts_and_compactors(chart, kind):
+    r = render(chart, merge(LOCAL_SHARED, WORKLOADS[kind]))
+    for sts, cname in ((host_sts(r), "loghost"), (compactor_workload(r), "compactor")):
         vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
         assert vols["data"]["persistentVolumeClaim"]["claimName"] == "loghost-rwx"
         mounts = {m["name"]: m["mountPath"] for m in container(sts, cname)["volumeMounts"]}
@@ -876,9 +1103,10 @@ def test_inconsistent_settings_are_refused(chart, values, message):
 # --- metrics --------------------------------------------------------------------
 
 
-def test_prometheus_annotations_match_ports(chart):
-    r = render(chart)
-    for sts, cname in ((host_sts(r), "loghost"), (compactor_sts(r), "compactor")):
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_prometheus_annotations_match_ports(chart, kind):
+    r = render(chart, WORKLOADS[kind])
+    for sts, cname in ((host_sts(r), "loghost"), (compactor_workload(r), "compactor")):
         ann = sts["spec"]["template"]["metadata"]["annotations"]
         assert ann["prometheus.io/scrape"] == "true"
         assert ann["prometheus.io/path"] == "/metrics"
@@ -888,8 +1116,9 @@ def test_prometheus_annotations_match_ports(chart):
     assert "prometheus.io/scrape" not in (host_sts(off)["spec"]["template"]["metadata"].get("annotations") or {})
 
 
-def test_service_monitors_select_one_target_per_pod(chart):
-    r = render(chart, MONITORED_AUTOSCALED)
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_service_monitors_select_one_target_per_pod(chart, kind):
+    r = render(chart, merge(MONITORED_AUTOSCALED, WORKLOADS[kind]))
     host_sm = r.get("ServiceMonitor", "loghost")
     services = r.kinds("Service")
     matched = [s for s in services if selects(host_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
@@ -902,6 +1131,10 @@ def test_service_monitors_select_one_target_per_pod(chart):
     matched = [s for s in services if selects(comp_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
     assert [s["metadata"]["name"] for s in matched] == ["loghost-compactor"]
     assert comp_sm["spec"]["endpoints"][0]["port"] == "metrics"
+    # ...and that Service reaches the compactor pods, on a port they expose.
+    workload = compactor_workload(r)
+    assert selects(matched[0]["spec"]["selector"], pod_labels(workload))
+    assert matched[0]["spec"]["ports"][0]["targetPort"] in {p["name"] for p in container(workload, "compactor")["ports"]}
 
 
 def test_alert_rules_use_exported_metrics(chart):
@@ -938,6 +1171,7 @@ def test_long_release_names_stay_within_kubernetes_limits(chart):
     name = "a-very-long-release-name-for-the-log-host-service-x"  # 51 chars
     helm.validate_release_name(name)
     r = render(chart, FIVE_REPLICAS, name=name)
+    assert len(r.kinds("StatefulSet")) == 2
     for sts in r.kinds("StatefulSet"):
         # controller-revision-hash label = name + "-" + 10 chars must fit in 63
         assert len(sts["metadata"]["name"]) <= 52
@@ -949,6 +1183,10 @@ def test_long_release_names_stay_within_kubernetes_limits(chart):
     for url in urls:
         for label in url.split("//")[1].split(":")[0].split("."):
             assert len(label) <= 63
+    deploy = compactor_deploy(render(chart, {}, name=name), host["metadata"]["name"])
+    validate_object(deploy)
+    # The selector the supervisor lists pods by is made of label values, each <= 63.
+    assert all(len(v) <= 63 for v in deploy["spec"]["selector"]["matchLabels"].values())
 
 
 def test_notes_tell_the_operator_how_to_reach_the_api(chart):

@@ -1,13 +1,15 @@
 """helm/image/compactor-supervisor.py against a fake Kubernetes API on loopback.
 
 The supervisor is what makes compactor autoscaling coherent: it derives the
-rendezvous member list from the StatefulSet's replica count and restarts the
-compactor when the count changes. Here the "compactor" is a tiny script that
-records the membership it was started with and how it was stopped.
+rendezvous member list from the API (a StatefulSet's replica count, or a
+Deployment's live pods) and restarts the compactor when the list changes. Here
+the "compactor" is a tiny script that records the membership it was started
+with and how it was stopped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +27,8 @@ SUPERVISOR = Path(__file__).resolve().parents[2] / "helm" / "image" / "compactor
 STS = "lh-compactor"
 NS = "logs"
 TOKEN = "test-token-123"
+SELECTOR = "app.kubernetes.io/component=compactor,app.kubernetes.io/instance=lh"
+DEPLOY_POD = "lh-compactor-7c9d5b8f6d-abcde"
 
 CHILD = r"""
 import os, signal, sys, time
@@ -46,11 +51,22 @@ while True:
 """
 
 
+def pod(name: str, phase: str = "Running", deleting: bool = False, node: str | None = "node-1"
+        ) -> dict:
+    meta: dict = {"name": name, "namespace": NS}
+    if deleting:
+        meta["deletionTimestamp"] = "2024-05-01T12:00:00Z"
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
 class FakeAPI:
-    """Serves GET /apis/apps/v1/namespaces/NS/statefulsets/STS with a settable replica count."""
+    """Serves GET /apis/apps/v1/namespaces/NS/statefulsets/STS with a settable replica count,
+    and GET /api/v1/namespaces/NS/pods?labelSelector=SELECTOR with a settable pod list."""
 
     def __init__(self) -> None:
         self.replicas: int | None = 3
+        self.pods: list[dict] = []
         self.failures_left = 0
         self.requests: list[tuple[str, str | None]] = []
         api = self
@@ -58,7 +74,16 @@ class FakeAPI:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 api.requests.append((self.path, self.headers.get("Authorization")))
-                if self.path != f"/apis/apps/v1/namespaces/{NS}/statefulsets/{STS}":
+                url = urllib.parse.urlsplit(self.path)
+                if url.path == f"/apis/apps/v1/namespaces/{NS}/statefulsets/{STS}" and not url.query:
+                    spec = {} if api.replicas is None else {"replicas": api.replicas}
+                    reply = {"kind": "StatefulSet", "spec": spec}
+                elif url.path == f"/api/v1/namespaces/{NS}/pods":
+                    if urllib.parse.parse_qs(url.query) != {"labelSelector": [SELECTOR]}:
+                        self.send_error(400)
+                        return
+                    reply = {"kind": "PodList", "items": api.pods}
+                else:
                     self.send_error(404)
                     return
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -68,8 +93,7 @@ class FakeAPI:
                     api.failures_left -= 1
                     self.send_error(503)
                     return
-                spec = {} if api.replicas is None else {"replicas": api.replicas}
-                body = json.dumps({"kind": "StatefulSet", "spec": spec}).encode()
+                body = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -98,7 +122,8 @@ def api():
         yield fake
 
 
-def start(tmp_path: Path, api: FakeAPI, pod: str = f"{STS}-1", child_exit: int = -1) -> tuple[subprocess.Popen, Path]:
+def start(tmp_path: Path, api: FakeAPI, pod: str = f"{STS}-1", child_exit: int = -1,
+          mode: str | None = None) -> tuple[subprocess.Popen, Path]:
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     out = tmp_path / "events.log"
@@ -106,7 +131,6 @@ def start(tmp_path: Path, api: FakeAPI, pod: str = f"{STS}-1", child_exit: int =
     child.write_text(CHILD)
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "MEMBERSHIP_STATEFULSET": STS,
         "MEMBERSHIP_NAMESPACE": NS,
         "MEMBERSHIP_POLL_S": "0.2",
         "MEMBERSHIP_STOP_GRACE_S": "5",
@@ -114,6 +138,12 @@ def start(tmp_path: Path, api: FakeAPI, pod: str = f"{STS}-1", child_exit: int =
         "MEMBERSHIP_TOKEN_FILE": str(token),
         "POD_NAME": pod,
     }
+    if mode == "pods":  # what the chart sets for a Deployment
+        env.update(MEMBERSHIP_MODE="pods", MEMBERSHIP_SELECTOR=SELECTOR)
+    else:  # statefulset; mode=None leaves MEMBERSHIP_MODE unset (its default)
+        env["MEMBERSHIP_STATEFULSET"] = STS
+        if mode:
+            env["MEMBERSHIP_MODE"] = mode
     proc = subprocess.Popen(
         [sys.executable, str(SUPERVISOR), "--", sys.executable, str(child), str(out), str(child_exit)],
         env=env,
@@ -133,6 +163,17 @@ def wait_for(out: Path, predicate, timeout: float = 10.0) -> list[str]:
             return seen
         time.sleep(0.05)
     raise AssertionError(f"timed out; events so far: {events(out)}")
+
+
+def wait_for_polls(api: FakeAPI, n: int, timeout: float = 10.0) -> None:
+    """Wait until the API has seen n more requests. The supervisor polls one request at a
+    time, so once request k+1 arrives it has acted on the answer to request k."""
+    target = len(api.requests) + n
+    deadline = time.monotonic() + timeout
+    while len(api.requests) < target:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {len(api.requests)} of {target} API requests")
+        time.sleep(0.02)
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -228,3 +269,115 @@ def test_refuses_to_run_without_configuration(tmp_path):
     )
     assert result.returncode != 0
     assert "MEMBERSHIP_STATEFULSET" in result.stderr
+
+
+# --- pods mode (the chart's Deployment) -----------------------------------------
+
+
+def load_supervisor():
+    spec = importlib.util.spec_from_file_location("compactor_supervisor", SUPERVISOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_members_from_a_pod_list():
+    members_from_pods = load_supervisor().members_from_pods
+    pods = [
+        pod("lh-compactor-b-2", "Pending"),
+        pod("lh-compactor-a-1", "Running"),
+        pod("lh-compactor-c-3", "Running", deleting=True),  # terminating: leaving now
+        pod("lh-compactor-d-4", "Succeeded"),
+        pod("lh-compactor-e-5", "Failed"),
+        pod("lh-compactor-f-6", "Unknown"),
+        pod("lh-compactor-g-7", "Pending", deleting=True),
+        {"metadata": {"name": "lh-compactor-h-8"}},  # no status yet: not counted
+        pod("lh-compactor-i-9", "Pending", node=None),  # fits nowhere: must not take a share
+    ]
+    assert members_from_pods(pods, "lh-compactor-z-0") == ["lh-compactor-a-1", "lh-compactor-b-2", "lh-compactor-z-0"]
+    # Our own pod is a member even if the list does not (yet) show it as live.
+    assert members_from_pods([pod("lh-compactor-a-1", "Failed")], "lh-compactor-a-1") == ["lh-compactor-a-1"]
+    assert members_from_pods([], "me") == ["me"]
+
+
+def test_pods_mode_starts_with_the_live_pods(tmp_path, api):
+    api.pods = [pod("lh-compactor-x", "Running"), pod("lh-compactor-gone", "Running", deleting=True),
+                pod("lh-compactor-done", "Succeeded")]
+    proc, out = start(tmp_path, api, pod=DEPLOY_POD, mode="pods")
+    try:
+        seen = wait_for(out, lambda e: len(e) >= 1)
+        # Own name included although the list did not show it; sorted.
+        assert seen[0] == f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-x"
+        path, auth = api.requests[0]
+        url = urllib.parse.urlsplit(path)
+        assert url.path == f"/api/v1/namespaces/{NS}/pods"
+        assert urllib.parse.parse_qs(url.query) == {"labelSelector": [SELECTOR]}
+        assert auth == f"Bearer {TOKEN}"
+        assert not any("statefulsets" in p for p, _ in api.requests)
+    finally:
+        assert stop(proc) == 0
+    assert events(out).count("term") == 1
+
+
+def test_pods_mode_restarts_when_the_member_set_changes(tmp_path, api):
+    me = pod(DEPLOY_POD, "Running")
+    api.pods = [me, pod("lh-compactor-x", "Running")]
+    proc, out = start(tmp_path, api, pod=DEPLOY_POD, mode="pods")
+    try:
+        wait_for(out, lambda e: e == [f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-x"])
+        api.pods = [me, pod("lh-compactor-x", "Running"), pod("lh-compactor-a", "Pending")]  # scaled out
+        seen = wait_for(out, lambda e: len(e) >= 3)
+        assert seen[1:3] == ["term", f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-a,lh-compactor-x"]
+        # The new pod turning Running is not a membership change: no restart.
+        api.pods = [me, pod("lh-compactor-x", "Running"), pod("lh-compactor-a", "Running")]
+        wait_for_polls(api, 3)
+        assert len(events(out)) == 3
+        api.pods = [me, pod("lh-compactor-x", "Running", deleting=True), pod("lh-compactor-a", "Running")]
+        seen = wait_for(out, lambda e: len(e) >= 5)
+        assert seen[3:5] == ["term", f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-a"]
+        api.pods = [me]  # down to this pod alone: it still runs, with just itself
+        seen = wait_for(out, lambda e: len(e) >= 7)
+        assert seen[5:7] == ["term", f"start {DEPLOY_POD} {DEPLOY_POD}"]
+        assert proc.poll() is None
+    finally:
+        assert stop(proc) == 0
+    assert events(out).count("term") == 4, "one SIGTERM per restart, never two"
+
+
+def test_pods_mode_api_errors_keep_current_membership(tmp_path, api):
+    api.pods = [pod("lh-compactor-x", "Running")]
+    proc, out = start(tmp_path, api, pod=DEPLOY_POD, mode="pods")
+    try:
+        seen = wait_for(out, lambda e: len(e) >= 1)
+        api.failures_left = 1_000  # more than the polls below, whatever is in flight
+        api.pods = []  # would be a change, but every answer fails meanwhile
+        wait_for_polls(api, 3)
+        assert events(out) == seen, "an API hiccup must not restart the compactor"
+    finally:
+        stop(proc)
+
+
+def test_an_explicit_statefulset_mode_is_the_default_behaviour(tmp_path, api):
+    proc, out = start(tmp_path, api, mode="statefulset")
+    try:
+        assert wait_for(out, lambda e: len(e) >= 1)[0] == f"start {STS}-1 {members(3)}"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"MEMBERSHIP_MODE": "pods"}, "MEMBERSHIP_SELECTOR"),
+        ({"MEMBERSHIP_MODE": "dns", "MEMBERSHIP_STATEFULSET": STS}, "MEMBERSHIP_MODE"),
+    ],
+)
+def test_refuses_bad_mode_configuration(env, message):
+    result = subprocess.run(
+        [sys.executable, str(SUPERVISOR), "--", "true"],
+        env={"PATH": os.environ.get("PATH", ""), "MEMBERSHIP_NAMESPACE": NS, "POD_NAME": DEPLOY_POD,
+             "MEMBERSHIP_API_URL": "http://127.0.0.1:9", **env},
+        capture_output=True, text=True, timeout=10, check=False,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr

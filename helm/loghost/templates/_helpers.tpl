@@ -79,6 +79,16 @@ app.kubernetes.io/component: host
 app.kubernetes.io/component: compactor
 {{- end }}
 
+{{/* The compactor selector as a label-selector string (k=v,...), for the supervisor's pod list. */}}
+{{- define "loghost.compactor.labelSelector" -}}
+{{- $labels := include "loghost.compactor.selectorLabels" . | fromYaml }}
+{{- $parts := list }}
+{{- range $k := keys $labels | sortAlpha }}
+{{- $parts = append $parts (printf "%s=%v" $k (get $labels $k)) }}
+{{- end }}
+{{- join "," $parts }}
+{{- end }}
+
 {{/*
 The label the client Service additionally selects on. Every host pod starts
 with it; an operator draining a host before scale-in overwrites it
@@ -118,7 +128,7 @@ loghost/serving: "true"
 {{- join "," $urls }}
 {{- end }}
 
-{{/* Comma-separated compactor member ids for static membership: the StatefulSet's pod names. */}}
+{{/* Comma-separated compactor member ids for static membership of a StatefulSet: its pod names. */}}
 {{- define "loghost.compactor.members" -}}
 {{- $members := list }}
 {{- range $i := until (int .Values.compactor.replicas) }}
@@ -229,6 +239,11 @@ Ki/Mi/Gi/Ti and k/K/M/G/T suffixes.
 {{- fail "host.persistence.enabled only makes sense with a local (file) store; an S3 store needs no volume" }}
 {{- end }}
 {{- if .Values.compactor.enabled }}
+{{- with .Values.compactor }}
+{{- if and (eq .workload "Deployment") (eq .membership.mode "static") (gt (int .replicas) 1) }}
+{{- fail (printf "compactor.replicas=%d with compactor.workload=Deployment needs compactor.membership.mode=kubernetes: a Deployment's pod names are random, so a static member list cannot name them. Set compactor.membership.mode=kubernetes (the supervisor lists the live pods; RBAC: list pods in the namespace), or compactor.workload=StatefulSet (stable pod names), or compactor.replicas=1" (int .replicas)) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.compactor.autoscaling.enabled (ne .Values.compactor.membership.mode "kubernetes") }}
 {{- fail "compactor.autoscaling.enabled requires compactor.membership.mode=kubernetes: with static membership the member list is fixed at render time and would go stale when the HPA changes the replica count" }}
 {{- end }}
