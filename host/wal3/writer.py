@@ -112,7 +112,7 @@ class LogWriterOptions:
     snapshot_threshold: int = 20
     snapshot_max_age_s: float = 60.0
     dedup_window_fragments: int = 256
-    dedup_window_keys: int = 100_000
+    dedup_window_keys: int = 10_000
     max_append_attempts: int = 3
     max_rebases: int = 64
 
@@ -219,6 +219,7 @@ class LogWriter:
         self._wake = asyncio.Event()
         self._committed = asyncio.Event()
         self._keys: collections.OrderedDict[str, AppendResult] = collections.OrderedDict()
+        self._key_seq: dict[str, int] = {}  # the fragment each key is in, to expire the window
         self._keys_loaded = False
         self._unlearned: set[int] = set()  # sequence numbers whose footers we still must read
         self._keys_lock = asyncio.Lock()
@@ -646,16 +647,17 @@ class LogWriter:
             for a in b.appends:
                 r = AppendResult(off, len(a.bodies), b.timestamp_us)
                 off += len(a.bodies)
-                self._resolve(a, r)
+                self._resolve(a, r, b.seq_no)
+        self._expire_keys()
         event, self._committed = self._committed, asyncio.Event()
         event.set()
         self._maybe_snapshot()
         self._kick()
 
-    def _resolve(self, a: _Append, r: AppendResult) -> None:
+    def _resolve(self, a: _Append, r: AppendResult, seq_no: int) -> None:
         self._outstanding_bytes -= a.nbytes
         if a.key is not None:
-            self._remember_key(a.key, r)
+            self._remember_key(a.key, r, seq_no)
             self._key_waiters.pop(a.key, None)
         a.settle(r, None)
 
@@ -901,11 +903,23 @@ class LogWriter:
 
     # ------------------------------------------------------------------------- idempotency
 
-    def _remember_key(self, key: str, r: AppendResult) -> None:
+    def _remember_key(self, key: str, r: AppendResult, seq_no: int) -> None:
         self._keys[key] = r
         self._keys.move_to_end(key)
+        self._key_seq[key] = seq_no
         while len(self._keys) > self._opts.dedup_window_keys:
-            self._keys.popitem(last=False)
+            self._key_seq.pop(self._keys.popitem(last=False)[0], None)
+
+    def _expire_keys(self) -> None:
+        """Forget keys whose fragment left the window: memory stays bounded by the window, which
+        is also all a reopened writer would know (keys are kept in insertion order, ~seq order)."""
+        horizon = self._manifest.next_seq_no - self._opts.dedup_window_fragments
+        while self._keys:
+            key = next(iter(self._keys))
+            if self._key_seq.get(key, horizon) >= horizon:
+                return
+            del self._keys[key]
+            self._key_seq.pop(key, None)
 
     def _drop_known_keys(self) -> None:
         """Resolve queued appends whose key turned out to be in the log already (read repair)."""
@@ -952,9 +966,9 @@ class LogWriter:
             return read_footer(got.data)[1]
 
         found = await asyncio.gather(*(footer(seq) for seq in seqs))
-        for keys in found:
+        for seq, keys in zip(seqs, found, strict=True):
             for k, (first, count) in keys.items():
                 if k not in self._keys:
-                    self._remember_key(k, AppendResult(first, count, 0))
+                    self._remember_key(k, AppendResult(first, count, 0), seq)
         self._unlearned.difference_update(seqs)
         self._drop_known_keys()

@@ -87,6 +87,27 @@ async def test_idempotency_key_survives_reopen(store: ObjectStore) -> None:
     assert [r.body for r in records] == [b"x", b"y", b"z", b"new"]
 
 
+async def test_idempotency_window_in_memory_is_the_window_a_reopen_would_know(
+        store: ObjectStore) -> None:
+    # Memory per open log is bounded by the window (here 4 fragments), not by how many keyed
+    # appends the log ever took; and a live writer dedups exactly what a reopened one would.
+    opts = LogWriterOptions(dedup_window_fragments=4, batch_interval_s=0)
+    w = await LogWriter.open(store, "logs/window", opts)
+    for i in range(10):
+        await w.append_many([f"r{i}".encode()], idempotency_key=f"k{i}")  # one fragment each
+    assert len(w._keys) <= 4 + 1
+    # k{i} is in fragment i+1; the window is fragments 7-10: k6-k9.
+    live = [(await w.append_many([b"again"], idempotency_key=f"k{i}")).deduplicated
+            for i in (9, 6, 5)]
+    assert live == [True, True, False]  # k5 fell out of the window: appended again (fragment 11)
+    await w.close()
+    w2 = await LogWriter.open(store, "logs/window", opts)  # its window: fragments 8-11
+    reopened = [(await w2.append_many([b"again"], idempotency_key=f"k{i}")).deduplicated
+                for i in (9, 5)]
+    assert reopened == [True, True]
+    await w2.close()
+
+
 async def test_seal_refuses_appends_and_persists(store: ObjectStore) -> None:
     w = await LogWriter.open(store, "logs/s")
     await w.append(b"one")
