@@ -194,6 +194,123 @@ async def inspect_records(
 
 
 @dataclass(slots=True)
+class _Window:
+    cursor: int
+    witness: str
+    end: int
+    folder: Coalescer
+
+
+async def _read_window(
+    backend: DirtyLogBackend, compaction: CompactionOffsets, cursor_name: str, max_read: int
+) -> _Window:
+    """Fold ``[cursor, end)`` of a dirty log, ``end`` being its next offset when we start."""
+    # 1. Where the window starts.
+    loaded = await backend.load_cursor(cursor_name)
+    if loaded is None:
+        cursor = await backend.oldest_offset()
+        # A CursorConflict here means another roll-up created it first: retried by the caller.
+        witness = await backend.create_cursor(cursor_name, cursor)
+    else:
+        cursor, witness = loaded
+    # 2. Where it ends: fixed up front so concurrent writers and our own re-appends (all at or
+    # above ``end``) are left for the next run, and a busy log cannot keep us reading forever.
+    end = await backend.next_offset()
+
+    # 3. Read the window page by page, folding as we go.
+    compacted: dict[UUID, int] = {}
+    folder = Coalescer(compacted)
+    pos = cursor
+    while pos < end:
+        page = await backend.read(pos, min(max_read, end - pos))
+        if not page:
+            raise RollUpError(f"dirty log returned nothing at {pos}, before its end {end}")
+        records: list[DirtyRecord] = []
+        for offset, body in page:
+            if offset >= end:
+                break
+            if offset != pos:
+                raise RollUpError(f"dirty log read expected offset {pos}, got {offset}")
+            try:
+                records.append(DirtyRecord.decode(body))
+            except DirtyRecordError as e:
+                # Fail loudly: skipping could drop a dirty collection.  Nothing is lost while
+                # we are stuck (the window stays), and the roll-up failure is visible.
+                raise DirtyRecordError(f"dirty log offset {offset}: {e}") from e
+            pos += 1
+        # 4. Enrich with compaction cursors, once per collection per run.
+        new_ids = list(
+            dict.fromkeys(
+                r.collection_id
+                for r in records
+                if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in compacted
+            )
+        )
+        if new_ids:
+            found = await compaction.compaction_offsets(new_ids)
+            for cid in new_ids:
+                compacted[cid] = found.get(cid, 1)
+        for record in records:
+            folder.add(record)
+    return _Window(cursor, witness, end, folder)
+
+
+def _carry(folder: Coalescer) -> list[DirtyRecord]:
+    """One mark per still-dirty collection, re-inserted once more, oldest first."""
+    spans = folder.result()
+    return [
+        DirtyRecord(
+            cid,
+            span.start,
+            span.num_records,
+            span.first_insertion_us,
+            min(span.reinsert_count + 1, _U32_MAX),
+            RecordKind.MARK_DIRTY,
+        )
+        for cid, span in sorted(spans.items(), key=lambda kv: (kv[1].first_insertion_us, kv[0].bytes))
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class HandOverResult:
+    """What :func:`hand_over` moved from one dirty log to another."""
+
+    collections: int
+    records_read: int
+    cursor_from: int
+    cursor_to: int
+
+
+async def hand_over(
+    source: DirtyLogBackend,
+    target: DirtyLogBackend,
+    compaction: CompactionOffsets,
+    *,
+    cursor_name: str = CURSOR_NAME,
+    max_records_per_read: int = 1024,
+    max_records_per_append: int = 1024,
+) -> HandOverResult:
+    """Move another server's dirty set into ``target`` (a server that is gone for good).
+
+    It is a roll-up of ``source`` whose re-appends go to ``target``: the still-dirty collections
+    are appended to ``target`` first, and only then does ``source``'s cursor move past the window,
+    so at every instant each dirty collection has a mark in one of the two logs.  A crash repeats
+    the hand-over (duplicates, which roll-ups coalesce), never loses a collection.  If the source's
+    own server is alive after all, this is as safe as two racing roll-ups: one cursor move wins
+    and the loser starts over from the new cursor.  ``source`` is only read and its cursor moved.
+    """
+    window = await _read_window(source, compaction, cursor_name, max_records_per_read)
+    if not window.folder.saw_changes:
+        return HandOverResult(0, window.end - window.cursor, window.cursor, window.cursor)
+    carried = _carry(window.folder)
+    bodies = [r.encode() for r in carried]
+    for i in range(0, len(bodies), max_records_per_append):
+        await target.append_many(bodies[i : i + max_records_per_append])
+    await source.cas_cursor(cursor_name, window.end, window.witness)
+    return HandOverResult(len(carried), window.end - window.cursor, window.cursor, window.end)
+
+
+@dataclass(slots=True)
 class _Attempt:
     conflicts: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -322,73 +439,16 @@ class RollUp:
 
     async def _run_once(self, attempt: _Attempt) -> RollUpResult:
         backend = self._backend
-        # 1. Where the window starts.
-        loaded = await backend.load_cursor(self._cursor_name)
-        if loaded is None:
-            cursor = await backend.oldest_offset()
-            # A CursorConflict here means another roll-up created it first: retried by run().
-            witness = await backend.create_cursor(self._cursor_name, cursor)
-        else:
-            cursor, witness = loaded
-        # 2. Where it ends: fixed up front so concurrent writers and our own re-appends (all at or
-        # above ``end``) are left for the next run, and a busy log cannot keep us reading forever.
-        end = await backend.next_offset()
-
-        # 3. Read the window page by page, folding as we go.
-        compacted: dict[UUID, int] = {}
-        folder = Coalescer(compacted)
-        pos = cursor
-        while pos < end:
-            page = await backend.read(pos, min(self._max_read, end - pos))
-            if not page:
-                raise RollUpError(f"dirty log returned nothing at {pos}, before its end {end}")
-            records: list[DirtyRecord] = []
-            for offset, body in page:
-                if offset >= end:
-                    break
-                if offset != pos:
-                    raise RollUpError(f"dirty log read expected offset {pos}, got {offset}")
-                try:
-                    records.append(DirtyRecord.decode(body))
-                except DirtyRecordError as e:
-                    # Fail loudly: skipping could drop a dirty collection.  Nothing is lost while
-                    # we are stuck (the window stays), and the roll-up failure is visible.
-                    raise DirtyRecordError(f"dirty log offset {offset}: {e}") from e
-                pos += 1
-            # 4. Enrich with compaction cursors, once per collection per run.
-            new_ids = list(
-                dict.fromkeys(
-                    r.collection_id
-                    for r in records
-                    if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in compacted
-                )
-            )
-            if new_ids:
-                found = await self._compaction.compaction_offsets(new_ids)
-                for cid in new_ids:
-                    compacted[cid] = found.get(cid, 1)
-            for record in records:
-                folder.add(record)
-
+        window = await _read_window(backend, self._compaction, self._cursor_name, self._max_read)
+        cursor, witness, end, folder = window.cursor, window.witness, window.end, window.folder
         if not folder.saw_changes:
             # Nothing but clears (or nothing at all) since the cursor: the set is empty and writing
             # yet another clear every interval would be pure churn on an idle server.
             return self._finish(attempt, {}, cursor, cursor, end - cursor, folder, 0, False, idle=True)
 
         # 5. Re-append every collection still dirty, or a clear record when none is.
-        spans = folder.result()
+        carried = _carry(folder)
         now = self._clock()
-        carried = [
-            DirtyRecord(
-                cid,
-                span.start,
-                span.num_records,
-                span.first_insertion_us,
-                min(span.reinsert_count + 1, _U32_MAX),
-                RecordKind.MARK_DIRTY,
-            )
-            for cid, span in sorted(spans.items(), key=lambda kv: (kv[1].first_insertion_us, kv[0].bytes))
-        ]
         bodies = [r.encode() for r in carried] if carried else [DirtyRecord.clear(now).encode()]
         for i in range(0, len(bodies), self._max_append):
             await backend.append_many(bodies[i : i + self._max_append])

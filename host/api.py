@@ -43,6 +43,8 @@ from .errors import (
 )
 from .manager import LogHandle, log_prefix
 from .models import (
+    AdoptRequest,
+    AdoptResponse,
     AppendRequest,
     AppendResponse,
     CompactionRequest,
@@ -491,6 +493,17 @@ def create_app(server: Server) -> FastAPI:
         first = await server.purge(ids)
         return {"purged": len(ids), "first_offset": first}
 
+    @v1.post("/dirty/adopt", openapi_extra=_body(AdoptRequest), response_model=AdoptResponse,
+             summary="Take over the dirty set of a server that is gone",
+             responses={404: {"model": ErrorResponse}})
+    async def adopt(request: Request, _: Principal = Depends(service)) -> AdoptResponse:
+        assert server.dirty is not None
+        req = _parse(AdoptRequest, await _read_body(request, 1 << 16))
+        r = await server.adopt_dirty(req.server_id)
+        return AdoptResponse(adopted_server_id=req.server_id, collections=r.collections,
+                             records_read=r.records_read, cursor_from=r.cursor_from,
+                             cursor_to=r.cursor_to)
+
     @v1.get("/dirty/inspect", summary="Decode raw dirty-log records (operators)")
     async def inspect(_: Principal = Depends(service),
                       from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
@@ -536,7 +549,8 @@ def create_app(server: Server) -> FastAPI:
                 for op in ops.values():
                     op["security"] = [{"bearer": []}]
         comps = components.setdefault("schemas", {})
-        for model in (AppendRequest, CursorPut, CompactionRequest, ForkRequest, PurgeRequest):
+        for model in (AppendRequest, CursorPut, CompactionRequest, ForkRequest, PurgeRequest,
+                      AdoptRequest):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(js.pop("$defs", {}))
             comps[model.__name__] = js

@@ -131,6 +131,31 @@ async def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _dirty_logs(args: argparse.Namespace) -> int:
+    from dirtylog import CURSOR_NAME
+    from host.wal3 import open_store
+    from host.wal3.cursors import CursorStore
+    from host.wal3.layout import load_manifest
+    from host.wal3.scrub import find_logs
+
+    store = open_store(args.store)
+    try:
+        async for prefix in find_logs(store, "dirty/"):
+            loaded = await load_manifest(store, prefix)
+            if loaded is None:
+                continue
+            m = loaded[0]
+            w = await CursorStore(store, prefix, "inspect").load(CURSOR_NAME)
+            cursor = w.cursor.offset if w is not None else m.oldest_offset
+            print(json.dumps({"server_id": prefix.split("/", 1)[1], "log": prefix,
+                              "next_offset": m.next_offset, "stable_prefix": cursor,
+                              "records_above_cursor": max(0, m.next_offset - cursor),
+                              "writer": m.writer}))
+    finally:
+        await store.close()
+    return 0
+
+
 async def _inspect(args: argparse.Namespace) -> int:
     from dirtylog import DirtyRecord, DirtyRecordError
     from host.wal3 import Limits, LogReader, ObjectNotFound, open_store
@@ -217,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--retain-s", type=float, default=900.0,
                    help="how long those retained objects are kept at most")
     g.set_defaults(func=_gc, is_async=True)
+
+    d = sub.add_parser("dirty-logs", help="list the servers' dirty logs in a store (to find "
+                                          "those of removed hosts, for POST /v1/dirty/adopt)")
+    d.add_argument("store")
+    d.set_defaults(func=_dirty_logs, is_async=True)
 
     i = sub.add_parser("inspect", help="print a log's manifest summary, cursors and garbage")
     i.add_argument("store")

@@ -11,6 +11,8 @@ from dirtylog import DirtyLogHook, RollUp, RollUpResult
 from host.wal3 import Limits, LogReader, LogWriter, ObjectStore
 from host.wal3.cursors import CursorStore
 from host.wal3.gc import GarbageCollector, GcOptions
+from host.wal3.layout import load_manifest
+from host.wal3.manifest import Manifest
 
 _log = logging.getLogger("loghost.dirty")
 
@@ -68,6 +70,60 @@ class WalDirtyBackend:
     async def collect_garbage(self) -> None:
         """Advance the dirty log's own garbage collection."""
         await self._gc.run_once()
+
+
+class StoredDirtyLog:
+    """Another server's dirty log, as the store has it: read and cursor-moved, never written.
+
+    The manifest is read once, so a hand-over's window ends where the log ended when it began.
+    """
+
+    def __init__(self, store: ObjectStore, prefix: str, manifest: Manifest, writer_name: str
+                 ) -> None:
+        self._manifest = manifest
+        self._reader = LogReader(store, prefix)
+        self._cursors = CursorStore(store, prefix, writer_name)
+
+    @classmethod
+    async def load(cls, store: ObjectStore, prefix: str, writer_name: str
+                   ) -> StoredDirtyLog | None:
+        """The log at ``prefix``, or None when there is none."""
+        loaded = await load_manifest(store, prefix)
+        return None if loaded is None else cls(store, prefix, loaded[0], writer_name)
+
+    async def append_many(self, bodies: list[bytes]) -> int:
+        """Never: only its own server writes a dirty log."""
+        raise NotImplementedError("another server's dirty log is read-only here")
+
+    async def read(self, from_offset: int, max_records: int) -> list[tuple[int, bytes]]:
+        """Contiguous records from ``from_offset``."""
+        recs = await self._reader.read(from_offset, Limits(max_records=max_records),
+                                       manifest=self._manifest)
+        return [(r.offset, r.body) for r in recs]
+
+    async def next_offset(self) -> int:
+        """The log's end when it was loaded."""
+        return self._manifest.next_offset
+
+    async def oldest_offset(self) -> int:
+        """The oldest retained offset when it was loaded."""
+        return self._manifest.oldest_offset
+
+    async def load_cursor(self, name: str) -> tuple[int, str] | None:
+        """A cursor's offset and witness."""
+        w = await self._cursors.load(name)
+        return None if w is None else (w.cursor.offset, w.etag)
+
+    async def create_cursor(self, name: str, offset: int) -> str:
+        """Create a cursor."""
+        return (await self._cursors.init(name, offset)).etag
+
+    async def cas_cursor(self, name: str, offset: int, witness: str) -> str:
+        """Compare-and-swap a cursor."""
+        return (await self._cursors.save(name, offset, witness)).etag
+
+    async def collect_garbage(self) -> None:
+        """Left to the log's own server (collecting here would write its manifest)."""
 
 
 class DirtyLog:

@@ -162,6 +162,24 @@ class PurgeRequest(BaseModel):
     collection_ids: list[StrictStr] = Field(min_length=1, max_length=10_000)
 
 
+class AdoptRequest(BaseModel):
+    """``POST /v1/dirty/adopt``."""
+
+    model_config = _STRICT
+
+    server_id: StrictStr = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+class AdoptResponse(BaseModel):
+    """What an adoption moved; ``collections`` is how many were still dirty."""
+
+    adopted_server_id: str
+    collections: int
+    records_read: int
+    cursor_from: int
+    cursor_to: int
+
+
 class DirtyLogOut(BaseModel):
     """One dirty collection as compactors see it."""
 

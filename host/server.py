@@ -5,22 +5,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Sequence
 from uuid import UUID
 
-from dirtylog import DirtyLogHook, RollUp, RollUpResult, missing_from_dirty_set
+from dirtylog import (
+    DirtyLogHook,
+    HandOverResult,
+    RollUp,
+    RollUpResult,
+    hand_over,
+    missing_from_dirty_set,
+)
 from host.wal3 import LogWriter, LogWriterOptions, ObjectStore, open_store
 from host.wal3.gc import GarbageCollector, GcOptions, GcReport
 
 from .auth import Authenticator
 from .config import Settings
-from .dirty import DirtyLog, WalDirtyBackend, compaction_offsets_from_store, dirty_prefix
+from .dirty import (
+    DirtyLog,
+    StoredDirtyLog,
+    WalDirtyBackend,
+    compaction_offsets_from_store,
+    dirty_prefix,
+)
+from .errors import BadRequest, NotFound
 from .leader import LeaderHint, leader_hint_from_url
 from .manager import LogHandle, LogManager, log_prefix
 from .metrics import Metrics
 
 _log = logging.getLogger("loghost.server")
+# Server ids a dirty log may be adopted from: pod names and the like, never a path.
+_SERVER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 class _CompactionOffsets:
@@ -118,6 +135,28 @@ class Server:
         first = await self.dirty.rollup.purge(ids)
         self._purged.update(ids)
         return first
+
+    async def adopt_dirty(self, server_id: str) -> HandOverResult:
+        """Take over the dirty set of a server that is gone (``POST /v1/dirty/adopt``).
+
+        Its still-dirty collections are appended to our dirty log, then its cursor moves past
+        them (see ``dirtylog.hand_over``); our roll-up then serves them to compactors.
+        """
+        assert self.dirty is not None
+        if server_id == self.settings.server_id:
+            raise BadRequest("server_id: this server's own dirty log cannot be adopted")
+        if not _SERVER_ID.fullmatch(server_id):
+            raise BadRequest("server_id: letters, digits, '.', '_' and '-', starting with a "
+                             "letter or digit, at most 253")
+        source = await StoredDirtyLog.load(self.store, dirty_prefix(server_id),
+                                           f"loghost:{self.settings.server_id}:adopt")
+        if source is None:
+            raise NotFound(f"no dirty log for server {server_id!r}")
+        result = await hand_over(source, self.dirty.backend, _CompactionOffsets(self))
+        _log.info("adopted the dirty log of %s: %d collection(s), %d record(s) read",
+                  server_id, result.collections, result.records_read)
+        await self.rollup_now()
+        return result
 
     async def rollup_now(self) -> RollUpResult:
         """Roll the dirty log up immediately (``POST /v1/dirty/rollup``)."""

@@ -144,3 +144,15 @@ def test_gc_runs_and_collects_below_the_compaction_cursor(store: Path) -> None:
     assert scrub.returncode == 0, scrub.stdout + scrub.stderr
     out = loghost("inspect", str(store), f"logs/{LOG1}", "--records")
     assert [r["body"]["id"] for r in json_stream(out.stdout)[1:]] == ["one-2", "one-3", "one-4"]
+
+
+def test_dirty_logs_lists_each_servers_dirty_log(store: Path) -> None:
+    out = loghost("dirty-logs", str(store))
+    assert out.returncode == 0, out.stdout + out.stderr
+    logs = json_lines(out.stdout)
+    assert len(logs) == 1  # the one server of the fixture
+    (d,) = logs
+    assert d["log"] == f"dirty/{d['server_id']}" and d["server_id"].startswith("test-")
+    # 5 + 1 appends, one fragment each, never rolled up: every mark is above the cursor
+    assert d["next_offset"] == 7 and d["records_above_cursor"] == 6
+    assert loghost("dirty-logs", str(store / "nowhere")).stdout.strip() == ""

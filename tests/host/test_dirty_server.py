@@ -206,3 +206,50 @@ async def test_no_collection_with_uncompacted_records_falls_out(tmp_path: Path) 
         cursor = await CursorStore(server.store, dirty_prefix(live.settings.server_id),
                                    "t").load("stable_prefix")
         assert cursor is not None and cursor.cursor.offset > 1
+
+
+async def test_a_departed_servers_dirty_set_is_adopted(tmp_path: Path) -> None:
+    """Scale-in without a drain: another host adopts the removed host's dirty log."""
+    store_dir = str(tmp_path / "store")
+    ids = _ids(4)
+    async with live_server(store_dir, server_id="gone") as gone, gone.client() as c:
+        for i, cid in enumerate(ids):
+            r = await c.post(f"/v1/tenants/alice/logs/{cid}/records",
+                             json={"records": [record(f"r{j}") for j in range(i + 1)]})
+            assert r.status_code == 200, r.text
+        # ids[0] gets compacted before the host goes: it must not be handed over.
+        r = await c.post(f"/v1/tenants/alice/logs/{ids[0]}/compaction", json={"offset": 2})
+        assert r.status_code == 200
+    # "gone" is stopped (its pod removed); "live" shares the store and never wrote these logs.
+    async with live_server(store_dir, server_id="live") as live, live.client() as c:
+        assert (await c.post("/v1/dirty/rollup")).json()["logs"] == []
+        r = await c.post("/v1/dirty/adopt", json={"server_id": "gone"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["adopted_server_id"] == "gone" and body["collections"] == 3
+        listed = {e["collection_id"]: e for e in (await c.get("/v1/dirty")).json()["logs"]}
+        assert {k: (e["tenant"], e["start"], e["limit"]) for k, e in listed.items()} == {
+            ids[1]: ("alice", 1, 3), ids[2]: ("alice", 1, 4), ids[3]: ("alice", 1, 5)}
+        # A second adoption finds nothing new; bad requests are refused with the error shape.
+        again = await c.post("/v1/dirty/adopt", json={"server_id": "gone"})
+        assert again.status_code == 200 and again.json()["collections"] == 0
+        for bad, status in ((json_body("live"), 400), (json_body("nobody"), 404),
+                            (json_body("a/b"), 400), (json_body(".."), 400),
+                            ({"server_id": 7}, 400), ({}, 400)):
+            r = await c.post("/v1/dirty/adopt", json=bad)
+            assert r.status_code == status, (bad, r.text)
+            assert set(r.json()["error"]) >= {"code", "message"}
+        tenant_key = {"Authorization": "Bearer alice-key"}
+        assert (await c.post("/v1/dirty/adopt", json=json_body("gone"), headers=tenant_key)
+                ).status_code == 403
+    # The departed host comes back after all: it finds its set handed over (nothing lost, no
+    # stale entries), and new writes are tracked by it as usual.
+    async with live_server(store_dir, server_id="gone") as back, back.client() as c:
+        assert (await c.post("/v1/dirty/rollup")).json()["logs"] == []
+        await c.post(f"/v1/tenants/alice/logs/{ids[0]}/records", json={"records": [record("n")]})
+        assert [e["collection_id"] for e in (await c.post("/v1/dirty/rollup")).json()["logs"]
+                ] == [ids[0]]
+
+
+def json_body(server_id: str) -> dict[str, str]:
+    return {"server_id": server_id}

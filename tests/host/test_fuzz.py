@@ -176,9 +176,26 @@ def _ensure_logs(live: Live) -> None:
             assert r.status_code in (200, 409), r.text  # created, or already there
 
 
+DEPARTED = "departed-host"  # a server whose dirty log is in the store, for /v1/dirty/adopt
+
+
+async def _departed_dirty_log(root: Path) -> None:
+    """A dirty log left by another server: one mark for alice's log."""
+    from dirtylog import DirtyRecord, RecordKind
+    from host.dirty import dirty_prefix
+    from host.wal3 import LogWriter
+
+    store = LocalStore(root)
+    w = await LogWriter.open(store, dirty_prefix(DEPARTED))
+    await w.append(DirtyRecord(uuid.UUID(CID), 1, 2, 1, 0, RecordKind.MARK_DIRTY).encode())
+    await w.close()
+    await store.close()
+
+
 @pytest.fixture(scope="module")
 def fuzz_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     store = tmp_path_factory.mktemp("fuzz") / "store"
+    asyncio.run(_departed_dirty_log(store))
     # A short long-poll bound: a generated wait_ms is at most this (the schema says so).
     with ThreadedServer(store, max_wait_ms=200) as live:
         yield live
@@ -245,6 +262,9 @@ def _valid_bodies(method: str, path: str) -> st.SearchStrategy[Any] | None:
                                      optional={"offset": st.integers(1, 12)})
     if path == "/v1/dirty/purge":
         return st.fixed_dictionaries({"collection_ids": st.lists(_IDS, min_size=1, max_size=4)})
+    if path == "/v1/dirty/adopt":
+        return st.fixed_dictionaries({"server_id": st.sampled_from([DEPARTED, "never-was"])
+                                      | st.from_regex(r"[a-z0-9][a-z0-9.-]{0,12}", fullmatch=True)})
     if path.endswith("/records") and method == "POST":
         return st.fixed_dictionaries(
             {"records": st.lists(_RECORD, min_size=1, max_size=3)},
@@ -311,6 +331,8 @@ def explicit_cases(op: Any, method: str, path: str, tail: int) -> list[Any]:
     elif path == "/v1/dirty/purge":
         out.append(op.Case(body={"collection_ids": [NEVER_WRITTEN]},
                            media_type="application/json"))
+    elif path == "/v1/dirty/adopt":
+        out.append(op.Case(body={"server_id": DEPARTED}, media_type="application/json"))
     elif path == "/v1/dirty/inspect":
         out.append(op.Case(query={"from": 1, "limit": 5}))
     else:

@@ -75,6 +75,8 @@ def _valid_body(method: str, template: str, target: str | None = None) -> dict[s
         return {"target_collection_id": target or str(uuid.uuid4())}
     if template.endswith("/dirty/purge"):
         return {"collection_ids": [CID]}
+    if template.endswith("/dirty/adopt"):
+        return {"server_id": "some-departed-host"}
     return None
 
 
@@ -171,7 +173,8 @@ async def test_the_app_has_the_routes_this_file_expects(env: Env) -> None:
     routes = env.routes()
     paths = {p for _, p in routes}
     assert PUBLIC <= paths, PUBLIC - paths
-    assert {"/v1/dirty", "/v1/dirty/rollup", "/v1/dirty/purge", "/v1/dirty/inspect"} <= paths
+    assert {"/v1/dirty", "/v1/dirty/rollup", "/v1/dirty/purge", "/v1/dirty/inspect",
+            "/v1/dirty/adopt"} <= paths
     assert len(env.per_log()) >= 12, env.per_log()
     # every protected route is either per log, or a service route under /v1/dirty
     for _, p in env.protected():
