@@ -22,7 +22,26 @@ def dirty_prefix(server_id: str) -> str:
     return f"dirty/{server_id}"
 
 
-class WalDirtyBackend:
+class _Cursors:
+    """The cursor part of ``dirtylog.DirtyLogBackend``, over a wal3 cursor store."""
+
+    _cursors: CursorStore
+
+    async def load_cursor(self, name: str) -> tuple[int, str] | None:
+        """A cursor's offset and witness."""
+        w = await self._cursors.load(name)
+        return None if w is None else (w.cursor.offset, w.etag)
+
+    async def create_cursor(self, name: str, offset: int) -> str:
+        """Create a cursor."""
+        return (await self._cursors.init(name, offset)).etag
+
+    async def cas_cursor(self, name: str, offset: int, witness: str) -> str:
+        """Compare-and-swap a cursor."""
+        return (await self._cursors.save(name, offset, witness)).etag
+
+
+class WalDirtyBackend(_Cursors):
     """``dirtylog.DirtyLogBackend`` over an open wal3 log."""
 
     def __init__(self, store: ObjectStore, prefix: str, writer: LogWriter, gc: GcOptions) -> None:
@@ -54,25 +73,12 @@ class WalDirtyBackend:
         """The oldest retained offset."""
         return self._writer.manifest.oldest_offset
 
-    async def load_cursor(self, name: str) -> tuple[int, str] | None:
-        """A cursor's offset and witness."""
-        w = await self._cursors.load(name)
-        return None if w is None else (w.cursor.offset, w.etag)
-
-    async def create_cursor(self, name: str, offset: int) -> str:
-        """Create a cursor."""
-        return (await self._cursors.init(name, offset)).etag
-
-    async def cas_cursor(self, name: str, offset: int, witness: str) -> str:
-        """Compare-and-swap a cursor."""
-        return (await self._cursors.save(name, offset, witness)).etag
-
     async def collect_garbage(self) -> None:
         """Advance the dirty log's own garbage collection."""
         await self._gc.run_once()
 
 
-class StoredDirtyLog:
+class StoredDirtyLog(_Cursors):
     """Another server's dirty log, as the store has it: read and cursor-moved, never written.
 
     The manifest is read once, so a hand-over's window ends where the log ended when it began.
@@ -108,19 +114,6 @@ class StoredDirtyLog:
     async def oldest_offset(self) -> int:
         """The oldest retained offset when it was loaded."""
         return self._manifest.oldest_offset
-
-    async def load_cursor(self, name: str) -> tuple[int, str] | None:
-        """A cursor's offset and witness."""
-        w = await self._cursors.load(name)
-        return None if w is None else (w.cursor.offset, w.etag)
-
-    async def create_cursor(self, name: str, offset: int) -> str:
-        """Create a cursor."""
-        return (await self._cursors.init(name, offset)).etag
-
-    async def cas_cursor(self, name: str, offset: int, witness: str) -> str:
-        """Compare-and-swap a cursor."""
-        return (await self._cursors.save(name, offset, witness)).etag
 
     async def collect_garbage(self) -> None:
         """Left to the log's own server (collecting here would write its manifest)."""
