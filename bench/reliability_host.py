@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from starlette.responses import JSONResponse
 
     from host import jsonlog
-    from host.api import create_app
+    from host.api import create_app, uvicorn_config
     from host.config import Settings
     from host.server import Server
     from host.wal3 import FaultyStore, LocalStore
@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             return JSONResponse({"error": {"code": "not_found", "message": action}}, 404)
         return JSONResponse(faulty.stats())
 
-    host, port = settings.host_port
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
-                                  lifespan="on", timeout_graceful_shutdown=10)).run()
+    uvicorn.Server(uvicorn_config(app, settings, timeout_graceful_shutdown=10)).run()
     return 0
 
 

@@ -164,17 +164,17 @@ class _Uvicorn:
     """A uvicorn server that leaves the process's signal handlers alone."""
 
     @staticmethod
-    def make(app: Any, port: int) -> Any:
+    def make(app: Any, settings: Any) -> Any:
         import uvicorn
+
+        from host.api import uvicorn_config
 
         class Server(uvicorn.Server):
             @contextlib.contextmanager
             def capture_signals(self):  # type: ignore[no-untyped-def]
                 yield
 
-        return Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                     access_log=False, lifespan="on",
-                                     timeout_graceful_shutdown=10))
+        return Server(uvicorn_config(app, settings, timeout_graceful_shutdown=10))
 
 
 @dataclass
@@ -215,8 +215,9 @@ class InProcessHost:
         for attempt in range(20):
             self.latch = CrashLatch(self.store, f"{self.server_id}#{self.restarts}.{attempt}")
             self.latch.observers.extend(self.observers)
-            self.server = Server(Settings(**base), store=self.latch)
-            self._userver = _Uvicorn.make(create_app(self.server), self.port)
+            settings = Settings(**base)
+            self.server = Server(settings, store=self.latch)
+            self._userver = _Uvicorn.make(create_app(self.server), settings)
             self._task = asyncio.create_task(self._userver.serve(), name=f"uvicorn-{self.port}")
             await poll(lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
                        "uvicorn to start", 60)

@@ -47,7 +47,6 @@ from .reliability_core import (
 from .reliability_infra import (
     ROOT,
     SERVICE_KEY,
-    CrashLatch,
     InProcessHost,
     ProcHost,
     RedisProc,
@@ -638,7 +637,6 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
     """SIGKILL ``compactor run --once`` mid-round (in the Spark fold or while installing), then
     rerun it: versions stay consistent, cursors never run ahead, nothing acknowledged is lost."""
     started = time.monotonic()
-    rng = random.Random(f"compactor:{seed}")
     store = workdir / "store"
     host = ProcHost(store, workdir / "logs", "p0", env=dict(PROC_ENV))
     await asyncio.to_thread(host.start)
@@ -746,7 +744,6 @@ async def scenario_soak(seed: int, quick: bool, workdir: Path, opts: Options) ->
     started = time.monotonic()
     seconds = 10.0 if quick else opts.soak_seconds
     nlogs = 100 if quick else opts.soak_logs
-    rng = random.Random(f"soak:{seed}")
     store = workdir / "store"
     env = dict(PROC_ENV)
     env.update({"LOGHOST_ROLLUP_INTERVAL_S": "5" if quick else "10",

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from uuid import UUID
 
+import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -30,6 +31,7 @@ from host.wal3.scrub import scrub_log
 
 from . import jsonlog
 from .auth import Principal
+from .config import Settings
 from .errors import (
     BackpressureError,
     BadRequest,
@@ -162,6 +164,20 @@ class _RequestContext:
             _log.info("request", extra={"method": scope.get("method"), "route": route,
                                         "status": status,
                                         "ms": round((time.monotonic() - started) * 1000, 3)})
+
+
+def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """How the log host runs under uvicorn: ``loghost serve``, the tests and the benchmarks."""
+    host, port = settings.host_port
+    options: dict[str, Any] = {
+        "host": host, "port": port, "log_config": None, "access_log": False, "lifespan": "on",
+        "server_header": False,
+        # Above clients' idle expiry, or a request may be sent on a connection being closed.
+        "timeout_keep_alive": max(1, round(settings.keep_alive_s)),
+        "timeout_graceful_shutdown": int(settings.shutdown_grace_s),
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
 
 
 def create_app(server: Server) -> FastAPI:

@@ -35,7 +35,7 @@ class _GracefulServer(uvicorn.Server):
 
 def _serve(args: argparse.Namespace) -> int:
     from . import jsonlog
-    from .api import create_app
+    from .api import create_app, uvicorn_config
     from .auth import new_key
     from .config import Settings
     from .server import Server
@@ -68,11 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
               f"00000000-0000-4000-8000-000000000001/records\n", flush=True)
     jsonlog.configure(settings.log_level)
     server = Server(settings)
-    host, port = settings.host_port
-    config = uvicorn.Config(create_app(server), host=host, port=port, log_config=None,
-                            access_log=False, lifespan="on", server_header=False,
-                            timeout_keep_alive=max(1, round(settings.keep_alive_s)),
-                            timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+    config = uvicorn_config(create_app(server), settings)
     print(f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
           f"(docs at /docs)", flush=True)
     _GracefulServer(config).run()

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from host.api import create_app
+from host.api import create_app, uvicorn_config
 from host.config import Settings
 from host.server import Server
 from host.wal3 import ObjectStore
@@ -71,8 +71,7 @@ async def live_server(store_url: str | None = None, *, store: ObjectStore | None
     base.update(settings)
     cfg = Settings(**base)
     server = Server(cfg, store=store)
-    userver = _Uvicorn(uvicorn.Config(create_app(server), host="127.0.0.1", port=port,
-                                      log_config=None, access_log=False, lifespan="on"))
+    userver = _Uvicorn(uvicorn_config(create_app(server), cfg))
     task = asyncio.create_task(userver.serve())
     for _ in range(2000):  # wait for the socket, bounded
         if userver.started or task.done():
