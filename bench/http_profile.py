@@ -541,37 +541,6 @@ def prototypes(quick: bool) -> dict[str, Any]:
         records: list[ProtoRecord] = Field(min_length=1)
         idempotency_key: StrictStr | None = Field(default=None, min_length=1, max_length=256)
 
-    # (1b) The same Python validator with a C-level fast path (map over isfinite and abs); a
-    # failing list falls back to the current loop, so the error messages stay exactly the same.
-    import math
-
-    from pydantic import AfterValidator
-
-    from host.models import _finite_float32
-
-    def fast_finite(values: list[float | int] | None) -> list[float | int] | None:
-        if values is None:
-            return None
-        try:
-            ok = all(map(math.isfinite, values)) and (not values or max(map(abs, values)) <= F32)
-        except OverflowError:
-            ok = False
-        return values if ok else _finite_float32(values)
-
-    class FastRecord(BaseModel):
-        model_config = _STRICT
-        id: StrictStr = Field(min_length=1, max_length=256)
-        op: Op
-        document: StrictStr | None = None
-        metadata: dict[StrictStr, MetadataValue] | None = None
-        embedding: Annotated[list[StrictFloat | StrictInt] | None,
-                             AfterValidator(fast_finite)] = None
-
-    class FastAppend(BaseModel):
-        model_config = _STRICT
-        records: list[FastRecord] = Field(min_length=1)
-        idempotency_key: StrictStr | None = Field(default=None, min_length=1, max_length=256)
-
     def accepts(model: Any, raw: bytes) -> bool:
         try:
             model.model_validate_json(raw)
@@ -592,18 +561,17 @@ def prototypes(quick: bool) -> dict[str, Any]:
         "embedding -3.4e38 (fits)": b'{"records":[{"id":"a","op":"add","embedding":[-3.4e38]}]}',
         "embedding \"1\" (string)": b'{"records":[{"id":"a","op":"add","embedding":["1"]}]}',
     }
-    same = {k: (accepts(AppendRequest, v), accepts(ProtoAppend, v), accepts(FastAppend, v))
+    same = {k: (accepts(AppendRequest, v), accepts(ProtoAppend, v))
             for k, v in probes.items()}
     rows = []
     for n in (1, 100):
         body = loadgen.append_body(n, seed=n)
         cur = _median_us(lambda b=body: AppendRequest.model_validate_json(b), t)
         proto = _median_us(lambda b=body: ProtoAppend.model_validate_json(b), t)
-        fast = _median_us(lambda b=body: FastAppend.model_validate_json(b), t)
         req = AppendRequest.model_validate_json(body)
         dump = _median_us(lambda r=req: [x.model_dump_json().encode() for x in r.records], t)
         rows.append({"records": n, "current_us": cur, "prototype_us": proto,
-                     "speedup": cur / proto, "fast_us": fast, "fast_speedup": cur / fast,
+                     "speedup": cur / proto,
                      "reencode_us": dump})
     out["validation"] = {"rows": rows, "same_verdicts": same,
                          "all_same": all(len(set(v)) == 1 for v in same.values())}
@@ -666,22 +634,20 @@ def prototypes(quick: bool) -> dict[str, Any]:
 
 def render_prototypes(p: dict[str, Any]) -> str:
     out = ["Prototypes of the suggested host/ changes, measured in-process against the current "
-           "code in the same run (bench-only code in `bench/http_profile.py`; host/ untouched):",
+           "code in the same run (bench-only code in `bench/http_profile.py`):",
            ""]
     v = p["validation"]
     out.append(common.md_table(
         ["records in the body", "AppendRequest.model_validate_json µs (current)",
          "A: bounds as Field(ge, le) in pydantic-core, µs", "A speedup",
-         "B: current validator + C-level fast path, µs", "B speedup",
          "re-encode: model_dump_json per record, µs"],
-        [[r["records"], r["current_us"], r["prototype_us"], r["speedup"], r.get("fast_us"),
-          r.get("fast_speedup"), r["reencode_us"]] for r in v["rows"]]))
+        [[r["records"], r["current_us"], r["prototype_us"], r["speedup"], r["reencode_us"]]
+         for r in v["rows"]]))
     out.append("")
-    out.append("Accept/reject verdicts, current / A / B: " + "; ".join(
+    out.append("Accept/reject verdicts, current / A: " + "; ".join(
         f"{k}: " + "/".join("accept" if x else "reject" for x in verdicts)
         for k, verdicts in v["same_verdicts"].items()) +
-        f" -> {'identical' if v['all_same'] else 'DIFFERENT'} (A's error messages differ; B "
-        f"keeps the current ones).")
+        f" -> {'identical' if v['all_same'] else 'DIFFERENT'} (A's error messages differ).")
     out.append("")
     d = p["dependencies"]
     out.append(f"One POST through FastAPI in-process (no server, no body parsing, no storage): "

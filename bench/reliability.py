@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as _dt
 import json
 import logging
 import os
-import platform
-import shlex
 import shutil
 import subprocess
 import sys
@@ -40,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .common import command_line, machine_info
 from .reliability_core import Result
 from .reliability_infra import ROOT, RedisProc
 from .reliability_scenarios import SCENARIOS, Options, seeds_for
@@ -76,17 +74,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="where run directories go (default: a "
                    "temporary directory)")
     return p
-
-
-def command_line() -> str:
-    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-    if argv and os.path.isabs(argv[0]):
-        with_root = Path(argv[0])
-        if with_root.is_relative_to(ROOT):
-            argv[0] = str(with_root.relative_to(ROOT))
-        else:
-            argv[0] = "python"
-    return shlex.join(argv)
 
 
 async def run_one(name: str, seed: int, quick: bool, workdir: Path,
@@ -302,20 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def _run(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              cwd=ROOT).stdout.strip()
-    except OSError:
-        return ""
-
-
 def _machine() -> dict[str, Any]:
-    return {"nproc": os.cpu_count(), "uname": " ".join(platform.uname()),
-            "python": platform.python_version(),
-            "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "git_head": _run(["git", "rev-parse", "--short", "HEAD"]),
-            "git_dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))}
+    """The shared machine facts, plus whether the tree had uncommitted changes."""
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=False, cwd=ROOT).stdout.strip()
+    return {**machine_info(), "git_dirty": bool(dirty)}
 
 
 # ------------------------------------------------------------------------------------ doc
