@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import CorruptManifest, CursorConflict, CursorNotFound, InvalidCursorName, ObjectNotFound, PreconditionFailed
 from .layout import CURSOR_PREFIX, join
 from .store import ObjectStore, put_resolving
@@ -69,8 +69,10 @@ class Witness:
 class CursorStore:
     """The cursors of one log."""
 
-    def __init__(self, store: ObjectStore, prefix: str, writer: str) -> None:
+    def __init__(self, store: ObjectStore, prefix: str, writer: str, *,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._store = store
+        self._clock = clock
         self._prefix = prefix.strip("/")
         self._writer = writer
 
@@ -80,7 +82,7 @@ class CursorStore:
     def _new(self, offset: int) -> Cursor:
         if offset < 1:
             raise ValueError("cursor offsets start at 1")
-        return Cursor(offset=offset, epoch_us=time.time_ns() // 1000, writer=self._writer)
+        return Cursor(offset=offset, epoch_us=self._clock.wall_us(), writer=self._writer)
 
     async def init(self, name: str, offset: int) -> Witness:
         """Create a cursor; raises CursorConflict when it already exists."""

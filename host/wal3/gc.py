@@ -200,7 +200,8 @@ async def min_live_seq(store: ObjectStore, prefix: str, m: Manifest, cache: Snap
 
 async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
                    cache: SnapshotCache, writer: str,
-                   put_snapshot: Callable[[Snapshot], Awaitable[None]]) -> Garbage | None:
+                   put_snapshot: Callable[[Snapshot], Awaitable[None]],
+                   now_us: int | None = None) -> Garbage | None:
     """Plan dropping everything wholly below ``cutoff``; None when nothing would be dropped.
 
     ``put_snapshot`` stores each split snapshot (GC writes them under the log; fork under the
@@ -280,7 +281,7 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
         first_to_keep=first_to_keep,
         setsum_to_discard=discard,
         bytes_to_discard=nbytes,
-        created_us=time.time_ns() // 1000,
+        created_us=time.time_ns() // 1000 if now_us is None else now_us,
     )
 
 
@@ -402,7 +403,7 @@ class GarbageCollector:
             await ensure_object(self._store, join(self._prefix, s.path), s.to_bytes())
 
         g = await plan_cut(self._store, self._prefix, m, cutoff, self._cache,
-                           self._opts.writer_name, put_snapshot)
+                           self._opts.writer_name, put_snapshot, int(self._clock() * 1_000_000))
         if g is None:
             return None, etag
         verify_garbage(g, m, self._opts)

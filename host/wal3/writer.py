@@ -28,7 +28,6 @@ import contextlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -44,6 +43,7 @@ from .errors import (
     Wal3Error,
     WriterClosed,
 )
+from .clock import SYSTEM_CLOCK, Clock
 from .fragment import EncodedFragment, decode_fragment, encode_fragment, fragment_path, read_footer
 from .layout import join, load_manifest
 from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, plan_snapshot
@@ -115,6 +115,7 @@ class LogWriterOptions:
     dedup_window_keys: int = 10_000
     max_append_attempts: int = 3
     max_rebases: int = 64
+    clock: Clock = SYSTEM_CLOCK  # wall time for record timestamps, monotonic for ages
 
 
 class _Append:
@@ -413,7 +414,7 @@ class LogWriter:
 
     def _now_us(self) -> int:
         # Strictly increasing per writer: a retried batch never re-creates an earlier fragment.
-        self._last_ts = max(time.time_ns() // 1000, self._last_ts + 1)
+        self._last_ts = max(self._opts.clock.wall_us(), self._last_ts + 1)
         return self._last_ts
 
     def _kick(self) -> None:
@@ -570,7 +571,7 @@ class LogWriter:
         if self._snapshot is None:
             return None
         snap, written = self._snapshot
-        if time.monotonic() - written > self._opts.snapshot_max_age_s:
+        if self._opts.clock.monotonic() - written > self._opts.snapshot_max_age_s:
             # Garbage collection may treat an old unlinked snapshot as an orphan: never link it.
             self._snapshot = None
             return None
@@ -891,7 +892,7 @@ class LogWriter:
         """Upload a snapshot off the append path; the next manifest write links it."""
         try:
             await ensure_object(self._store, join(self._prefix, snap.path), snap.to_bytes())
-            self._snapshot = (snap, time.monotonic())
+            self._snapshot = (snap, self._opts.clock.monotonic())
             self.stats["snapshots_written"] += 1
             self._wake.set()
         except (StoreUnavailable, OSError) as e:
