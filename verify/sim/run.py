@@ -1,0 +1,262 @@
+"""Running seeds: one run (the driver), a range of them, and their summary."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from host.wal3.cursors import COMPACTION
+from host.wal3.layout import GARBAGE_PATH, join
+from host.wal3.scrub import scrub_log
+
+from . import loop as simloop
+from .actors import EMERGENCY, PREFIX, World
+from .config import RunConfig, make_config
+from .model import Model, Violation
+from .store import SimStore
+
+TRACE_TAIL = 60
+QUIET_SETTLE_S = 3.0  # longer than any request's two delays plus a recovery: zombies have landed
+STEP_GAPS = (0.0, 0.0005, 0.002, 0.005, 0.02, 0.05, 0.2, 0.6, 2.5)
+STEP_GAP_WEIGHTS = (2, 3, 4, 4, 3, 2, 2, 1, 1)
+
+
+@dataclass
+class RunResult:
+    """What one seed did and found."""
+
+    seed: int
+    steps: int
+    violations: list[Violation]
+    faults: collections.Counter[str]
+    trace_hash: str
+    trace: list[str]
+    virtual_s: float
+    wall_s: float
+    ops: int
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class _Trace:
+    def __init__(self, loop: simloop.SimLoop) -> None:
+        self.loop = loop
+        self.lines: list[str] = []
+        self.digest = hashlib.sha256()
+
+    def __call__(self, msg: str) -> None:
+        line = f"{self.loop.time():11.6f} {msg}"
+        self.lines.append(line)
+        self.digest.update(line.encode())
+        self.digest.update(b"\n")
+
+
+async def _with_timeout(world: World, what: str, aw: asyncio.Future[object] | asyncio.Task[object],
+                        timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(asyncio.shield(aw), timeout)
+        return True
+    except asyncio.TimeoutError:
+        world.model.violate("liveness", f"{what} did not finish within {timeout}s after the "
+                            "faults stopped")
+        return False
+    except Exception:  # noqa: BLE001 - the task reported its own outcome
+        return True
+
+
+def _choose(world: World, step: int) -> None:
+    cfg, rng = world.cfg, world.rng
+    if cfg.seal_at is not None and step == cfg.seal_at:
+        world.seal()
+        return
+    if world.quiet:
+        actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1))
+    else:
+        actions = (("append", 8), ("retry", 1), ("cursor", 3), ("gc", 3), ("read", 1),
+                   ("open", 2), ("close", 1 if cfg.writers > 1 else 0.3), ("crash", 0.4),
+                   ("fork", 10 * cfg.fork_p))
+    kind = rng.choices([a for a, _ in actions], [w for _, w in actions])[0]
+    world.trace(f"step {step}: {kind}")
+    if kind == "append":
+        slots = [s for s in world.writers if s.live is not None]
+        if slots:
+            world.append_batch(rng.choice(slots))
+        elif not world.quiet:
+            world.open_some()
+    elif kind == "retry":
+        world.retry_keyed()
+    elif kind == "cursor":
+        world.cursor_step()
+    elif kind == "gc":
+        world.gc_step()
+    elif kind == "read":
+        world.read_step()
+    elif kind == "open":
+        world.open_some()
+    elif kind == "close":
+        world.close_some()
+    elif kind == "crash":
+        world.crash_some()
+    elif kind == "fork":
+        world.fork_step()
+
+
+async def _enter_quiet(world: World) -> None:
+    """Stop every fault, let the dust settle, then one fresh writer (liveness is checked)."""
+    world.trace("QUIET: faults stop")
+    world.quiet = True
+    world.sim.faults_on = False
+    for s in world.writers:
+        if s.actor is not None:
+            s.actor.crash_p = 0.0
+    if world.gc_actor is not None:
+        world.gc_actor.crash_p = 0.0
+    await asyncio.sleep(QUIET_SETTLE_S)
+    for s in world.writers:
+        if s.live is not None:
+            t = world.loop.create_task(world.close(s))
+            await _with_timeout(world, f"closing {s.actor.name if s.actor else '?'}", t, 60.0)
+    for s in world.writers:
+        s.writer = None
+    w = await world.writers[0].open()
+    if w is None:
+        world.model.violate("liveness", "no writer could open after the faults stopped")
+    if await world.cursors.load(COMPACTION) is None:
+        await world.set_cursor(COMPACTION, tail=False)
+
+
+async def _finish(world: World) -> None:
+    """Liveness: settle everything, then GC must reach the cutoff and appends must succeed."""
+    must = [t for t, m in world.tasks if m and not t.done()]
+    for t in must:
+        await _with_timeout(world, "a task started after the faults stopped", t, 60.0)
+    if world.gc_task is not None and not world.gc_task.done():
+        await _with_timeout(world, "the collector's pass", world.gc_task, 60.0)
+    for name in EMERGENCY:
+        await world.delete_cursor(name)
+    first = world.model.walk(PREFIX)
+    if first is None:
+        return
+    loaded = first.manifest
+    target = world.rng.choice((loaded.next_offset,
+                               world.rng.randint(loaded.oldest_offset, loaded.next_offset)))
+    if world.cfg.gc:
+        await world.set_cursor(COMPACTION, tail=False, at=max(1, target))
+        cursor = await world.cursors.load(COMPACTION)
+        cut = cursor.cursor.offset if cursor is not None else 1
+        done = False
+        for _ in range(8):
+            phase = await world.gc_once()
+            world.model.check()
+            view = world.model.walk(PREFIX)
+            idle = world.sim.objects.get(join(PREFIX, GARBAGE_PATH))
+            if view is not None and (idle is None or idle.data == b"{}"):
+                leaves = view.leaves
+                if not leaves or leaves[0].limit > min(cut, view.manifest.next_offset):
+                    done = True
+                    break
+            world.trace(f"GC not settled yet ({phase})")
+            await asyncio.sleep(world.cfg.grace_s + 0.5)
+        if not done:
+            world.model.violate("liveness", f"GC never reached the cutoff {cut} after the faults "
+                                f"stopped (last pass: {world.gc_last})")
+    slot = world.writers[0]
+    if slot.live is not None and not slot.live.manifest.sealed:
+        world.append_batch(slot)
+        for t in [t for t, m in world.tasks if m and not t.done()]:
+            await _with_timeout(world, "a final append", t, 60.0)
+    world.model.check()
+    for prefix in list(world.model.logs):
+        if world.sim.objects.get(join(prefix, "manifest/MANIFEST")) is None:
+            continue
+        report = await scrub_log(world.reader_view, prefix)
+        if not report.ok:
+            world.model.violate("scrub", f"{prefix}: {'; '.join(report.problems[:3])}")
+
+
+async def _main(loop: simloop.SimLoop, cfg: RunConfig, trace: _Trace) -> World:
+    rng = random.Random(f"wal3-sim-driver:{cfg.seed}")
+    model: Model
+    sim = SimStore(loop, random.Random(f"wal3-sim-store:{cfg.seed}"), trace, None,
+                   rates=cfg.rates)
+    model = Model(PREFIX, loop.time, trace, sim.objects, cfg.window)
+    sim.observer = model
+    world = World(loop, cfg, sim, model, rng, trace)
+    trace(f"seed {cfg.seed}: {cfg}")
+    await world.writers[0].open()
+    for step in range(cfg.steps):
+        if step == cfg.quiet_from:
+            await _enter_quiet(world)
+        if not world.quiet:
+            for s in world.writers:  # a dead process's slot is reopened by an "open" step
+                if s.actor is not None and not s.actor.alive and s.writer is not None:
+                    world.trace(f"{s.actor.name} is dead")
+                    s.writer = None
+        _choose(world, step)
+        await asyncio.sleep(rng.choices(STEP_GAPS, STEP_GAP_WEIGHTS)[0])
+        model.check()
+        if model.violations:
+            return world
+    if not world.quiet:
+        await _enter_quiet(world)
+    await _finish(world)
+    return world
+
+
+def run_seed(seed: int, *, keep_trace: bool = False) -> RunResult:
+    """Run one seed to the end (or its first violation)."""
+    logging.getLogger("wal3").setLevel(logging.CRITICAL)
+    cfg = make_config(seed)
+    started = time.perf_counter()
+    holder: dict[str, object] = {}
+
+    async def main(loop: simloop.SimLoop) -> World:
+        trace = _Trace(loop)
+        holder["trace"] = trace
+        return await _main(loop, cfg, trace)
+
+    world: World | None = None
+    error: Violation | None = None
+    try:
+        world = simloop.run(main)
+    except simloop.Deadlock as e:
+        error = Violation("deadlock", str(e))
+    trace = holder["trace"]
+    assert isinstance(trace, _Trace)
+    violations = list(world.model.violations) if world is not None else []
+    if error is not None:
+        trace(f"VIOLATION {error}")
+        violations.append(error)
+    faults: collections.Counter[str] = collections.Counter()
+    ops = 0
+    stats: dict[str, int] = {}
+    if world is not None:
+        faults = world.sim.faults
+        ops = world.sim.ops
+        stats = dict(world.stats)
+    return RunResult(
+        seed=seed, steps=cfg.steps, violations=violations, faults=faults,
+        trace_hash=trace.digest.hexdigest(),
+        trace=trace.lines if keep_trace or violations else trace.lines[-TRACE_TAIL:],
+        virtual_s=trace.loop.time(), wall_s=time.perf_counter() - started, ops=ops,
+        stats=stats)
+
+
+def run_seeds(seeds: Iterable[int]) -> list[RunResult]:
+    """Run seeds one after another (a worker's share of a range)."""
+    out = []
+    for s in seeds:
+        r = run_seed(s)
+        if r.ok:
+            r.trace = []
+        out.append(r)
+    return out
