@@ -57,6 +57,13 @@ class Settings:
     progress: bool = False
     keep_versions: int = 2
     prune_grace_s: float = 300.0
+    liveness_ttl_s: float = 0.0  # 0: four intervals, at least 60 s
+    takeover_s: float = 600.0
+
+    @property
+    def effective_liveness_ttl_s(self) -> float:
+        """How long a member's liveness record counts (a round may outlast one interval)."""
+        return self.liveness_ttl_s or max(60.0, 4 * self.interval_s)
 
 
 def _split(value: str | None) -> tuple[str, ...]:
@@ -100,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "current one included [COMPACTOR_KEEP_VERSIONS; 2]")
     run.add_argument("--prune-grace-s", help="seconds a superseded version stays readable "
                      "before it is deleted [COMPACTOR_PRUNE_GRACE_S; 300]")
+    run.add_argument("--liveness-ttl-s", help="a member whose liveness record is older is "
+                     "treated as dead [COMPACTOR_LIVENESS_TTL_S; 4 intervals, >= 60]")
+    run.add_argument("--takeover-s", help="a collection its owner made no progress on for this "
+                     "long goes to the next member in rendezvous order [COMPACTOR_TAKEOVER_S; 600]")
     run.add_argument("--once", action="store_true", default=None,
                      help="run one round and exit (0 when it succeeded)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -159,7 +170,17 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         keep_versions=keep_versions,
         prune_grace_s=float(_num("prune-grace-s",
                                  pick(args.prune_grace_s, "COMPACTOR_PRUNE_GRACE_S"), float, 300.0)),
+        liveness_ttl_s=float(_num("liveness-ttl-s", pick(getattr(args, "liveness_ttl_s", None),
+                                                         "COMPACTOR_LIVENESS_TTL_S"), float, 0.0)),
+        takeover_s=_positive("takeover-s", _num("takeover-s", pick(
+            getattr(args, "takeover_s", None), "COMPACTOR_TAKEOVER_S"), float, 600.0)),
     )
+
+
+def _positive(name: str, value: float) -> float:
+    if value <= 0:
+        raise SettingsError(f"{name} must be positive")
+    return float(value)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -182,6 +203,7 @@ async def run(
     from prometheus_client import CollectorRegistry, start_http_server
 
     from .client import LogHostClient
+    from .membership import Liveness
     from .metrics import CompactorMetrics
     from .pipeline import CompactionPipeline
     from .scheduler import Scheduler
@@ -211,6 +233,8 @@ async def run(
             budget_records=settings.budget_records,
             min_records=settings.min_records,
             dirty_limit=settings.dirty_limit,
+            liveness=Liveness(store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s),
+            takeover_s=settings.takeover_s,
         )
         pipeline = CompactionPipeline(
             spark, store, clients, metrics=metrics, progress=settings.progress,
@@ -246,15 +270,18 @@ async def _one_round(scheduler: Scheduler, pipeline: CompactionPipeline,
         metrics.rounds.labels(outcome="failed").inc()
         metrics.failures.labels(stage="round").inc()
         return False
-    _report(result, selection.merged, selection.not_ours, selection.over_budget)
+    _report(result, selection.merged, selection.not_ours, selection.over_budget,
+            selection.taken_over, selection.members)
     return result.ok
 
 
-def _report(result: RoundResult, merged: int, not_ours: int, over_budget: int) -> None:
+def _report(result: RoundResult, merged: int, not_ours: int, over_budget: int,
+            taken_over: int = 0, members: Sequence[str] = ()) -> None:
     from .pipeline import summarize
 
     summary = summarize(result)
-    summary.update(dirty=merged, not_ours=not_ours, over_budget=over_budget)
+    summary.update(dirty=merged, not_ours=not_ours, over_budget=over_budget,
+                   taken_over=taken_over, members=list(members))
     log.info("round summary %s", json.dumps(summary, sort_keys=True))
 
 

@@ -124,7 +124,14 @@ class ServerError(LogHostError):
     default_code = "internal"
 
 
+class CorruptFragment(ServerError):
+    """500 ``corrupt_fragment``: a fragment in the store does not match its manifest pointer."""
+
+    default_code = "corrupt_fragment"
+
+
 _BY_CODE: dict[str, type[LogHostError]] = {
+    "corrupt_fragment": CorruptFragment,
     "contention": Contention,
     "sealed": Sealed,
     "cursor_conflict": CursorConflict,

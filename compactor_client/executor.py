@@ -7,7 +7,11 @@ Records travel through Spark as ``((collection_index, offset), value)`` pairs so
 ``repartitionAndSortWithinPartitions`` can put each collection in one partition, in offset order.
 Values are tuples whose first item says what they are: ``("r", body)`` a record, ``("m",)`` the
 per-collection marker (offset 0, so a collection with no records in its window still gets a fold
-task), ``("e", message)`` a read error (offset -1, so it is seen before any record).
+task), ``("e", message, kind)`` a read error (offset -1, so it is seen before any record).
+
+Every fragment is verified against its pointer before any of its records is emitted: its MD5 when
+the host reports one, else the setsum of its records (``integrity``).  A fragment that fails is an
+error pair of kind ``corrupt_fragment``, which fails its collection: nothing unverified is folded.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .fold import fold, parse_body
-from .parquet_io import S3Options, read_fragment, read_version, rows_to_table, write_version
+from .integrity import CorruptFragmentError, check_md5, check_setsum
+from .parquet_io import S3Options, read_bytes, read_version, rows_to_table, write_version
 
 ERROR_OFFSET = -1
 MARKER_OFFSET = 0
@@ -30,6 +37,16 @@ Keyed = tuple[tuple[int, int], tuple[Any, ...]]
 
 class GapError(ValueError):
     """The records of a collection's window are not exactly the dense offsets [start, end)."""
+
+    kind = "gap"
+
+
+class FoldError(Exception):
+    """A collection's fold failed; ``kind`` is the typed cause (``corrupt_fragment``, ``gap``...)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +59,8 @@ class FragmentTask:
     limit: int
     lo: int
     hi: int
+    setsum: str | None = None  # as the host's manifest records it
+    content_md5: str | None = None  # hex MD5 of the object, when the manifest records one
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +85,24 @@ class CollectionStats:
     rows_out: int
     bytes_out: int
     error: str | None = None
+    error_kind: str | None = None
 
 
 def read_fragment_task(task: FragmentTask, s3: S3Options | None = None) -> list[Keyed]:
     """The window's records of one fragment as keyed pairs, or one error pair."""
     try:
-        table = read_fragment(task.url, s3)
+        data = read_bytes(task.url, s3)
+    except Exception as e:  # noqa: BLE001 - the store, not the bytes: a later round may succeed
+        return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}", "read"))]
+    try:
+        if task.content_md5:
+            check_md5(task.url, data, task.content_md5)
+        table = pq.read_table(pa.BufferReader(data), columns=["offset", "timestamp_us", "body"])
+        if not task.content_md5 and task.setsum:
+            check_setsum(task.url, zip(table.column("offset").to_pylist(),
+                                       table.column("timestamp_us").to_pylist(),
+                                       table.column("body").to_pylist(), strict=True),
+                         task.setsum)
         offsets = table.column("offset")
         if table.num_rows:
             bounds = pc.min_max(offsets).as_py()
@@ -91,7 +122,9 @@ def read_fragment_task(task: FragmentTask, s3: S3Options | None = None) -> list[
             )
         ]
     except Exception as e:  # noqa: BLE001 - reported per collection, the job goes on
-        return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}"))]
+        # Bytes that do not decode as the fragment the host vouched for are corrupt too.
+        kind = getattr(e, "kind", None) or CorruptFragmentError.kind
+        return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}", kind))]
 
 
 def partition_of(key: tuple[int, int]) -> int:
@@ -105,7 +138,7 @@ def _records(task: FoldTask, items: Iterable[Keyed]) -> Iterator[dict[str, Any]]
     for (_, offset), value in items:
         kind = value[0]
         if kind == "e":
-            raise OSError(value[1])
+            raise FoldError(value[1], value[2] if len(value) > 2 else "read")
         if kind == "m":
             continue
         if offset != expected:
@@ -139,6 +172,7 @@ def fold_collection(
             rows_out=0,
             bytes_out=0,
             error=repr(e),
+            error_kind=getattr(e, "kind", None) or type(e).__name__,
         )
 
 

@@ -79,6 +79,7 @@ class FragmentInfo(_Model):
     limit: int
     num_bytes: int = 0
     setsum: str | None = None
+    content_md5: str | None = None  # hex MD5 of the object, when the manifest records one
 
 
 class Cursor(_Model):

@@ -84,6 +84,13 @@ def resolve(url: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, str
     raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}")
 
 
+def read_bytes(url: str, s3: S3Options | None = None) -> bytes:
+    """An object's bytes (a fragment is verified whole before it is decoded)."""
+    fs, path = resolve(url, s3)
+    with fs.open_input_file(path) as f:
+        return f.read()
+
+
 def read_fragment(url: str, s3: S3Options | None = None) -> pa.Table:
     """A fragment's ``offset`` and ``body`` columns."""
     fs, path = resolve(url, s3)

@@ -45,6 +45,7 @@ from .executor import (
     partition_of,
     read_fragment_task,
 )
+from .integrity import UnverifiableFragmentError
 from .metrics import CompactorMetrics
 from .models import FragmentInfo
 from .parquet_io import S3Options
@@ -103,6 +104,7 @@ class CollectionOutcome:
     rows_out: int = 0
     stage: str | None = None
     error: str | None = None
+    error_kind: str | None = None  # typed cause of a failure: corrupt_fragment, gap, ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +160,8 @@ class _Plan:
     def fragment_tasks(self) -> list[FragmentTask]:
         return [
             FragmentTask(
-                cidx=self.cidx, url=f.url, start=f.start, limit=f.limit, lo=self.start, hi=self.end
+                cidx=self.cidx, url=f.url, start=f.start, limit=f.limit, lo=self.start, hi=self.end,
+                setsum=f.setsum, content_md5=f.content_md5,
             )
             for f in self.fragments
         ]
@@ -259,13 +262,19 @@ class CompactionPipeline:
                 frags, end = check_coverage(
                     await api.fragments(tenant, cid, from_offset=start), start
                 )
+                unverifiable = [f.url for f in frags if not (f.setsum or f.content_md5)]
+                if unverifiable:
+                    # Nothing unverified is compacted: no checksum, no fold.
+                    raise UnverifiableFragmentError(
+                        f"the host reported no checksum for {unverifiable[0]}")
                 if end <= start:
                     if base is not None and cand.log.start < base.offset:
                         # A crash after installing left the cursor behind the data: catch it up.
                         await api.compact(tenant, cid, base.offset)
                     return CollectionOutcome(tenant, cid, "skipped", start=start, end=end)
-        except (PlanError, CorruptCurrent, LogHostError) as e:
-            return CollectionOutcome(tenant, cid, "failed", stage="plan", error=str(e))
+        except (PlanError, CorruptCurrent, LogHostError, UnverifiableFragmentError) as e:
+            return CollectionOutcome(tenant, cid, "failed", stage="plan", error=str(e),
+                                     error_kind=getattr(e, "kind", None) or getattr(e, "code", None))
         except Exception as e:  # noqa: BLE001 - one collection's surprise must not end the round
             log.exception("planning %s/%s failed", tenant, cid)
             return CollectionOutcome(tenant, cid, "failed", stage="plan", error=repr(e))
@@ -331,7 +340,8 @@ class CompactionPipeline:
         if stats is None or stats.error is not None:
             await self._discard(plan)
             error = stats.error if stats is not None else "no result from the Spark job"
-            return outcome("failed", stage="fold", error=error)
+            kind = stats.error_kind if stats is not None else None
+            return outcome("failed", stage="fold", error=error, error_kind=kind)
         async with self._sem:
             try:
                 installed = await install_version(

@@ -5,6 +5,13 @@ then gives each collection to exactly one member without any coordination, and a
 moves only the collections whose top-ranked member changed (about 1/n of them).  If members ever
 disagree about the membership, two compactors may pick the same collection: that is safe, because
 ``CURRENT.json`` is installed by conditional put and the loser discards its work.
+
+Nobody may be left out either.  The membership is the *live* members (``membership.Liveness``), and
+a collection whose owner makes no progress on it — its dirty ``start`` has not moved for
+``takeover_s`` as this member has watched it — is taken over: the member ranked r-th for it (0 is
+the owner) takes it once it has stalled for ``r × takeover_s``.  So a dead owner, an owner that is
+alive but stuck, or members whose lists disagree delay a collection by a bounded time, never
+forever: with n members, every member takes it after ``(n - 1) × takeover_s``.
 """
 
 from __future__ import annotations
@@ -12,11 +19,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .models import DirtyLog, DirtyResult
+
+if TYPE_CHECKING:
+    from .membership import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +74,8 @@ class Selection:
     not_ours: int
     over_budget: int
     failed_hosts: dict[str, str]
+    taken_over: int = 0  # selected although another member owns them (their owner stalled)
+    members: tuple[str, ...] = ()  # the membership this round ranked over
 
 
 async def poll_hosts(
@@ -117,13 +130,30 @@ def owner_of(collection_id: str, members: Sequence[str]) -> str:
     return max(members, key=lambda m: (rendezvous_weight(m, collection_id), m))
 
 
+def rank_of(member_id: str, collection_id: str, members: Sequence[str]) -> int:
+    """Where a member stands in a collection's rendezvous order (0: the owner)."""
+    order = sorted(members, key=lambda m: (rendezvous_weight(m, collection_id), m), reverse=True)
+    return order.index(member_id) if member_id in order else len(order)
+
+
 def assigned_to(
-    candidates: Iterable[Candidate], member_id: str, members: Sequence[str]
+    candidates: Iterable[Candidate], member_id: str, members: Sequence[str],
+    *, stalled_s: Callable[[Candidate], float] | None = None, takeover_s: float | None = None,
 ) -> list[Candidate]:
-    """The candidates this member owns; with no other members it owns everything."""
+    """The candidates this member owns, plus those it takes over.
+
+    With no other members it owns everything.  With ``takeover_s``, a candidate that has stalled
+    (``stalled_s``) for at least ``rank × takeover_s`` is taken by the member of that rank.
+    """
     if len(members) <= 1:
         return list(candidates)
-    return [c for c in candidates if owner_of(c.log.collection_id, members) == member_id]
+    out: list[Candidate] = []
+    for c in candidates:
+        rank = rank_of(member_id, c.log.collection_id, members)
+        if rank == 0 or (takeover_s is not None and stalled_s is not None
+                         and stalled_s(c) >= rank * takeover_s):
+            out.append(c)
+    return out
 
 
 def apply_budget(candidates: Iterable[Candidate], budget_records: int) -> list[Candidate]:
@@ -153,10 +183,15 @@ def select(
     members: Sequence[str],
     budget_records: int,
     min_records: int = 0,
+    stalled_s: Callable[[Candidate], float] | None = None,
+    takeover_s: float | None = None,
 ) -> Selection:
-    """Merge, keep this member's share with at least ``min_records``, and apply the budget."""
+    """Merge, keep this member's share (and what it takes over) with at least ``min_records``,
+    and apply the budget."""
     merged = merge_candidates(candidates)
-    ours = assigned_to(merged, member_id, members)
+    ours = assigned_to(merged, member_id, members, stalled_s=stalled_s, takeover_s=takeover_s)
+    taken = 0 if len(members) <= 1 else sum(
+        1 for c in ours if owner_of(c.log.collection_id, members) != member_id)
     eligible = [c for c in ours if c.log.num_records >= min_records]
     chosen = apply_budget(eligible, budget_records)
     return Selection(
@@ -165,6 +200,8 @@ def select(
         not_ours=len(merged) - len(ours),
         over_budget=len(eligible) - len(chosen),
         failed_hosts={},
+        taken_over=taken,
+        members=tuple(members),
     )
 
 
@@ -180,33 +217,68 @@ class Scheduler:
         budget_records: int = 10_000_000,
         min_records: int = 1,
         dirty_limit: int | None = None,
+        liveness: Liveness | None = None,
+        takeover_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``liveness`` narrows the membership to live members; ``takeover_s`` bounds how long a
+        collection may stall with its owner before the next member in rendezvous order takes it."""
         members = list(dict.fromkeys(members))  # de-duplicated, order kept
         if members and member_id not in members:
             raise ValueError(f"member id {member_id!r} is not one of the members {members}")
+        if takeover_s is not None and takeover_s <= 0:
+            raise ValueError("takeover_s must be positive")
         self.sources = list(sources)
         self.member_id = member_id
+        self.configured = members
         self.members = members or [member_id]
         self.budget_records = budget_records
         self.min_records = min_records
         self.dirty_limit = dirty_limit
+        self.liveness = liveness
+        self.takeover_s = takeover_s
+        self._clock = clock
+        # Per collection: its dirty start when first seen, and since when it has not moved.
+        self._progress: dict[tuple[str, str], tuple[int, float]] = {}
+
+    def _watch(self, candidates: Iterable[Candidate]) -> Callable[[Candidate], float]:
+        """Note each collection's progress; returns how long each has stalled (as seen here)."""
+        now = self._clock()
+        seen: dict[tuple[str, str], tuple[int, float]] = {}
+        for c in merge_candidates(candidates):
+            old = self._progress.get(c.key)
+            # A moved start is compaction progress (the cursor clips it): the clock restarts.
+            seen[c.key] = old if old is not None and old[0] == c.log.start else (c.log.start, now)
+        self._progress = seen  # collections no longer dirty are forgotten
+        return lambda c: now - seen[c.key][1] if c.key in seen else 0.0
 
     async def select_round(self) -> Selection:
         """Poll every host and choose this round's collections."""
+        members = self.members
+        if self.liveness is not None:
+            await self.liveness.beat()
+            members = await self.liveness.members(self.configured) or [self.member_id]
         polled = await poll_hosts(
             self.sources, min_records=self.min_records, limit=self.dirty_limit
         )
         sel = select(
             polled.candidates,
             member_id=self.member_id,
-            members=self.members,
+            members=members,
             budget_records=self.budget_records,
             min_records=self.min_records,
+            stalled_s=self._watch(polled.candidates),
+            takeover_s=self.takeover_s,
         )
+        if sel.taken_over:
+            log.warning("taking over %d collection(s) whose owner made no progress for %ss",
+                        sel.taken_over, self.takeover_s)
         return Selection(
             selected=sel.selected,
             merged=sel.merged,
             not_ours=sel.not_ours,
             over_budget=sel.over_budget,
             failed_hosts=polled.failed_hosts,
+            taken_over=sel.taken_over,
+            members=sel.members,
         )

@@ -4,7 +4,7 @@ Layout under the store root, per collection::
 
     compacted/{collection_id}/v{version:016d}/part-{token}.parquet   one immutable version
     compacted/{collection_id}/CURRENT.json                           the installed version:
-        {"version", "offset", "rows", "path"}
+        {"version", "offset", "rows", "path", "installed_at", "history"}
 
 ``offset`` is the first log offset *not* folded into the version; ``path`` is the key (relative to
 the store root) of the version's Parquet file.  The data file name carries a random per-attempt
@@ -16,7 +16,11 @@ wins.
 
 Superseded versions are pruned (:func:`prune_versions`) once the newest ``keep`` versions are
 safely elsewhere and a grace period has passed since they were superseded: a reader that read the
-previous ``CURRENT.json`` may still be reading its file.
+previous ``CURRENT.json`` may still be reading its file.  Supersession is dated by *installs*, never
+by when files were written: ``installed_at`` is when a version became current, and ``history`` lists
+the last installs (``[{"version", "installed_at"}]``, newest first), so version v stopped being
+current at the install time of version v+1.  (A crashed compactor's never-installed attempt, or the
+winner's own file written long before its install, say nothing about when v stopped being current.)
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
 
 COMPACTED_PREFIX = "compacted"
 CURRENT_NAME = "CURRENT.json"
+HISTORY_LIMIT = 32  # installs remembered in CURRENT.json; older supersessions are bounded above
 
 
 class CorruptCurrent(ValueError):
@@ -73,15 +78,28 @@ class CurrentVersion:
     rows: int
     path: str
     etag: str
+    installed_at: float | None = None  # wall-clock seconds; None in pointers older than the field
+    history: tuple[tuple[int, float], ...] = ()  # (version, installed_at), newest first
 
     def document(self) -> dict[str, Any]:
         """The JSON object stored in ``CURRENT.json``."""
-        return {
+        doc: dict[str, Any] = {
             "version": self.version,
             "offset": self.offset,
             "rows": self.rows,
             "path": self.path,
         }
+        if self.installed_at is not None:
+            doc["installed_at"] = self.installed_at
+            doc["history"] = [{"version": v, "installed_at": t} for v, t in self.history]
+        return doc
+
+    def installs(self) -> dict[int, float]:
+        """Known install times by version (this one's included)."""
+        out = dict(self.history)
+        if self.installed_at is not None:
+            out[self.version] = self.installed_at
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +144,17 @@ def _decode(collection_id: str, data: bytes, etag: str) -> CurrentVersion:
     )
     if not ok:
         raise CorruptCurrent(f"{current_key(collection_id)}: invalid pointer {doc!r}")
-    return CurrentVersion(version=version, offset=offset, rows=rows, path=path, etag=etag)
+    installed_at = doc.get("installed_at")
+    history: list[tuple[int, float]] = []
+    try:
+        if installed_at is not None:
+            installed_at = float(installed_at)
+        for h in doc.get("history") or ():
+            history.append((int(h["version"]), float(h["installed_at"])))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptCurrent(f"{current_key(collection_id)}: invalid history: {e!r}") from e
+    return CurrentVersion(version=version, offset=offset, rows=rows, path=path, etag=etag,
+                          installed_at=installed_at, history=tuple(history))
 
 
 async def read_current(store: ObjectStore, collection_id: str) -> CurrentVersion | None:
@@ -166,7 +194,8 @@ async def write_rows(store: ObjectStore, pending: PendingVersion, rows: Iterable
 
 
 async def install_version(
-    store: ObjectStore, pending: PendingVersion, *, offset: int, rows: int
+    store: ObjectStore, pending: PendingVersion, *, offset: int, rows: int,
+    now: float | None = None,
 ) -> InstallOutcome:
     """Point ``CURRENT.json`` at ``pending`` by conditional put; the loser discards its data.
 
@@ -176,8 +205,12 @@ async def install_version(
     """
     if offset < pending.start_offset:
         raise ValueError(f"offset {offset} is behind the base version's {pending.start_offset}")
+    installed_at = time.time() if now is None else now
+    earlier = pending.base.installs() if pending.base is not None else {}
+    history = sorted({**earlier, pending.version: installed_at}.items(), reverse=True)
     new = CurrentVersion(
-        version=pending.version, offset=offset, rows=rows, path=pending.data_key, etag=""
+        version=pending.version, offset=offset, rows=rows, path=pending.data_key, etag="",
+        installed_at=installed_at, history=tuple(history[:HISTORY_LIMIT]),
     )
     body = _encode(new.document())
     try:
@@ -195,7 +228,8 @@ async def install_version(
     return InstallOutcome(
         installed=True,
         current=CurrentVersion(
-            version=new.version, offset=offset, rows=rows, path=new.path, etag=etag
+            version=new.version, offset=offset, rows=rows, path=new.path, etag=etag,
+            installed_at=new.installed_at, history=new.history,
         ),
     )
 
@@ -227,7 +261,8 @@ async def prune_versions(
 ) -> PruneReport:
     """Delete data no reader can still need: versions older than the newest ``keep`` and files
     of lost or crashed install attempts, each only once ``grace_s`` has passed since it was
-    superseded (approximated by the write time of the file that replaced it).
+    superseded.  Version v was superseded when v+1 was *installed* (``CURRENT.json``'s history);
+    without that record, the latest install (``CURRENT.json``'s own write time) bounds it above.
 
     Files of versions newer than ``current`` belong to installs in flight and are never touched.
     """
@@ -235,7 +270,10 @@ async def prune_versions(
     now = time.time() if now is None else now
     base = f"{COMPACTED_PREFIX}/{collection_id}/"
     by_version: dict[int, list[ObjectMeta]] = {}
+    pointer_written: float | None = None
     async for meta in store.list(base):
+        if meta.key == current_key(collection_id):
+            pointer_written = meta.last_modified
         m = _DATA_KEY.match(meta.key[len(base):])
         if m is not None:
             by_version.setdefault(int(m.group(1)), []).append(meta)
@@ -246,10 +284,17 @@ async def prune_versions(
         # not a state to delete anything in.
         return PruneReport([], sum(len(v) for v in by_version.values()))
 
+    installs = current.installs()
+    # No later install can postdate the pointer's last write (nor the present).
+    latest_install = min(now, pointer_written if pointer_written is not None else now)
+
     def superseded_at(version: int) -> float:
-        later = [x.last_modified for v, files in by_version.items() if v > version
-                 and v <= current.version for x in files]
-        return min(later, default=current_meta.last_modified)
+        """When ``version`` stopped being current, or a time no earlier than that."""
+        if version + 1 in installs:
+            return installs[version + 1]
+        later = [t for v, t in installs.items() if v > version]
+        # Installs are in version order, so the oldest known later install bounds v+1's.
+        return min(later, default=latest_install)
 
     doomed: list[str] = []
     deferred = 0

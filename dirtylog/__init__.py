@@ -6,9 +6,9 @@ log into an in-memory dirty set that compactors pull (:meth:`RollUp.select`).  E
 written against the abstract :class:`DirtyLogBackend` / :class:`CompactionOffsets` protocols.
 """
 
-from .backend import CompactionOffsets, DirtyLogBackend
+from .backend import CompactionOffsets, DirtyLogBackend, LogTails
 from .hook import DirtyLogHook, epoch_us
-from .memory import MemoryCompactionOffsets, MemoryLogBackend
+from .memory import MemoryCompactionOffsets, MemoryLogBackend, MemoryLogTails
 from .record import RECORD_SIZE, DirtyRecord, DirtyRecordError, RecordKind
 from .rollup import (
     CURSOR_NAME,
@@ -40,6 +40,8 @@ __all__ = [
     "InspectedRecord",
     "MemoryCompactionOffsets",
     "MemoryLogBackend",
+    "MemoryLogTails",
+    "LogTails",
     "RecordKind",
     "RollUp",
     "RollUpError",

@@ -61,3 +61,20 @@ class CompactionOffsets(Protocol):
     async def compaction_offsets(self, ids: Sequence[UUID]) -> dict[UUID, int]:
         """The first offset NOT yet compacted, per collection; absent means nothing compacted (1)."""
         ...
+
+
+@runtime_checkable
+class LogTails(Protocol):
+    """Where each collection log ends, for dropping marks of writes that never landed.
+
+    A mark is appended concurrently with its fragment's upload, so a batch that then loses (a
+    conflicting writer, a seal, a caller that gives up) leaves a mark past the log's tail.  Once
+    ``settle_s`` has passed since a mark was inserted its write has ended either way (the same
+    timing assumption as garbage collection's grace), and the tail read then says which.
+    """
+
+    settle_s: float
+
+    async def log_tails(self, ids: Sequence[UUID]) -> dict[UUID, int]:
+        """The next offset of each collection log; absent means the log does not exist (1)."""
+        ...

@@ -232,3 +232,23 @@ class MemoryCompactionOffsets:
             exc, self.fail_next = self.fail_next, None
             raise exc
         return {cid: self.offsets[cid] for cid in ids if cid in self.offsets}
+
+
+class MemoryLogTails:
+    """Collection-log tails in a dict, following :class:`~dirtylog.backend.LogTails`."""
+
+    def __init__(self, settle_s: float = 0.0) -> None:
+        """Every log empty; marks older than ``settle_s`` are judged against these tails."""
+        self.settle_s = settle_s
+        self.tails: dict[UUID, int] = {}
+        self.calls = 0
+
+    def set(self, collection_id: UUID, next_offset: int) -> None:
+        """A collection log's next offset."""
+        self.tails[collection_id] = next_offset
+
+    async def log_tails(self, ids: Sequence[UUID]) -> dict[UUID, int]:
+        """The tails of those ``ids`` that have a log."""
+        await asyncio.sleep(0)
+        self.calls += 1
+        return {cid: self.tails[cid] for cid in ids if cid in self.tails}

@@ -17,6 +17,14 @@ Coalescing rules (:func:`coalesce`), in dirty-log order:
   Clipping per mark (not per span) keeps first insertion and reinsert count about the records that
   are actually still uncompacted, so the age and re-insertion criteria do not stay tripped forever
   for a collection that is written and compacted continuously.
+* Given log tails (:class:`~dirtylog.backend.LogTails`), a *settled* mark — inserted at least
+  ``settle_s`` before the roll-up, so its write has landed or failed — is also clipped to its log's
+  tail (limit = min(limit, tail)).  A mark of a batch that lost (409, a seal, a caller that gave
+  up) covers offsets the log never got; without this it would be carried for ever, its reinsert
+  count and score rising, and nothing would ever compact it away.  Marks not yet settled are
+  never clipped (their write may still land) and are kept apart: they are carried as their own
+  mark stamped with the *newest* insertion time among them, so that once that mark is judged
+  settled, every write it stands for has ended.
 * ``purge`` forgets the collection's marks that PRECEDE it in the log.  Marks after a purge (new
   writes) always survive it, so a purge can never hide data written after it.
 * ``clear`` is a no-op.  A roll-up writes one when nothing is left, as a checkpoint operators can see
@@ -41,7 +49,7 @@ from uuid import UUID
 
 from host.wal3.errors import CursorConflict, LogPurged
 
-from .backend import CompactionOffsets, DirtyLogBackend
+from .backend import CompactionOffsets, DirtyLogBackend, LogTails
 from .hook import Clock, DirtyLogHook, epoch_us
 from .record import DirtyRecord, DirtyRecordError, RecordKind
 from .selection import DirtyEntry, score, select_entries
@@ -75,17 +83,38 @@ class Coalesced:
         return self.limit - self.start
 
 
+def _widen(old: Coalesced | None, new: Coalesced, *, newest: bool = False) -> Coalesced:
+    if old is None:
+        return new
+    pick = max if newest else min
+    return Coalesced(min(old.start, new.start), max(old.limit, new.limit),
+                     pick(old.first_insertion_us, new.first_insertion_us),
+                     max(old.reinsert_count, new.reinsert_count))
+
+
 class Coalescer:
     """Folds dirty-log records one at a time, so a paged read needs O(collections) memory."""
 
-    def __init__(self, compacted: Mapping[UUID, int] | None = None) -> None:
-        """Fold records; ``compacted`` (read at each ``add``) clips marks to compaction cursors."""
+    def __init__(self, compacted: Mapping[UUID, int] | None = None,
+                 tails: Mapping[UUID, int] | None = None,
+                 settled_before_us: int | None = None) -> None:
+        """Fold records; ``compacted`` (read at each ``add``) clips marks to compaction cursors,
+        and ``tails`` clips marks inserted at or before ``settled_before_us`` to the log's tail."""
         self._compacted = compacted
+        self._tails = tails
+        self._settled_before_us = settled_before_us
         self._spans: dict[UUID, Coalesced] = {}
+        self._fresh: dict[UUID, Coalesced] = {}  # unsettled marks, stamped with the newest time
         self.marks = 0
         self.purges = 0
         self.clears = 0
         self.marks_fully_compacted = 0
+        self.marks_beyond_tail = 0
+
+    def settled(self, record: DirtyRecord) -> bool:
+        """Whether a mark's write has certainly ended (only with tails to clip against)."""
+        return (self._tails is not None and self._settled_before_us is not None
+                and record.initial_insertion_epoch_us <= self._settled_before_us)
 
     def add(self, record: DirtyRecord) -> None:
         """Fold one record (see the module docstring for the rules)."""
@@ -96,6 +125,7 @@ class Coalescer:
         if record.kind == RecordKind.PURGE:
             self.purges += 1
             self._spans.pop(cid, None)
+            self._fresh.pop(cid, None)
             return
         self.marks += 1
         start, end, reinserts = record.log_position, record.end, record.reinsert_count
@@ -108,16 +138,18 @@ class Coalescer:
                 start, reinserts = cursor, 0
         if start >= end:  # an empty mark covers nothing
             return
-        old = self._spans.get(cid)
-        if old is None:
-            self._spans[cid] = Coalesced(start, end, record.initial_insertion_epoch_us, reinserts)
+        span = Coalesced(start, end, record.initial_insertion_epoch_us, reinserts)
+        if self._tails is None or self._settled_before_us is None:
+            self._spans[cid] = _widen(self._spans.get(cid), span)
+        elif self.settled(record):
+            tail = self._tails.get(cid, 1)
+            if tail <= start:  # the write never landed: nothing of it is in the log
+                self.marks_beyond_tail += 1
+                return
+            self._spans[cid] = _widen(self._spans.get(cid), Coalesced(
+                start, min(end, tail), span.first_insertion_us, reinserts))
         else:
-            self._spans[cid] = Coalesced(
-                min(old.start, start),
-                max(old.limit, end),
-                min(old.first_insertion_us, record.initial_insertion_epoch_us),
-                max(old.reinsert_count, reinserts),
-            )
+            self._fresh[cid] = _widen(self._fresh.get(cid), span, newest=True)
 
     @property
     def saw_changes(self) -> bool:
@@ -125,8 +157,17 @@ class Coalescer:
         return self.marks > 0 or self.purges > 0
 
     def result(self) -> dict[UUID, Coalesced]:
-        """The spans folded so far."""
-        return dict(self._spans)
+        """The spans folded so far, one per collection (settled and unsettled marks merged)."""
+        out = dict(self._spans)
+        for cid, fresh in self._fresh.items():
+            old = out.get(cid)
+            out[cid] = _widen(old, fresh) if old is not None else fresh
+        return out
+
+    def carried(self) -> list[tuple[UUID, Coalesced]]:
+        """The marks a roll-up re-appends: per collection, its settled span and its unsettled one."""
+        out = list(self._spans.items()) + list(self._fresh.items())
+        return sorted(out, key=lambda kv: (kv[1].first_insertion_us, kv[0].bytes, kv[1].start))
 
 
 def coalesce(
@@ -202,7 +243,8 @@ class _Window:
 
 
 async def _read_window(
-    backend: DirtyLogBackend, compaction: CompactionOffsets, cursor_name: str, max_read: int
+    backend: DirtyLogBackend, compaction: CompactionOffsets, cursor_name: str, max_read: int,
+    tails: LogTails | None = None, clock: Clock = epoch_us,
 ) -> _Window:
     """Fold ``[cursor, end)`` of a dirty log, ``end`` being its next offset when we start."""
     # 1. Where the window starts.
@@ -219,7 +261,9 @@ async def _read_window(
 
     # 3. Read the window page by page, folding as we go.
     compacted: dict[UUID, int] = {}
-    folder = Coalescer(compacted)
+    known_tails: dict[UUID, int] = {}
+    settled_before = None if tails is None else clock() - int(tails.settle_s * 1e6)
+    folder = Coalescer(compacted, known_tails if tails is not None else None, settled_before)
     pos = cursor
     while pos < end:
         page = await backend.read(pos, min(max_read, end - pos))
@@ -250,14 +294,24 @@ async def _read_window(
             found = await compaction.compaction_offsets(new_ids)
             for cid in new_ids:
                 compacted[cid] = found.get(cid, 1)
+        # 4b. Tails of logs with settled marks: read after those writes ended, so they tell.
+        if tails is not None:
+            tail_ids = list(dict.fromkeys(
+                r.collection_id for r in records
+                if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in known_tails
+                and folder.settled(r)))
+            if tail_ids:
+                found = await tails.log_tails(tail_ids)
+                for cid in tail_ids:
+                    known_tails[cid] = found.get(cid, 1)
         for record in records:
             folder.add(record)
     return _Window(cursor, witness, end, folder)
 
 
 def _carry(folder: Coalescer) -> list[DirtyRecord]:
-    """One mark per still-dirty collection, re-inserted once more, oldest first."""
-    spans = folder.result()
+    """A mark per still-dirty collection (two when some of its marks are unsettled), re-inserted
+    once more, oldest first."""
     return [
         DirtyRecord(
             cid,
@@ -267,7 +321,7 @@ def _carry(folder: Coalescer) -> list[DirtyRecord]:
             min(span.reinsert_count + 1, _U32_MAX),
             RecordKind.MARK_DIRTY,
         )
-        for cid, span in sorted(spans.items(), key=lambda kv: (kv[1].first_insertion_us, kv[0].bytes))
+        for cid, span in folder.carried()
     ]
 
 
@@ -289,6 +343,7 @@ async def hand_over(
     cursor_name: str = CURSOR_NAME,
     max_records_per_read: int = 1024,
     max_records_per_append: int = 1024,
+    tails: LogTails | None = None,
 ) -> HandOverResult:
     """Move another server's dirty set into ``target`` (a server that is gone for good).
 
@@ -299,7 +354,9 @@ async def hand_over(
     own server is alive after all, this is as safe as two racing roll-ups: one cursor move wins
     and the loser starts over from the new cursor.  ``source`` is only read and its cursor moved.
     """
-    window = await _read_window(source, compaction, cursor_name, max_records_per_read)
+    if tails is None and isinstance(target, LogTails):
+        tails = target
+    window = await _read_window(source, compaction, cursor_name, max_records_per_read, tails)
     if not window.folder.saw_changes:
         return HandOverResult(0, window.end - window.cursor, window.cursor, window.cursor)
     carried = _carry(window.folder)
@@ -329,8 +386,13 @@ class RollUp:
         clock: Clock = epoch_us,
         cursor_name: str = CURSOR_NAME,
         max_attempts: int = 3,
+        tails: LogTails | None = None,
     ) -> None:
-        """A roll-up over ``backend``; reads and appends are paged by the given maxima."""
+        """A roll-up over ``backend``; reads and appends are paged by the given maxima.
+
+        ``tails`` (default: the backend, when it provides them) clips settled marks to their
+        log's tail; without it marks are clipped to compaction cursors only.
+        """
         if max_records_per_read < 1 or max_records_per_append < 1 or max_attempts < 1:
             raise ValueError("max_records_per_read, max_records_per_append, max_attempts must be >= 1")
         self._backend = backend
@@ -340,6 +402,8 @@ class RollUp:
         self._clock = clock
         self._cursor_name = cursor_name
         self._max_attempts = max_attempts
+        self._tails = tails if tails is not None else (
+            backend if isinstance(backend, LogTails) else None)
         self._hook = DirtyLogHook(backend, clock)
         self._entries: dict[UUID, DirtyEntry] = {}
         self._last: RollUpResult | None = None
@@ -439,7 +503,8 @@ class RollUp:
 
     async def _run_once(self, attempt: _Attempt) -> RollUpResult:
         backend = self._backend
-        window = await _read_window(backend, self._compaction, self._cursor_name, self._max_read)
+        window = await _read_window(backend, self._compaction, self._cursor_name, self._max_read,
+                                    self._tails, self._clock)
         cursor, witness, end, folder = window.cursor, window.witness, window.end, window.folder
         if not folder.saw_changes:
             # Nothing but clears (or nothing at all) since the cursor: the set is empty and writing
@@ -456,18 +521,13 @@ class RollUp:
         # 6. Only now move the cursor past the window: everything in it is re-stated above ``end``.
         await backend.cas_cursor(self._cursor_name, end, witness)
 
-        new_entries = {
-            r.collection_id: DirtyEntry(
-                r.collection_id,
-                r.log_position,
-                r.end,
-                r.num_records,
-                r.initial_insertion_epoch_us,
-                r.reinsert_count,
-                score(r.num_records, r.initial_insertion_epoch_us, r.reinsert_count, now),
+        new_entries = {}
+        for cid, span in folder.result().items():  # one entry per collection, both marks merged
+            reinserts = min(span.reinsert_count + 1, _U32_MAX)
+            new_entries[cid] = DirtyEntry(
+                cid, span.start, span.limit, span.num_records, span.first_insertion_us, reinserts,
+                score(span.num_records, span.first_insertion_us, reinserts, now),
             )
-            for r in carried
-        }
         result = self._finish(
             attempt, new_entries, cursor, end, end - cursor, folder, len(carried), not carried
         )

@@ -15,6 +15,8 @@ from host.wal3.layout import load_manifest
 from host.wal3.manifest import Manifest
 
 _log = logging.getLogger("loghost.dirty")
+# A mark this young may belong to a write still in flight, whatever the configured GC grace.
+MIN_SETTLE_S = 1.0
 
 
 def dirty_prefix(server_id: str) -> str:
@@ -42,9 +44,13 @@ class _Cursors:
 
 
 class WalDirtyBackend(_Cursors):
-    """``dirtylog.DirtyLogBackend`` over an open wal3 log."""
+    """``dirtylog.DirtyLogBackend`` over an open wal3 log, and ``dirtylog.LogTails`` over the
+    collection logs of the same store (so roll-ups drop marks of writes that never landed)."""
 
     def __init__(self, store: ObjectStore, prefix: str, writer: LogWriter, gc: GcOptions) -> None:
+        self._store = store
+        # The spec's timing assumption: a writer finishes each operation within the GC grace.
+        self.settle_s = max(MIN_SETTLE_S, gc.grace_s)
         self._writer = writer
         self._reader = LogReader(store, prefix)
         self._cursors = CursorStore(store, prefix, writer.options.writer_name)
@@ -76,6 +82,23 @@ class WalDirtyBackend(_Cursors):
     async def collect_garbage(self) -> None:
         """Advance the dirty log's own garbage collection."""
         await self._gc.run_once()
+
+    async def log_tails(self, ids: Sequence[UUID], concurrency: int = 32) -> dict[UUID, int]:
+        """Each collection log's next offset, from its manifest in the store (the truth: a
+        committed write is there whichever process wrote it); logs without one are left out."""
+        from .manager import log_prefix  # the server's layout; imported late, manager is heavier
+
+        out: dict[UUID, int] = {}
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(cid: UUID) -> None:
+            async with sem:
+                loaded = await load_manifest(self._store, log_prefix(cid))
+            if loaded is not None:
+                out[cid] = loaded[0].next_offset
+
+        await asyncio.gather(*(one(c) for c in ids))
+        return out
 
 
 class StoredDirtyLog(_Cursors):

@@ -133,6 +133,12 @@ def to_api_error(exc: BaseException) -> ApiError | None:
         return BadRequest(str(exc))
     if isinstance(exc, (w.StoreUnavailable, w.WriterClosed)):
         return Unavailable(str(exc))
+    if isinstance(exc, w.CorruptFragment):
+        # Data at rest failed its checksum: not a bug here, and no retry will make it pass.
+        _log.error("corrupt fragment: %s", exc)
+        e = ApiError(str(exc))
+        e.status, e.code = 500, "corrupt_fragment"
+        return e
     return None
 
 

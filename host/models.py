@@ -18,6 +18,8 @@ from pydantic import (
 )
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# The most records one append may carry (``LOGHOST_MAX_RECORDS_PER_REQUEST`` may lower it).
+MAX_RECORDS_PER_REQUEST = 10_000
 
 
 class Op(str, Enum):
@@ -70,7 +72,7 @@ class AppendRequest(BaseModel):
 
     model_config = _STRICT
 
-    records: list[Record] = Field(min_length=1)
+    records: list[Record] = Field(min_length=1, max_length=MAX_RECORDS_PER_REQUEST)
     idempotency_key: StrictStr | None = Field(default=None, min_length=1, max_length=256)
 
 
@@ -80,6 +82,8 @@ class AppendResponse(BaseModel):
     first_offset: int
     count: int
     next_offset: int
+    # Present (true) when the idempotency key was seen and nothing was appended.
+    deduplicated: bool | None = None
 
 
 class CursorPut(BaseModel):
@@ -146,6 +150,7 @@ class FragmentOut(BaseModel):
     limit: int
     num_bytes: int
     setsum: str
+    content_md5: str | None = None  # the object's hex MD5 when the manifest records it
 
 
 class FragmentsResponse(BaseModel):

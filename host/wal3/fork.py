@@ -4,14 +4,26 @@ Offsets, timestamps and setsums are identical: the fork's manifest carries the s
 with everything before the fork point accounted in ``collected``.  Fragments and snapshots are
 copied object by object (server-side where the store can, a hard link on the local store) rather
 than rewritten, and a snapshot straddling the fork point is split as garbage collection would.
-Nothing is shared afterwards, so collecting one log never touches the other's objects.  The
-target's manifest is written last, with If-None-Match: a crashed fork is invisible and can be
-retried.
+Nothing is shared afterwards, so collecting one log never touches the other's objects.
+
+Order of effects, and why a crash between any two is safe:
+
+1. Copy every fragment and snapshot the target's root reaches (split snapshots are new objects).
+2. Write the target's compaction cursor, when one is given (``compaction_offset``).  It must lie in
+   the target's range: a cursor is never ahead of what the log (or a compacted version) holds.
+3. ``before_commit(forked)``: the server copies the compacted version the cursor stands on and
+   marks the target dirty, so the target is in a dirty set before anyone can see it.
+4. Write the target's manifest, with If-None-Match: the commit point.
+
+Before 4 the target does not exist: a crash leaves only unreferenced objects (and at worst a dirty
+mark of a log with no records, which the roll-up drops), and a retried fork overwrites the cursor
+it left.  After 4 the target is complete: cursor, compacted data and dirty mark came first.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from .cursors import COMPACTION, CursorStore
 from .errors import LogExists, LogNotFound, LogPurged, PreconditionFailed
@@ -22,9 +34,19 @@ from .reader import SnapshotCache
 from .store import ObjectStore, ensure_copy, ensure_object, put_resolving
 
 
+BeforeCommit = Callable[[Manifest], Awaitable[None]]
+
+
 async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset: int | None = None,
-                   writer_name: str = "wal3-fork", concurrency: int = 16) -> Manifest:
-    """Fork ``source`` into ``target`` from ``from_offset`` (default: its compaction cursor)."""
+                   writer_name: str = "wal3-fork", concurrency: int = 16,
+                   compaction_offset: int | None = None,
+                   before_commit: BeforeCommit | None = None) -> Manifest:
+    """Fork ``source`` into ``target`` from ``from_offset`` (default: its compaction cursor).
+
+    ``compaction_offset`` gives the target a compaction cursor there (it must lie within the
+    target's records, ``[from_offset, tail]``); ``before_commit`` runs after every object is in
+    place and before the manifest makes the target visible (see the module docstring).
+    """
     source, target = source.strip("/"), target.strip("/")
     loaded = await load_manifest(store, source)
     if loaded is None:
@@ -74,9 +96,30 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
             await ensure_copy(store, join(source, path), join(target, path))
 
     await asyncio.gather(*(copy(p) for p in paths))
+    if compaction_offset is not None:
+        await _write_compaction_cursor(store, target, writer_name, forked, compaction_offset)
+    if before_commit is not None:
+        await before_commit(forked)
     try:
         await put_resolving(store, join(target, MANIFEST_PATH), forked.to_bytes(),
                             if_none_match="*")
     except PreconditionFailed:
         raise LogExists(f"a log appeared at {target!r} during the fork") from None
     return forked
+
+
+async def _write_compaction_cursor(store: ObjectStore, target: str, writer_name: str,
+                                   forked: Manifest, offset: int) -> None:
+    """The target's compaction cursor, replacing one a crashed earlier attempt left behind."""
+    if not forked.oldest_offset <= offset <= forked.next_offset:
+        # Every record at or above the cursor must be in the log: GC trusts the cursor.
+        raise ValueError(f"compaction offset {offset} is outside the fork's records "
+                         f"[{forked.oldest_offset}, {forked.next_offset}]")
+    cursors = CursorStore(store, target, writer_name)
+    existing = await cursors.load(COMPACTION)
+    if existing is None:
+        await cursors.init(COMPACTION, offset)
+    else:
+        # The target has no manifest yet (checked above), so nobody else owns its cursors: this
+        # is a leftover of a fork that crashed before its commit point.
+        await cursors.save(COMPACTION, offset, existing)

@@ -48,8 +48,10 @@ async def test_first_then_second_version(store: LocalStore) -> None:
     cur = await read_current(store, "c1")
     assert cur is not None
     assert (cur.version, cur.offset, cur.rows, cur.path) == (1, 11, 2, v1.data_key)
-    assert json.loads((await store.get(current_key("c1"))).data) == {
+    doc = json.loads((await store.get(current_key("c1"))).data)
+    assert {k: doc[k] for k in ("version", "offset", "rows", "path")} == {
         "version": 1, "offset": 11, "rows": 2, "path": v1.data_key}
+    assert doc["history"] == [{"version": 1, "installed_at": doc["installed_at"]}]
 
     v2 = allocate_version("c1", cur)
     assert v2.version == 2 and v2.start_offset == 11
