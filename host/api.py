@@ -25,13 +25,13 @@ from starlette.responses import JSONResponse, Response
 
 from dirtylog import inspect_records
 from host.wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
-from host.wal3.fork import fork_log
 from host.wal3.layout import join
 from host.wal3.scrub import scrub_log
 
 from . import jsonlog
 from .auth import Principal
 from .config import Settings
+from .forks import fork_collection
 from .errors import (
     BackpressureError,
     BadRequest,
@@ -340,7 +340,8 @@ def create_app(server: Server) -> FastAPI:
             ptrs = await h.reader.scan(start, Limits(max_files=limit), manifest=m)
         return FragmentsResponse(fragments=[
             {"url": server.store.url_for(join(h.prefix, p.path)), "start": p.start,
-             "limit": p.limit, "num_bytes": p.num_bytes, "setsum": p.setsum.hexdigest()}
+             "limit": p.limit, "num_bytes": p.num_bytes, "setsum": p.setsum.hexdigest(),
+             "content_md5": p.content_md5}
             for p in ptrs])  # type: ignore[misc]
 
     # ----------------------------------------------------------------------------- cursors
@@ -430,29 +431,16 @@ def create_app(server: Server) -> FastAPI:
             owner = await server.manager.bind(target, tenant)
             if owner != tenant:
                 raise NotFound(f"no log {target} for tenant {tenant}")
-            await fork_log(server.store, h.prefix, log_prefix(target), from_offset=offset,
-                           writer_name=f"loghost:{settings.server_id}")
-            await _copy_compacted(cid, target, offset)
+            # The target's cursor, compacted base and dirty mark are all in place before its
+            # manifest makes it visible (host/forks.py); the mark goes through our dirty hook.
+            forked = await fork_collection(
+                server.store, source=cid, target=target, source_prefix=h.prefix,
+                target_prefix=log_prefix(target), source_manifest=m, offset=offset,
+                writer_name=f"loghost:{settings.server_id}",
+                mark_dirty=server._mark_dirty)  # noqa: SLF001 - the fragment-path hook
         async with server.manager.use(target, tenant) as t:
-            await t.cursors.advance("compaction", max(offset, t.writer.manifest.oldest_offset))
-            t.note_compaction(offset)
+            t.note_compaction(forked.compaction_offset)
             return await _state(t)
-
-    async def _copy_compacted(source: UUID, target: UUID, offset: int) -> None:
-        """Give the fork the source's compacted version when it ends exactly at the fork point."""
-        try:
-            got = await server.store.get(f"compacted/{source}/CURRENT.json")
-        except ObjectNotFound:
-            return
-        current = json.loads(got.data)
-        if current.get("offset") != offset:
-            return
-        path = str(current["path"])
-        new_path = path.replace(f"compacted/{source}/", f"compacted/{target}/", 1)
-        await server.store.copy(path, new_path)
-        current["path"] = new_path
-        await server.store.put(f"compacted/{target}/CURRENT.json",
-                               json.dumps(current).encode(), if_none_match="*")
 
     @v1.post(base + "/gc", summary="Run one garbage-collection pass now")
     async def gc(scope: tuple[str, UUID] = Depends(tenant_scope)) -> dict[str, Any]:
