@@ -18,12 +18,13 @@ from .layout import CURSOR_PREFIX, join
 from .store import ObjectStore, put_resolving
 
 COMPACTION = "compaction"
-_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 def check_cursor_name(name: str) -> str:
     """Return ``name`` if it is a valid cursor name, else raise InvalidCursorName."""
-    if not isinstance(name, str) or len(name) > 128 or not _NAME.match(name):
+    # fullmatch: "$" would accept a trailing newline ("compaction\n" naming a second cursor).
+    if not isinstance(name, str) or len(name) > 128 or not _NAME.fullmatch(name):
         raise InvalidCursorName(f"cursor names match [A-Za-z0-9_]+ (at most 128): {name!r}")
     return name
 

@@ -19,6 +19,7 @@ are swept too.  Nothing at or above the live range is ever deleted by the collec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -26,8 +27,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .cursors import CursorStore
-from .errors import CorruptManifest, GarbageRejected, NoCursors, ObjectNotFound, PreconditionFailed
+from .cursors import COMPACTION, CursorStore, Witness
+from .errors import (
+    CorruptManifest,
+    CursorConflict,
+    CursorNotFound,
+    GarbageRejected,
+    LogPurged,
+    NoCursors,
+    ObjectNotFound,
+    PreconditionFailed,
+)
 from .fragment import fragment_path, parse_fragment_path
 from .layout import GARBAGE_PATH, LOG_PREFIX, join, load_manifest
 from .manifest import (
@@ -53,7 +63,9 @@ class GcOptions:
     """How careful and how fast the collector is."""
 
     grace_s: float = 300.0
-    max_fraction: float = 1.0  # refuse plans dropping more than this share of live bytes
+    # One plan drops at most this share of a log's live bytes (always at least its oldest root
+    # pointer); the verifier refuses a plan over it, so a planning bug cannot empty a log at once.
+    max_fraction: float = 0.9
     delete_batch: int = 64
     deletes_per_second: float = 500.0
     orphan_scan_limit: int = 10_000
@@ -62,6 +74,9 @@ class GcOptions:
     # writer reads (the last ``retain_fragments`` sequence numbers, up to ``retain_s`` old).
     retain_fragments: int = 256
     retain_s: float = 900.0
+    # A cursor the log cannot be collected past even when absent (then nothing is collected):
+    # compaction folds records before they may go.  None for logs no compactor reads.
+    intrinsic_cursor: str | None = COMPACTION
 
 
 @dataclass(frozen=True)
@@ -201,20 +216,48 @@ async def min_live_seq(store: ObjectStore, prefix: str, m: Manifest, cache: Snap
 async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
                    cache: SnapshotCache, writer: str,
                    put_snapshot: Callable[[Snapshot], Awaitable[None]],
-                   now_us: int | None = None) -> Garbage | None:
+                   now_us: int | None = None, *, keep_tail: bool = False,
+                   max_bytes: int | None = None) -> Garbage | None:
     """Plan dropping everything wholly below ``cutoff``; None when nothing would be dropped.
 
     ``put_snapshot`` stores each split snapshot (GC writes them under the log; fork under the
-    new log).
+    new log).  ``keep_tail`` keeps the root's last fragment whatever the cutoff: its setsum is
+    what the next fragment must follow, so without it read repair could not fence a stale
+    speculative fragment.  ``max_bytes`` bounds what one plan drops (always at least the oldest
+    root pointer, so collection still progresses).
     """
     cutoff = min(cutoff, m.next_offset)
+    if keep_tail:
+        cutoff = min(cutoff, m.fragments[-1].start if m.fragments else m.oldest_offset)
     entries = m.entries
+    if max_bytes is not None:
+        acc = 0
+        for e in entries:
+            if e.start >= cutoff:
+                break
+            if acc and acc + e.num_bytes > max_bytes:
+                cutoff = e.start  # a boundary: nothing straddles it
+                break
+            acc += e.num_bytes
     i = 0
     while i < len(entries) and entries[i].limit <= cutoff:
         i += 1
     dropped = list(entries[:i])
+
+    async def discards(ptr: Pointer) -> bool:
+        """Whether some fragment under ``ptr`` (which starts below the cutoff) lies wholly below
+        it: only then does the snapshot change.  Rebuilding an untouched snapshot would give the
+        same content address, live and listed for deletion at once."""
+        while isinstance(ptr, SnapshotPointer):
+            first = (await cache.get(store, prefix, ptr)).children[0]
+            if first.limit <= cutoff:
+                return True
+            ptr = first
+        return False
+
     straddler = entries[i] if i < len(entries) else None
-    if not (isinstance(straddler, SnapshotPointer) and straddler.start < cutoff):
+    if not (isinstance(straddler, SnapshotPointer) and straddler.start < cutoff
+            and await discards(straddler)):
         straddler = None
     discard = Setsum.zero()
     nbytes = 0
@@ -245,7 +288,8 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
                         c = sub.pop()
                         to_delete.append(c.path_to_snapshot)
                         sub.extend((await cache.get(store, prefix, c)).snapshots)
-            elif isinstance(child, SnapshotPointer) and child.start < cutoff and not kept:
+            elif (isinstance(child, SnapshotPointer) and child.start < cutoff and not kept
+                  and await discards(child)):
                 kept.append(await split(child))
             else:
                 kept.append(child)
@@ -275,7 +319,7 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
         replace_root=straddler.path_to_snapshot if straddler is not None else None,
         new_root=new_root,
         new_snapshots=tuple(created),
-        snapshots_to_delete=tuple(dict.fromkeys(to_delete)),
+        snapshots_to_delete=tuple(p for p in dict.fromkeys(to_delete) if p not in created),
         first_seq_to_delete=old_first,
         first_seq_to_keep=first_keep_seq,
         first_to_keep=first_to_keep,
@@ -285,8 +329,19 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
     )
 
 
-def verify_garbage(g: Garbage, m: Manifest, options: GcOptions) -> None:
-    """Refuse garbage whose setsums do not balance or that drops too much of the log."""
+def fraction_budget(m: Manifest, options: GcOptions) -> int:
+    """The most bytes one plan may drop: ``max_fraction`` of the live bytes, and never less than
+    the oldest root pointer (else a log dominated by one old pointer could never be collected)."""
+    entries = m.entries
+    if not entries:
+        return 0
+    return max(int(options.max_fraction * m.live_bytes), entries[0].num_bytes)
+
+
+def verify_garbage(g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: int | None = None
+                   ) -> None:
+    """Refuse garbage whose setsums do not balance, that drops too much of the log, that drops the
+    root's last fragment, or that drops anything at or above ``pinned_at`` (the lowest cursor)."""
     applied = g.apply(m, options.writer_name)
     if sum((e.setsum for e in applied.entries), Setsum.zero()) + applied.collected != m.setsum:
         raise GarbageRejected("garbage does not balance: live + collected + discarded != setsum")
@@ -294,8 +349,15 @@ def verify_garbage(g: Garbage, m: Manifest, options: GcOptions) -> None:
         raise GarbageRejected("collected does not grow by exactly the discarded setsum")
     if (applied.next_offset, applied.next_seq_no) != (m.next_offset, m.next_seq_no):
         raise GarbageRejected("garbage would move the log's tail")
-    live = m.live_bytes
-    if live and g.bytes_to_discard / live > options.max_fraction:
+    if m.fragments and (not applied.fragments
+                        or applied.fragments[-1] != m.fragments[-1]):
+        raise GarbageRejected("garbage drops the root's last fragment, which fences writers")
+    if pinned_at is not None and g.first_to_keep > pinned_at:
+        raise GarbageRejected(
+            f"garbage drops offsets up to {g.first_to_keep}, but a cursor pins {pinned_at}")
+    budget = fraction_budget(m, options)
+    if g.bytes_to_discard > budget:
+        live = m.live_bytes or 1
         raise GarbageRejected(
             f"garbage drops {g.bytes_to_discard / live:.1%} of the log, "
             f"more than the allowed {options.max_fraction:.1%}")
@@ -352,6 +414,15 @@ class GarbageCollector:
             return await put_resolving(self._store, key, data, if_none_match="*")
         return await put_resolving(self._store, key, data, if_match=etag)
 
+    def pinned_at(self, cursors: dict[str, Witness]) -> int:
+        """The lowest offset the cursors pin: nothing at or above it may be dropped.  The intrinsic
+        cursor pins offset 1 while it does not exist (nothing is compacted yet)."""
+        low = min((w.cursor.offset for w in cursors.values()), default=1)
+        name = self._opts.intrinsic_cursor
+        if name is not None and name not in cursors:
+            low = 1
+        return low
+
     async def cutoff(self) -> tuple[int, Manifest] | None:
         """The cursor dance: the minimum cursor, consistent with the manifest read between.
 
@@ -365,7 +436,7 @@ class GarbageCollector:
             if {k: v.etag for k, v in before.items()} == {k: v.etag for k, v in after.items()}:
                 if not after:
                     raise NoCursors(f"{self._prefix} has no cursors: nothing can be collected")
-                return min(w.cursor.offset for w in after.values()), loaded[0]
+                return self.pinned_at(after), loaded[0]
         return None
 
     async def run_once(self, *, sweep_orphans: bool = True) -> GcReport:
@@ -375,7 +446,7 @@ class GarbageCollector:
         if garbage is None:
             garbage, etag = await self._phase1(report, etag)
             if garbage is None:
-                if sweep_orphans:
+                if sweep_orphans and report.phase != "busy":
                     await self._sweep_orphans(report, None)
                 return report
         if garbage.applied_us is None:
@@ -403,10 +474,11 @@ class GarbageCollector:
             await ensure_object(self._store, join(self._prefix, s.path), s.to_bytes())
 
         g = await plan_cut(self._store, self._prefix, m, cutoff, self._cache,
-                           self._opts.writer_name, put_snapshot, int(self._clock() * 1_000_000))
+                           self._opts.writer_name, put_snapshot, int(self._clock() * 1_000_000),
+                           keep_tail=True, max_bytes=fraction_budget(m, self._opts))
         if g is None:
             return None, etag
-        verify_garbage(g, m, self._opts)
+        verify_garbage(g, m, self._opts, pinned_at=cutoff)
         try:
             etag = await self._store_garbage(g, etag)
         except PreconditionFailed:
@@ -418,6 +490,16 @@ class GarbageCollector:
 
     async def _phase2(self, report: GcReport, g: Garbage, etag: str | None
                       ) -> tuple[Garbage | None, str | None]:
+        # Re-read the cursors *after* the plan is in gc/GARBAGE.  A reader pinning an offset writes
+        # its cursor and then reads gc/GARBAGE (``pin_cursor``): of two such write-then-read
+        # sequences at least one sees the other's write, so either this read finds the new cursor
+        # and the plan is dropped, or the reader finds the plan and gives its pin up.
+        pinned = self.pinned_at(await self.cursors.load_all())
+        if pinned < g.first_to_keep:
+            report.notes.append(f"a cursor now pins {pinned}, below the plan's {g.first_to_keep}")
+            await self._store_garbage(None, etag)
+            report.phase = "discarded"
+            return None, None
         try:
             await self._edit(lambda m: g.apply(m, self._opts.writer_name))
         except GarbageRejected as e:
@@ -442,21 +524,31 @@ class GarbageCollector:
         if loaded is None:
             raise GarbageRejected(f"no log at {self._prefix}")
         m = loaded[0]
-        # Affirmative check right before deleting: nothing listed is referenced any more.
+        # Affirmative checks right before deleting: no cursor pins what is listed (a reader that
+        # pinned it after all keeps it; the pin must move or go before anything is deleted), and
+        # nothing listed is referenced any more.  Only what passes is deleted.
+        pinned = self.pinned_at(await self.cursors.load_all())
+        if pinned < g.first_to_keep:
+            report.phase = "pinned"
+            report.notes.append(f"a cursor pins {pinned}, below the plan's {g.first_to_keep}: "
+                                "nothing deleted until it moves")
+            return
         if m.oldest_offset < g.first_to_keep:
             raise GarbageRejected("garbage marked applied but the manifest still holds it")
-        if await min_live_seq(self._store, self._prefix, m, self._cache) < g.first_seq_to_keep:
-            raise GarbageRejected("a fragment to delete is still referenced")
+        first_live = await min_live_seq(self._store, self._prefix, m, self._cache)
+        if first_live < g.first_seq_to_keep:
+            report.notes.append("a fragment listed for deletion is still referenced: kept")
         live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
-        if live & set(g.snapshots_to_delete):
-            raise GarbageRejected("a snapshot to delete is still referenced")
+        if referenced := live & set(g.snapshots_to_delete):
+            report.notes.append(f"{len(referenced)} snapshot(s) listed for deletion are still "
+                                "referenced: kept")
         # The newest fragments are kept for the idempotency window; the sweep takes them later.
-        upto = min(g.first_seq_to_keep, m.next_seq_no - self._opts.retain_fragments)
+        upto = min(g.first_seq_to_keep, first_live, m.next_seq_no - self._opts.retain_fragments)
         keys = [join(self._prefix, fragment_path(s))
                 for s in range(g.first_seq_to_delete, upto)]
         report.fragments_deleted = await self._delete(keys)
         report.snapshots_deleted = await self._delete(
-            [join(self._prefix, p) for p in g.snapshots_to_delete])
+            [join(self._prefix, p) for p in g.snapshots_to_delete if p not in live])
         await self._store_garbage(None, etag)
         report.phase = "done"
 
@@ -482,6 +574,9 @@ class GarbageCollector:
         if loaded is None:
             return
         m = loaded[0]
+        if self.pinned_at(await self.cursors.load_all()) < m.oldest_offset:
+            report.notes.append("a cursor pins collected offsets: the sweep waits")
+            return
         now = self._clock()
         horizon = now - self._opts.grace_s
         retain_horizon = now - max(self._opts.grace_s, self._opts.retain_s)
@@ -519,3 +614,44 @@ class GarbageCollector:
             if snap.children[-1].limit <= m.oldest_offset:
                 doomed.append(meta.key)
         report.orphans_deleted += await self._delete(doomed)
+
+
+# ------------------------------------------------------------------------ pinning a position
+
+
+async def pin_cursor(store: ObjectStore, prefix: str, cursors: CursorStore, name: str,
+                     offset: int, witness: str | None) -> Witness:
+    """Create (``witness`` None) or compare-and-swap a cursor to ``offset``, then confirm that no
+    garbage collection has passed it; raises LogPurged (after undoing the write) when one has.
+
+    The reader's half of the collection dance: write the cursor, *then* read ``gc/GARBAGE`` and the
+    stored manifest.  The collector writes its plan and then re-reads the cursors (phase 2), so
+    one of the two always sees the other: the collector drops its plan, or this finds it.  The
+    in-memory manifest of a writer is not enough: another process may be collecting.
+    """
+    prefix = prefix.strip("/")
+    before = await cursors.load(name) if witness is not None else None
+    w = (await cursors.init(name, offset) if witness is None
+         else await cursors.save(name, offset, witness))
+    floor = 0
+    try:
+        got = await store.get(join(prefix, GARBAGE_PATH))
+        pending = Garbage.from_bytes(got.data)
+        if pending is not None:
+            floor = pending.first_to_keep
+    except ObjectNotFound:
+        pass
+    loaded = await load_manifest(store, prefix)
+    if loaded is not None:
+        floor = max(floor, loaded[0].oldest_offset)
+    if offset >= floor:
+        return w
+    # Undo, so the cursor does not pin what is already gone (which would hold collection back).
+    with contextlib.suppress(CursorConflict, CursorNotFound, ObjectNotFound, PreconditionFailed):
+        if before is not None and before.etag == witness:
+            await cursors.save(name, before.cursor.offset, w)
+        else:
+            current = await cursors.load(name)
+            if current is not None and current.etag == w.etag:
+                await cursors.delete(name)
+    raise LogPurged(offset, floor)

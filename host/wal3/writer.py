@@ -145,8 +145,13 @@ class _Append:
 
 
 class _Batch:
+    """One fragment's worth of appends.  Once encoded its bytes never change: while the fragment may
+    still be linked, a retry re-sends the same bytes (and re-runs the hook), so a late or repeated
+    upload can never put the same appends into the log twice."""
+
     __slots__ = ("seq_no", "start", "count", "timestamp_us", "appends", "prev", "encoded",
-                 "frag", "md5", "error", "done", "task", "overwrite_etag")
+                 "frag", "md5", "error", "done", "task", "overwrite_etag", "prev_setsum",
+                 "upload", "hooked", "attempts")
 
     def __init__(self, seq_no: int, start: int, timestamp_us: int, appends: list[_Append],
                  prev: asyncio.Future[Setsum | None], loop: asyncio.AbstractEventLoop,
@@ -164,10 +169,21 @@ class _Batch:
         self.done = False
         self.task: asyncio.Task[None] | None = None
         self.overwrite_etag = overwrite_etag
+        self.prev_setsum: Setsum | None = None  # the setsum this fragment follows, once known
+        # "pending" (not tried), "ok" (our bytes are at the key), "absent" (they are not and cannot
+        # land: the condition failed), "unknown" (the store did not say).
+        self.upload = "pending"
+        self.hooked = False
+        self.attempts = 0  # retries of this very fragment
 
     @property
     def uploaded(self) -> bool:
         return self.done and self.error is None
+
+    @property
+    def settled(self) -> bool:
+        """Uploaded and marked by the hook: ready to link."""
+        return self.upload == "ok" and self.hooked
 
     @property
     def pointer(self) -> FragmentPointer:
@@ -203,6 +219,9 @@ class LogWriter:
         self._last_ts = 0
         self._tail: asyncio.Future[Setsum | None] = self._resolved(manifest.tail_setsum)
         self._dead: dict[int, str] = {}  # seq -> etag of an unlinkable object to overwrite
+        # seq -> setsum of every fragment this writer encoded lately: what is not in here and got
+        # linked was appended by someone else (contention), not by our own earlier attempts.
+        self._mine: collections.OrderedDict[int, Setsum] = collections.OrderedDict()
         self._pending: collections.deque[_Append] = collections.deque()
         self._pending_bytes = 0
         self._inflight: dict[int, _Batch] = {}
@@ -334,9 +353,12 @@ class LogWriter:
         """Apply a pure manifest transform through the normal, fenced manifest write.
 
         ``fn`` may be re-applied to a newer manifest when the write has to be rebased; it raises
-        to reject.  Used for sealing and for garbage collection.
+        to reject.  Used for sealing and for garbage collection, which a sealed log still takes.
         """
-        self._check_open()
+        if self._failure is not None:
+            raise WriterClosed(f"writer for {self._prefix} failed: {self._failure!r}")
+        if self._closing:
+            raise WriterClosed(f"writer for {self._prefix} is closing")
         edit = _Edit(fn, self._loop)
         self._edits.append(edit)
         self._wake.set()
@@ -470,6 +492,7 @@ class LogWriter:
         """Encode and upload one fragment, with the hook alongside."""
         try:
             prev = await b.prev
+            b.prev_setsum = prev
             keys: dict[str, tuple[int, int]] = {}
             off = b.start
             for a in b.appends:
@@ -486,14 +509,11 @@ class LogWriter:
             b.frag = frag
             b.md5 = frag.content_md5
             b.encoded.set_result(frag.setsum)
-            info = FragmentInfo(b.seq_no, frag.start, frag.limit - frag.start, b.timestamp_us)
-            uploads = [self._upload(frag, b.overwrite_etag)]
-            if self._hook is not None:
-                uploads.append(self._hook(info))
-            results = await asyncio.gather(*uploads, return_exceptions=True)
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
+            self._mine[b.seq_no] = frag.setsum
+            self._mine.move_to_end(b.seq_no)
+            while len(self._mine) > 4 * self._opts.dedup_window_fragments:
+                self._mine.popitem(last=False)
+            await self._settle(b)
         except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
             b.error = e
             if not b.encoded.done():
@@ -503,12 +523,63 @@ class LogWriter:
             b.done = True
             self._wake.set()
 
-    async def _upload(self, frag: EncodedFragment, overwrite_etag: str | None) -> None:
+    async def _retry_batch(self, b: _Batch, delay_s: float) -> None:
+        """Finish what an encoded fragment still lacks (its upload, its hook), bytes unchanged."""
+        try:
+            await asyncio.sleep(delay_s)  # back off from a struggling store or dirty log
+            await self._settle(b)
+        except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
+            b.error = e
+        finally:
+            b.done = True
+            self._wake.set()
+
+    async def _settle(self, b: _Batch) -> None:
+        """Upload the fragment and run the hook, concurrently, each unless already done."""
+        frag = b.frag
+        assert frag is not None
+        jobs: list[Awaitable[None]] = []
+        if b.upload != "ok":
+            jobs.append(self._upload(b, frag))
+        if self._hook is None:
+            b.hooked = True
+        elif not b.hooked:
+            jobs.append(self._mark(b, FragmentInfo(b.seq_no, frag.start, frag.limit - frag.start,
+                                                   b.timestamp_us)))
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _mark(self, b: _Batch, info: FragmentInfo) -> None:
+        assert self._hook is not None
+        await self._hook(info)
+        b.hooked = True
+
+    async def _upload(self, b: _Batch, frag: EncodedFragment) -> None:
         key = join(self._prefix, frag.path)
-        if overwrite_etag is not None:
-            await put_resolving(self._store, key, frag.data, if_match=overwrite_etag)
-        else:
-            await put_resolving(self._store, key, frag.data, if_none_match="*")
+        try:
+            if b.overwrite_etag is not None:
+                try:
+                    await put_resolving(self._store, key, frag.data, if_match=b.overwrite_etag)
+                except PreconditionFailed:
+                    # The dead object was replaced (then the key is taken) or is gone (then it is
+                    # free again).
+                    try:
+                        await self._store.head(key)
+                    except ObjectNotFound:
+                        await put_resolving(self._store, key, frag.data, if_none_match="*")
+                    else:
+                        raise
+            else:
+                await put_resolving(self._store, key, frag.data, if_none_match="*")
+        except PreconditionFailed:
+            b.upload = "absent"
+            raise
+        except BaseException:
+            b.upload = "unknown"
+            raise
+        b.upload = "ok"
         self.stats["fragments_written"] += 1
 
     # -------------------------------------------------------------------------- committing
@@ -655,10 +726,11 @@ class LogWriter:
         self._maybe_snapshot()
         self._kick()
 
-    def _resolve(self, a: _Append, r: AppendResult, seq_no: int) -> None:
+    def _resolve(self, a: _Append, r: AppendResult, seq_no: int | None) -> None:
         self._outstanding_bytes -= a.nbytes
         if a.key is not None:
-            self._remember_key(a.key, r, seq_no)
+            if seq_no is not None:
+                self._remember_key(a.key, r, seq_no)
             self._key_waiters.pop(a.key, None)
         a.settle(r, None)
 
@@ -708,7 +780,15 @@ class LogWriter:
     # ---------------------------------------------------------------------------- recovery
 
     async def _recover(self, reloaded: tuple[Manifest, str] | None = None) -> None:
-        """Settle in-flight work, reload, read-repair, and decide every batch's fate."""
+        """Settle in-flight work, reload, read-repair, and decide every batch's fate.
+
+        A batch that is not linked either still continues the log exactly (its sequence number,
+        start and predecessor match the reloaded tail): it keeps its bytes and only its missing
+        upload or hook is retried, since those bytes may be in the store already and get linked
+        by anyone's read repair.  Or it can never be linked (its slot is taken, or what it
+        follows was not linked): then, and only then, its appends are free to be written anew,
+        and "not written" (``LogContention``) is a true answer.
+        """
         self._recovering = True
         self.stats["recoveries"] += 1
         try:
@@ -725,17 +805,18 @@ class LogWriter:
                     if reloaded is None:
                         raise WriterClosed(f"manifest of {self._prefix} vanished")
                 manifest, etag = await self._repair(*reloaded)
-                ours = {(b.frag.path, b.frag.setsum) for b in self._inflight.values()
-                        if b.frag is not None}
                 linked = [b for b in self._inflight.values()
                           if b.frag is not None and await self._links(manifest, b.frag)]
-                # Contention means another writer committed.  Orphans we just linked ourselves
-                # (a crashed writer's leftovers) are not contention: our batches are retried.
-                # Both lists look into snapshots too: new fragments may be folded away already.
+                # Contention means another writer committed.  What we encoded ourselves, linked
+                # by us or by anyone's read repair, is not contention.  Both lists look into
+                # snapshots too: new fragments may be folded away already.
                 foreign = [f for f in await self._since(reloaded[0], base)
-                           if (f.path, f.setsum) not in ours]
+                           if self._mine.get(f.seq_no) != f.setsum]
+                # Keys are learned from everything linked that this recovery does not acknowledge,
+                # our own earlier attempts included (answered "maybe", then repaired).
+                acked = {(b.frag.path, b.frag.setsum) for b in linked if b.frag is not None}
                 learned = [f for f in await self._since(manifest, base)
-                           if (f.path, f.setsum) not in ours]
+                           if (f.path, f.setsum) not in acked]
             except (StoreUnavailable, OSError) as e:
                 self._go_stale(e)
                 return
@@ -743,12 +824,38 @@ class LogWriter:
             self._installed(manifest, etag, linked)
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
+            for seq in [s for s in self._dead if s < manifest.next_seq_no]:
+                del self._dead[seq]
+            # Learn the keys of fragments others linked before deciding anything: a keyed append
+            # whose key is in the log already is answered from there, never "not written".  Also
+            # while the first load is still running (it started from an older manifest).
+            self._unlearned.update(f.seq_no for f in learned)
+            keys_known = True
+            if self._keys_loaded and learned:
+                try:
+                    await self._learn_keys()
+                except (StoreUnavailable, OSError) as e:
+                    keys_known = False
+                    # Until these footers are read, a queued keyed append might duplicate one.
+                    for a in [a for a in self._pending if a.key is not None]:
+                        self._pending.remove(a)
+                        self._pending_bytes -= a.nbytes
+                        self._reject(a, StoreUnavailable(f"store unavailable: {e}"))
+            keep, free = self._sort_leftovers(manifest, leftovers)
             retry: list[_Append] = []
-            for b in leftovers:
+            for b in free:
                 for a in b.appends:
+                    known = self._keys.get(a.key) if a.key is not None else None
+                    if known is not None:
+                        self._resolve(a, AppendResult(known.first_offset, known.count,
+                                                      known.timestamp_us, True), None)
+                        continue
                     a.attempts += 1
                     if manifest.sealed:
                         self._reject(a, LogSealed(f"log {self._prefix} is sealed"))
+                    elif a.key is not None and not keys_known:
+                        self._reject(a, StoreUnavailable(
+                            f"could not read what another writer appended to {self._prefix}"))
                     elif foreign:
                         self.stats["contention"] += 1
                         self._reject(a, LogContention(
@@ -757,30 +864,78 @@ class LogWriter:
                         self._reject(a, self._give_up_error(b))
                     else:
                         retry.append(a)
+            keep = self._retry_kept(keep)
             # Retried appends go first so the log keeps their order.
             for a in reversed(retry):
                 self._pending.appendleft(a)
                 self._pending_bytes += a.nbytes
-            self._next_seq = manifest.next_seq_no
-            self._next_offset = manifest.next_offset
-            self._tail = self._resolved(manifest.tail_setsum)
-            # Learn the keys of fragments others linked, even while the first load is still
-            # running (it started from an older manifest and would miss them).
-            self._unlearned.update(f.seq_no for f in learned)
-            if self._keys_loaded and learned:
-                try:
-                    await self._learn_keys()
-                except (StoreUnavailable, OSError) as e:
-                    # Until these footers are read, a queued keyed append might duplicate one.
-                    for a in [a for a in self._pending if a.key is not None]:
-                        self._pending.remove(a)
-                        self._pending_bytes -= a.nbytes
-                        self._reject(a, StoreUnavailable(f"store unavailable: {e}"))
+            if keep:
+                last = keep[-1]
+                assert last.frag is not None
+                self._next_seq, self._next_offset = last.seq_no + 1, last.frag.limit
+                self._tail = last.encoded
+            else:
+                self._next_seq = manifest.next_seq_no
+                self._next_offset = manifest.next_offset
+                self._tail = self._resolved(manifest.tail_setsum)
             if manifest.sealed:
                 self._fail_sealed()
         finally:
             self._recovering = False
         self._kick()
+
+    def _sort_leftovers(self, manifest: Manifest, leftovers: list[_Batch]
+                        ) -> tuple[list[_Batch], list[_Batch]]:
+        """Split unlinked batches into those that still continue ``manifest`` exactly (kept, bytes
+        unchanged) and those that can never be linked (free: their appends may go elsewhere)."""
+        seq, off, prev = manifest.next_seq_no, manifest.next_offset, manifest.tail_setsum
+        chain = not manifest.sealed
+        keep: list[_Batch] = []
+        free: list[_Batch] = []
+        for b in leftovers:
+            if (chain and b.frag is not None and b.seq_no == seq and b.start == off
+                    and b.prev_setsum == prev):
+                keep.append(b)
+                seq, off, prev = seq + 1, b.frag.limit, b.frag.setsum
+                continue
+            chain = False
+            free.append(b)
+            if b.frag is not None and b.seq_no >= manifest.next_seq_no and b.upload != "absent":
+                # Our own object there can never be linked (what it follows was not): overwrite
+                # it in place.  If-Match on our bytes' etag: if someone replaced it, we lose.
+                self._dead[b.seq_no] = content_etag(b.frag.data)
+        return keep, free
+
+    def _retry_kept(self, keep: list[_Batch]) -> list[_Batch]:
+        """Put kept batches back in flight; those missing their upload or hook retry just that.
+
+        A batch out of attempts gives up with an ambiguous error (its bytes may be in the store
+        and a later read repair may still link them), and so do the kept batches after it."""
+        for i, b in enumerate(keep):
+            if b.settled:
+                b.error = None
+                continue
+            b.attempts += 1
+            if b.attempts >= self._opts.max_append_attempts:
+                cause = self._repair_blocked or b.error
+                err = StoreUnavailable(
+                    f"fragment {b.seq_no} of {self._prefix} could not be linked ({cause!r}); "
+                    "it may still appear")
+                for gone in keep[i:]:
+                    for a in gone.appends:
+                        self._reject(a, err)
+                keep = keep[:i]
+                break
+        for b in keep:
+            self._inflight[b.seq_no] = b
+            if not b.settled:
+                b.done, b.error = False, None
+                # Read repair may have found a dead object in this batch's slot: replace it.
+                b.overwrite_etag = self._dead.pop(b.seq_no, b.overwrite_etag)
+                delay = min(1.0, 0.02 * 2 ** b.attempts)
+                b.task = asyncio.create_task(self._retry_batch(b, delay),
+                                             name=f"wal3-frag-retry:{b.seq_no}")
+        return keep
 
     async def _since(self, manifest: Manifest, base: Manifest) -> list[FragmentPointer]:
         """Fragments ``manifest`` links beyond ``base``'s tail."""
@@ -843,9 +998,11 @@ class LogWriter:
             except CorruptFragment:
                 self._dead[seq] = got.etag
                 break
-            tail = manifest.tail_setsum
+            # It must follow the tail exactly.  A fragment without ``wal3.prev`` (another
+            # implementation's) is placed by position alone; with one, an empty root (a new log)
+            # is followed only by a fragment that follows nothing.
             fits = decoded.start == manifest.next_offset and (
-                decoded.prev is None or tail is None or decoded.prev == tail)
+                decoded.prev is None or decoded.prev == manifest.tail_setsum)
             if not fits:
                 # It follows a fragment that was never linked: nobody can ever link it.
                 self._dead[seq] = got.etag

@@ -30,7 +30,9 @@ from host.wal3 import (
 )
 from host.wal3.cursors import CursorStore
 from host.wal3.fork import fork_log
-from host.wal3.gc import GarbageCollector, GcOptions
+from host.wal3.gc import GarbageCollector, GcOptions, plan_cut, verify_garbage
+from host.wal3.manifest import Snapshot
+from host.wal3.reader import SnapshotCache
 from host.wal3.fragment import fragment_path
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.scrub import find_logs, scrub_log
@@ -164,24 +166,53 @@ async def test_gc_without_a_writer_and_everything_compacted(store: ObjectStore) 
     gc = GarbageCollector(store, "logs/all", GcOptions(grace_s=0), clock=clock)
     assert (await gc.run_once()).phase == "done"
     m, records = await read_all(store, "logs/all")
-    assert records == [] and m.oldest_offset == 6 and m.next_offset == 6 and m.next_seq_no == 6
+    # The root keeps its last fragment (it fences stale speculative fragments); the rest goes.
+    assert [r.body for r in records] == [b"r4"]
+    assert m.oldest_offset == 5 and m.next_offset == 6 and m.next_seq_no == 6
+    assert m.fragments and m.fragments[-1].seq_no == 5
     w2 = await LogWriter.open(store, "logs/all")
     assert (await w2.append(b"next")).offset == 6
     await w2.close()
     assert (await scrub_log(store, "logs/all")).ok
 
 
-async def test_gc_verifier_refuses_too_much(store: ObjectStore) -> None:
+async def test_gc_bounds_each_plan_and_the_verifier_refuses_more(store: ObjectStore) -> None:
+    clock = Clock()
     w = await LogWriter.open(store, "logs/v")
     await _fill(w, 10)
     await CursorStore(store, "logs/v", "t").init("compaction", 10)
-    gc = GarbageCollector(store, "logs/v", GcOptions(max_fraction=0.5),
-                          edit_manifest=w.edit_manifest)
-    with pytest.raises(GarbageRejected):
-        await gc.run_once()
-    assert w.manifest.oldest_offset == 1
-    with pytest.raises(ObjectNotFound):
-        await store.get(join("logs/v", GARBAGE_PATH))
+    opts = GcOptions(max_fraction=0.5, grace_s=0)
+    gc = GarbageCollector(store, "logs/v", opts, edit_manifest=w.edit_manifest, clock=clock)
+    live = w.manifest.live_bytes
+    report = await gc.run_once()
+    assert report.phase == "done"
+    # One pass drops at most half of the live bytes, yet something: collection progresses.
+    assert 1 < w.manifest.oldest_offset < 10
+    assert live - w.manifest.live_bytes <= live // 2
+    while (await gc.run_once()).phase == "done":
+        pass
+    assert w.manifest.oldest_offset == 10  # up to the cursor (which also keeps the last fragment)
+    # A plan built past the bound (as a planning bug would) is refused by the verifier.
+    m = w.manifest
+    w3 = await LogWriter.open(store, "logs/v3")
+    await _fill(w3, 10)
+    m = w3.manifest
+    cache = SnapshotCache()
+
+    async def put(_: Snapshot) -> None:
+        return None
+
+    g = await plan_cut(store, "logs/v3", m, 9, cache, "t", put, keep_tail=True)
+    assert g is not None
+    with pytest.raises(GarbageRejected, match="more than the allowed"):
+        verify_garbage(g, m, opts)
+    with pytest.raises(GarbageRejected, match="a cursor pins"):
+        verify_garbage(g, m, GcOptions(), pinned_at=3)
+    everything = await plan_cut(store, "logs/v3", m, 11, cache, "t", put)
+    assert everything is not None
+    with pytest.raises(GarbageRejected, match="last fragment"):
+        verify_garbage(everything, m, GcOptions(max_fraction=1.0))
+    await w3.close()
     await w.close()
 
 
