@@ -7,9 +7,12 @@ the stored JSON bodies without re-encoding them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,20 +24,24 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from dirtylog import inspect_records
 from host.wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
+from host.wal3.gc import pin_cursor
 from host.wal3.layout import join
 from host.wal3.scrub import scrub_log
 
 from . import jsonlog
-from .auth import Principal
+from .auth import Principal, Role, check_cursor_name
 from .config import Settings
+from .docs import install_docs
 from .forks import fork_collection
 from .errors import (
     BackpressureError,
     BadRequest,
+    Conflict,
     NotFound,
     NotLeader,
     TooLarge,
@@ -43,11 +50,13 @@ from .errors import (
     error_response,
     install_handlers,
 )
+from .httpserver import guarded_h11
 from .manager import LogHandle, log_prefix
 from .models import (
     AdoptRequest,
     AdoptResponse,
     AppendRequest,
+    MAX_RECORDS_PER_REQUEST,
     AppendResponse,
     CompactionRequest,
     CompactionResponse,
@@ -114,6 +123,78 @@ def _parse(model: type[M], raw: bytes) -> M:
         raise BadRequest(f"{where}: {err.get('msg', 'invalid')}") from None
 
 
+# The smallest record in JSON ({"id":"a","op":"add"} and a comma): a body shorter than this many
+# bytes per allowed record cannot hold too many, and needs no count before validation.
+_MIN_RECORD_BYTES = 20
+_DECODE_OFF_LOOP_BYTES = 256 << 10
+
+
+class _TooManyObjects(Exception):
+    """Raised from inside the JSON decoder to stop it early."""
+
+
+def _count_records(raw: bytes, limit: int) -> None:
+    """Refuse a body with more than ``limit`` records before anything is validated.
+
+    The decoder stops as soon as the body holds more JSON objects than ``limit`` valid records
+    can (a record and its metadata: two each), so an oversized body costs a bounded amount of
+    work, not a parse of every record.  Bodies it cannot decode are left to the validator.
+    """
+    budget = 2 * limit + 1
+    seen = 0
+
+    def hook(obj: dict[str, Any]) -> dict[str, Any]:
+        nonlocal seen
+        seen += 1
+        if seen > budget:
+            raise _TooManyObjects
+        return obj
+
+    try:
+        doc = json.loads(raw, object_hook=hook)
+    except _TooManyObjects:
+        raise BadRequest(f"records: at most {limit} per request") from None
+    except (ValueError, RecursionError):
+        return
+    if isinstance(doc, dict) and isinstance(doc.get("records"), list) and \
+            len(doc["records"]) > limit:
+        raise BadRequest(f"records: at most {limit} per request")
+
+
+def _decode_append(raw: bytes, limit: int) -> tuple[AppendRequest, list[bytes]]:
+    """Validate an append body; the records as stored (compact JSON)."""
+    if len(raw) > _MIN_RECORD_BYTES * limit:
+        _count_records(raw, limit)
+    req = _parse(AppendRequest, raw)
+    if len(req.records) > limit:
+        raise BadRequest(f"records: at most {limit} per request")
+    return req, [r.model_dump_json().encode() for r in req.records]
+
+
+def _mismatch() -> Conflict:
+    return Conflict("idempotency_key: already used for a different request", "idempotency_mismatch")
+
+
+async def _disconnected(receive: Any) -> None:
+    """Return when the client hangs up (the request body, if any, is already consumed)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _canonical_path(request: Request) -> str:
+    """The request's path with the collection id spelled canonically and every part quoted.
+
+    Redirects name the log as ``UUID`` prints it: a spelling ``UUID()`` merely accepts (braces,
+    ``urn:uuid:``, other digits) must not leak into ``Location`` (nor break its encoding).
+    """
+    path = request.url.path
+    raw = request.path_params.get("collection_id")
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError, AttributeError):
+            path = path.replace(f"/logs/{raw}", f"/logs/{UUID(raw)}", 1)
+    return urllib.parse.quote(path, safe="/:@!$&'()*+,;=-._~")
+
+
 class _RequestContext:
     """Pure ASGI middleware: request id, the JSON request log line, request metrics.
 
@@ -175,6 +256,9 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         # Above clients' idle expiry, or a request may be sent on a connection being closed.
         "timeout_keep_alive": max(1, round(settings.keep_alive_s)),
         "timeout_graceful_shutdown": int(settings.shutdown_grace_s),
+        # Slowloris: headers and bodies must arrive in time; connections are capped.
+        "http": guarded_h11(settings.header_timeout_s, settings.body_timeout_s,
+                            settings.max_connections),
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
@@ -192,9 +276,11 @@ def create_app(server: Server) -> FastAPI:
         finally:
             await server.close()
 
-    app = FastAPI(title="loghost", version="1", lifespan=lifespan,
+    # The docs pages are served from the package by ``install_docs`` (no CDN).
+    app = FastAPI(title="loghost", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="A multi-tenant log host over wal3 logs on object storage.")
     install_handlers(app)
+    install_docs(app)
     app.state.server = server
 
     app.add_middleware(_RequestContext, server=server)
@@ -202,8 +288,15 @@ def create_app(server: Server) -> FastAPI:
     @app.exception_handler(NotLeader)
     async def _not_leader(request: Request, exc: NotLeader) -> Response:
         base = exc.headers["Location"].rstrip("/")
-        location = base + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        location = base + _canonical_path(request) + (
+            f"?{request.url.query}" if request.url.query else "")
         return error_response(NotLeader(location))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_: Request, __: ClientDisconnect) -> Response:
+        # The client hung up (mid-body, or during a long-poll): nobody reads this answer; it
+        # is logged and counted as 499, not as a server error.
+        return Response(status_code=499)
 
     def principal(request: Request) -> Principal:
         values = request.headers.getlist("authorization")
@@ -211,11 +304,39 @@ def create_app(server: Server) -> FastAPI:
             raise Unauthorized("more than one Authorization header")
         return server.auth.authenticate(values[0] if values else None)
 
-    # One flat dependency per route (a chain of them costs a fifth of a small request); the
-    # bearer scheme is documented in the OpenAPI document by ``_openapi`` instead.
+    # One flat dependency per route (a chain of them costs a fifth of a small request), named for
+    # the role the route needs (the role table is in README.md); the bearer scheme is documented
+    # in the OpenAPI document by ``_openapi`` instead.
+    def _scope(request: Request, tenant: str, collection_id: str, needed: Role
+               ) -> tuple[str, UUID]:
+        server.auth.authorize(principal(request), tenant, needed)
+        cid = _parse_uuid(collection_id)
+        jsonlog.tenant.set(tenant)
+        jsonlog.collection_id.set(str(cid))
+        return tenant, cid
+
+    async def reader_scope(request: Request, tenant: str, collection_id: str
+                           ) -> tuple[str, UUID]:
+        return _scope(request, tenant, collection_id, Role.READER)
+
     async def tenant_scope(request: Request, tenant: str, collection_id: str
                            ) -> tuple[str, UUID]:
-        server.auth.authorize_tenant(principal(request), tenant)
+        return _scope(request, tenant, collection_id, Role.TENANT)
+
+    async def service_scope(request: Request, tenant: str, collection_id: str
+                            ) -> tuple[str, UUID]:
+        return _scope(request, tenant, collection_id, Role.SERVICE)
+
+    async def cursor_reader_scope(request: Request, tenant: str, collection_id: str, name: str
+                                  ) -> tuple[str, UUID]:
+        scope = _scope(request, tenant, collection_id, Role.READER)  # 401 before any 400
+        check_cursor_name(name)
+        return scope
+
+    async def cursor_writer_scope(request: Request, tenant: str, collection_id: str, name: str
+                                  ) -> tuple[str, UUID]:
+        """A tenant's own cursors; the reserved ones (``compaction``, ...) need a service key."""
+        server.auth.authorize_cursor_write(principal(request), tenant, name)
         cid = _parse_uuid(collection_id)
         jsonlog.tenant.set(tenant)
         jsonlog.collection_id.set(str(cid))
@@ -232,15 +353,20 @@ def create_app(server: Server) -> FastAPI:
     # ---------------------------------------------------------------------------- records
 
     @v1.post(base + "/records", response_model=AppendResponse, openapi_extra=_body(AppendRequest),
+             response_model_exclude_none=True,
              summary="Append records; answers once they are durable")
     async def append(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)
                      ) -> AppendResponse:
         tenant, cid = scope
         started = time.monotonic()
-        req = _parse(AppendRequest, await _read_body(request, settings.max_request_bytes))
-        if len(req.records) > settings.max_records_per_request:
-            raise BadRequest(f"records: at most {settings.max_records_per_request} per request")
-        bodies = [r.model_dump_json().encode() for r in req.records]
+        raw = await _read_body(request, settings.max_request_bytes)
+        limit = min(settings.max_records_per_request, MAX_RECORDS_PER_REQUEST)
+        if len(raw) > _DECODE_OFF_LOOP_BYTES:
+            # Large bodies are decoded in a worker thread; the record count is checked before
+            # any record is validated, so the work per request is bounded.
+            req, bodies = await asyncio.to_thread(_decode_append, raw, limit)
+        else:
+            req, bodies = _decode_append(raw, limit)
         nbytes = sum(len(b) for b in bodies)
         server.manager.reserve(nbytes)
         try:
@@ -260,6 +386,7 @@ def create_app(server: Server) -> FastAPI:
         finally:
             server.manager.release(nbytes)
         if result.deduplicated:
+            await _check_same_request(cid, tenant, result, bodies)
             server.metrics.idempotent_hits.inc()
         else:
             server.metrics.appends.inc(result.count)
@@ -267,7 +394,30 @@ def create_app(server: Server) -> FastAPI:
         server.metrics.append_requests.labels("ok").inc()
         server.metrics.append_latency.observe(time.monotonic() - started)
         return AppendResponse(first_offset=result.first_offset, count=result.count,
-                              next_offset=result.next_offset)
+                              next_offset=result.next_offset,
+                              deduplicated=True if result.deduplicated else None)
+
+    async def _check_same_request(cid: UUID, tenant: str, result: Any,
+                                  bodies: list[bytes]) -> None:
+        """A reused idempotency key must carry the same records: 409 otherwise.
+
+        The log itself is the record of the first request (it survives restarts and
+        fail-overs, as the key does): its records are compared with this request's, as stored.
+        """
+        if result.count != len(bodies):
+            raise _mismatch()
+        try:
+            async with server.manager.use(cid, tenant) as h:
+                m = await server.manager.view(h)
+                stored = await h.reader.read(
+                    result.first_offset,
+                    Limits(max_records=result.count, max_bytes=2 * settings.max_request_bytes),
+                    manifest=m)
+        except LogPurged:
+            return  # compacted and collected since: only the count can be compared
+        got = [r.body for r in stored if r.offset < result.first_offset + result.count]
+        if got != bodies:
+            raise _mismatch()
 
     async def _check_compaction_backlog(h: LogHandle) -> None:
         limit = settings.backpressure_uncompacted_records
@@ -285,25 +435,43 @@ def create_app(server: Server) -> FastAPI:
 
     @v1.get(base + "/records", summary="Read records from an offset (long-poll with wait_ms)",
             responses={200: {"content": {"application/json": {}}}})
-    async def read(scope: tuple[str, UUID] = Depends(tenant_scope),
+    async def read(request: Request, scope: tuple[str, UUID] = Depends(reader_scope),
                    from_: int = Query(1, alias="from", ge=1, le=MAX_OFFSET),
                    limit: int = Query(100, ge=1, le=settings.max_read_records),
                    wait_ms: int = Query(0, ge=0, le=settings.max_wait_ms)) -> Response:
         tenant, cid = scope
         started = time.monotonic()
-        async with server.manager.use(cid, tenant) as h:
-            m = h.writer.manifest
-            if from_ < m.oldest_offset:
-                raise LogPurged(from_, m.oldest_offset)
-            if from_ >= m.next_offset and wait_ms > 0:
-                await h.writer.wait_for_commit(from_, wait_ms / 1000.0)
-                m = h.writer.manifest
-            records = []
-            if from_ < m.next_offset:
-                records = await h.reader.read(from_, Limits(max_records=limit,
-                                                            max_bytes=settings.max_request_bytes),
-                                              manifest=m)
-            next_offset = records[-1].offset + 1 if records else from_
+        deadline = started + wait_ms / 1000.0
+        gone: asyncio.Task[None] | None = None
+        records: list[Any] = []
+        try:
+            while True:
+                async with server.manager.use(cid, tenant) as h:
+                    m = await server.manager.view(h)
+                    if from_ < m.oldest_offset:
+                        raise LogPurged(from_, m.oldest_offset)
+                    if from_ < m.next_offset:
+                        records = await h.reader.read(
+                            from_, Limits(max_records=limit, max_bytes=settings.max_request_bytes),
+                            manifest=m)
+                        break
+                if time.monotonic() >= deadline or server.manager.draining:
+                    break
+                # Wait outside use(): a waiting request holds no open-log slot, and it stops
+                # when its client hangs up, at shutdown, or when the log moves.
+                if gone is None:
+                    gone = asyncio.create_task(_disconnected(request.receive))
+                why = await server.manager.wait_for_records(h, tenant, from_, deadline, gone)
+                if why == "disconnected":
+                    raise ClientDisconnect()
+                if why in ("timeout", "drain"):
+                    break
+                if why == "changed" and not h.lost:
+                    break  # evicted or closed meanwhile: answer empty; the client polls again
+        finally:
+            if gone is not None:
+                gone.cancel()
+        next_offset = records[-1].offset + 1 if records else from_
         parts = [b'{"offset":%d,"timestamp_us":%d,"record":%s}' % (r.offset, r.timestamp_us,
                                                                    r.body) for r in records]
         body = b'{"records":[' + b",".join(parts) + b'],"next_offset":%d}' % next_offset
@@ -313,7 +481,7 @@ def create_app(server: Server) -> FastAPI:
     # ------------------------------------------------------------------------ state & co
 
     async def _state(h: LogHandle) -> LogState:
-        m = h.writer.manifest
+        m = await server.manager.view(h)
         first_seq = m.initial_seq_no if m.initial_seq_no is not None else 1
         return LogState(collection_id=str(h.collection_id), tenant=h.tenant,
                         oldest_offset=m.oldest_offset, next_offset=m.next_offset,
@@ -322,19 +490,19 @@ def create_app(server: Server) -> FastAPI:
                         bytes=m.live_bytes)
 
     @v1.get(base, response_model=LogState, summary="A log's state")
-    async def state(scope: tuple[str, UUID] = Depends(tenant_scope)) -> LogState:
+    async def state(scope: tuple[str, UUID] = Depends(reader_scope)) -> LogState:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             return await _state(h)
 
     @v1.get(base + "/fragments", response_model=FragmentsResponse,
             summary="Fragment URLs a bulk reader can open directly")
-    async def fragments(scope: tuple[str, UUID] = Depends(tenant_scope),
+    async def fragments(scope: tuple[str, UUID] = Depends(service_scope),
                         from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
                         limit: int = Query(10_000, ge=1, le=100_000)) -> FragmentsResponse:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
-            m = h.writer.manifest
+            m = await server.manager.view(h)
             start = from_ if from_ is not None else h.compaction_offset
             start = max(start, m.oldest_offset) if from_ is None else start
             ptrs = await h.reader.scan(start, Limits(max_files=limit), manifest=m)
@@ -347,7 +515,8 @@ def create_app(server: Server) -> FastAPI:
     # ----------------------------------------------------------------------------- cursors
 
     @v1.get(base + "/cursors/{name}", response_model=CursorOut, summary="Read a cursor")
-    async def get_cursor(name: str, scope: tuple[str, UUID] = Depends(tenant_scope)) -> CursorOut:
+    async def get_cursor(name: str, scope: tuple[str, UUID] = Depends(cursor_reader_scope)
+                         ) -> CursorOut:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             w = await h.cursors.load(name)
@@ -359,7 +528,7 @@ def create_app(server: Server) -> FastAPI:
     @v1.put(base + "/cursors/{name}", response_model=CursorOut, openapi_extra=_body(CursorPut),
             summary="Create (witness null) or compare-and-swap a cursor")
     async def put_cursor(name: str, request: Request,
-                         scope: tuple[str, UUID] = Depends(tenant_scope)) -> CursorOut:
+                         scope: tuple[str, UUID] = Depends(cursor_writer_scope)) -> CursorOut:
         tenant, cid = scope
         req = _parse(CursorPut, await _read_body(request, 64 << 10))
         async with server.manager.use(cid, tenant) as h:
@@ -368,20 +537,17 @@ def create_app(server: Server) -> FastAPI:
                 raise BadRequest(f"offset: {req.offset} is past the log's tail {m.next_offset}")
             if req.offset < m.oldest_offset:
                 raise LogPurged(req.offset, m.oldest_offset)
-            if req.witness is None:
-                w = await h.cursors.init(name, req.offset)
-            else:
-                w = await h.cursors.save(name, req.offset, req.witness)
-            # A cursor moved back races garbage collection: confirm it still pins live data.
-            if req.offset < h.writer.manifest.oldest_offset:
-                raise LogPurged(req.offset, h.writer.manifest.oldest_offset)
+            # Write, then confirm against gc/GARBAGE and the stored manifest that no collector
+            # (here or in another process) has passed the offset; undone if one has.
+            w = await pin_cursor(server.store, h.prefix, h.cursors, name, req.offset,
+                                 req.witness)
             if name == "compaction":
                 h.compaction_offset = req.offset
         return CursorOut(name=name, offset=w.cursor.offset, epoch_us=w.cursor.epoch_us,
                          writer=w.cursor.writer, witness=w.etag)
 
     @v1.delete(base + "/cursors/{name}", summary="Delete a cursor")
-    async def delete_cursor(name: str, scope: tuple[str, UUID] = Depends(tenant_scope)
+    async def delete_cursor(name: str, scope: tuple[str, UUID] = Depends(cursor_writer_scope)
                             ) -> dict[str, Any]:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
@@ -391,7 +557,7 @@ def create_app(server: Server) -> FastAPI:
     @v1.post(base + "/compaction", response_model=CompactionResponse,
              openapi_extra=_body(CompactionRequest),
              summary="Record that everything below offset is compacted (forward only)")
-    async def compaction(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)
+    async def compaction(request: Request, scope: tuple[str, UUID] = Depends(service_scope)
                          ) -> CompactionResponse:
         tenant, cid = scope
         req = _parse(CompactionRequest, await _read_body(request, 64 << 10))
@@ -407,7 +573,7 @@ def create_app(server: Server) -> FastAPI:
             return CompactionResponse(compaction_offset=h.compaction_offset)
 
     @v1.post(base + "/seal", response_model=LogState, summary="Seal the log (appends then 409)")
-    async def seal(scope: tuple[str, UUID] = Depends(tenant_scope)) -> LogState:
+    async def seal(scope: tuple[str, UUID] = Depends(service_scope)) -> LogState:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             await h.writer.seal()
@@ -415,7 +581,8 @@ def create_app(server: Server) -> FastAPI:
 
     @v1.post(base + "/fork", response_model=LogState, openapi_extra=_body(ForkRequest),
              summary="Fork the log (default: from its compaction cursor) into a new collection")
-    async def fork(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)) -> LogState:
+    async def fork(request: Request, scope: tuple[str, UUID] = Depends(service_scope)
+                   ) -> LogState:
         tenant, cid = scope
         req = _parse(ForkRequest, await _read_body(request, 64 << 10))
         target = _parse_uuid(req.target_collection_id, "target_collection_id")
@@ -443,7 +610,7 @@ def create_app(server: Server) -> FastAPI:
             return await _state(t)
 
     @v1.post(base + "/gc", summary="Run one garbage-collection pass now")
-    async def gc(scope: tuple[str, UUID] = Depends(tenant_scope)) -> dict[str, Any]:
+    async def gc(scope: tuple[str, UUID] = Depends(service_scope)) -> dict[str, Any]:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             report = await server.collect(h)
@@ -454,7 +621,7 @@ def create_app(server: Server) -> FastAPI:
                 "notes": report.notes}
 
     @v1.get(base + "/scrub", summary="Verify the log end to end from the objects")
-    async def scrub(scope: tuple[str, UUID] = Depends(tenant_scope)) -> dict[str, Any]:
+    async def scrub(scope: tuple[str, UUID] = Depends(service_scope)) -> dict[str, Any]:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             report = await scrub_log(server.store, h.prefix)
@@ -532,7 +699,9 @@ def create_app(server: Server) -> FastAPI:
         except ObjectNotFound:
             pass
         except (StoreUnavailable, OSError) as e:
-            return error_response(Unavailable(f"store unreachable: {e}"))
+            # The details go to the log, not to unauthenticated callers.
+            _log.warning("readiness probe: store unreachable: %r", e)
+            return error_response(Unavailable("store unreachable"))
         return JSONResponse({"status": "ready", "server_id": settings.server_id})
 
     @app.get("/metrics", summary="Prometheus metrics", include_in_schema=False)

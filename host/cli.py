@@ -11,11 +11,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
 from pydantic import ValidationError
 
+from .httpserver import DrainingServer
 
-class _GracefulServer(uvicorn.Server):
+
+class _GracefulServer(DrainingServer):
     """uvicorn, except that a SIGTERM/SIGINT that led to a clean shutdown exits 0.
 
     (uvicorn re-raises the signal after shutting down, which makes a graceful stop look like a
@@ -43,6 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in {
         "store": args.store, "listen": args.listen, "server_id": args.server_id,
         "advertise_url": args.advertise_url, "redis_url": args.redis, "log_level": args.log_level,
+        "header_timeout_s": args.header_timeout_s, "body_timeout_s": args.body_timeout_s,
+        "max_connections": args.max_connections,
     }.items() if v is not None}
     if args.dev:
         overrides["dev"] = True
@@ -54,8 +57,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if not keys:
         if not settings.dev:
-            print("loghost: no API keys configured (LOGHOST_API_KEYS=key=tenant,...); "
-                  "refusing to start.  For a local trial pass --dev to create a key.",
+            print("loghost: no API keys configured (LOGHOST_API_KEYS=key=tenant,... or "
+                  "LOGHOST_API_KEYS_FILE); refusing to start.  For a local trial pass --dev "
+                  "to create a key.",
                   file=sys.stderr)
             return 2
         key = new_key()
@@ -68,10 +72,13 @@ def _serve(args: argparse.Namespace) -> int:
               f"00000000-0000-4000-8000-000000000001/records\n", flush=True)
     jsonlog.configure(settings.log_level)
     server = Server(settings)
+    # SIGHUP re-reads LOGHOST_API_KEYS_FILE now (a change is also noticed on the next request);
+    # without a handler SIGHUP would end the process.
+    signal.signal(signal.SIGHUP, lambda *_: server.auth.reload())
     config = uvicorn_config(create_app(server), settings)
     print(f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
           f"(docs at /docs)", flush=True)
-    _GracefulServer(config).run()
+    _GracefulServer(config, on_drain=server.begin_drain).run()
     return 0
 
 
@@ -215,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--advertise-url", help="the URL other servers redirect clients to")
     s.add_argument("--redis", help="redis:// URL of the advisory leader hint (optional)")
     s.add_argument("--log-level", help="DEBUG, INFO, WARNING (LOGHOST_LOG_LEVEL)")
+    s.add_argument("--header-timeout-s", type=float,
+                   help="close a connection whose request headers take longer "
+                        "(LOGHOST_HEADER_TIMEOUT_S, default 10)")
+    s.add_argument("--body-timeout-s", type=float,
+                   help="close a connection whose request body takes longer "
+                        "(LOGHOST_BODY_TIMEOUT_S, default 60)")
+    s.add_argument("--max-connections", type=int,
+                   help="open connections at most; more are closed (LOGHOST_MAX_CONNECTIONS, "
+                        "default 4096)")
     s.add_argument("--dev", action="store_true",
                    help="with no LOGHOST_API_KEYS, create and print a service key")
     s.set_defaults(func=_serve, is_async=False)
@@ -231,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("store")
     g.add_argument("log", help="the log prefix, e.g. logs/<uuid> or dirty/<server-id>")
     g.add_argument("--grace-s", type=float, default=300.0)
-    g.add_argument("--max-fraction", type=float, default=1.0)
+    g.add_argument("--max-fraction", type=float, default=0.9,
+                   help="one pass drops at most this share of the live bytes (default 0.9)")
     g.add_argument("--retain-fragments", type=int, default=256,
                    help="keep the objects of the newest N sequence numbers after unlinking them "
                         "(the idempotency window a reopened writer reads); 0 keeps none")

@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .auth import merge_keys, parse_keys, read_keys_file
+
 
 def _default_server_id() -> str:
     return socket.gethostname()
@@ -24,6 +26,8 @@ class Settings(BaseSettings):
     advertise_url: str | None = None
     redis_url: str | None = None
     api_keys: Annotated[str, NoDecode] = ""
+    # A file in the LOGHOST_API_KEYS format (a mounted Secret), re-read when it changes.
+    api_keys_file: str | None = None
     dev: bool = False
 
     # Log manager: how many logs stay open, and how much they may buffer.
@@ -40,11 +44,20 @@ class Settings(BaseSettings):
     # Longer than clients' idle-connection expiry (httpx: 5 s, load balancers: 60 s), so a client
     # never sends on a connection the server is closing at that moment (a lost request).
     keep_alive_s: float = Field(75.0, gt=0)
+    # Slow or silent clients: a request's headers, and its body, must arrive within these, and
+    # at most this many connections are open (more are closed at once).
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    max_connections: int = Field(4096, ge=1)
+    # Long-polls (wait_ms) waiting at once per tenant; more answer 429.
+    max_long_polls_per_tenant: int = Field(256, ge=1)
 
     # Garbage collection (always on, rate limited) and snapshots.
     gc_grace_s: float = Field(300.0, ge=0)
     gc_interval_s: float = Field(60.0, gt=0)
     gc_deletes_per_second: float = Field(200.0, gt=0)
+    # One collection pass drops at most this share of a log's live bytes (the verifier's alarm).
+    gc_max_fraction: float = Field(0.9, gt=0, le=1)
     snapshot_fragment_threshold: int = Field(100, ge=2)
     snapshot_threshold: int = Field(20, ge=2)
 
@@ -91,15 +104,12 @@ class Settings(BaseSettings):
         return f"http://{host}:{port}"
 
     def parsed_api_keys(self) -> dict[str, str]:
-        """``key -> tenant`` from ``api_keys`` (``key=tenant,...``; tenant ``*`` = service key)."""
-        out: dict[str, str] = {}
-        for part in self.api_keys.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            key, sep, tenant = part.partition("=")
-            key, tenant = key.strip(), tenant.strip()
-            if not sep or not key or not tenant:
-                raise ValueError("LOGHOST_API_KEYS entries are key=tenant")
-            out[key] = tenant
-        return out
+        """``key -> grant`` from ``api_keys`` and ``api_keys_file`` (``key=tenant``,
+        ``key=tenant:read`` or ``key=*``; see ``host.auth``).  Raises ValueError."""
+        keys = parse_keys(self.api_keys)
+        if self.api_keys_file:
+            try:
+                keys = merge_keys(keys, read_keys_file(self.api_keys_file))
+            except OSError as e:
+                raise ValueError(f"LOGHOST_API_KEYS_FILE: {e}") from None
+        return keys

@@ -8,6 +8,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from uuid import UUID
 
 from dirtylog import (
@@ -58,7 +59,7 @@ class Server:
                  leader: LeaderHint | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.auth = Authenticator(settings.parsed_api_keys())
+        self.auth = Authenticator.from_settings(settings)
         self.store: ObjectStore = store if store is not None else open_store(settings.store)
         self.leader: LeaderHint = leader if leader is not None else leader_hint_from_url(
             settings.redis_url, settings.server_id, settings.public_url,
@@ -78,6 +79,7 @@ class Server:
         """Options of every collector this server runs."""
         return GcOptions(grace_s=self.settings.gc_grace_s,
                          deletes_per_second=self.settings.gc_deletes_per_second,
+                         max_fraction=self.settings.gc_max_fraction,
                          writer_name=f"loghost-gc:{self.settings.server_id}")
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -91,6 +93,10 @@ class Server:
         self._gc_task = asyncio.create_task(self._gc_loop(), name="gc-loop")
         self._started = True
         _log.info("log host %s started on store %s", self.settings.server_id, self.store)
+
+    async def begin_drain(self) -> None:
+        """Shutdown began (before the HTTP drain): release idle logs' hints, wake long-polls."""
+        await self.manager.begin_drain()
 
     async def close(self) -> None:
         """Graceful shutdown: stop background work, flush every open log, release everything."""
@@ -114,7 +120,9 @@ class Server:
             writer_name=f"loghost:{self.settings.server_id}",
             batch_interval_s=self.settings.batch_interval_ms / 1000.0,
             snapshot_max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2))))
-        backend = WalDirtyBackend(self.store, prefix, writer, self.gc_options)
+        # The dirty log is read by roll-ups, not compactors: no intrinsic compaction cursor.
+        backend = WalDirtyBackend(self.store, prefix, writer,
+                                  replace(self.gc_options, intrinsic_cursor=None))
         return DirtyLog(backend, RollUp(backend, _CompactionOffsets(self)), DirtyLogHook(backend))
 
     async def _mark_dirty(self, cid: UUID, first_offset: int, count: int) -> None:
