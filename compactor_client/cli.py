@@ -222,7 +222,9 @@ async def run(
             addr, port = parse_listen(settings.metrics_listen)
             metrics_server = start_http_server(port, addr=addr, registry=registry)
         store = await open_object_store(settings.store)
-        clients = {h: LogHostClient(h, settings.api_key) for h in settings.hosts}
+        # Redirects only among the configured hosts: the service key goes nowhere else.
+        clients = {h: LogHostClient(h, settings.api_key, redirect_hosts=list(settings.hosts))
+                   for h in settings.hosts}
         if spark is None:
             spark = build_session(settings.spark_master)
         ship_package(spark.sparkContext)

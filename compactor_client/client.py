@@ -4,6 +4,8 @@ Retry policy (why each request may or may not be re-sent):
 
 * A 307/308 with a ``Location`` (``not_leader``) is followed for every method, at most
   ``max_redirects`` hops: the follower did not apply the request, it only named the leader.
+  With ``redirect_hosts`` only to those hosts (and the client's own): a ``Location`` comes from
+  the leader hint in Redis, and the API key must not be sent wherever it points.
 * A 429 (``backpressure``) is a definite rejection by contract, so it is retried for every method,
   waiting what ``Retry-After`` says (or an exponential backoff without one), at most
   ``max_retries`` times.  A ``Retry-After`` longer than ``max_retry_after_s`` is not waited out:
@@ -96,6 +98,14 @@ def _error_parts(resp: httpx.Response) -> tuple[str | None, str]:
     return None, str(body)[:500]
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, with the scheme's default port made explicit."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port
+
+
 class LogHostClient:
     """Async client of one log host (it follows ``not_leader`` redirects to others)."""
 
@@ -110,11 +120,18 @@ class LogHostClient:
         max_retry_after_s: float = 60.0,
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 5.0,
+        redirect_hosts: Sequence[str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: SleepFn = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # None: follow redirects anywhere (an application behind a load balancer); else only
+        # to these origins and our own (the compactor passes every configured host).
+        self._redirect_origins: frozenset[tuple[str, str, int | None]] | None = None
+        if redirect_hosts is not None:
+            self._redirect_origins = frozenset(
+                _origin(u) for u in (self.base_url, *redirect_hosts))
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_redirects = max_redirects
@@ -202,9 +219,15 @@ class LogHostClient:
             code, message = _error_parts(resp)
             location = resp.headers.get("location")
             if status in _REDIRECTS and location:
+                target = urljoin(str(resp.request.url), location)
+                if self._redirect_origins is not None and \
+                        _origin(target) not in self._redirect_origins:
+                    raise NotLeader(
+                        f"refusing to follow a redirect to an unlisted host: {location}",
+                        location=location, status=status, code=code, url=url)
                 if hops < self.max_redirects:
                     hops += 1
-                    url = urljoin(str(resp.request.url), location)
+                    url = target
                     if urlsplit(url).query:
                         query = None  # the Location already carries the query string
                     continue

@@ -58,7 +58,8 @@ return cur
 # Renew a batch of keys in one round trip.  Only an exact value match is ours: a newer incarnation
 # of our server id that took a key over has won it.  A missing key (expired, or Redis restarted
 # empty) is re-established with SET NX, because we still hold the log open.
-# ARGV: our value, ttl ms.  Returns one status per key: 1 renewed, 2 re-established, 0 lost.
+# ARGV: our value, ttl ms.  Returns one status per key: 1 renewed, 2 re-established, or the
+# holder's value when another server holds it (lost; the value is the redirect target).
 _RENEW_LUA = """
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -70,7 +71,7 @@ for i, key in ipairs(KEYS) do
     redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2])
     out[i] = 2
   else
-    out[i] = 0
+    out[i] = cur
   end
 end
 return out
@@ -88,7 +89,7 @@ end
 return n
 """
 
-_RENEWED, _REESTABLISHED, _LOST = 1, 2, 0
+_RENEWED, _REESTABLISHED = 1, 2
 
 
 def encode_holder(server_id: str, url: str, incarnation: str) -> str:
@@ -127,6 +128,19 @@ class LeaderHint(ABC):
     @abstractmethod
     async def release(self, collection_id: str) -> None:
         """Give up the hint for a log this server closed (best effort)."""
+
+    def tenure(self, collection_id: str) -> int | None:
+        """An id of this server's current, continuous, confirmed hold on a log, or None.
+
+        None means the hint cannot vouch that no other server wrote the log (Redis unreachable,
+        not renewed for a TTL, or lost).  The id changes whenever continuity broke (an outage, a
+        re-established key): a writer opened under another id may hold a stale manifest.
+        """
+        return 0
+
+    def lost_to(self, collection_id: str) -> str | None:
+        """The advertise URL of the server that took a log over from us, if known."""
+        return None
 
 
 class NullLeaderHint(LeaderHint):
@@ -219,6 +233,11 @@ class RedisLeaderHint(LeaderHint):
         # generation it saw, so a release or re-claim racing an in-flight renewal is not undone.
         self._held: dict[str, int] = {}
         self._generation = 0
+        # Continuous confirmed holds (see tenure()): collection_id -> (tenure id, confirmed at).
+        # Any Redis failure ends every tenure: another server may have failed open meanwhile.
+        self._tenures: dict[str, tuple[int, float]] = {}
+        self._tenure_seq = 0
+        self._lost_to: dict[str, str] = {}  # bounded by the logs we held
         self._down_until = 0.0  # monotonic; claims skip Redis until then (circuit breaker)
         self._renew_task: asyncio.Task[None] | None = None
         self._lost_tasks: set[asyncio.Task[Any]] = set()
@@ -230,6 +249,31 @@ class RedisLeaderHint(LeaderHint):
     def key(self, collection_id: str) -> str:
         """The Redis key for a log."""
         return self.key_prefix + collection_id
+
+    def tenure(self, collection_id: str) -> int | None:
+        """See :meth:`LeaderHint.tenure`."""
+        got = self._tenures.get(collection_id)
+        if got is None or not self._healthy or collection_id not in self._held:
+            return None
+        tenure, confirmed_at = got
+        # Not confirmed for a whole TTL: the key may have expired and been taken meanwhile.
+        if time.monotonic() - confirmed_at > self.ttl_ms / 1000.0:
+            return None
+        return tenure
+
+    def lost_to(self, collection_id: str) -> str | None:
+        """See :meth:`LeaderHint.lost_to`."""
+        return self._lost_to.get(collection_id)
+
+    def _confirm(self, collection_id: str, *, fresh: bool, at: float) -> None:
+        """Redis just said we hold the key; ``fresh`` when continuity is not established."""
+        self._lost_to.pop(collection_id, None)
+        cur = self._tenures.get(collection_id)
+        if cur is None or fresh:
+            self._tenure_seq += 1
+            self._tenures[collection_id] = (self._tenure_seq, at)
+        else:
+            self._tenures[collection_id] = (cur[0], at)
 
     @property
     def held(self) -> frozenset[str]:
@@ -279,11 +323,17 @@ class RedisLeaderHint(LeaderHint):
         if self._breaker_open():
             self.skipped += 1
             return None
+        asked = time.monotonic()
         ok, holder = await self._call(
             self._claim_script(keys=[self.key(collection_id)], args=[self.value, self.server_id, self.ttl_ms]),
             with_result=True,
         )
-        if not ok or holder is None:
+        if not ok:
+            return None
+        if holder is None:
+            if self._held.get(collection_id) == generation:
+                # A claim continues a tenure only if one is running (we never let go).
+                self._confirm(collection_id, fresh=False, at=asked)
             return None
         # Someone else holds it: the caller redirects rather than serve, so we do not hold it
         # (unless a newer claim raced this one: that one decides).
@@ -301,6 +351,8 @@ class RedisLeaderHint(LeaderHint):
     async def release(self, collection_id: str) -> None:
         """Compare-and-delete the log's key if it is still ours (best effort)."""
         # Works while close() is running too (on_lost handlers release their logs).
+        self._tenures.pop(collection_id, None)
+        self._lost_to.pop(collection_id, None)
         if self._held.pop(collection_id, None) is None:
             return
         if self._breaker_open():
@@ -314,6 +366,7 @@ class RedisLeaderHint(LeaderHint):
             return
         snapshot = list(self._held.items())
         for batch in _batches(snapshot, self.renew_batch):
+            asked = time.monotonic()
             # Renewal ignores the circuit breaker: it is the periodic probe that closes it.
             ok, statuses = await self._call(
                 self._renew_script(keys=[self.key(c) for c, _ in batch], args=[self.value, self.ttl_ms]),
@@ -326,14 +379,24 @@ class RedisLeaderHint(LeaderHint):
                 current = self._held.get(collection_id)
                 if status == _RENEWED:
                     self.renewed += 1
+                    if current is not None:
+                        self._confirm(collection_id, fresh=False, at=asked)
                 elif status == _REESTABLISHED:
                     self.reestablished += 1
                     if current is None:
                         # Released while this renewal was in flight: undo the re-SET we just did.
                         orphans.append(self.key(collection_id))
+                    else:
+                        # The key was gone (expired, or Redis restarted empty): anyone may have
+                        # written the log meanwhile, so this is a new tenure.
+                        self._confirm(collection_id, fresh=True, at=asked)
                 elif current == generation:
                     self.lost += 1
                     del self._held[collection_id]
+                    self._tenures.pop(collection_id, None)
+                    decoded = decode_holder(status) if isinstance(status, str) else None
+                    if decoded is not None:
+                        self._lost_to[collection_id] = decoded["url"]
                     self._notify_lost(collection_id)
             if orphans:
                 await self._call(self._release_script(keys=orphans, args=[self.value]))
@@ -379,6 +442,8 @@ class RedisLeaderHint(LeaderHint):
         self.failures += 1
         if trip:
             self._down_until = time.monotonic() + self.retry_after_s
+            # Other servers may fail open now: no hold is continuous across this.
+            self._tenures.clear()
         if not trip:
             log.warning("leader hint ignored, serving anyway: %s", exc)
         elif self._healthy:

@@ -4,6 +4,13 @@ One open per log even when many requests race (single flight); a cap on open log
 eviction of idle ones; closing flushes.  Before opening a writer the server claims the advisory
 leader hint; a log held by another live server is redirected there.  Each log is bound to the
 tenant that first wrote it (``logs/{uuid}/TENANT``, created with If-None-Match).
+
+Leadership can move under an open log (a Redis outage or restart).  Reads answer from the local
+writer's manifest only while the hint vouches for a continuous hold since that manifest was known
+to be current (``LeaderHint.tenure``); otherwise they read the manifest from the store.  A new
+tenure first proves the writer current with a fenced manifest write.  A log lost to another
+server redirects new requests there and closes once idle.  Long-polls wait outside ``use()``: a
+waiting request never pins an open-log slot.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import UUID
 
 from host.wal3 import (
     LogReader,
+    LogSealed,
     LogWriter,
     LogWriterOptions,
     ObjectNotFound,
@@ -29,10 +38,11 @@ from host.wal3 import (
 from host.wal3.cursors import COMPACTION, CursorStore
 from host.wal3.errors import LogNotFound
 from host.wal3.layout import join, load_manifest
+from host.wal3.manifest import Manifest
 from host.wal3.writer import FragmentInfo
 
 from .config import Settings
-from .errors import BackpressureError, NotFound, NotLeader
+from .errors import BackpressureError, NotFound, NotLeader, Unavailable
 from .leader import LeaderHint
 from .metrics import Metrics
 
@@ -55,7 +65,16 @@ class LogHandle:
     compaction_offset: int
     last_used: float
     users: int = 0
+    waiters: int = 0  # long-polls waiting on it (not users: they do not keep it open)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The leader-hint tenure under which ``writer.manifest`` is known current (None: not known).
+    tenure: int | None = None
+    lost: bool = False  # another server took the log over: hand out no more, close when idle
+    lost_to: str | None = None  # its advertise URL, when known
+    # Set when the log is lost or leaves the open set: wakes long-polls waiting on it.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # left the open set
+    refreshing: asyncio.Task[None] | None = None
 
     @property
     def prefix(self) -> str:
@@ -83,6 +102,10 @@ class LogManager:
         self._bindings: collections.OrderedDict[UUID, str] = collections.OrderedDict()
         self._buffered = 0
         self._closed = False
+        self._draining = False
+        self._drained = asyncio.Event()  # set at shutdown: long-polls answer at once
+        self._background: set[asyncio.Task[None]] = set()
+        self._waits: collections.Counter[str] = collections.Counter()  # long-polls per tenant
         self._idle_task: asyncio.Task[None] | None = None
         gc_grace = settings.gc_grace_s
         self._writer_options = LogWriterOptions(
@@ -101,17 +124,41 @@ class LogManager:
         """Start closing idle logs in the background."""
         self._idle_task = asyncio.create_task(self._idle_loop(), name="idle-closer")
 
+    async def begin_drain(self) -> None:
+        """Shutdown began (SIGTERM): wake long-polls, let idle logs go at once, open no more.
+
+        Busy logs are closed (and their hints released) as their last request ends, so other
+        servers can take every log over while this one drains instead of redirecting to it.
+        """
+        self._draining = True
+        self._drained.set()
+        idle = [h for h in self._open.values() if h.users == 0]
+        await asyncio.gather(*(self._close_handle(h) for h in idle), return_exceptions=True)
+
+    @property
+    def draining(self) -> bool:
+        """Whether shutdown began."""
+        return self._draining
+
     async def close(self) -> None:
-        """Flush and close every open log (graceful shutdown)."""
+        """Flush and close every open log (graceful shutdown); every hint goes first."""
         self._closed = True
+        self._draining = True
+        self._drained.set()
         if self._idle_task is not None:
             self._idle_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._idle_task
         handles = list(self._open.values())
+        # Release before the final flush: another server may take over while we flush (its
+        # appends and ours are fenced by the manifest; a loser retries).
+        await asyncio.gather(*(self._leader.release(str(h.collection_id)) for h in handles),
+                             return_exceptions=True)
         await asyncio.gather(*(self._close_handle(h) for h in handles), return_exceptions=True)
         if self._closing:
             await asyncio.gather(*self._closing.values(), return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     @property
     def open_count(self) -> int:
@@ -182,10 +229,125 @@ class LogManager:
         handle.users += 1
         handle.last_used = time.monotonic()
         try:
+            await self._ensure_tenure(handle)
             yield handle
         finally:
             handle.users -= 1
             handle.last_used = time.monotonic()
+            if handle.users == 0 and (handle.lost or self._draining):
+                # A lost log stops writing here, and a draining server lets its logs go, as
+                # soon as the last request is done (in the background: this answer is ready).
+                self._spawn(self._close_handle(handle), f"close:{cid}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                _log.warning("%s failed: %r", t.get_name(), t.exception())
+
+        task.add_done_callback(done)
+
+    # ---------------------------------------------------------------------------- leadership
+
+    def trusted(self, h: LogHandle) -> bool:
+        """Whether ``h.writer.manifest`` is the log's current manifest as far as the hint knows:
+        this server held the log continuously since the writer was proven current."""
+        return h.tenure is not None and self._leader.tenure(str(h.collection_id)) == h.tenure
+
+    async def _ensure_tenure(self, h: LogHandle) -> None:
+        """Under a new tenure, prove the writer current before trusting its manifest.
+
+        A fenced identity write of the manifest either lands (the writer was current) or fails
+        its If-Match, and the writer reloads and read-repairs, then lands.  One write per log
+        per change of leadership; nothing when the hint cannot vouch (reads go to the store).
+        """
+        while True:
+            t = self._leader.tenure(str(h.collection_id))
+            if t is None or t == h.tenure:
+                return
+            task = h.refreshing
+            if task is None:
+                task = h.refreshing = asyncio.create_task(self._refresh(h, t),
+                                                          name=f"refresh:{h.collection_id}")
+                task.add_done_callback(lambda _t, h=h: setattr(h, "refreshing", None))
+            await asyncio.shield(task)
+
+    async def _refresh(self, h: LogHandle, tenure: int) -> None:
+        try:
+            await h.writer.edit_manifest(lambda m: m)
+        except LogSealed:
+            pass  # nobody can append to a sealed log: the writer's tail is final
+        h.tenure = tenure
+
+    async def view(self, h: LogHandle) -> Manifest:
+        """The manifest to answer reads and state from: the writer's own when trusted, else the
+        store's (another server may have written the log)."""
+        if self.trusted(h):
+            return h.writer.manifest
+        loaded = await load_manifest(self._store, h.prefix)
+        if loaded is None:
+            return h.writer.manifest
+        return loaded[0]
+
+    def _poll_s(self) -> float:
+        # Untrusted long-polls look at the store this often: well within one renewal interval.
+        return max(0.05, min(1.0, self._settings.leader_ttl_ms / 3000.0))
+
+    async def wait_for_records(self, h: LogHandle, tenant: str, from_offset: int,
+                               deadline: float, disconnected: asyncio.Future[None] | None
+                               ) -> str:
+        """Wait, without holding ``h``, until the log may have a record at ``from_offset``.
+
+        Returns why it stopped: "records" (look again), "timeout", "changed" (the log was lost
+        or closed: look again through ``use()``), "drain" (shutdown) or "disconnected".  The
+        waiting request is not a user of ``h``, so eviction may close the log meanwhile.
+        """
+        if self._waits[tenant] >= self._settings.max_long_polls_per_tenant:
+            self._metrics.backpressure.labels("long_poll").inc()
+            raise BackpressureError(
+                f"tenant {tenant} has {self._waits[tenant]} long-polls waiting", "long_poll", 1)
+        self._waits[tenant] += 1
+        h.waiters += 1
+        self._metrics.long_polls.inc()
+        stops: list[asyncio.Future[Any]] = [asyncio.ensure_future(h.changed.wait()),
+                                            asyncio.ensure_future(self._drained.wait())]
+        if disconnected is not None:
+            stops.append(disconnected)
+        try:
+            while True:
+                if disconnected is not None and disconnected.done():
+                    return "disconnected"
+                if self._drained.is_set():
+                    return "drain"
+                if h.changed.is_set() or h.writer.closed:
+                    return "changed"
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return "timeout"
+                trusted = self.trusted(h)
+                step = remaining if trusted else min(remaining, self._poll_s())
+                commit = asyncio.ensure_future(h.writer.wait_for_commit(from_offset, step))
+                try:
+                    await asyncio.wait([commit, *stops], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    commit.cancel()
+                if h.writer.manifest.next_offset > from_offset:
+                    return "records"
+                if not trusted and not h.changed.is_set():
+                    loaded = await load_manifest(self._store, h.prefix)
+                    if loaded is not None and loaded[0].next_offset > from_offset:
+                        return "records"
+        finally:
+            for f in stops[:2]:
+                f.cancel()
+            self._waits[tenant] -= 1
+            h.waiters -= 1
+            if self._waits[tenant] <= 0:
+                del self._waits[tenant]
+            self._metrics.long_polls.dec()
 
     async def _get_or_open(self, cid: UUID, tenant: str, *, create: bool) -> LogHandle:
         while True:
@@ -198,9 +360,22 @@ class LogManager:
                 _log.warning("reopening %s after writer failure: %r", cid, h.writer.failed)
                 await self._close_handle(h)
                 continue
+            if h is not None and h.lost:
+                if h.lost_to:
+                    self._metrics.redirects.inc()
+                    raise NotLeader(h.lost_to)
+                # Lost to a holder we cannot name: let it go, then claim afresh.
+                if h.users == 0:
+                    await self._close_handle(h)
+                else:
+                    await h.gone.wait()
+                continue
             if h is not None:
                 self._open.move_to_end(cid)
                 return h
+            if self._draining:
+                # Hints of logs that are not open are released; do not claim new ones.
+                raise Unavailable("server is shutting down", 1)
             closing = self._closing.get(cid)
             if closing is not None:
                 if closing.done():
@@ -214,11 +389,14 @@ class LogManager:
             fut = self._opening.get(cid)
             if fut is not None:
                 try:
-                    return await asyncio.shield(fut)
+                    h = await asyncio.shield(fut)
                 except NotFound:
                     if not create:
                         raise
                     continue  # a read found no log yet; this append creates it
+                if self._open.get(cid) is h:
+                    return h
+                continue  # closed (evicted, lost) before this waiter woke: look again
 
             fut = asyncio.get_running_loop().create_future()
             self._opening[cid] = fut
@@ -241,18 +419,26 @@ class LogManager:
         if holder is not None:
             self._metrics.redirects.inc()
             raise NotLeader(holder)
-        await self._make_room()
+        # A tenure that began before the writer loaded the manifest: the load is current.
+        tenure = self._leader.tenure(str(cid))
+        writer: LogWriter | None = None
         try:
+            # Inside the try: a refused open (429) must not keep the claim, or other servers
+            # would redirect this log here for as long as we renew it.
+            await self._make_room()
             writer = await LogWriter.open(self._store, prefix, self._writer_options,
                                           hook=self._hook_for(cid))
+            cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
+            witness = await cursors.load(COMPACTION)
         except BaseException:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    await writer.close()
             await self._leader.release(str(cid))
             raise
-        cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
-        witness = await cursors.load(COMPACTION)
         compaction = witness.cursor.offset if witness is not None else writer.manifest.oldest_offset
         h = LogHandle(cid, tenant, writer, LogReader(self._store, prefix), cursors, compaction,
-                      time.monotonic())
+                      time.monotonic(), tenure=tenure)
         self._open[cid] = h
         self._metrics.opens.inc()
         self._metrics.open_logs.set(len(self._open))
@@ -285,6 +471,8 @@ class LogManager:
             return
         del self._open[h.collection_id]
         self._metrics.open_logs.set(len(self._open))
+        h.gone.set()
+        h.changed.set()  # long-polls on it stop waiting
 
         async def finish() -> None:
             try:
@@ -306,11 +494,23 @@ class LogManager:
         await asyncio.shield(task)
 
     async def lost_leadership(self, collection_id: str) -> None:
-        """The hint says another server took this log over: stop writing it here."""
-        with contextlib.suppress(ValueError):
-            h = self._open.get(UUID(collection_id))
-            if h is not None and h.users == 0:
-                await self._close_handle(h)
+        """The hint says another server took this log over: stop serving it here.
+
+        New requests are redirected to the new holder at once; requests in flight finish, and
+        the log closes when the last one ends (``use()``), idle or not at this moment.
+        """
+        try:
+            cid = UUID(collection_id)
+        except ValueError:
+            return
+        h = self._open.get(cid)
+        if h is None:
+            return
+        h.lost = True
+        h.lost_to = self._leader.lost_to(collection_id)
+        h.changed.set()  # long-polls re-enter use() and are redirected
+        if h.users == 0:
+            await self._close_handle(h)
 
     async def _idle_loop(self) -> None:
         period = max(0.05, min(5.0, self._settings.idle_close_s / 4))

@@ -25,6 +25,8 @@ class Metrics:
         self.read_latency = Histogram("loghost_read_latency_seconds", "Time to serve a read",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.open_logs = Gauge("loghost_open_logs", "Logs open on this server", registry=r)
+        self.long_polls = Gauge("loghost_long_polls", "Reads waiting for records (wait_ms)",
+                                registry=r)
         self.opens = Counter("loghost_log_opens_total", "Logs opened", registry=r)
         self.evictions = Counter("loghost_log_evictions_total",
                                  "Logs closed to make room (LRU)", registry=r)
