@@ -972,7 +972,8 @@ def test_secrets_are_referenced_not_inlined(chart, kind):
         assert refs[(workload, "AWS_ACCESS_KEY_ID")] == ("acme-s3-credentials", "access-key")
         assert refs[(workload, "AWS_SECRET_ACCESS_KEY")] == ("acme-s3-credentials", "secret-key")
         assert refs[(workload, "AWS_SESSION_TOKEN")] == ("acme-s3-credentials", "session-token")
-    assert refs[("loghost", "LOGHOST_API_KEYS")] == ("acme-loghost-keys", "api-keys")
+    assert ("loghost", "LOGHOST_API_KEYS") not in refs  # a mounted file instead (below)
+    assert api_keys_file(host_sts(r)) == ("acme-loghost-keys", "api-keys")
     assert refs[("loghost-compactor", "COMPACTOR_API_KEY")] == ("acme-loghost-keys", "service-key")
     assert refs[("loghost", "LOGHOST_REDIS_URL")] == ("acme-redis", "url")
     session = env_of(host_sts(r), "loghost")["AWS_SESSION_TOKEN"]
@@ -982,6 +983,40 @@ def test_secrets_are_referenced_not_inlined(chart, kind):
         assert env_value(sts, cname, "AWS_ENDPOINT_URL") == "https://minio.storage.svc.cluster.local:9000"
         assert env_value(sts, cname, "AWS_REGION") == "eu-central-1"
         assert env_value(sts, cname, "LOGHOST_STORE" if cname == "loghost" else "COMPACTOR_STORE") == "s3://acme-wal/prod/loghost"
+
+
+def api_keys_file(sts: dict[str, Any]) -> tuple[str, str]:
+    """(Secret, key) behind the host's LOGHOST_API_KEYS_FILE, checking the mount on the way: the
+    variable names a file in a read-only directory mount (no subPath, which kubelet never
+    updates) of a Secret volume that projects exactly that one key, readable by fsGroup."""
+    spec = sts["spec"]["template"]["spec"]
+    c = container(sts, "loghost")
+    path = env_value(sts, "loghost", "LOGHOST_API_KEYS_FILE")
+    mounts = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, (path, c["volumeMounts"])
+    mount = mounts[0]
+    assert mount.get("readOnly") is True and "subPath" not in mount, mount
+    volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
+    secret = volume["secret"]
+    file_name = path[len(mount["mountPath"].rstrip("/")) + 1:]
+    items = {i["path"]: i["key"] for i in secret["items"]}
+    assert list(items) == [file_name], items  # the host's keys only, not the compactor's
+    assert secret["defaultMode"] & 0o007 == 0 and secret["defaultMode"] & 0o040, secret
+    assert spec["securityContext"]["fsGroup"] is not None
+    return secret["secretName"], items[file_name]
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_api_keys_are_a_mounted_secret_file(chart, scenario):
+    """The hosts read their keys from the mounted Secret (LOGHOST_API_KEYS_FILE), so an updated
+    Secret reaches running hosts without a restart; the key never sits in the environment."""
+    values = SCENARIOS[scenario]
+    r = render(chart, values)
+    sts = host_sts(r)
+    keys = values.get("apiKeys", {})
+    assert api_keys_file(sts) == (keys.get("existingSecret", "loghost-api-keys"),
+                                  keys.get("hostKey", "LOGHOST_API_KEYS"))
+    assert "LOGHOST_API_KEYS" not in env_of(sts, "loghost")
 
 
 def test_ambient_credentials_render_no_keys(chart):

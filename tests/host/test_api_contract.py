@@ -56,6 +56,13 @@ async def client(live: Live) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+@pytest.fixture
+async def service(live: Live) -> AsyncIterator[httpx.AsyncClient]:
+    """The service key: compaction, seal, fork and fragment URLs are the service's."""
+    async with live.client() as c:
+        yield c
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
     """One server for the many parametrised bad-input cases (each starts from the same state:
@@ -157,7 +164,9 @@ async def test_records_are_contiguous_from_offset_with_limit(client: httpx.Async
     assert r.status_code == 200 and r.json() == {"records": [], "next_offset": 8}
 
 
-async def test_stored_body_is_compact_utf8_json_in_the_fragment(client: httpx.AsyncClient) -> None:
+async def test_stored_body_is_compact_utf8_json_in_the_fragment(
+        service: httpx.AsyncClient) -> None:
+    client = service
     sent = record("ü-1", document="naïve café ☕", metadata={"k": "välue", "n": 3},
                   embedding=[1.5, 2.0])
     await append(client, sent)
@@ -252,7 +261,8 @@ async def test_state_shape(client: httpx.AsyncClient) -> None:
     assert st["bytes"] > 0
 
 
-async def test_fragments_are_directly_readable(client: httpx.AsyncClient) -> None:
+async def test_fragments_are_directly_readable(service: httpx.AsyncClient) -> None:
+    client = service
     await append_singles(client, 4)
     r = await client.get(BASE + "/fragments", params={"from": 1})
     assert r.status_code == 200
@@ -308,7 +318,8 @@ async def test_cursor_compare_and_swap(client: httpx.AsyncClient) -> None:
     assert_error(await client.get(path), 404)
 
 
-async def test_compaction_moves_forward_only(client: httpx.AsyncClient) -> None:
+async def test_compaction_moves_forward_only(service: httpx.AsyncClient) -> None:
+    client = service
     await append_singles(client, 6)
     r = await client.post(BASE + "/compaction", json={"offset": 4})
     assert r.status_code == 200 and r.json() == {"compaction_offset": 4}
@@ -324,7 +335,8 @@ async def test_compaction_moves_forward_only(client: httpx.AsyncClient) -> None:
 # ------------------------------------------------------------------------ seal, fork, gc, scrub
 
 
-async def test_seal_then_appends_conflict(client: httpx.AsyncClient) -> None:
+async def test_seal_then_appends_conflict(service: httpx.AsyncClient) -> None:
+    client = service
     await append(client, record("a"))
     r = await client.post(BASE + "/seal")
     assert r.status_code == 200, r.text
@@ -335,7 +347,8 @@ async def test_seal_then_appends_conflict(client: httpx.AsyncClient) -> None:
     assert [x["record"]["id"] for x in await read_all(client, BASE)] == ["a"]
 
 
-async def test_fork_equals_source_from_fork_point(client: httpx.AsyncClient) -> None:
+async def test_fork_equals_source_from_fork_point(service: httpx.AsyncClient) -> None:
+    client = service
     await append_singles(client, 5)
     await append(client, record("multi-1"), record("multi-2"))
     assert (await client.post(BASE + "/compaction", json={"offset": 3})).status_code == 200
@@ -364,7 +377,8 @@ async def test_fork_equals_source_from_fork_point(client: httpx.AsyncClient) -> 
     assert_error(r, 409)
 
 
-async def test_fork_past_the_tail_is_rejected(client: httpx.AsyncClient) -> None:
+async def test_fork_past_the_tail_is_rejected(service: httpx.AsyncClient) -> None:
+    client = service
     """``offset`` in the fork body (a server extension) beyond the tail is invalid input."""
     await append_singles(client, 3)
     target = str(uuid.uuid4())
@@ -374,7 +388,8 @@ async def test_fork_past_the_tail_is_rejected(client: httpx.AsyncClient) -> None
     assert_error(await client.get(log_path("alice", target)), 404)
 
 
-async def test_gc_then_read_below_oldest_is_purged(client: httpx.AsyncClient) -> None:
+async def test_gc_then_read_below_oldest_is_purged(service: httpx.AsyncClient) -> None:
+    client = service
     await append_singles(client, 6)
     assert (await client.post(BASE + "/compaction", json={"offset": 4})).status_code == 200
 
@@ -397,7 +412,8 @@ async def test_gc_then_read_below_oldest_is_purged(client: httpx.AsyncClient) ->
                  410, "purged")
 
 
-async def test_manual_gc_purges_and_never_500s(client: httpx.AsyncClient) -> None:
+async def test_manual_gc_purges_and_never_500s(service: httpx.AsyncClient) -> None:
+    client = service
     """POST .../gc (twice if needed) while the server's own collector runs: 200 or 409, never 500."""
     await append_singles(client, 6)
     assert (await client.post(BASE + "/compaction", json={"offset": 4})).status_code == 200
@@ -415,7 +431,8 @@ async def _oldest_is(client: httpx.AsyncClient, offset: int) -> bool:
     return (await client.get(BASE)).json()["oldest_offset"] == offset
 
 
-async def test_scrub_ok(client: httpx.AsyncClient) -> None:
+async def test_scrub_ok(service: httpx.AsyncClient) -> None:
+    client = service
     await append_singles(client, 3)
     r = await client.get(BASE + "/scrub")
     assert r.status_code == 200, r.text
@@ -579,7 +596,8 @@ BAD_REQUESTS: list[tuple[str, str, str, bytes | None, str]] = [
                          ids=[n for n, *_ in BAD_REQUESTS])
 async def test_bad_input_is_400(shared: Live, method: str, path: str, body: bytes | None,
                                 field: str) -> None:
-    async with shared.client("alice-key") as c:
+    # the service key: its routes (compaction, fork, fragments) are among the cases
+    async with shared.client() as c:
         kw: dict[str, Any] = {}
         if body is not None:
             kw = {"content": body, "headers": {"content-type": "application/json"}}
@@ -622,22 +640,17 @@ async def test_401_for_missing_unknown_or_malformed_authorization(shared: Live,
         assert (await svc.get(BASE)).json()["next_offset"] == 3
 
 
-async def test_403_tenant_key_on_another_tenants_path(live: Live) -> None:
-    async with live.client("alice-key") as alice:
-        await append(alice, record("a"))
-    async with live.client("bob-key") as bob:
-        assert_error(await bob.get(BASE), 403)
-        assert_error(await bob.post(BASE + "/records", json={"records": [record("b")]}), 403)
-        assert_error(await bob.get(log_path("alice", uuid.uuid4())), 403)
+# A tenant key on another tenant's path (403) is a cell of the matrix in test_authz.py.
 
 
-async def test_404_never_written_log(client: httpx.AsyncClient) -> None:
+async def test_404_never_written_log(client: httpx.AsyncClient,
+                                     service: httpx.AsyncClient) -> None:
     path = log_path("alice", uuid.uuid4())
     assert_error(await client.get(path), 404)
     assert_error(await client.get(path + "/records"), 404)
-    assert_error(await client.get(path + "/fragments"), 404)
+    assert_error(await service.get(path + "/fragments"), 404)
     assert_error(await client.get(path + "/cursors/compaction"), 404)
-    assert_error(await client.post(path + "/seal"), 404)
+    assert_error(await service.post(path + "/seal"), 404)
     assert_error(await client.get(path), 404)  # and the probes created nothing
 
 
@@ -666,7 +679,7 @@ async def test_413_request_over_configured_size(tmp_path: Path) -> None:
 
 async def test_429_compaction_backpressure(tmp_path: Path) -> None:
     async with live_server(str(tmp_path / "store"), backpressure_uncompacted_records=3) as lv, \
-            lv.client("alice-key") as c:
+            lv.client() as c:
         await append(c, record(1), record(2), record(3))
         await append(c, record(4))  # backlog 3 <= 3 before it: accepted
         r = await c.post(BASE + "/records", json={"records": [record(5)]})
@@ -760,7 +773,7 @@ async def test_fragment_urls_on_s3_are_readable_by_a_bulk_reader(moto_endpoint: 
 
     store = S3Store(bucket=s3_bucket, prefix="root", endpoint_url=moto_endpoint,
                     region="us-east-1")
-    async with live_server(store=store) as lv, lv.client("alice-key") as c:
+    async with live_server(store=store) as lv, lv.client() as c:
         await append(c, record("s3-a", document="über"))
         await append(c, record("s3-b"), record("s3-c"))
         r = await c.get(BASE + "/fragments", params={"from": 1})

@@ -47,7 +47,7 @@ def json_stream(text: str) -> list[Any]:
 async def store(tmp_path: Path) -> Path:
     """A store with two alice logs written through a real server (5 fragments in LOG1)."""
     root = tmp_path / "store"
-    async with live_server(str(root)) as lv, lv.client("alice-key") as c:
+    async with live_server(str(root)) as lv, lv.client("alice-key") as c, lv.client() as svc:
         for i in range(5):
             r = await c.post(log_path("alice", LOG1) + "/records",
                              json={"records": [record(f"one-{i}", document=f"d{i}")]})
@@ -55,9 +55,10 @@ async def store(tmp_path: Path) -> Path:
         r = await c.post(log_path("alice", LOG2) + "/records",
                          json={"records": [record("two-0"), record("two-1", "delete")]})
         assert r.status_code == 200, r.text
-        # the cursor only (POST .../compaction would also start the server's own collector)
-        r = await c.put(log_path("alice", LOG1) + "/cursors/compaction",
-                        json={"offset": 3, "witness": None})
+        # the cursor only (POST .../compaction would also start the server's own collector); it
+        # is reserved for the service
+        r = await svc.put(log_path("alice", LOG1) + "/cursors/compaction",
+                          json={"offset": 3, "witness": None})
         assert r.status_code == 200, r.text
     return root
 

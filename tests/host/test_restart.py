@@ -202,7 +202,7 @@ async def test_kill9_under_load_loses_no_acknowledged_append(tmp_path: Path) -> 
     again = spawn_server(store, tmp_path, server_id="p0")
     try:
         await check_ledger(again.url, ledger)
-        async with httpx.AsyncClient(base_url=again.url, headers=auth("alice-key")) as c:
+        async with httpx.AsyncClient(base_url=again.url, headers=auth()) as c:  # scrub: service
             for cid in LOGS:  # and the logs are healthy end to end
                 r = await c.get(log_path("alice", cid) + "/scrub")
                 assert r.status_code == 200 and r.json()["ok"] is True, r.text
