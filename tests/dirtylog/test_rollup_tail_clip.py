@@ -1,0 +1,104 @@
+"""Issue 20, item 6: a mark of a write that then failed must not live for ever.
+
+The hook marks ``[s, s+n)`` concurrently with the upload; when the batch loses, the log never gets
+those offsets.  Once such a mark has settled (older than ``settle_s``), roll-ups clip it to the
+log's tail; marks that may still belong to a write in flight are never clipped.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from dirtylog import (
+    DirtyLogHook,
+    MemoryCompactionOffsets,
+    MemoryLogBackend,
+    MemoryLogTails,
+    RollUp,
+    missing_from_dirty_set,
+)
+
+from .helpers import FakeClock, cid, spans
+
+
+class World:
+    """A dirty log, compaction cursors, log tails, a hook and a roll-up on one fake clock."""
+
+    def __init__(self, settle_s: float = 30.0) -> None:
+        self.clock = FakeClock()
+        self.backend = MemoryLogBackend()
+        self.compaction = MemoryCompactionOffsets()
+        self.tails = MemoryLogTails(settle_s)
+        self.hook = DirtyLogHook(self.backend, self.clock)
+        self.rollup = RollUp(self.backend, self.compaction, clock=self.clock, tails=self.tails)
+
+    async def committed(self, c: uuid.UUID, first: int, n: int) -> None:
+        """A write that landed: marked, and the log's tail moved past it."""
+        await self.hook.mark_dirty(c, first, n)
+        self.tails.set(c, max(self.tails.tails.get(c, 1), first + n))
+
+    async def lost(self, c: uuid.UUID, first: int, n: int) -> None:
+        """A write whose batch lost after its mark was appended: the tail does not move."""
+        await self.hook.mark_dirty(c, first, n)
+
+    def compact(self, c: uuid.UUID, offset: int) -> None:
+        self.compaction.set(c, offset)
+        self.rollup.note_compacted(c, offset)
+
+
+async def test_a_failed_writes_mark_is_dropped_once_settled() -> None:
+    w = World()
+    a = cid(1)
+    await w.committed(a, 1, 5)  # [1, 6) is in the log
+    await w.lost(a, 6, 4)  # [6, 10) never landed
+    first = await w.rollup.run()
+    assert spans(first.entries) == {a: (1, 10)}  # too young to judge: kept whole
+    w.compact(a, 6)  # the compactor folds everything the log has
+    w.clock.advance_s(31)
+    for _ in range(3):  # and it stays gone: no reinsert growth, no rising score
+        result = await w.rollup.run()
+        assert a not in result.entries, result.entries
+    assert missing_from_dirty_set({a: (6, 6)}, w.rollup.entries()) == set()
+
+
+async def test_a_settled_mark_partly_past_the_tail_keeps_the_landed_part() -> None:
+    w = World()
+    a = cid(2)
+    await w.committed(a, 1, 3)  # the tail is 4
+    await w.lost(a, 3, 5)  # speculative offsets [3, 8): offset 3 is another writer's record
+    w.clock.advance_s(31)
+    result = await w.rollup.run()
+    assert spans(result.entries) == {a: (1, 4)}
+
+
+async def test_unsettled_marks_are_never_clipped_even_when_merged_with_old_ones() -> None:
+    """A fresh mark of a write still in flight must survive although an old, settled mark of the
+    same collection is clipped: the two are carried apart."""
+    w = World(settle_s=30)
+    a = cid(3)
+    await w.committed(a, 1, 2)  # tail 3
+    await w.lost(a, 3, 4)  # an old failure
+    w.clock.advance_s(31)
+    await w.lost(a, 3, 2)  # a new write in flight at the same offsets (the tail has not moved)
+    first = await w.rollup.run()
+    assert spans(first.entries) == {a: (1, 5)}  # old clipped to [1, 3), fresh [3, 5) kept
+    # Still in flight at the next roll-up (inside settle_s): kept, although carried once.
+    w.clock.advance_s(10)
+    assert spans((await w.rollup.run()).entries) == {a: (1, 5)}
+    # It lands; later everything is compacted and the collection leaves the set.
+    w.tails.set(a, 5)
+    w.compact(a, 5)
+    w.clock.advance_s(60)
+    assert (await w.rollup.run()).entries == {}
+
+
+async def test_without_tails_the_rollup_clips_to_compaction_only() -> None:
+    """Backends that cannot tell tails keep the previous behaviour (nothing is ever dropped)."""
+    clock = FakeClock()
+    backend = MemoryLogBackend()
+    compaction = MemoryCompactionOffsets()
+    hook = DirtyLogHook(backend, clock)
+    rollup = RollUp(backend, compaction, clock=clock)
+    await hook.mark_dirty(cid(4), 1, 9)
+    clock.advance_s(3600)
+    assert spans((await rollup.run()).entries) == {cid(4): (1, 10)}
