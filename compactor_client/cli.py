@@ -217,6 +217,7 @@ async def run(
     clients: dict[str, LogHostClient] = {}
     store: Any = None
     own_spark = spark is None
+    heartbeat: asyncio.Task[None] | None = None
     try:
         if settings.metrics_listen:
             addr, port = parse_listen(settings.metrics_listen)
@@ -228,6 +229,9 @@ async def run(
         if spark is None:
             spark = build_session(settings.spark_master)
         ship_package(spark.sparkContext)
+        liveness = Liveness(store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s)
+        # Beat during rounds too: a long Spark job must not make this member look dead.
+        heartbeat = asyncio.create_task(_heartbeat(liveness), name="compactor-heartbeat")
         scheduler = Scheduler(
             list(clients.values()),
             member_id=settings.member_id,
@@ -235,7 +239,7 @@ async def run(
             budget_records=settings.budget_records,
             min_records=settings.min_records,
             dirty_limit=settings.dirty_limit,
-            liveness=Liveness(store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s),
+            liveness=liveness,
             takeover_s=settings.takeover_s,
         )
         pipeline = CompactionPipeline(
@@ -251,6 +255,10 @@ async def run(
             if stop.is_set():
                 return 0
     finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
         await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
         if store is not None:
             with contextlib.suppress(Exception):
@@ -259,6 +267,16 @@ async def run(
             spark.stop()
         if isinstance(metrics_server, tuple):  # prometheus-client >= 0.20: (server, thread)
             metrics_server[0].shutdown()
+
+
+async def _heartbeat(liveness: Any) -> None:
+    """Renew this member's liveness record every third of its lifetime; failures are retried."""
+    while True:
+        await asyncio.sleep(liveness.ttl_s / 3)  # the renewal period, not a synchronisation
+        try:
+            await liveness.beat()
+        except Exception as e:  # noqa: BLE001 - a missed beat only risks duplicate (safe) work
+            log.warning("could not renew the liveness record: %r", e)
 
 
 async def _one_round(scheduler: Scheduler, pipeline: CompactionPipeline,
