@@ -341,3 +341,57 @@ async def test_a_tenant_key_cannot_lose_data_it_appended(env: Env) -> None:
     state = (await env.svc.get(path)).json()
     assert state["oldest_offset"] == 1 and state["compaction_offset"] <= 1, state
     assert state["sealed"] is False
+
+
+# ---------------------------------------------------------------------------- hostile shapes
+
+
+@pytest.mark.parametrize(("template", "caller"),
+                         [(p, c) for (m, p) in MATRIX if m == "GET" for c in COLUMNS],
+                         ids=[f"HEAD {p} {c}" for (m, p) in MATRIX if m == "GET"
+                              for c in COLUMNS])
+async def test_head_gets_no_further_than_get(env: Env, template: str, caller: str) -> None:
+    """HEAD is a method override of sorts: the API routes do not serve it (405), the rest
+    answer it as GET; where GET is refused, HEAD is never a success."""
+    expected = MATRIX[("GET", template)].status(caller)
+    cid, witness = await fresh_log(env) if template.startswith(BASE) else (str(uuid.uuid4()), "")
+    url, _ = request_for("GET", template, cid, witness)
+    auth_header = CALLERS[caller]
+    r = await env.anon.head(url, headers={} if auth_header is None else
+                            {"Authorization": auth_header})
+    assert r.status_code in (expected, 405), (caller, url, r.status_code)
+    if expected >= 400:
+        assert r.status_code >= 400, (caller, url, r.status_code)
+
+
+async def test_unnormalized_paths_reach_no_route_unchecked(env: Env) -> None:
+    """Dot segments, doubled slashes and encoded slashes, sent as raw bytes (no client-side
+    normalization): a tenant key never reaches a service route or a reserved cursor."""
+    cid, _ = await fresh_log(env)
+    r = await env.svc.post(log_path("alice", cid) + "/compaction", json={"offset": 2})
+    assert r.status_code == 200, r.text
+    before = await compaction_view(env, cid)
+    base = log_path("alice", cid)
+    raw_paths = [
+        f"{base}/cursors/../compaction", f"{base}/cursors/..%2Fcompaction",
+        f"{base}/./compaction", f"{base}//compaction", f"/v1/tenants/alice//logs/{cid}/compaction",
+        f"{base}/cursors/compaction/.", f"{base}/cursors/./compaction",
+        f"{base}/cursors/%2e%2e/compaction", f"/v1/tenants/bob/../alice/logs/{cid}/compaction",
+    ]
+    host, port = env.live.url.removeprefix("http://").split(":")
+    import asyncio
+
+    for method in ("POST", "PUT", "DELETE"):
+        for path in raw_paths:
+            body = b'{"offset": 3, "witness": null}'
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+                         f"Authorization: Bearer alice-key\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                         + body)
+            await writer.drain()
+            status_line = await reader.readline()
+            writer.close()
+            status = int(status_line.split()[1])
+            assert status in (307, 400, 403, 404, 405), (method, path, status_line)
+    assert await compaction_view(env, cid) == before

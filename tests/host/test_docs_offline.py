@@ -84,3 +84,21 @@ async def test_swagger_ui_renders_openapi_3_1(tmp_path: Path) -> None:
         bundle = (await c.get("/docs/assets/swagger-ui-bundle.js")).text
         versions = {int(v) for v in re.findall(r'"(\d+)\.\d+\.\d+"', bundle[:2_000_000])}
         assert 5 in versions, sorted(versions)[:20]
+
+
+@pytest.mark.parametrize("path", [
+    "/docs/assets/../core.py", "/docs/assets/..%2Fcore.py", "/docs/assets/%2e%2e/core.py",
+    "/docs/assets/..%2F..%2Fhost%2Fauth.py", "/docs/assets/", "/docs/assets/missing.js",
+])
+async def test_the_assets_directory_serves_nothing_else(tmp_path: Path, path: str) -> None:
+    """The static mount is public: it must not hand out files outside the bundled assets."""
+    async with live_server(str(tmp_path / "store")) as lv:
+        host, port = lv.url.removeprefix("http://").split(":")
+        import asyncio
+
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status_line = await reader.readline()
+        writer.close()
+        assert int(status_line.split()[1]) == 404, (path, status_line)
