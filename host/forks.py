@@ -30,7 +30,7 @@ from host.wal3.errors import LogExists, LogPurged, ObjectNotFound, PreconditionF
 from host.wal3.fork import fork_log
 from host.wal3.layout import load_manifest
 from host.wal3.manifest import Manifest
-from host.wal3.store import put_resolving
+from host.wal3.store import ensure_copy, put_resolving
 
 MarkDirty = Callable[[UUID, int, int], Awaitable[None]]
 
@@ -69,7 +69,7 @@ async def _install_copy(store: ObjectStore, source: UUID, target: UUID,
     new_path = path.replace(f"compacted/{source}/", f"compacted/{target}/", 1)
     if new_path == path:
         raise ValueError(f"compacted version {path!r} is not under compacted/{source}/")
-    await store.copy(path, new_path)
+    await ensure_copy(store, path, new_path)  # immutable: a retried fork finds it in place
     now = time.time()
     doc = {**current, "path": new_path, "installed_at": now,
            "history": [{"version": current["version"], "installed_at": now}]}

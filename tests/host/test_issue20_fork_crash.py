@@ -1,0 +1,83 @@
+"""Issue 20, items 2 and 3: a fork killed between any two of its steps, then retried.
+
+Whatever step it dies at, the retry yields a target whose compaction cursor stands on the copied
+compacted version, whose log holds every record at or above the cursor, and which was marked dirty
+before its manifest made it visible.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from host.forks import current_key, fork_collection
+from host.manager import log_prefix
+from host.wal3 import LocalStore, LogWriter
+from host.wal3.cursors import COMPACTION, CursorStore
+from host.wal3.errors import SimulatedCrash
+from host.wal3.faulty import FaultRule, FaultyStore
+from host.wal3.layout import load_manifest
+
+SRC = uuid.UUID(int=1, version=4)
+DST = uuid.UUID(int=2, version=4)
+
+STEPS = [
+    ("crash_before", r"/cursor/compaction\.json$"),  # objects copied, nothing else
+    ("crash_after", r"/cursor/compaction\.json$"),  # cursor written
+    ("crash_after", r"CURRENT\.json$"),  # compacted base installed
+    ("crash_before", r"/manifest/MANIFEST$"),  # marked dirty, not yet visible
+]
+
+
+async def _source(store: LocalStore) -> None:
+    """A source with records [1, 16) in three fragments and a compacted version at offset 6."""
+    w = await LogWriter.open(store, log_prefix(SRC))
+    for n in range(3):
+        await w.append_many([b'{"id":"x","op":"upsert"}'] * 5)
+        assert w.manifest.next_offset == 6 + 5 * n
+    await w.close()
+    path = f"compacted/{SRC}/v{1:016d}/part-t.parquet"
+    await store.put(path, b"version bytes")
+    await store.put(current_key(SRC), json.dumps(
+        {"version": 1, "offset": 6, "rows": 1, "path": path}).encode())
+
+
+@pytest.mark.parametrize("step", STEPS, ids=[f"{k}:{r}" for k, r in STEPS])
+async def test_a_fork_killed_at_any_step_then_retried_is_whole(tmp_path: Path,
+                                                               step: tuple[str, str]) -> None:
+    base = LocalStore(tmp_path / "s")
+    await _source(base)
+    loaded = await load_manifest(base, log_prefix(SRC))
+    assert loaded is not None
+    marks: list[tuple[uuid.UUID, int, int]] = []
+
+    async def mark(cid: uuid.UUID, first: int, count: int) -> None:
+        # The mark must come before the target is visible.
+        assert await load_manifest(base, log_prefix(cid)) is None
+        marks.append((cid, first, count))
+
+    faulty = FaultyStore(base, seed=1)
+    kind, key = step
+    rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, times=1))  # type: ignore[arg-type]
+    with pytest.raises(SimulatedCrash):
+        await fork_collection(faulty, source=SRC, target=DST, source_prefix=log_prefix(SRC),
+                              target_prefix=log_prefix(DST), source_manifest=loaded[0],
+                              offset=11, writer_name="t", mark_dirty=mark)
+    assert rule.fired == 1
+    assert await load_manifest(base, log_prefix(DST)) is None  # a crashed fork is invisible
+
+    result = await fork_collection(base, source=SRC, target=DST, source_prefix=log_prefix(SRC),
+                                   target_prefix=log_prefix(DST), source_manifest=loaded[0],
+                                   offset=11, writer_name="t", mark_dirty=mark)
+    forked = await load_manifest(base, log_prefix(DST))
+    assert forked is not None
+    m = forked[0]
+    cursor = await CursorStore(base, log_prefix(DST), "t").load(COMPACTION)
+    current = json.loads((await base.get(current_key(DST))).data)
+    assert cursor is not None and cursor.cursor.offset == current["offset"] == 6
+    assert result.compaction_offset == 6 and m.oldest_offset <= 6 and m.next_offset == 16
+    assert await base.head(current["path"]) is not None
+    assert marks[-1] == (DST, 6, 10)
