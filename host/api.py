@@ -709,6 +709,25 @@ def create_app(server: Server) -> FastAPI:
         server.metrics.open_logs.set(server.manager.open_count)
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    # The key each route needs, stated in the API description (the role table is in README.md).
+    needs_of: dict[Any, str] = {
+        reader_scope: "a key of this tenant (read-only or not) or a service key",
+        cursor_reader_scope: "a key of this tenant (read-only or not) or a service key",
+        tenant_scope: "a tenant key of this tenant (not read-only) or a service key",
+        cursor_writer_scope: "a tenant key of this tenant (not read-only) or a service key; "
+                             "a service key for reserved names (compaction, stable_prefix, "
+                             "names starting with _ or loghost)",
+        service_scope: "a service key", service: "a service key"}
+
+    def _required_keys() -> dict[tuple[str, str], str]:
+        out: dict[tuple[str, str], str] = {}
+        for route in v1.routes:
+            for dep in getattr(getattr(route, "dependant", None), "dependencies", ()):
+                if dep.call in needs_of:
+                    for method in getattr(route, "methods", ()):
+                        out[(method, route.path)] = needs_of[dep.call]
+        return out
+
     def _openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
@@ -717,10 +736,16 @@ def create_app(server: Server) -> FastAPI:
         components = schema.setdefault("components", {})
         components["securitySchemes"] = {"bearer": {
             "type": "http", "scheme": "bearer", "description": "Authorization: Bearer <key>"}}
+        needs = _required_keys()
         for path, ops in schema.get("paths", {}).items():
             if path.startswith("/v1/"):
-                for op in ops.values():
+                for method, op in ops.items():
                     op["security"] = [{"bearer": []}]
+                    need = needs.get((method.upper(), path))
+                    if need:
+                        op["x-required-key"] = need
+                        op["description"] = (op.get("description", "") + f"\n\nNeeds {need}."
+                                             ).strip()
         comps = components.setdefault("schemas", {})
         for model in (AppendRequest, CursorPut, CompactionRequest, ForkRequest, PurgeRequest,
                       AdoptRequest):

@@ -395,3 +395,21 @@ async def test_unnormalized_paths_reach_no_route_unchecked(env: Env) -> None:
             status = int(status_line.split()[1])
             assert status in (307, 400, 403, 404, 405), (method, path, status_line)
     assert await compaction_view(env, cid) == before
+
+
+async def test_the_api_description_states_the_key_each_route_needs(env: Env) -> None:
+    """/docs shows users which key a route needs; it says what the matrix tests."""
+    spec = (await env.anon.get("/openapi.json")).json()
+    for (method, template), row in MATRIX.items():
+        op = spec["paths"].get(template, {}).get(method.lower())
+        if not template.startswith("/v1/"):
+            continue
+        assert op is not None, (method, template)
+        need = op["x-required-key"]
+        assert need in op["description"]
+        if row.status("tenant") != 200:
+            assert need == "a service key", (method, template, need)
+        elif row.status("reader") != 200:
+            assert "(not read-only)" in need, (method, template, need)
+        else:
+            assert "(read-only or not)" in need, (method, template, need)
