@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from uuid import UUID
@@ -54,6 +55,9 @@ class WalDirtyBackend(_Cursors):
         self._writer = writer
         self._reader = LogReader(store, prefix)
         self._cursors = CursorStore(store, prefix, writer.options.writer_name)
+        if any(f.name == "intrinsic_cursor" for f in dataclasses.fields(gc)):
+            # No compactor reads a dirty log: its GC follows the stable_prefix cursor alone.
+            gc = dataclasses.replace(gc, intrinsic_cursor=None)  # type: ignore[call-arg]
         self._gc = GarbageCollector(store, prefix, gc, edit_manifest=writer.edit_manifest)
 
     @property
