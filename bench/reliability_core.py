@@ -80,6 +80,8 @@ class Workload:
     request_timeout_s: float = 10.0
     gc_interval_s: float | None = None  # compaction + GC driver pacing (None: off)
     rollup_interval_s: float | None = None  # roll-up driver pacing (None: off)
+    pin_interval_s: float | None = None  # reader cursors pinned, checked, moved back, dropped
+    seal: int = 0  # collections sealed mid-run (their later appends are refused, not written)
     records: Callable[[random.Random, list[str]], list[dict[str, Any]]] | None = None
 
 
@@ -175,6 +177,9 @@ class Run:
         self.acked_records = 0
         self.acked_appends = 0
         self.compaction_sent: dict[str, int] = {}
+        self.sealed: set[str] = set()  # collections a seal was asked for
+        self.sealed_at: dict[str, int] = {}  # collection -> next offset its seal answered
+        self.pins = 0  # pins acknowledged (and checked) by the pin driver
         # Redirects are followed by ``send``: httpx drops Authorization on a redirect to another
         # origin (another host's port), and a leader redirect must keep the caller's key.
         self.client = httpx.AsyncClient(
@@ -308,6 +313,8 @@ async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str]
                 retry_after = min(2.0, float(r.headers.get("retry-after", "1") or 1))
             elif code == 409 and err == "contention":
                 pass  # "not written": safe to re-send, key or not
+            elif code == 409 and err == "sealed" and coll.cid in run.sealed:
+                return False  # refused for good: not written
             elif code in (500, 502, 503, 504):
                 if key is None:
                     return False  # ambiguous for a keyless append
@@ -459,6 +466,75 @@ async def gc_driver(run: Run, interval_s: float) -> None:
                 await service_call(run, "POST", coll.path + "/gc", rng)
 
 
+async def pin_driver(run: Run, interval_s: float) -> None:
+    """Readers pin positions with their own cursors, as the design's "emergency" cursor does:
+    create at a random retained offset, move back, drop.  While a pin answered 200 stands, every
+    record from it on must stay readable (never 410), whatever GC does meanwhile."""
+    rng = random.Random(f"pins:{run.seed}")
+    n = 0
+    while not run.stop.is_set():
+        await asyncio.sleep(rng.expovariate(1.0 / interval_s))  # driver pacing
+        coll = rng.choice(run.collections)
+        headers = {"Authorization": f"Bearer {coll.key}"}
+        try:
+            st = await run.send("GET", run.pick(rng) + coll.path, headers=headers)
+            if st.status_code != 200:
+                continue
+            oldest, nxt = int(st.json()["oldest_offset"]), int(st.json()["next_offset"])
+            name = f"pin{n}"
+            n += 1
+            at = rng.randint(oldest, nxt)
+            r = await run.send("PUT", run.pick(rng) + coll.path + f"/cursors/{name}",
+                               json={"offset": at, "witness": None}, headers=headers)
+            run.http[f"pin_{r.status_code}"] += 1
+            if r.status_code != 200:
+                if r.status_code not in (404, 409, 410, 429, 503):
+                    run.violation(f"pin {name} on {coll.cid}@{at}: {r.status_code} {r.text[:200]}")
+                continue
+            witness = r.json()["witness"]
+            await _check_pinned(run, rng, coll, at, headers, f"{name}@{at}")
+            if rng.random() < 0.5 and at > oldest:
+                back = rng.randint(oldest, at - 1)
+                r = await run.send("PUT", run.pick(rng) + coll.path + f"/cursors/{name}",
+                                   json={"offset": back, "witness": witness}, headers=headers)
+                run.http[f"pin_back_{r.status_code}"] += 1
+                if r.status_code == 200:
+                    at = back
+                elif r.status_code not in (409, 410, 429, 503):
+                    run.violation(f"pin {name} back to {back}: {r.status_code} {r.text[:200]}")
+            await asyncio.sleep(rng.uniform(0.0, 3 * interval_s))  # hold the pin a while
+            await _check_pinned(run, rng, coll, at, headers, f"{name}@{at} (held)")
+            run.pins += 1
+            await run.send("DELETE", run.pick(rng) + coll.path + f"/cursors/{name}",
+                           headers=headers)
+        except httpx.HTTPError as e:
+            run.http[f"pin_{type(e).__name__}"] += 1
+
+
+async def _check_pinned(run: Run, rng: random.Random, coll: Collection, at: int,
+                        headers: dict[str, str], what: str) -> None:
+    r = await run.send("GET", run.pick(rng) + coll.path + "/records",
+                       params={"from": at, "limit": 1}, headers=headers)
+    if r.status_code == 410:
+        run.violation(f"{coll.cid}: pinned {what} but offset {at} was collected: {r.text[:200]}")
+
+
+async def seal_driver(run: Run, count: int) -> None:
+    """Seal ``count`` collections once a third of the appends are acknowledged; garbage
+    collection must still reach them, and no append may land after the seal answered."""
+    rng = random.Random(f"seal:{run.seed}")
+    wl = run.workload
+    target = (wl.writers * (wl.appends_per_writer or 100)) // 3
+    while run.acked_appends < target and not run.stop.is_set():
+        await asyncio.sleep(0.05)  # driver pacing
+    for coll in rng.sample(run.collections, min(count, len(run.collections))):
+        run.sealed.add(coll.cid)
+        r = await service_call(run, "POST", coll.path + "/seal", rng)
+        if r is not None and r.status_code == 200:
+            run.sealed_at[coll.cid] = int(r.json()["next_offset"])
+            run.trace(ev="sealed", cid=coll.cid, next_offset=run.sealed_at[coll.cid])
+
+
 async def rollup_driver(run: Run, interval_s: float) -> None:
     """Roll the dirty log up now and then (the host's own loop is slowed down in scenarios)."""
     rng = random.Random(f"rollup:{run.seed}")
@@ -526,6 +602,10 @@ def start_load(run: Run) -> Load:
     if wl.rollup_interval_s:
         drivers.append(asyncio.create_task(rollup_driver(run, wl.rollup_interval_s),
                                            name="rollup-driver"))
+    if wl.pin_interval_s:
+        drivers.append(asyncio.create_task(pin_driver(run, wl.pin_interval_s), name="pin-driver"))
+    if wl.seal:
+        drivers.append(asyncio.create_task(seal_driver(run, wl.seal), name="seal-driver"))
     return Load(run, writers, readers, drivers)
 
 
@@ -575,14 +655,21 @@ async def settle_gc(run: Run) -> None:
 
     async def one(c: Collection) -> None:
         async with sem:
+            last = "no answer"
             for _ in range(6):
                 r = await service_call(run, "POST", c.path + "/gc", rng)
-                if r is None or r.status_code == 404:
+                if r is None:
+                    continue
+                if r.status_code == 404:
                     return
                 if r.status_code == 200 and r.json().get("phase") in ("idle", "done"):
                     return
                 if r.status_code == 409 and _error_code(r) == "no_cursors":
                     return
+                last = f"{r.status_code} {r.text[:200]}"
+            # Faults are off and GC's grace is 0 here: a collector that cannot come to rest is
+            # wedged (a liveness failure, e.g. a sealed log refusing every plan).
+            run.violation(f"{c.cid}: garbage collection did not come to rest: {last}")
 
     await asyncio.gather(*(one(c) for c in run.collections))
 
@@ -724,6 +811,10 @@ async def audit(run: Run, result: Result, store_root: Path, *,
             missing = (oldest - 1) - len(below)
             run.violation(f"{coll.cid}: {missing} records below the oldest offset {oldest} were "
                           f"purged before any reader saw them")
+        sealed_at = run.sealed_at.get(coll.cid)
+        if sealed_at is not None and (nxt != sealed_at or not st.get("sealed")):
+            run.violation(f"{coll.cid}: sealed at {sealed_at} but now ends at {nxt} "
+                          f"(sealed={st.get('sealed')})")
         comp = int(st["compaction_offset"])
         if oldest > comp:
             run.violation(f"{coll.cid}: oldest offset {oldest} is above the compaction cursor "

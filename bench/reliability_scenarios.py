@@ -278,6 +278,28 @@ def plan_lost(seed: int, quick: bool) -> StorePlan:
     return StorePlan(faulty={"lost_response_rate": rng.uniform(0.005, 0.03)}, rules=rules)
 
 
+def plan_hook_failures(seed: int, quick: bool) -> StorePlan:
+    """The fragment hook (this host's dirty-log append) fails: sometimes, and in bursts long
+    enough to outlast the writer's retries, while GC, pins and a seal run alongside."""
+    rng = random.Random(f"hook:{seed}")
+    dirty_puts = r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)"
+    rules = [FaultRule("error", ops={"put"}, key_regex=dirty_puts,
+                       probability=rng.uniform(0.05, 0.2)),
+             FaultRule("error", ops={"put"}, key_regex=dirty_puts, after=rng.randint(10, 60),
+                       times=rng.randint(8, 30)),
+             FaultRule("lost_response", ops={"put"}, key_regex=dirty_puts,
+                       probability=rng.uniform(0.02, 0.1))]
+    return StorePlan(rules=rules, workload={"pin_interval_s": 0.2, "seal": 1})
+
+
+def plan_pins_and_seal(seed: int, quick: bool) -> StorePlan:
+    """Readers pin, move back and drop cursors while compaction and GC run hard, a collection is
+    sealed mid-run, and 1-3% of requests fail."""
+    rng = random.Random(f"pins:{seed}")
+    return StorePlan(faulty={"error_rate": rng.uniform(0.01, 0.03)},
+                     workload={"pin_interval_s": 0.05, "seal": 2, "gc_interval_s": 0.05})
+
+
 def _crash_frag_manifest(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
     kind, regex = rng.choice([
         ("crash_after", r"^logs/[^/]+/log/Bucket="),     # fragment landed, manifest never written
@@ -833,6 +855,12 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "lost_responses": (_store("lost_responses", plan_lost),
                        "lost responses after a successful put (manifest, fragments, GC state, "
                        "cursors) and on 0.5-3% of all requests"),
+    "hook_failures": (_store("hook_failures", plan_hook_failures),
+                      "the fragment hook (dirty-log append) fails at 5-20% plus a burst of 8-30, "
+                      "with reader pins and a seal alongside"),
+    "pins_and_seal": (_store("pins_and_seal", plan_pins_and_seal),
+                      "reader cursors pinned, moved back and dropped under hard GC; two "
+                      "collections sealed mid-run; 1-3% errors"),
     "crash_fragment_manifest": (
         _store("crash_fragment_manifest", plan_crash_fragment_manifest),
         "process crash between fragment and manifest writes (after a fragment put, before or "
