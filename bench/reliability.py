@@ -93,7 +93,7 @@ def time_limit(name: str, quick: bool, opts: Options) -> float:
     """The hard limit of one run (a hung host must fail the run, not stall the harness)."""
     if name == "soak":
         return (10.0 if quick else opts.soak_seconds) + 900.0
-    if name == "compactor_kill":
+    if name in ("compactor_kill", "compaction_invariants"):
         return 600.0 if quick else 1500.0
     return 180.0 if quick else 600.0
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -599,9 +600,10 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-async def _read_full(run: Run, coll: Collection, host: str) -> list[dict[str, Any]]:
+async def _read_full(run: Run, coll: Collection, host: str, start: int = 1
+                     ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    pos = 1
+    pos = start
     while True:
         r = await run.client.get(host + coll.path + "/records", params={"from": pos,
                                                                          "limit": 1000},
@@ -758,6 +760,149 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
     return finish(run, result, started)
 
 
+# ------------------------------------------------------------- compaction invariants (issue 20)
+
+
+def _compactor_cmd_members(host_url: str, store: Path, members: str) -> list[str]:
+    return [*_compactor_cmd(host_url, store), "--members", members]
+
+
+def _tamper_fragment(path: Path) -> None:
+    """Rewrite every body of a fragment in place: still valid Parquet, same offsets and footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    bodies = [b.replace(b"original", b"TAMPERED") for b in table.column("body").to_pylist()]
+    new = table.set_column(table.schema.get_field_index("body"), "body",
+                           pa.array(bodies, pa.binary()))
+    pq.write_table(new.replace_schema_metadata(table.schema.metadata), path)
+
+
+async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
+                                         opts: Options) -> Result:
+    """Forks at arbitrary offsets under write load, a tampered fragment, and a compactor member
+    that is dead for good: every fork is tracked and compacts to the reference fold, nothing
+    tampered is installed, and the dead member's share is compacted by the live one."""
+    started = time.monotonic()
+    store = workdir / "store"
+    host = ProcHost(store, workdir / "logs", "p0", env=dict(PROC_ENV))
+    await asyncio.to_thread(host.start)
+    wl = workload(quick, collections=6 if quick else 16, writers=3 if quick else 6,
+                  appends_per_writer=None, gc_interval_s=None, rollup_interval_s=None,
+                  records=compactor_records, keyless_fraction=0.0, mean_interval_s=0.02)
+    colls = make_collections(seed, wl.collections)
+    run = Run("compaction_invariants", seed, colls, lambda: [host.url], wl)
+    result = Result("compaction_invariants", seed)
+    rng = random.Random(f"invariants:{seed}")
+    logdir = workdir / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    # c2 ran once long ago and is gone for good: only its stale liveness record is left.
+    await LocalStore(store).put("compactors/live/c2.json",
+                                json.dumps({"member_id": "c2", "at": 0.0}).encode())
+    rounds = 0
+
+    async def compactor_round() -> int:
+        nonlocal rounds
+        rounds += 1
+        await service_call(run, "POST", "/v1/dirty/rollup")
+        with open(logdir / f"compactor-{rounds}.log", "wb") as out:
+            done = await asyncio.to_thread(
+                subprocess.run, _compactor_cmd_members(host.url, store, "c1,c2"),
+                env=_compactor_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                timeout=900)
+        return done.returncode
+
+    forks: list[tuple[Collection, Collection]] = []
+    tampered = Collection("alice", str(uuid.UUID(int=rng.getrandbits(128), version=4)))
+    try:
+        prng = random.Random(f"prime:{seed}")
+        for i, c in enumerate(colls):
+            tag = f"s{seed}prime.{i}"
+            assert await append(run, prng, c, [tag], compactor_records(prng, [tag]), f"prime-{i}")
+            r = await service_call(run, "PUT", c.path + "/cursors/verifier",
+                                   json={"offset": 1, "witness": None})
+            assert r is not None and r.status_code == 200, r and r.text
+        load_task = asyncio.create_task(run_with(run, None, 900))
+        await poll(lambda: run.acked_records >= (100 if quick else 1000), "initial load", 300)
+        await compactor_round()  # sources get CURRENT.json at some offset V
+        await poll(lambda: run.acked_records >= (200 if quick else 2000), "more load", 300)
+        # Forks at arbitrary offsets in [oldest, tail] while writers keep appending.
+        for c in rng.sample(colls, k=max(2, len(colls) // 2)):
+            r = await service_call(run, "GET", c.path)
+            assert r is not None and r.status_code == 200, r and r.text
+            st = r.json()
+            at = rng.randint(int(st["oldest_offset"]), int(st["next_offset"]))
+            target = Collection(c.tenant, str(uuid.UUID(int=rng.getrandbits(128), version=4)))
+            r = await service_call(run, "POST", c.path + "/fork",
+                                   json={"target_collection_id": target.cid, "offset": at})
+            if r is None or r.status_code != 200:
+                run.violation(f"fork of {c.cid} at {at}: {None if r is None else r.text[:300]}")
+                continue
+            got = r.json()
+            if int(got["oldest_offset"]) > int(got["compaction_offset"]):
+                run.violation(f"fork {target.cid}: oldest {got['oldest_offset']} above its "
+                              f"compaction cursor {got['compaction_offset']}")
+            forks.append((c, target))
+            run.events["fork"] += 1
+        # Every fork with a backlog is in the dirty set at once (no write to it needed).
+        r = await service_call(run, "POST", "/v1/dirty/rollup")
+        dirty = {e["collection_id"] for e in (r.json()["logs"] if r is not None else [])}
+        for _src, tgt in forks:
+            st = (await service_call(run, "GET", tgt.path)).json()  # type: ignore[union-attr]
+            if int(st["next_offset"]) > int(st["compaction_offset"]) and tgt.cid not in dirty:
+                run.violation(f"fork {tgt.cid} has uncompacted records but is in no dirty set")
+        # A collection whose only fragment is rewritten after it was written.
+        r = await service_call(run, "POST", tampered.path + "/records", json={"records": [
+            {"id": "doc", "op": "upsert", "document": "original"}]})
+        assert r is not None and r.status_code == 200, r and r.text
+        frag = next((store / "logs" / tampered.cid / "log").rglob("*.parquet"))
+        _tamper_fragment(frag)
+        run.events["tampered_fragment"] += 1
+        run.stop.set()
+        load = await load_task
+        # Compact to completion with c1 alone alive (c2 is listed but dead).
+        everyone = list(colls) + [t for _s, t in forks]
+        for _attempt in range(4):
+            await compactor_round()  # exits 1: the tampered collection fails, by design
+            states = {c.cid: (await service_call(run, "GET", c.path)).json()  # type: ignore[union-attr]
+                      for c in everyone}
+            if all(s["compaction_offset"] == s["next_offset"] for s in states.values()):
+                break
+        result.notes["compactor_rounds"] = rounds
+        for c in colls:
+            _check_compacted(run, store, c, states[c.cid], await _read_full(run, c, host.url),
+                             complete=True)
+        for src, tgt in forks:
+            st = states[tgt.cid]
+            own = await _read_full(run, tgt, host.url, int(st["oldest_offset"]))
+            below = [r for r in await _read_full(run, src, host.url)
+                     if int(r["offset"]) < int(st["oldest_offset"])]
+            _check_compacted(run, store, tgt, st, below + own, complete=True)
+        if (store / "compacted" / tampered.cid / "CURRENT.json").exists():
+            run.violation(f"{tampered.cid}: a tampered fragment was compacted")
+        r = await service_call(run, "GET", tampered.path + "/records", params={"from": 1})
+        if r is None or r.status_code != 500 or r.json()["error"]["code"] != "corrupt_fragment":
+            run.violation(f"{tampered.cid}: reading a tampered fragment answered "
+                          f"{None if r is None else r.text[:300]}")
+        await drain_readers(load)
+        await audit(run, result, store)
+        # The store-wide scrub must flag the tampered log, and only it.
+        expected = [v for v in run.violations if v.startswith("scrub:") and tampered.cid in v]
+        if not expected:
+            run.violation(f"scrub did not report the tampered log {tampered.cid}")
+        run.violations[:] = [v for v in run.violations if v not in expected]
+        result.scrub_ok = not any(v.startswith("scrub:") for v in run.violations)
+    except Exception as e:  # noqa: BLE001
+        result.error = repr(e)
+    finally:
+        await asyncio.to_thread(host.terminate)
+        await run.close()
+    result.faults = sum(run.events.values())
+    result.fault_kinds = dict(run.events)
+    return finish(run, result, started)
+
+
 # ---------------------------------------------------------------------------------- soak
 
 
@@ -894,13 +1039,17 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "compactor_kill": (scenario_compactor_kill,
                        "`compactor run --once` SIGKILLed (with its Spark JVM) in the fold or "
                        "while installing, under write load; then rerun to completion"),
+    "compaction_invariants": (
+        scenario_compaction_invariants,
+        "forks at arbitrary offsets under write load, a tampered fragment, and a compactor "
+        "member listed but dead for good; then compaction to completion"),
     "soak": (scenario_soak, "1,000 logs on one host process for 10 minutes over a mildly faulty "
                             "store with continuous compaction, GC and roll-ups"),
 }
 
 PROCESS_SCENARIOS = ("kill9", "two_hosts", "redis_restart")
 STORE_SCENARIOS = [n for n in SCENARIOS if n not in (*PROCESS_SCENARIOS, "compactor_kill",
-                                                      "soak")]
+                                                      "compaction_invariants", "soak")]
 
 
 def seeds_for(name: str, n: int) -> int:
@@ -908,7 +1057,7 @@ def seeds_for(name: str, n: int) -> int:
     get fewer): 6 gives 14*6 + 3*4 + 3 + 1 = 100 schedules."""
     if name == "soak":
         return 1
-    if name == "compactor_kill":
+    if name in ("compactor_kill", "compaction_invariants"):
         return max(1, -(-n // 2))
     if name in PROCESS_SCENARIOS:
         return max(1, -(-2 * n // 3))

@@ -20,7 +20,8 @@ from bench.reliability_scenarios import SCENARIOS
 SEED = 1
 
 # The compactor scenario starts Spark twice (~15 s each): part of the suite, marked slow.
-PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in ("compactor_kill", "soak")
+PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in ("compactor_kill",
+                                                                   "compaction_invariants", "soak")
                        else []) for name in SCENARIOS]
 
 
