@@ -8,6 +8,7 @@ the stored JSON bodies without re-encoding them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -127,6 +128,8 @@ def _parse(model: type[M], raw: bytes) -> M:
 # bytes per allowed record cannot hold too many, and needs no count before validation.
 _MIN_RECORD_BYTES = 20
 _DECODE_OFF_LOOP_BYTES = 256 << 10
+# Its own threads: large bodies must not queue the store's I/O (the default executor) behind them.
+_DECODER = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="decode")
 
 
 class _TooManyObjects(Exception):
@@ -177,8 +180,12 @@ def _mismatch() -> Conflict:
 
 async def _disconnected(receive: Any) -> None:
     """Return when the client hangs up (the request body, if any, is already consumed)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - cannot tell: never end a wait for this reason
+        _log.debug("disconnect watch failed", exc_info=True)
+        await asyncio.Event().wait()
 
 
 def _canonical_path(request: Request) -> str:
@@ -364,7 +371,8 @@ def create_app(server: Server) -> FastAPI:
         if len(raw) > _DECODE_OFF_LOOP_BYTES:
             # Large bodies are decoded in a worker thread; the record count is checked before
             # any record is validated, so the work per request is bounded.
-            req, bodies = await asyncio.to_thread(_decode_append, raw, limit)
+            req, bodies = await asyncio.get_running_loop().run_in_executor(
+                _DECODER, _decode_append, raw, limit)
         else:
             req, bodies = _decode_append(raw, limit)
         nbytes = sum(len(b) for b in bodies)
@@ -383,10 +391,11 @@ def create_app(server: Server) -> FastAPI:
                     elif outcome == "Backpressure":
                         server.metrics.backpressure.labels("batching").inc()
                     raise
+                if result.deduplicated:
+                    await _check_same_request(h, result, bodies)
         finally:
             server.manager.release(nbytes)
         if result.deduplicated:
-            await _check_same_request(cid, tenant, result, bodies)
             server.metrics.idempotent_hits.inc()
         else:
             server.metrics.appends.inc(result.count)
@@ -397,8 +406,7 @@ def create_app(server: Server) -> FastAPI:
                               next_offset=result.next_offset,
                               deduplicated=True if result.deduplicated else None)
 
-    async def _check_same_request(cid: UUID, tenant: str, result: Any,
-                                  bodies: list[bytes]) -> None:
+    async def _check_same_request(h: LogHandle, result: Any, bodies: list[bytes]) -> None:
         """A reused idempotency key must carry the same records: 409 otherwise.
 
         The log itself is the record of the first request (it survives restarts and
@@ -407,12 +415,10 @@ def create_app(server: Server) -> FastAPI:
         if result.count != len(bodies):
             raise _mismatch()
         try:
-            async with server.manager.use(cid, tenant) as h:
-                m = await server.manager.view(h)
-                stored = await h.reader.read(
-                    result.first_offset,
-                    Limits(max_records=result.count, max_bytes=2 * settings.max_request_bytes),
-                    manifest=m)
+            stored = await h.reader.read(
+                result.first_offset,
+                Limits(max_records=result.count, max_bytes=2 * settings.max_request_bytes),
+                manifest=await server.manager.view(h))
         except LogPurged:
             return  # compacted and collected since: only the count can be compared
         got = [r.body for r in stored if r.offset < result.first_offset + result.count]

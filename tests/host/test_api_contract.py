@@ -190,9 +190,11 @@ async def test_stored_body_is_compact_utf8_json_in_the_fragment(
 async def test_idempotent_retry_returns_first_answer(client: httpx.AsyncClient) -> None:
     first = await append(client, record("x1"), record("x2"), idempotency_key="k-1")
     again = await append(client, record("x1"), record("x2"), idempotency_key="k-1")
-    assert again == first
-    other = await append(client, record("zzz"), idempotency_key="k-1")  # different body, same key
-    assert other == first
+    assert again == {**first, "deduplicated": True}
+    # a different body under the same key is refused, never silently dropped (issue 21)
+    r = await client.post(BASE + "/records", json={"records": [record("zzz")],
+                                                   "idempotency_key": "k-1"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_mismatch", r.text
     state = (await client.get(BASE)).json()
     assert state["next_offset"] == first["next_offset"]
     records = await read_all(client, BASE)
@@ -205,7 +207,9 @@ async def test_concurrent_retries_with_one_key_append_once(client: httpx.AsyncCl
         client.post(BASE + "/records", json={"records": [record("once"), record("twice")],
                                              "idempotency_key": "same"}) for _ in range(12)))
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-    assert len({a.text for a in answers}) == 1
+    # one appended, the others say they were deduplicated; all name the same offsets
+    assert len({(a.json()["first_offset"], a.json()["count"]) for a in answers}) == 1
+    assert sum(1 for a in answers if not a.json().get("deduplicated")) == 1
     ids = [x["record"]["id"] for x in await read_all(client, BASE)]
     assert ids == ["seed", "once", "twice"]
 
@@ -214,7 +218,9 @@ async def test_concurrent_retries_with_one_key_append_once(client: httpx.AsyncCl
 
 
 def _readers_inside(live: Live, cid: str) -> int:
-    return sum(h.users for h in live.server.manager.handles() if str(h.collection_id) == cid)
+    # Long-polls wait outside use() (they never pin a slot): count users and waiters.
+    return sum(h.users + h.waiters for h in live.server.manager.handles()
+               if str(h.collection_id) == cid)
 
 
 async def test_long_poll_gets_records_appended_while_waiting(live: Live,
