@@ -17,7 +17,7 @@ from host.forks import current_key, fork_collection
 from host.manager import log_prefix
 from host.wal3 import LocalStore, LogWriter
 from host.wal3.cursors import COMPACTION, CursorStore
-from host.wal3.errors import SimulatedCrash
+from host.wal3.errors import ObjectNotFound, SimulatedCrash
 from host.wal3.faulty import FaultRule, FaultyStore
 from host.wal3.layout import load_manifest
 
@@ -81,3 +81,47 @@ async def test_a_fork_killed_at_any_step_then_retried_is_whole(tmp_path: Path,
     assert result.compaction_offset == 6 and m.oldest_offset <= 6 and m.next_offset == 16
     assert await base.head(current["path"]) is not None
     assert marks[-1] == (DST, 6, 10)
+
+
+async def test_a_fork_below_the_compacted_version_keeps_the_cursor_on_it(tmp_path: Path) -> None:
+    """The documented crash window (compaction cursor behind CURRENT.json) makes the default fork
+    offset lie below the compacted version: the target still gets the version and a cursor on it,
+    and its log starts at the requested offset."""
+    store = LocalStore(tmp_path / "s")
+    await _source(store)
+    loaded = await load_manifest(store, log_prefix(SRC))
+    assert loaded is not None
+    marks: list[tuple[uuid.UUID, int, int]] = []
+
+    async def mark(cid: uuid.UUID, first: int, count: int) -> None:
+        marks.append((cid, first, count))
+
+    result = await fork_collection(store, source=SRC, target=DST, source_prefix=log_prefix(SRC),
+                                   target_prefix=log_prefix(DST), source_manifest=loaded[0],
+                                   offset=3, writer_name="t", mark_dirty=mark)
+    assert result.compaction_offset == 6 and result.version == 1
+    assert result.start <= 3
+    assert marks == [(DST, 6, 10)]
+
+
+async def test_a_fork_of_a_never_compacted_log_starts_at_1(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    w = await LogWriter.open(store, log_prefix(SRC))
+    for _ in range(3):
+        await w.append_many([b'{"id":"x","op":"upsert"}'] * 5)
+    await w.close()
+    loaded = await load_manifest(store, log_prefix(SRC))
+    assert loaded is not None
+    marks: list[tuple[uuid.UUID, int, int]] = []
+
+    async def mark(cid: uuid.UUID, first: int, count: int) -> None:
+        marks.append((cid, first, count))
+
+    result = await fork_collection(store, source=SRC, target=DST, source_prefix=log_prefix(SRC),
+                                   target_prefix=log_prefix(DST), source_manifest=loaded[0],
+                                   offset=11, writer_name="t", mark_dirty=mark)
+    # No compacted data: no cursor ahead of what the log holds.
+    assert (result.compaction_offset, result.start, result.version) == (1, 1, None)
+    assert marks == [(DST, 1, 15)]
+    with pytest.raises(ObjectNotFound):
+        await store.head(current_key(DST))
