@@ -43,11 +43,15 @@ from .layout import GARBAGE_PATH, LOG_PREFIX, join, load_manifest
 from .manifest import (
     MANIFEST_PATH,
     SNAPSHOT_PREFIX,
+    U64_MAX,
     FragmentPointer,
     Manifest,
     Pointer,
     Snapshot,
     SnapshotPointer,
+    loads,
+    parse_position as _unpos,
+    parse_setsum as _setsum,
 )
 from .reader import SnapshotCache
 from .setsum import Setsum
@@ -79,81 +83,215 @@ class GcOptions:
     intrinsic_cursor: str | None = COMPACTION
 
 
+def _g_int(obj: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
+    v = obj.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= U64_MAX:
+        raise GarbageRejected(f"{GARBAGE_PATH}: {key} is not a u64: {v!r:.200}")
+    return v
+
+
+def _g_list(obj: dict[str, Any], key: str) -> list[Any]:
+    v = obj.get(key)
+    if not isinstance(v, list):
+        raise GarbageRejected(f"{GARBAGE_PATH}: {key} is not a list: {v!r:.200}")
+    return v
+
+
 @dataclass(frozen=True)
 class Garbage:
-    """A plan of what to drop, persisted in ``gc/GARBAGE``."""
+    """A plan of what to drop, persisted in ``gc/GARBAGE`` in the Rust wal3 crate's schema.
 
-    cutoff: int
-    drop_root: tuple[str, ...]
-    replace_root: str | None
-    new_root: tuple[SnapshotPointer, ...]
-    new_snapshots: tuple[str, ...]
-    snapshots_to_delete: tuple[str, ...]
-    first_seq_to_delete: int
-    first_seq_to_keep: int
-    first_to_keep: int
+    The Rust fields say everything either implementation needs to apply and finish a plan:
+
+    * ``snapshots_to_drop``: every snapshot pointer that goes, at any depth: whole ones below the
+      cut, and the straddling snapshot that is split (one per level).  Root pointers among them
+      leave the root; all of them are deleted in phase 3 unless still referenced.
+    * ``snapshots_to_make``: the split snapshots, written (content-addressed) before the plan.
+    * ``snapshot_for_root``: what replaces the straddling root snapshot (a new snapshot, or an
+      existing child when only one is left), inserted first in the root.
+    * ``fragments_to_drop_start``/``_limit``: the sequence numbers ``[start, limit)`` of every
+      fragment dropped, root or nested; ``limit`` becomes the manifest's ``initial_seq_no``.
+    * ``setsum_to_discard``: what ``collected`` grows by; ``first_to_keep``: the new
+      ``initial_offset`` (no record at or above it is dropped).
+
+    Our phase state rides in two extension fields Rust's serde ignores (``Garbage`` has no
+    ``deny_unknown_fields``, and Rust never rewrites a pending plan, only replaces or resets it):
+    ``created_us`` (when planned) and ``applied_us`` (when phase 2 finished, which starts the
+    grace interval).  A plan without ``applied_us`` — ours before phase 2, or any plan Rust
+    wrote — is resumed by phase 2, which finds a plan already in the manifest a no-op and then
+    records ``applied_us``, so the grace interval runs from when we saw it applied.
+
+    The idle state is Rust's ``Garbage::empty()`` (:data:`EMPTY_GARBAGE`); ``from_bytes`` also
+    reads ``{}`` (our idle state before issue 16) as idle.  Every malformed file raises
+    :class:`GarbageRejected`, the GC file's one corruption error.
+    """
+
+    snapshots_to_drop: tuple[SnapshotPointer, ...]
+    snapshots_to_make: tuple[Snapshot, ...]
+    snapshot_for_root: SnapshotPointer | None
+    fragments_to_drop_start: int
+    fragments_to_drop_limit: int
     setsum_to_discard: Setsum
-    bytes_to_discard: int
-    created_us: int
+    first_to_keep: int
+    created_us: int | None = None
     applied_us: int | None = None
+    # A plan in the pre-issue-16 schema: it lacks the pointers Rust's fields need, so the
+    # collector only resets it (deleting nothing); the orphan sweep reclaims what it dropped.
+    legacy: bool = False
+
+    # ------------------------------------------------------------- views in our terms
+
+    @property
+    def first_seq_to_delete(self) -> int:
+        """The first fragment sequence number dropped."""
+        return self.fragments_to_drop_start
+
+    @property
+    def first_seq_to_keep(self) -> int:
+        """The first fragment sequence number kept (the new ``initial_seq_no``)."""
+        return self.fragments_to_drop_limit
+
+    @property
+    def cutoff(self) -> int:
+        """The offset the plan cuts at: nothing at or above it is dropped."""
+        return self.first_to_keep
+
+    @property
+    def new_snapshots(self) -> tuple[str, ...]:
+        """Paths of the snapshots the plan writes."""
+        return tuple(s.path for s in self.snapshots_to_make)
+
+    @property
+    def snapshots_to_delete(self) -> tuple[str, ...]:
+        """Paths phase 3 deletes (never one the plan itself writes)."""
+        made = set(self.new_snapshots)
+        return tuple(dict.fromkeys(p.path_to_snapshot for p in self.snapshots_to_drop
+                                   if p.path_to_snapshot not in made))
+
+    @classmethod
+    def empty(cls) -> Garbage:
+        """Rust's ``Garbage::empty()``: the idle state."""
+        return cls((), (), None, 0, 0, Setsum.zero(), 1)
+
+    def is_empty(self) -> bool:
+        """Rust's test for the idle state: every Rust field as in ``empty()``."""
+        return (not self.snapshots_to_drop and not self.snapshots_to_make
+                and self.snapshot_for_root is None and self.fragments_to_drop_start == 0
+                and self.fragments_to_drop_limit == 0 and self.setsum_to_discard.is_zero()
+                and self.first_to_keep == 1)
+
+    # ------------------------------------------------------------------------ codec
 
     def to_bytes(self) -> bytes:
-        """JSON form for ``gc/GARBAGE``."""
-        obj: dict[str, Any] = {
-            "cutoff": {"offset": self.cutoff},
-            "drop_root": list(self.drop_root),
-            "replace_root": self.replace_root,
-            "new_root": [p.to_json() for p in self.new_root],
-            "new_snapshots": list(self.new_snapshots),
-            "snapshots_to_delete": list(self.snapshots_to_delete),
-            "fragments_to_delete": {"first_seq_no": self.first_seq_to_delete,
-                                    "limit_seq_no": self.first_seq_to_keep},
-            "first_to_keep": {"offset": self.first_to_keep},
-            "setsum_to_discard": self.setsum_to_discard.hexdigest(),
-            "bytes_to_discard": self.bytes_to_discard,
-            "created_us": self.created_us,
-            "applied_us": self.applied_us,
-        }
-        return json.dumps(obj, separators=(",", ":")).encode()
+        """serde_json's compact encoding of Rust's ``Garbage`` (field order included), then our
+        extensions when set."""
+        root = self.snapshot_for_root
+        parts = [
+            b'{"snapshots_to_drop":[', b",".join(p.json_bytes() for p in self.snapshots_to_drop),
+            b'],"snapshots_to_make":[', b",".join(s.to_bytes() for s in self.snapshots_to_make),
+            b'],"snapshot_for_root":', b"null" if root is None else root.json_bytes(),
+            b',"fragments_to_drop_start":', str(self.fragments_to_drop_start).encode(),
+            b',"fragments_to_drop_limit":', str(self.fragments_to_drop_limit).encode(),
+            # Rust serializes it always; we never write UUID fragments.
+            b',"fragments_are_uuids":false',
+            b',"setsum_to_discard":"', self.setsum_to_discard.hexdigest().encode(),
+            b'","first_to_keep":{"offset":', str(self.first_to_keep).encode(), b"}",
+        ]
+        if self.created_us is not None:
+            parts += [b',"created_us":', str(self.created_us).encode()]
+        if self.applied_us is not None:
+            parts += [b',"applied_us":', str(self.applied_us).encode()]
+        parts.append(b"}")
+        return b"".join(parts)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Garbage | None:
-        """Parse ``gc/GARBAGE``; None for the reset (empty) state."""
+        """Parse ``gc/GARBAGE``; None for the idle state.  Raises GarbageRejected."""
         try:
-            obj = json.loads(data)
+            obj = loads(data, GARBAGE_PATH)
+            if not isinstance(obj, dict):
+                raise GarbageRejected(f"{GARBAGE_PATH} is not a JSON object")
             if not obj:
-                return None
-            return cls(
-                cutoff=int(obj["cutoff"]["offset"]),
-                drop_root=tuple(obj["drop_root"]),
-                replace_root=obj["replace_root"],
-                new_root=tuple(SnapshotPointer.from_json(p) for p in obj["new_root"]),
-                new_snapshots=tuple(obj["new_snapshots"]),
-                snapshots_to_delete=tuple(obj["snapshots_to_delete"]),
-                first_seq_to_delete=int(obj["fragments_to_delete"]["first_seq_no"]),
-                first_seq_to_keep=int(obj["fragments_to_delete"]["limit_seq_no"]),
-                first_to_keep=int(obj["first_to_keep"]["offset"]),
-                setsum_to_discard=Setsum.from_hexdigest(obj["setsum_to_discard"]),
-                bytes_to_discard=int(obj["bytes_to_discard"]),
-                created_us=int(obj["created_us"]),
-                applied_us=None if obj.get("applied_us") is None else int(obj["applied_us"]),
+                return None  # our idle state before issue 16
+            if "cutoff" in obj or "drop_root" in obj:
+                return cls._from_legacy(obj)
+            if obj.get("fragments_are_uuids", False) is not False or \
+                    obj.get("fragments_to_drop_uuid_limit") is not None:
+                raise GarbageRejected(f"{GARBAGE_PATH} drops UUID-named fragments, which this "
+                                      "engine does not support")
+            root = obj.get("snapshot_for_root")
+            g = cls(
+                snapshots_to_drop=tuple(SnapshotPointer.from_json(p)
+                                        for p in _g_list(obj, "snapshots_to_drop")),
+                snapshots_to_make=tuple(Snapshot.from_json(s)
+                                        for s in _g_list(obj, "snapshots_to_make")),
+                snapshot_for_root=None if root is None else SnapshotPointer.from_json(root),
+                fragments_to_drop_start=_g_int(obj, "fragments_to_drop_start"),  # type: ignore[arg-type]
+                fragments_to_drop_limit=_g_int(obj, "fragments_to_drop_limit"),  # type: ignore[arg-type]
+                setsum_to_discard=_setsum(obj.get("setsum_to_discard"), "setsum_to_discard"),
+                first_to_keep=_unpos(obj.get("first_to_keep"), "first_to_keep"),
+                created_us=_g_int(obj, "created_us", optional=True),
+                applied_us=_g_int(obj, "applied_us", optional=True),
             )
-        except (ValueError, TypeError, KeyError) as e:
-            raise GarbageRejected(f"unparseable {GARBAGE_PATH}: {e}") from e
+        except CorruptManifest as e:
+            raise GarbageRejected(f"unparseable {GARBAGE_PATH}: {e}") from None
+        return None if g.is_empty() else g
+
+    @classmethod
+    def _from_legacy(cls, obj: dict[str, Any]) -> Garbage:
+        """What a pre-issue-16 plan says that readers need: its floor and whether it applied."""
+        frags = obj.get("fragments_to_delete")
+        if not isinstance(frags, dict):
+            raise GarbageRejected(f"{GARBAGE_PATH}: legacy fragments_to_delete is malformed")
+        return cls(
+            snapshots_to_drop=(), snapshots_to_make=(), snapshot_for_root=None,
+            fragments_to_drop_start=_g_int(frags, "first_seq_no"),  # type: ignore[arg-type]
+            fragments_to_drop_limit=_g_int(frags, "limit_seq_no"),  # type: ignore[arg-type]
+            setsum_to_discard=_setsum(obj.get("setsum_to_discard"), "setsum_to_discard"),
+            first_to_keep=_unpos(obj.get("first_to_keep"), "first_to_keep"),
+            created_us=_g_int(obj, "created_us", optional=True),
+            applied_us=_g_int(obj, "applied_us", optional=True),
+            legacy=True,
+        )
+
+    # ------------------------------------------------------------------------ apply
 
     def apply(self, m: Manifest, writer: str) -> Manifest:
-        """The manifest with this garbage removed; idempotent; raises GarbageRejected if stale."""
+        """The manifest with this garbage removed; idempotent; raises GarbageRejected if stale.
+
+        Rust's semantics (root snapshots listed in ``snapshots_to_drop`` and root fragments in
+        ``[start, limit)`` leave, ``snapshot_for_root`` goes first, what left minus what came
+        must be ``setsum_to_discard``), plus our checks: the result passes ``Manifest.check``
+        (so only a prefix can go) and keeps the tail.
+        """
+        if self.legacy:
+            raise GarbageRejected("a legacy plan is never applied")
         if m.oldest_offset >= self.first_to_keep:
-            return m  # already applied (a retry after a lost response, or a rebase)
-        entries = m.entries
-        n = len(self.drop_root)
-        if tuple(e.path for e in entries[:n]) != self.drop_root:
-            raise GarbageRejected("garbage is stale: the manifest no longer starts with it")
-        rest = list(entries[n:])
-        if self.replace_root is not None:
-            if not rest or rest[0].path != self.replace_root:
-                raise GarbageRejected("garbage is stale: the straddling snapshot moved")
-            rest = [*self.new_root, *rest[1:]]
+            return m  # already applied (a retry after a lost response, a rebase, or by Rust)
+        if self.fragments_to_drop_start > self.fragments_to_drop_limit:
+            raise GarbageRejected("garbage's fragment range is inverted")
+        drop = set(self.snapshots_to_drop)
+        root = self.snapshot_for_root
+        left = Setsum.zero()
+        rest: list[Pointer] = []
+        for e in m.entries:
+            if isinstance(e, SnapshotPointer) and e in drop:
+                if e != root:
+                    left = left + e.setsum
+            elif (isinstance(e, FragmentPointer)
+                  and self.fragments_to_drop_start <= e.seq_no < self.fragments_to_drop_limit):
+                left = left + e.setsum
+            else:
+                rest.append(e)
+        came = Setsum.zero()
+        if root is not None and root not in rest:
+            came = root.setsum
+            rest.insert(0, root)
+        if left - came != self.setsum_to_discard:
+            raise GarbageRejected("garbage is stale: what it removes does not sum to its "
+                                  "setsum_to_discard")
         new = replace(
             m,
             writer=writer,
@@ -161,10 +299,18 @@ class Garbage:
             fragments=tuple(p for p in rest if isinstance(p, FragmentPointer)),
             collected=m.collected + self.setsum_to_discard,
             initial_offset=self.first_to_keep,
-            initial_seq_no=self.first_seq_to_keep,
+            initial_seq_no=self.fragments_to_drop_limit,
         )
-        new.check()
+        try:
+            new.check()
+        except CorruptManifest as e:
+            raise GarbageRejected(f"garbage does not apply: {e}") from None
+        if new.next_offset != m.next_offset:
+            raise GarbageRejected("garbage would move the log's tail")
         return new
+
+
+EMPTY_GARBAGE: bytes = Garbage.empty().to_bytes()
 
 
 @dataclass
@@ -260,33 +406,31 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
             and await discards(straddler)):
         straddler = None
     discard = Setsum.zero()
-    nbytes = 0
-    to_delete: list[str] = []
-    created: list[str] = []
+    # Pointers, not paths: Rust's schema lists the pointers, and applies by pointer equality.
+    to_delete: list[SnapshotPointer] = []
+    created: list[Snapshot] = []
     for p in dropped:
         discard = discard + p.setsum
-        nbytes += p.num_bytes
     # Every snapshot under a dropped pointer goes too.
     stack = [p for p in dropped if isinstance(p, SnapshotPointer)]
     while stack:
         p = stack.pop()
-        to_delete.append(p.path_to_snapshot)
+        to_delete.append(p)
         stack.extend((await cache.get(store, prefix, p)).snapshots)
 
     async def split(ptr: SnapshotPointer) -> SnapshotPointer:
-        nonlocal discard, nbytes
+        nonlocal discard
         snap = await cache.get(store, prefix, ptr)
-        to_delete.append(ptr.path_to_snapshot)
+        to_delete.append(ptr)
         kept: list[Pointer] = []
         for child in snap.children:
             if child.limit <= cutoff:
                 discard = discard + child.setsum
-                nbytes += child.num_bytes
                 if isinstance(child, SnapshotPointer):
                     sub = [child]
                     while sub:
                         c = sub.pop()
-                        to_delete.append(c.path_to_snapshot)
+                        to_delete.append(c)
                         sub.extend((await cache.get(store, prefix, c)).snapshots)
             elif (isinstance(child, SnapshotPointer) and child.start < cutoff and not kept
                   and await discards(child)):
@@ -299,7 +443,7 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
         new = Snapshot.build(kept, writer)
         await put_snapshot(new)
         cache.put(prefix, new)
-        created.append(new.path)
+        created.append(new)
         return new.to_pointer()
 
     new_root: tuple[SnapshotPointer, ...] = ()
@@ -313,18 +457,16 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
     if first_keep_seq is None:
         first_keep_seq = m.next_seq_no
     first_to_keep = remaining[0].start if remaining else m.next_offset
+    made = {s.path for s in created}
     return Garbage(
-        cutoff=cutoff,
-        drop_root=tuple(p.path for p in dropped),
-        replace_root=straddler.path_to_snapshot if straddler is not None else None,
-        new_root=new_root,
-        new_snapshots=tuple(created),
-        snapshots_to_delete=tuple(p for p in dict.fromkeys(to_delete) if p not in created),
-        first_seq_to_delete=old_first,
-        first_seq_to_keep=first_keep_seq,
-        first_to_keep=first_to_keep,
+        snapshots_to_drop=tuple(p for p in dict.fromkeys(to_delete)
+                                if p.path_to_snapshot not in made),
+        snapshots_to_make=tuple(created),
+        snapshot_for_root=new_root[0] if new_root else None,
+        fragments_to_drop_start=old_first,
+        fragments_to_drop_limit=first_keep_seq,
         setsum_to_discard=discard,
-        bytes_to_discard=nbytes,
+        first_to_keep=first_to_keep,
         created_us=time.time_ns() // 1000 if now_us is None else now_us,
     )
 
@@ -356,10 +498,11 @@ def verify_garbage(g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: in
         raise GarbageRejected(
             f"garbage drops offsets up to {g.first_to_keep}, but a cursor pins {pinned_at}")
     budget = fraction_budget(m, options)
-    if g.bytes_to_discard > budget:
+    dropped_bytes = m.live_bytes - applied.live_bytes  # derived: Rust's schema has no byte count
+    if dropped_bytes > budget:
         live = m.live_bytes or 1
         raise GarbageRejected(
-            f"garbage drops {g.bytes_to_discard / live:.1%} of the log, "
+            f"garbage drops {dropped_bytes / live:.1%} of the log, "
             f"more than the allowed {options.max_fraction:.1%}")
     if g.first_seq_to_keep < g.first_seq_to_delete:
         raise GarbageRejected("fragment range to delete is inverted")
@@ -408,7 +551,8 @@ class GarbageCollector:
         return Garbage.from_bytes(got.data), got.etag
 
     async def _store_garbage(self, g: Garbage | None, etag: str | None) -> str:
-        data = g.to_bytes() if g is not None else b"{}"
+        # Idle is Rust's Garbage::empty(), never "{}": Rust cannot decode "{}".
+        data = g.to_bytes() if g is not None else EMPTY_GARBAGE
         key = join(self._prefix, GARBAGE_PATH)
         if etag is None:
             return await put_resolving(self._store, key, data, if_none_match="*")
@@ -449,6 +593,14 @@ class GarbageCollector:
                 if sweep_orphans and report.phase != "busy":
                     await self._sweep_orphans(report, None)
                 return report
+        if garbage.legacy:
+            # A pre-issue-16 plan lacks the pointers to apply it by Rust's rules.  Resetting
+            # deletes nothing; what it already unlinked is below the live range, where the
+            # orphan sweep reclaims it after the grace interval.
+            report.notes.append("reset a plan in the pre-issue-16 schema")
+            await self._store_garbage(None, etag)
+            report.phase = "discarded"
+            return report
         if garbage.applied_us is None:
             garbage, etag = await self._phase2(report, garbage, etag)
             if garbage is None:
@@ -501,6 +653,7 @@ class GarbageCollector:
             report.phase = "discarded"
             return None, None
         try:
+            await self._check_before_apply(g, pinned)
             await self._edit(lambda m: g.apply(m, self._opts.writer_name))
         except GarbageRejected as e:
             # Stale plan (e.g. the writer snapshotted the prefix meanwhile): start over later.
@@ -512,6 +665,29 @@ class GarbageCollector:
         etag = await self._store_garbage(applied, etag)
         report.phase = "applied"
         return applied, etag
+
+    async def _check_before_apply(self, g: Garbage, pinned: int) -> None:
+        """Verify a plan not yet in the stored manifest as phase 1 verifies its own, and make sure
+        every snapshot it links exists.  A plan Rust wrote (no ``created_us``) had its snapshots
+        installed by Rust; re-install them (content-addressed, idempotent) rather than trust it.
+        Raises GarbageRejected; a plan already applied passes (phase 2 then only records it)."""
+        loaded = await load_manifest(self._store, self._prefix)
+        if loaded is None:
+            raise GarbageRejected(f"no log at {self._prefix}")
+        m = loaded[0]
+        if m.oldest_offset >= g.first_to_keep:
+            return
+        verify_garbage(g, m, self._opts, pinned_at=pinned)
+        if g.created_us is not None:
+            return
+        try:
+            for snap in g.snapshots_to_make:
+                snap.check()
+                await ensure_object(self._store, join(self._prefix, snap.path), snap.to_bytes())
+            if g.snapshot_for_root is not None and g.snapshot_for_root not in m.snapshots:
+                await self._cache.get(self._store, self._prefix, g.snapshot_for_root)
+        except (CorruptManifest, ObjectNotFound) as e:
+            raise GarbageRejected(f"a snapshot the plan links is unusable: {e}") from None
 
     async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
         assert g.applied_us is not None

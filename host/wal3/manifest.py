@@ -5,12 +5,17 @@ The manifest (``manifest/MANIFEST``) is overwritten with conditional puts; snaps
 snapshot pointers (oldest first) and then fragment pointers; a snapshot holds either snapshot
 pointers of lower depth or fragment pointers, never both.  Every pointer carries the setsum of what
 it names, so the root's ``setsum`` always equals the sum of its pointers plus ``collected`` (what
-garbage collection removed).  JSON field names follow the Rust wal3 crate.
+garbage collection removed).  JSON field names and the compact encoding follow the Rust wal3
+crate byte for byte (docs/DESIGN.md, "Formats", says exactly what is shared and what is ours).
+
+Every malformed value, whatever its shape, raises :class:`CorruptManifest` (never a bare
+``KeyError``/``TypeError``/``RecursionError``): tests/wal3/test_formats_fuzz.py holds us to it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,8 +32,23 @@ def snapshot_path(setsum: Setsum) -> str:
     return f"{SNAPSHOT_PREFIX}SNAPSHOT.{setsum.hexdigest()}"
 
 
+# Rust's integers are u64 (positions, sequence numbers, sizes) and u8 (depths); serde rejects
+# anything outside, so do we: a value Rust cannot read must never be written.
+U64_MAX = (1 << 64) - 1
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
 def _compact(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    # serde_json's compact form: no spaces, non-ASCII as raw UTF-8 (not \u escapes).
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def loads(data: bytes, what: str) -> Any:
+    """Decode JSON; any failure (bad UTF-8, bad syntax, absurd nesting) is CorruptManifest."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CorruptManifest(f"{what} is not JSON: {e}") from None
 
 
 def _array(pointers: Sequence[FragmentPointer | SnapshotPointer]) -> bytes:
@@ -39,38 +59,70 @@ def _pos(offset: int) -> dict[str, int]:
     return {"offset": offset}
 
 
+def _u64(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64_MAX
+
+
 def _unpos(value: Any, what: str) -> int:
-    if isinstance(value, dict) and isinstance(value.get("offset"), int):
+    if isinstance(value, dict) and _u64(value.get("offset")):
         return int(value["offset"])
-    raise CorruptManifest(f"{what} is not a log position: {value!r}")
+    raise CorruptManifest(f"{what} is not a log position: {value!r:.200}")
 
 
 def _setsum(value: Any, what: str) -> Setsum:
     try:
         return Setsum.from_hexdigest(value)
     except (ValueError, TypeError):
-        raise CorruptManifest(f"{what} is not a setsum: {value!r}") from None
+        raise CorruptManifest(f"{what} is not a setsum: {value!r:.200}") from None
+
+
+# Public names for the GC file's parser, which shares these field types.
+parse_position = _unpos
+parse_setsum = _setsum
 
 
 def _md5(value: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) != 32:
-        raise CorruptManifest(f"fragment.content_md5 is not a hex MD5: {value!r}")
+    if not isinstance(value, str) or not _MD5.fullmatch(value):
+        raise CorruptManifest(f"fragment.content_md5 is not a hex MD5: {value!r:.200}")
     return value
 
 
-def _int(obj: dict[str, Any], key: str, what: str) -> int:
+def _int(obj: dict[str, Any], key: str, what: str, limit: int = U64_MAX) -> int:
     v = obj.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise CorruptManifest(f"{what}.{key} is not a non-negative integer: {v!r}")
+    if not _u64(v) or v > limit:
+        raise CorruptManifest(f"{what}.{key} is not an integer in [0, {limit}]: {v!r:.200}")
+    return v
+
+
+def _text(v: Any, what: str) -> str:
+    # A lone surrogate (from a "\ud800" escape) is valid to Python's json, not to serde_json,
+    # and cannot be encoded back to UTF-8.
+    if not isinstance(v, str):
+        raise CorruptManifest(f"{what} is not a string: {v!r:.200}")
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        raise CorruptManifest(f"{what} is not valid Unicode: {v!r:.200}") from None
     return v
 
 
 def _str(obj: dict[str, Any], key: str, what: str) -> str:
+    return _text(obj.get(key), f"{what}.{key}")
+
+
+def _writer(obj: dict[str, Any], what: str) -> str:
+    # Rust requires it; our older objects always had it.  Absent reads as "".
+    return _text(obj.get("writer", ""), f"{what}.writer")
+
+
+def _list(obj: dict[str, Any], key: str, what: str) -> list[Any]:
     v = obj.get(key)
-    if not isinstance(v, str):
-        raise CorruptManifest(f"{what}.{key} is not a string: {v!r}")
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise CorruptManifest(f"{what}.{key} is not a list: {v!r:.200}")
     return v
 
 
@@ -169,7 +221,7 @@ class SnapshotPointer:
         return cls(
             setsum=_setsum(obj.get("setsum"), "snapshot.setsum"),
             path_to_snapshot=_str(obj, "path_to_snapshot", "snapshot"),
-            depth=_int(obj, "depth", "snapshot"),
+            depth=_int(obj, "depth", "snapshot", 255),
             start=_unpos(obj.get("start"), "snapshot.start"),
             limit=_unpos(obj.get("limit"), "snapshot.limit"),
             num_bytes=_int(obj, "num_bytes", "snapshot"),
@@ -263,35 +315,39 @@ class Snapshot:
 
     def to_bytes(self) -> bytes:
         """Compact JSON encoding."""
-        return json.dumps(
-            {
-                "path": self.path,
-                "depth": self.depth,
-                "setsum": self.setsum.hexdigest(),
-                "writer": self.writer,
-                "snapshots": [s.to_json() for s in self.snapshots],
-                "fragments": [f.to_json() for f in self.fragments],
-            },
-            separators=(",", ":"),
-        ).encode()
+        return _compact(self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form, as the Rust crate writes it."""
+        return {
+            "path": self.path,
+            "depth": self.depth,
+            "setsum": self.setsum.hexdigest(),
+            "writer": self.writer,
+            "snapshots": [s.to_json() for s in self.snapshots],
+            "fragments": [f.to_json() for f in self.fragments],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Snapshot:
+        """Parse and type-check a snapshot without checking its invariants (``check``)."""
+        if not isinstance(obj, dict):
+            raise CorruptManifest(f"snapshot is not an object: {obj!r:.200}")
+        return cls(
+            path=_str(obj, "path", "snapshot"),
+            depth=_int(obj, "depth", "snapshot", 255),
+            setsum=_setsum(obj.get("setsum"), "snapshot.setsum"),
+            writer=_writer(obj, "snapshot"),
+            snapshots=tuple(SnapshotPointer.from_json(s)
+                            for s in _list(obj, "snapshots", "snapshot")),
+            fragments=tuple(FragmentPointer.from_json(f)
+                            for f in _list(obj, "fragments", "snapshot")),
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Snapshot:
         """Decode and check a snapshot; raises CorruptManifest."""
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptManifest(f"snapshot is not JSON: {e}") from e
-        if not isinstance(obj, dict):
-            raise CorruptManifest("snapshot is not a JSON object")
-        snap = cls(
-            path=_str(obj, "path", "snapshot"),
-            depth=_int(obj, "depth", "snapshot"),
-            setsum=_setsum(obj.get("setsum"), "snapshot.setsum"),
-            writer=str(obj.get("writer", "")),
-            snapshots=tuple(SnapshotPointer.from_json(s) for s in obj.get("snapshots") or []),
-            fragments=tuple(FragmentPointer.from_json(f) for f in obj.get("fragments") or []),
-        )
+        snap = cls.from_json(loads(data, "snapshot"))
         snap.check()
         return snap
 
@@ -369,10 +425,11 @@ class Manifest:
         entries = self.entries
         _check_run(entries, "manifest")
         if entries:
-            expected_first = self.initial_offset if self.initial_offset is not None else 1
-            if entries[0].start != expected_first:
+            # Without initial_offset the first range may start anywhere (Rust accepts it, and
+            # manifests collected by older Chroma releases look exactly like that).
+            if self.initial_offset is not None and entries[0].start != self.initial_offset:
                 raise CorruptManifest(
-                    f"manifest starts at {entries[0].start}, expected {expected_first}"
+                    f"manifest starts at {entries[0].start}, expected {self.initial_offset}"
                 )
             if not self.snapshots and self.fragments and self.initial_seq_no is not None:
                 if self.fragments[0].seq_no != self.initial_seq_no:
@@ -469,30 +526,32 @@ class Manifest:
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
         """Decode and check a manifest; raises CorruptManifest."""
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptManifest(f"manifest is not JSON: {e}") from e
+        obj = loads(data, "manifest")
         if not isinstance(obj, dict):
             raise CorruptManifest("manifest is not a JSON object")
         initial_offset = obj.get("initial_offset")
         initial_seq_no = obj.get("initial_seq_no")
-        if initial_seq_no is not None and (
-            not isinstance(initial_seq_no, int) or isinstance(initial_seq_no, bool)
-        ):
-            raise CorruptManifest(f"initial_seq_no is not an integer: {initial_seq_no!r}")
+        if initial_seq_no is not None and not _u64(initial_seq_no):
+            # Rust's newer replicated logs name fragments by UUID; this engine does not.
+            raise CorruptManifest(f"initial_seq_no is not a u64 sequence number: "
+                                  f"{initial_seq_no!r:.200}")
+        sealed = obj.get("sealed", False)
+        if not isinstance(sealed, bool):
+            raise CorruptManifest(f"sealed is not a boolean: {sealed!r:.200}")
         m = cls(
             setsum=_setsum(obj.get("setsum"), "setsum"),
             collected=_setsum(obj.get("collected", "0" * 64), "collected"),
             acc_bytes=_int(obj, "acc_bytes", "manifest"),
-            writer=str(obj.get("writer", "")),
-            snapshots=tuple(SnapshotPointer.from_json(s) for s in obj.get("snapshots") or []),
-            fragments=tuple(FragmentPointer.from_json(f) for f in obj.get("fragments") or []),
+            writer=_writer(obj, "manifest"),
+            snapshots=tuple(SnapshotPointer.from_json(s)
+                            for s in _list(obj, "snapshots", "manifest")),
+            fragments=tuple(FragmentPointer.from_json(f)
+                            for f in _list(obj, "fragments", "manifest")),
             initial_offset=None
             if initial_offset is None
             else _unpos(initial_offset, "initial_offset"),
             initial_seq_no=initial_seq_no,
-            sealed=bool(obj.get("sealed", False)),
+            sealed=sealed,
         )
         m.check()
         return m

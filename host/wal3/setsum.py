@@ -9,6 +9,7 @@ and prove, after garbage collection or compaction, that nothing was lost or alte
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from collections.abc import Iterable
 
@@ -25,6 +26,9 @@ PRIMES: tuple[int, ...] = (
     4294967111,
 )
 _LANES = struct.Struct("<8I")
+# Exactly 64 hex digits.  ``bytes.fromhex`` alone would skip whitespace (64 characters with spaces
+# decode to fewer than 32 bytes); Rust's crate also accepts upper case, so do we.
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _PRIMES_NP = np.array(PRIMES, dtype=np.uint64)
 
 
@@ -129,14 +133,15 @@ class Setsum:
 
     @classmethod
     def from_hexdigest(cls, text: str) -> Setsum:
-        """Parse a hex digest; raises ValueError on anything malformed."""
-        if len(text) != 64:
-            raise ValueError(f"a setsum hex digest has 64 characters, got {len(text)}")
-        try:
-            raw = bytes.fromhex(text)
-        except ValueError:
-            raise ValueError(f"not a hex digest: {text!r}") from None
-        return cls(_LANES.unpack(raw))
+        """Parse a hex digest; raises ValueError on anything malformed.
+
+        Stricter than the Rust crate in two hostile cases only: it would accept a ``+`` before a
+        byte's digits and lanes not reduced modulo their prime; neither is ever written by either
+        implementation.
+        """
+        if not isinstance(text, str) or not _HEX64.fullmatch(text):
+            raise ValueError(f"a setsum hex digest is 64 hex digits: {text!r:.80}")
+        return cls(_LANES.unpack(bytes.fromhex(text)))
 
     def __repr__(self) -> str:
         return f"Setsum({self.hexdigest()})"

@@ -30,7 +30,7 @@ from host.wal3 import (
 )
 from host.wal3.cursors import CursorStore
 from host.wal3.fork import fork_log
-from host.wal3.gc import GarbageCollector, GcOptions, plan_cut, verify_garbage
+from host.wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, plan_cut, verify_garbage
 from host.wal3.manifest import Snapshot
 from host.wal3.reader import SnapshotCache
 from host.wal3.fragment import fragment_path
@@ -125,8 +125,8 @@ async def test_gc_three_phases_with_grace(store: ObjectStore) -> None:
     clock.now = 10**12  # objects' real modification times are now far past retain_s
     assert (await gc.run_once()).orphans_deleted >= 1
     assert join("logs/g", fragment_path(retained)) not in await _objects(store, "logs/g")
-    garbage = json.loads((await store.get(join("logs/g", GARBAGE_PATH))).data)
-    assert garbage == {}
+    garbage = (await store.get(join("logs/g", GARBAGE_PATH))).data
+    assert garbage == EMPTY_GARBAGE and Garbage.from_bytes(garbage) is None
     manifest, records = await read_all(store, "logs/g")
     assert_dense(records, manifest.oldest_offset)
     assert records[-1].body == b"during-gc"
@@ -254,7 +254,7 @@ async def test_gc_crash_at_every_phase_boundary(store: ObjectStore,
     assert manifest.oldest_offset == 13
     assert [r.body for r in records] == [f"r{i}".encode() for i in range(12, 25)]
     assert (await scrub_log(store, "logs/k")).ok
-    assert json.loads((await store.get(join("logs/k", GARBAGE_PATH))).data) == {}
+    assert (await store.get(join("logs/k", GARBAGE_PATH))).data == EMPTY_GARBAGE
 
 
 async def test_orphans_below_the_live_range_are_swept(tmp_path) -> None:  # type: ignore[no-untyped-def]
