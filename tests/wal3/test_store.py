@@ -412,38 +412,56 @@ def raw_keys(moto_endpoint: str, bucket: str) -> list[str]:
     return [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
 
 
-async def test_s3_moto_conditional_writes_are_atomic(
-    make_s3: Callable[..., S3Store], monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+async def make_seaweed_s3(seaweedfs: Any, seaweed_bucket: str) -> AsyncIterator[Callable[..., S3Store]]:
+    """Build S3Stores on a bucket of the SeaweedFS server (directly, or through a proxy).
+
+    SeaweedFS, unlike moto, makes conditional writes atomic and honours If-None-Match on
+    CopyObject; tests of those behaviours run here, against a real server, not a moto patch.
+    """
+    made: list[S3Store] = []
+
+    def make(endpoint: str | None = None, prefix: str = "root", **kw: Any) -> S3Store:
+        kw.setdefault("region", "us-east-1")
+        kw.setdefault("base_backoff_s", 0.001)
+        kw.setdefault("max_backoff_s", 0.005)
+        store = S3Store(seaweed_bucket, prefix, endpoint_url=endpoint or seaweedfs.endpoint, **kw)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+async def test_s3_racing_conditional_writes_have_one_winner(
+    make_seaweed_s3: Callable[..., S3Store],
 ) -> None:
-    """Guards the conftest patch: without it moto lets racing conditional puts both win."""
-    from moto.s3.models import S3Backend
+    """wal3 rests on exactly one winner among racing create-only / compare-and-swap puts.
 
-    # Widen moto's check-then-write window so that, unpatched, every racer passes the check before
-    # anyone writes (this is simulated server slowness, not test synchronisation).  Under the lock
-    # only the winner ever reaches the write, so this costs one short pause per round.
-    real_put_object = S3Backend.put_object
-
-    def slow_put_object(self: Any, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.05)
-        return real_put_object(self, *args, **kwargs)
-
-    monkeypatch.setattr(S3Backend, "put_object", slow_put_object)
-    store = make_s3(max_pool_connections=64)
+    Run against SeaweedFS: moto's S3 server checks the condition and then writes without a lock,
+    so there every racer can win (as an unpatched moto shows with this very test).
+    """
+    store = make_seaweed_s3(max_pool_connections=64)
     base = await store.put("cas", b"base")
-    for round_ in range(3):
+    for round_ in range(5):
         created = await asyncio.gather(
             *(store.put(f"create/{round_}", f"w{i}".encode(), if_none_match="*") for i in range(16)),
             return_exceptions=True,
         )
         assert sum(isinstance(r, str) for r in created) == 1, created
         assert all(isinstance(r, (str, PreconditionFailed)) for r in created), created
+        winner = next(r for r in created if isinstance(r, str))
+        assert (await store.get(f"create/{round_}")).etag == winner  # the winner's bytes stayed
         replaced = await asyncio.gather(
             *(store.put("cas", f"r{round_}-{i}".encode(), if_match=base) for i in range(16)),
             return_exceptions=True,
         )
         winners = [r for r in replaced if isinstance(r, str)]
         assert len(winners) == 1, replaced
+        assert all(isinstance(r, (str, PreconditionFailed)) for r in replaced), replaced
         base = winners[0]
+        assert (await store.get("cas")).etag == base
 
 
 async def test_s3_key_prefix_layout(make_s3: Callable[..., S3Store], moto_endpoint: str, s3_bucket: str) -> None:
@@ -606,11 +624,15 @@ async def test_s3_ambiguous_put_with_unreadable_key_stays_unavailable(
 
 
 async def test_s3_server_side_conditional_copy(
-    make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy, s3_bucket: str
+    make_seaweed_s3: Callable[..., S3Store], seaweed_fault_proxy: S3FaultProxy
 ) -> None:
-    store = make_s3(s3_fault_proxy.endpoint, server_side_conditional_copy=True)
+    """On a server that honours If-None-Match on CopyObject (SeaweedFS; moto ignores it)."""
+    s3_fault_proxy = seaweed_fault_proxy
+    store = make_seaweed_s3(s3_fault_proxy.endpoint, server_side_conditional_copy=True)
     src_etag = await store.put("src", b"payload")
-    assert await store.copy("src", "dst", if_none_match="*") == src_etag
+    # Compared unquoted: SeaweedFS answers CopyObjectResult's ETag without the quotes AWS puts
+    # round it, and S3Store.copy passes it through as is (put returns it quoted).
+    assert (await store.copy("src", "dst", if_none_match="*")).strip('"') == src_etag.strip('"')
     await store.put("src", b"changed")
     with pytest.raises(PreconditionFailed):
         await store.copy("src", "dst", if_none_match="*")
@@ -622,9 +644,10 @@ async def test_s3_server_side_conditional_copy(
 
 
 async def test_s3_server_side_conditional_copy_settles_a_lost_answer(
-    make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy
+    make_seaweed_s3: Callable[..., S3Store], seaweed_fault_proxy: S3FaultProxy
 ) -> None:
-    store = make_s3(s3_fault_proxy.endpoint, server_side_conditional_copy=True)
+    s3_fault_proxy = seaweed_fault_proxy
+    store = make_seaweed_s3(s3_fault_proxy.endpoint, server_side_conditional_copy=True)
     src_etag = await store.put("src", b"payload")
     s3_fault_proxy.fail_next("forward_then_drop", method="PUT")
     assert await store.copy("src", "dst", if_none_match="*") == src_etag
