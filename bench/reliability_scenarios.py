@@ -42,6 +42,7 @@ from .reliability_core import (
     finish,
     log_states,
     make_collections,
+    read_log,
     run_with,
     service_call,
 )
@@ -498,6 +499,10 @@ async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
             stuck = await h.responsive()
             if stuck is not None:
                 raise RuntimeError(stuck)
+        if redis is not None:
+            # After the restarts, through every host (not a fresh one): none may answer from a
+            # stale manifest of a log another host wrote (issue 21).
+            await _acked_visible_everywhere(run, urls, within_s=1.0 / 3)
         metrics = [await _metrics(run, u) for u in urls]
         result.notes["contention_409"] = sum(m.get("loghost_contention_total", 0) for m in metrics)
         result.notes["redirects_307"] = sum(m.get("loghost_not_leader_redirects_total", 0)
@@ -525,6 +530,31 @@ async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
         result.fault_kinds.update({"redis_stop": run.events["redis_stop"]})
     result.faults = sum(result.fault_kinds.values())
     return finish(run, result, started)
+
+
+async def _acked_visible_everywhere(run: Run, urls: list[str], within_s: float) -> None:
+    """Every acknowledged record is readable through every host within ``within_s`` (one
+    leader-hint renewal interval) of looking; a violation names the host and what is missing."""
+    states = await log_states(run)
+    want: dict[str, dict[int, str]] = {}
+    for tag, (cid, off) in run.acked.items():
+        st = states.get(cid)
+        if st is not None and off >= int(st["oldest_offset"]):
+            want.setdefault(cid, {})[off] = tag
+    for url in urls:
+        for cid, offs in want.items():
+            deadline = time.monotonic() + within_s
+            while True:
+                got = await read_log(run, run.by_cid[cid], url, min(offs), max(offs) + 1)
+                seen = dict(got or [])
+                missing = [o for o, t in offs.items() if seen.get(o) != t]
+                if got is not None and not missing:
+                    break
+                if time.monotonic() > deadline:
+                    run.violation(f"via {url}: {len(missing)} acknowledged records of {cid} not "
+                                  f"visible within {within_s:.2f} s, e.g. offsets {missing[:5]}")
+                    break
+                await asyncio.sleep(0.05)  # retry pacing within the bound
 
 
 async def _metrics(run: Run, url: str) -> dict[str, float]:
