@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -33,11 +38,41 @@ def test_rendezvous_is_stable_and_order_independent() -> None:
     members = ["m1", "m2", "m3"]
     first = {c: owner_of(c, members) for c in COLLECTIONS[:200]}
     assert first == {c: owner_of(c, list(reversed(members))) for c in COLLECTIONS[:200]}
-    # A pure function of its inputs: the same digest every time (no per-process salt).
-    assert rendezvous_weight("m1", "coll-0000") == rendezvous_weight("m1", "coll-0000")
     assert rendezvous_weight("m1", "coll-0000") != rendezvous_weight("m2", "coll-0000")
     # Length-prefixing: ("ab","c") and ("a","bc") must not collide.
     assert rendezvous_weight("ab", "c") != rendezvous_weight("a", "bc")
+
+
+# Known answers: every compactor, in every process, on every host, must compute these weights,
+# or two members disagree on who owns a collection.  Pinned values also catch a changed digest.
+KNOWN_WEIGHTS = {
+    ("m1", "coll-0000"): 17591216903825516648,
+    ("m2", "coll-0000"): 3874998307867809223,
+    ("compactor-0", "6d1f7a52-3c3e-4a5c-9d1e-0f2b7c9a1e01"): 8443416677978782954,
+}
+
+
+def test_rendezvous_weights_are_known_answers() -> None:
+    assert {k: rendezvous_weight(*k) for k in KNOWN_WEIGHTS} == KNOWN_WEIGHTS
+
+
+def test_rendezvous_weights_agree_across_processes() -> None:
+    """A per-process salt (e.g. Python's ``hash()`` of a str, randomised by PYTHONHASHSEED) would
+    make each compactor compute different owners; comparing in one process cannot see it."""
+    root = Path(__file__).resolve().parents[2]
+    pairs = [["m1", "coll-0000"], ["m2", "coll-0000"], ["m3", "coll-0042"], ["ab", "c"]]
+    code = ("import json, sys\n"
+            "from compactor_client.scheduler import rendezvous_weight, owner_of\n"
+            "pairs = json.loads(sys.argv[1])\n"
+            "print(json.dumps({'w': [rendezvous_weight(m, c) for m, c in pairs],\n"
+            "                  'o': [owner_of(f'coll-{i:04d}', ['m1', 'm2', 'm3']) for i in range(50)]}))\n")
+    mine = {"w": [rendezvous_weight(m, c) for m, c in pairs],
+            "o": [owner_of(f"coll-{i:04d}", ["m1", "m2", "m3"]) for i in range(50)]}
+    for seed in ("0", "1", "12345"):  # distinct string-hash seeds, distinct processes
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(pairs)], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=120, check=True)
+        assert json.loads(out.stdout) == mine, f"PYTHONHASHSEED={seed}"
 
 
 def test_rendezvous_is_balanced() -> None:
