@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from pyspark.sql import SparkSession
 
+    from .membership import Liveness
     from .metrics import CompactorMetrics
     from .pipeline import CompactionPipeline, RoundResult
     from .scheduler import Scheduler
@@ -269,7 +270,7 @@ async def run(
             metrics_server[0].shutdown()
 
 
-async def _heartbeat(liveness: Any) -> None:
+async def _heartbeat(liveness: Liveness) -> None:
     """Renew this member's liveness record every third of its lifetime; failures are retried."""
     while True:
         await asyncio.sleep(liveness.ttl_s / 3)  # the renewal period, not a synchronisation
