@@ -36,7 +36,7 @@ BASE = log_path("alice", CID)
 RECORD_KEYS = {"id", "op", "document", "metadata", "embedding"}
 STATE_KEYS = {"collection_id", "tenant", "oldest_offset", "next_offset", "compaction_offset",
               "setsum", "sealed", "fragments", "bytes"}
-FRAGMENT_KEYS = {"url", "start", "limit", "num_bytes", "setsum"}
+FRAGMENT_KEYS = {"url", "start", "limit", "num_bytes", "setsum", "content_md5"}
 CURSOR_KEYS = {"name", "offset", "epoch_us", "writer", "witness"}
 METRIC_NAMES = ("loghost_appends_total", "loghost_append_bytes_total",
                 "loghost_append_latency_seconds", "loghost_open_logs",
@@ -368,7 +368,9 @@ async def test_fork_equals_source_from_fork_point(service: httpx.AsyncClient) ->
     assert tstate["collection_id"] == target and tstate["tenant"] == "alice"
     assert tstate["next_offset"] == sstate["next_offset"] == 8
     assert tstate["oldest_offset"] <= 3
-    assert tstate["compaction_offset"] == 3
+    # No compacted version exists (the cursor was moved by hand): the fork's cursor may not
+    # stand ahead of compacted data, so it is 1 and the fork holds the log from 1 (issue 20).
+    assert tstate["compaction_offset"] == 1 and tstate["oldest_offset"] == 1
     src = await read_all(client, BASE, 3)
     dst = await read_all(client, tpath, 3)
     assert dst == src and len(src) == 5
