@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
+
+import host.dirty
 
 from .live import live_server, log_path, metric, metrics_text, record, wait_until
 
@@ -22,10 +25,12 @@ async def _dirty(c: httpx.AsyncClient) -> dict[str, dict[str, int]]:
     return {e["collection_id"]: e for e in r.json()["logs"]}
 
 
-async def test_a_lost_batchs_mark_leaves_the_dirty_set(tmp_path: Path) -> None:
+async def test_a_lost_batchs_mark_leaves_the_dirty_set(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     store = str(tmp_path / "s")
     # Two hosts on one store without a leader hint: both serve the log, so one batch loses.
-    # gc_grace_s=0 makes marks settle after the 1 s floor instead of the 300 s default.
+    # Marks settle after max(floor, gc grace): both lowered so the test need not wait minutes.
+    monkeypatch.setattr(host.dirty, "MIN_SETTLE_S", 0.5, raising=False)
     async with live_server(store, gc_grace_s=0) as a, live_server(store, gc_grace_s=0) as b, \
             a.client() as ca, b.client() as cb:
         r = await cb.post(PATH + "/records", json={"records": [record("b0")]})
