@@ -26,13 +26,19 @@ from typing import Any
 from uuid import UUID
 
 from host.wal3 import ObjectStore
-from host.wal3.errors import LogExists, LogPurged, ObjectNotFound, PreconditionFailed
+from host.wal3.errors import LogExists, LogPurged, ObjectNotFound, PreconditionFailed, Wal3Error
 from host.wal3.fork import fork_log
 from host.wal3.layout import load_manifest
 from host.wal3.manifest import Manifest
 from host.wal3.store import ensure_copy, put_resolving
 
 MarkDirty = Callable[[UUID, int, int], Awaitable[None]]
+
+
+class CorruptCompactedPointer(Wal3Error):
+    """The source's ``CURRENT.json`` is not a valid pointer: the fork refuses to guess a base."""
+
+    kind = "corrupt_compacted_pointer"
 
 
 def current_key(collection_id: UUID) -> str:
@@ -55,10 +61,13 @@ async def _read_current(store: ObjectStore, cid: UUID) -> dict[str, Any] | None:
         got = await store.get(current_key(cid))
     except ObjectNotFound:
         return None
-    doc = json.loads(got.data)
+    try:
+        doc = json.loads(got.data)
+    except ValueError as e:
+        raise CorruptCompactedPointer(f"{current_key(cid)}: {e}") from e
     if not isinstance(doc, dict) or not isinstance(doc.get("offset"), int) \
             or not isinstance(doc.get("path"), str) or not isinstance(doc.get("version"), int):
-        raise ValueError(f"{current_key(cid)} is not a valid pointer: {doc!r}")
+        raise CorruptCompactedPointer(f"{current_key(cid)} is not a valid pointer: {doc!r}")
     return doc
 
 
@@ -68,7 +77,8 @@ async def _install_copy(store: ObjectStore, source: UUID, target: UUID,
     path = str(current["path"])
     new_path = path.replace(f"compacted/{source}/", f"compacted/{target}/", 1)
     if new_path == path:
-        raise ValueError(f"compacted version {path!r} is not under compacted/{source}/")
+        raise CorruptCompactedPointer(f"compacted version {path!r} is not under "
+                                      f"compacted/{source}/")
     await ensure_copy(store, path, new_path)  # immutable: a retried fork finds it in place
     now = time.time()
     doc = {**current, "path": new_path, "installed_at": now,
