@@ -129,6 +129,11 @@ class LeaderHint(ABC):
     async def release(self, collection_id: str) -> None:
         """Give up the hint for a log this server closed (best effort)."""
 
+    async def release_many(self, collection_ids: Sequence[str]) -> None:
+        """Release several hints (best effort); the default releases them one by one."""
+        for c in collection_ids:
+            await self.release(c)
+
     def tenure(self, collection_id: str) -> int | None:
         """An id of this server's current, continuous, confirmed hold on a log, or None.
 
@@ -359,6 +364,20 @@ class RedisLeaderHint(LeaderHint):
             self.skipped += 1  # it expires after ttl_ms; until then others redirect to us, harmlessly
             return
         await self._call(self._release_script(keys=[self.key(collection_id)], args=[self.value]))
+
+    async def release_many(self, collection_ids: Sequence[str]) -> None:
+        """Compare-and-delete many keys, one EVAL per batch (shutdown lets every log go)."""
+        mine = [c for c in collection_ids if self._held.pop(c, None) is not None]
+        for c in collection_ids:
+            self._tenures.pop(c, None)
+            self._lost_to.pop(c, None)
+        if not mine:
+            return
+        for batch in _batches([self.key(c) for c in mine], self.renew_batch):
+            if self._breaker_open():
+                self.skipped += len(batch)  # they expire after ttl_ms
+                continue
+            await self._call(self._release_script(keys=batch, args=[self.value]))
 
     async def renew(self) -> None:
         """Renew every held key now, one EVAL per batch; the background task calls this periodically."""

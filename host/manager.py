@@ -133,6 +133,8 @@ class LogManager:
         self._draining = True
         self._drained.set()
         idle = [h for h in self._open.values() if h.users == 0]
+        # Hints first, in batches: the flush of idle logs has nothing to write anyway.
+        await self._leader.release_many([str(h.collection_id) for h in idle])
         await asyncio.gather(*(self._close_handle(h) for h in idle), return_exceptions=True)
 
     @property
@@ -152,8 +154,8 @@ class LogManager:
         handles = list(self._open.values())
         # Release before the final flush: another server may take over while we flush (its
         # appends and ours are fenced by the manifest; a loser retries).
-        await asyncio.gather(*(self._leader.release(str(h.collection_id)) for h in handles),
-                             return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._leader.release_many([str(h.collection_id) for h in handles])
         await asyncio.gather(*(self._close_handle(h) for h in handles), return_exceptions=True)
         if self._closing:
             await asyncio.gather(*self._closing.values(), return_exceptions=True)
