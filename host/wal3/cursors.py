@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import CorruptManifest, CursorConflict, CursorNotFound, InvalidCursorName, ObjectNotFound, PreconditionFailed
 from .layout import CURSOR_PREFIX, join
+from .manifest import U64_MAX, loads, parse_position
 from .store import ObjectStore, put_resolving
 
 COMPACTION = "compaction"
@@ -47,15 +48,18 @@ class Cursor:
     @classmethod
     def from_bytes(cls, data: bytes) -> Cursor:
         """Parse a stored cursor; raises CorruptManifest."""
-        try:
-            obj = json.loads(data)
-            offset = obj["position"]["offset"]
-            epoch = obj.get("epoch_us", 0)
-            if not isinstance(offset, int) or not isinstance(epoch, int) or offset < 0:
-                raise TypeError("bad field types")
-            return cls(offset=offset, epoch_us=epoch, writer=str(obj.get("writer", "")))
-        except (ValueError, TypeError, KeyError) as e:
-            raise CorruptManifest(f"unparseable cursor: {e}") from e
+        obj = loads(data, "cursor")
+        if not isinstance(obj, dict):
+            raise CorruptManifest("cursor is not a JSON object")
+        offset = parse_position(obj.get("position"), "cursor.position")
+        epoch = obj.get("epoch_us", 0)
+        # Rust's fields: a u64 and a string; anything else is corrupt, not a bare TypeError.
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= U64_MAX:
+            raise CorruptManifest(f"cursor.epoch_us is not a u64: {epoch!r:.200}")
+        writer = obj.get("writer", "")
+        if not isinstance(writer, str):
+            raise CorruptManifest(f"cursor.writer is not a string: {writer!r:.200}")
+        return cls(offset=offset, epoch_us=epoch, writer=writer)
 
 
 @dataclass(frozen=True, slots=True)

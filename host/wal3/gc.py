@@ -29,6 +29,7 @@ from typing import Any
 
 from .cursors import COMPACTION, CursorStore, Witness
 from .errors import (
+    CorruptFragment,
     CorruptManifest,
     CursorConflict,
     CursorNotFound,
@@ -174,6 +175,18 @@ class Garbage:
     def empty(cls) -> Garbage:
         """Rust's ``Garbage::empty()``: the idle state."""
         return cls((), (), None, 0, 0, Setsum.zero(), 1)
+
+    @classmethod
+    def unlinking_root_snapshots(cls, m: Manifest, first_seq_to_keep: int,
+                                 first_to_keep: int) -> Garbage:
+        """Repair garbage for a log whose collector deleted objects before unlinking them (an
+        early Rust wal3 bug; the manifest then names snapshots that are gone): unlink every root
+        snapshot wholly below ``first_to_keep`` without reading it, and drop no fragment by
+        number (``[first_seq_to_keep, first_seq_to_keep)``).  The same plan as Rust's
+        ``bug_patch_construct_garbage_from_manifest``; only for a bug you know you are fixing."""
+        gone = tuple(s for s in m.snapshots if s.limit <= first_to_keep)
+        return cls(gone, (), None, first_seq_to_keep, first_seq_to_keep,
+                   Setsum.sum(s.setsum for s in gone), first_to_keep)
 
     def is_empty(self) -> bool:
         """Rust's test for the idle state: every Rust field as in ``empty()``."""
@@ -684,9 +697,13 @@ class GarbageCollector:
             for snap in g.snapshots_to_make:
                 snap.check()
                 await ensure_object(self._store, join(self._prefix, snap.path), snap.to_bytes())
-            if g.snapshot_for_root is not None and g.snapshot_for_root not in m.snapshots:
-                await self._cache.get(self._store, self._prefix, g.snapshot_for_root)
-        except (CorruptManifest, ObjectNotFound) as e:
+            root = g.snapshot_for_root
+            if root is not None and root not in m.snapshots:
+                snap = await self._cache.get(self._store, self._prefix, root)
+                if snap.to_pointer() != root:
+                    raise GarbageRejected(f"{root.path_to_snapshot} does not match the pointer "
+                                          "the plan links")
+        except (CorruptManifest, CorruptFragment, ObjectNotFound) as e:
             raise GarbageRejected(f"a snapshot the plan links is unusable: {e}") from None
 
     async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
