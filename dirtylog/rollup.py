@@ -200,6 +200,7 @@ class RollUpResult:
     conflicts: int  # lost cursor races that were retried
     gc_error: str | None
     duration_s: float
+    marks_beyond_tail: int = 0  # settled marks of writes that never landed, dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,6 +573,7 @@ class RollUp:
             conflicts=attempt.conflicts,
             gc_error=None,
             duration_s=time.monotonic() - attempt.started,
+            marks_beyond_tail=folder.marks_beyond_tail,
         )
         self._last = result
         return result

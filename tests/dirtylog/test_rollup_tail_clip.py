@@ -55,9 +55,12 @@ async def test_a_failed_writes_mark_is_dropped_once_settled() -> None:
     assert spans(first.entries) == {a: (1, 10)}  # too young to judge: kept whole
     w.compact(a, 6)  # the compactor folds everything the log has
     w.clock.advance_s(31)
+    dropped = 0
     for _ in range(3):  # and it stays gone: no reinsert growth, no rising score
         result = await w.rollup.run()
         assert a not in result.entries, result.entries
+        dropped += result.marks_beyond_tail
+    assert dropped == 1
     assert missing_from_dirty_set({a: (6, 6)}, w.rollup.entries()) == set()
 
 
