@@ -129,6 +129,10 @@ class LeaderHint(ABC):
     async def release(self, collection_id: str) -> None:
         """Give up the hint for a log this server closed (best effort)."""
 
+    def holds(self, collection_id: str) -> bool:
+        """Whether this server tracks a claim on the log (also one made while Redis was down)."""
+        return True
+
     async def release_many(self, collection_ids: Sequence[str]) -> None:
         """Release several hints (best effort); the default releases them one by one."""
         for c in collection_ids:
@@ -265,6 +269,10 @@ class RedisLeaderHint(LeaderHint):
         if time.monotonic() - confirmed_at > self.ttl_ms / 1000.0:
             return None
         return tenure
+
+    def holds(self, collection_id: str) -> bool:
+        """See :meth:`LeaderHint.holds`."""
+        return collection_id in self._held
 
     def lost_to(self, collection_id: str) -> str | None:
         """See :meth:`LeaderHint.lost_to`."""

@@ -372,6 +372,20 @@ class LogManager:
                 else:
                     await h.gone.wait()
                 continue
+            if h is not None and not self._draining and not self._leader.holds(str(cid)):
+                # Open here but no longer claimed (lost while it was being opened, or dropped):
+                # claim it again, or hand it over to the holder.
+                holder = await self._leader.claim(str(cid))
+                if self._open.get(cid) is not h:
+                    continue
+                if holder is None:
+                    self._open.move_to_end(cid)
+                    return h  # ours again (or the hint cannot tell: fail open)
+                h.lost, h.lost_to = True, holder
+                h.changed.set()
+                if h.users == 0:
+                    await self._close_handle(h)
+                continue
             if h is not None:
                 self._open.move_to_end(cid)
                 return h
@@ -391,14 +405,14 @@ class LogManager:
             fut = self._opening.get(cid)
             if fut is not None:
                 try:
-                    h = await asyncio.shield(fut)
+                    await asyncio.shield(fut)
                 except NotFound:
                     if not create:
                         raise
                     continue  # a read found no log yet; this append creates it
-                if self._open.get(cid) is h:
-                    return h
-                continue  # closed (evicted, lost) before this waiter woke: look again
+                # Look again rather than take the opener's handle: eviction may have closed it,
+                # or the hint lost it, before this waiter woke.
+                continue
 
             fut = asyncio.get_running_loop().create_future()
             self._opening[cid] = fut
@@ -506,8 +520,8 @@ class LogManager:
         except ValueError:
             return
         h = self._open.get(cid)
-        if h is None:
-            return
+        if h is None or self._leader.holds(collection_id):
+            return  # closed meanwhile, or claimed again since the renewal saw it lost
         h.lost = True
         h.lost_to = self._leader.lost_to(collection_id)
         h.changed.set()  # long-polls re-enter use() and are redirected
