@@ -109,8 +109,7 @@ async def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
             for _, w in held:
                 w.close()
         async with lv.client() as c:  # room again once those are gone
-            await wait_until(lambda: len(lv.server.manager.handles()) >= 0, "settle")
-            for _ in range(50):
+            for _ in range(200):
                 try:
                     if (await c.get("/healthz")).status_code == 200:
                         break
@@ -230,6 +229,7 @@ def test_many_tiny_records_are_refused_without_parsing_them_all(tmp_path: Path) 
             assert_error(r, 400, "invalid_request")
             assert "at most 10000" in r.json()["error"]["message"]
             grown_mib = (_vm_hwm_kib(proc.proc.pid) - before) / 1024
+            print(f"peak memory grew by {grown_mib:.0f} MiB")
             # Parsing every record into objects costs hundreds of MiB; counting them does not.
             assert grown_mib < 120, f"peak memory grew by {grown_mib:.0f} MiB"
             assert c.get(proc.url + "/healthz").status_code == 200
