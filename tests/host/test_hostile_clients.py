@@ -344,6 +344,15 @@ async def test_cursor_names_with_a_trailing_newline_are_refused(tmp_path: Path) 
         assert not list((tmp_path / "store").rglob("mine*"))
 
 
+async def test_tenant_names_with_a_trailing_newline_are_refused(tmp_path: Path) -> None:
+    cid = str(uuid.uuid4())
+    async with live_server(str(tmp_path / "store")) as lv, lv.client() as service:
+        r = await service.post(log_path("alice%0A", cid) + "/records",
+                               json={"records": [record("x")]})
+        assert_error(r, 400)
+        assert not list((tmp_path / "store").rglob("TENANT"))
+
+
 async def test_compactor_client_follows_redirects_only_to_listed_hosts(tmp_path: Path,
                                                                         redis_server: Any
                                                                         ) -> None:
