@@ -408,12 +408,29 @@ def test_random_interleavings_keep_the_books_balanced(tmp_path_factory, ops) -> 
             assert report.ok, report.problems
             _, records = await read_all(store, "p")
             assert [r.body for r in records] == [f"x{i}".encode() for i in range(m.oldest_offset - 1, written)]
+        # Liveness, not only safety: once everything is compacted and the grace has passed, the
+        # collector must actually collect - down to the newest fragment, which the log keeps.
+        if written:
+            await cursors.advance("compaction", written + 1)
+            for _ in range(50):
+                clock.now += 11
+                if (await gc.run_once()).phase == "idle" and w.manifest.oldest_offset == written:
+                    break
+            m = w.manifest
+            assert m.oldest_offset == written, (m.oldest_offset, written)  # one record a fragment
+            assert len(m.entries) == 1 and m.entries[0].start == written, m.entries
+            _, records = await read_all(store, "p")
+            assert [r.body for r in records] == [f"x{written - 1}".encode()]
+            assert (await scrub_log(store, "p")).ok
         await w.close()
 
     asyncio.run(run())
 
 
 async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_bucket: str) -> None:
+    """Appenders, a cursor mover and the collector at once; no sleeps: the mover and the collector
+    take a round whenever the others made progress, and halfway the appenders wait (bounded) until
+    the collector has really collected, so collection provably interleaves with appends."""
     from host.wal3 import S3Store
 
     store = S3Store(bucket=s3_bucket, prefix="soak", endpoint_url=moto_endpoint, region="us-east-1")
@@ -423,37 +440,79 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
                                                             batch_interval_s=0.001))
     cursors = CursorStore(store, "log", "mover")
     await cursors.init("compaction", 1)
-    gc = GarbageCollector(store, "log", GcOptions(grace_s=5), edit_manifest=w.edit_manifest,
-                          clock=clock)
+    gc = GarbageCollector(store, "log", GcOptions(grace_s=5, retain_fragments=8),
+                          edit_manifest=w.edit_manifest, clock=clock)
     acked: dict[int, bytes] = {}
     done = asyncio.Event()
+    collected = asyncio.Event()  # set once a pass has deleted fragment objects
     rng = random.Random(3)
+    progress = asyncio.Condition()
+    counts = {"acks": 0, "moves": 0, "passes": 0}
+    reports = []
+    MAX_PASSES = 200  # noqa: N806 - far more than a working collector needs (a handful)
+
+    async def bump(key: str) -> None:
+        async with progress:
+            counts[key] += 1
+            progress.notify_all()
+
+    async def others_moved(since: dict[str, int], mine: str) -> None:
+        """Wait until another party made progress since ``since`` (or the appenders are done).
+        Each party snapshots before its round and bumps after it, so two of them can never wait
+        on each other at once."""
+        async with progress:
+            await progress.wait_for(lambda: done.is_set() or any(
+                counts[k] != v for k, v in since.items() if k != mine))
 
     async def appender(a: int) -> None:
         for i in range(30):
+            if i == 15:  # halfway: wait for a real collection, bounded by passes, not by time
+                async with progress:
+                    await progress.wait_for(lambda: collected.is_set() or counts["passes"] >= MAX_PASSES)
+                if not collected.is_set():
+                    pytest.fail(f"{MAX_PASSES} collector passes, and nothing collected while appending")
             body = f"a{a}-{i}".encode()
             acked[(await w.append(body)).offset] = body
+            await bump("acks")
 
     async def mover() -> None:
         while not done.is_set():
+            since = dict(counts)
             target = max(1, w.manifest.next_offset - rng.randint(0, 20))
             await cursors.advance("compaction", target)
-            await asyncio.sleep(0.01)
+            await bump("moves")
+            await others_moved(since, "moves")
 
     async def collector() -> None:
         while not done.is_set():
+            since = dict(counts)
             clock.now += 3
-            await gc.run_once()
-            await asyncio.sleep(0.01)
+            report = await gc.run_once()
+            reports.append(report)
+            if report.phase == "done" and report.fragments_deleted > 0:
+                collected.set()
+            await bump("passes")  # notifies, so the appenders re-check ``collected``
+            await others_moved(since, "passes")
 
     bg = [asyncio.create_task(mover()), asyncio.create_task(collector())]
-    await asyncio.gather(*(appender(a) for a in range(12)))
-    done.set()
-    await asyncio.gather(*bg)
+    try:
+        await asyncio.gather(*(appender(a) for a in range(12)))
+    finally:
+        async with progress:
+            done.set()
+            progress.notify_all()
+        await asyncio.gather(*bg)
     await w.close()
     cut = (await cursors.load("compaction")).cursor.offset  # type: ignore[union-attr]
     manifest, records = await read_all(store, "log")
-    assert manifest.oldest_offset <= cut
+    # Liveness: collection happened (while appends were in flight: the appenders waited for it):
+    # it moved the log's start and deleted fragment objects.
+    assert collected.is_set()
+    assert 1 < manifest.oldest_offset <= cut
+    assert sum(r.fragments_deleted for r in reports) > 0, reports
+    print(f"{len(reports)} collector passes, first collection after pass "
+          f"{next(i for i, r in enumerate(reports) if r.fragments_deleted)}")
+    # Safety: nothing at or past the cursor was lost, and the books balance.
     assert_dense(records, manifest.oldest_offset)
     by_offset = {r.offset: r.body for r in records}
     for off, body in acked.items():
