@@ -56,9 +56,8 @@ class WalDirtyBackend(_Cursors):
         self._writer = writer
         self._reader = LogReader(store, prefix)
         self._cursors = CursorStore(store, prefix, writer.options.writer_name)
-        if any(f.name == "intrinsic_cursor" for f in dataclasses.fields(gc)):
-            # No compactor reads a dirty log: its GC follows the stable_prefix cursor alone.
-            gc = dataclasses.replace(gc, intrinsic_cursor=None)  # type: ignore[call-arg]
+        # No compactor reads a dirty log: its GC follows the stable_prefix cursor alone.
+        gc = dataclasses.replace(gc, intrinsic_cursor=None)
         self._gc = GarbageCollector(store, prefix, gc, edit_manifest=writer.edit_manifest)
 
     @property
