@@ -30,24 +30,25 @@ TOKEN = "test-token-123"
 SELECTOR = "app.kubernetes.io/component=compactor,app.kubernetes.io/instance=lh"
 DEPLOY_POD = "lh-compactor-7c9d5b8f6d-abcde"
 
+# No sleeps: the fake compactor notes how it started and each SIGTERM, and exits on the first.
+# That the supervisor signals a flushing compactor only once is checked deterministically
+# in-process (test_*_signals_the_compactor_once), with a child that stays alive until waited for.
 CHILD = r"""
-import os, signal, sys, time
+import os, signal, sys
 out, exit_code = sys.argv[1], int(sys.argv[2])
 def note(line):
     with open(out, "a") as f:
         f.write(line + "\n")
 def term(*_):
     note("term")
-    time.sleep(0.3)  # "flushing": a second SIGTERM now would be noted twice
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)
 note(f"start {os.environ['COMPACTOR_MEMBER_ID']} {os.environ['COMPACTOR_MEMBERS']}")
 if exit_code >= 0:
-    time.sleep(0.3)
     note(f"exit {exit_code}")
     sys.exit(exit_code)
 while True:
-    time.sleep(0.02)
+    signal.pause()  # idle until signalled
 """
 
 
@@ -68,6 +69,7 @@ class FakeAPI:
         self.replicas: int | None = 3
         self.pods: list[dict] = []
         self.failures_left = 0
+        self.failures_served = 0  # 503s actually answered, so a test can see they happened
         self.requests: list[tuple[str, str | None]] = []
         api = self
 
@@ -91,6 +93,7 @@ class FakeAPI:
                     return
                 if api.failures_left > 0:
                     api.failures_left -= 1
+                    api.failures_served += 1
                     self.send_error(503)
                     return
                 body = json.dumps(reply).encode()
@@ -161,8 +164,16 @@ def wait_for(out: Path, predicate, timeout: float = 10.0) -> list[str]:
         seen = events(out)
         if predicate(seen):
             return seen
-        time.sleep(0.05)
+        time.sleep(0.05)  # polling interval of a bounded wait for a condition
     raise AssertionError(f"timed out; events so far: {events(out)}")
+
+
+def wait_until(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        time.sleep(0.02)  # polling interval of a bounded wait for a condition
 
 
 def wait_for_polls(api: FakeAPI, n: int, timeout: float = 10.0) -> None:
@@ -173,7 +184,7 @@ def wait_for_polls(api: FakeAPI, n: int, timeout: float = 10.0) -> None:
     while len(api.requests) < target:
         if time.monotonic() > deadline:
             raise AssertionError(f"only {len(api.requests)} of {target} API requests")
-        time.sleep(0.02)
+        time.sleep(0.02)  # polling interval of a bounded wait for a condition
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -214,7 +225,7 @@ def test_restarts_with_new_members_when_scaled(tmp_path, api):
         api.replicas = 1  # this pod is being removed: run nothing
         seen = wait_for(out, lambda e: len(e) >= 6)
         assert seen[5] == "term"
-        time.sleep(0.6)
+        wait_for_polls(api, 3)  # it has acted on at least two more answers saying "1 replica"
         assert len(events(out)) == 6, "a pod outside the member list must not compact"
         assert proc.poll() is None, "the supervisor waits to be terminated"
     finally:
@@ -226,9 +237,7 @@ def test_unchanged_membership_does_not_restart(tmp_path, api):
     proc, out = start(tmp_path, api)
     try:
         wait_for(out, lambda e: len(e) == 1)
-        polls = len(api.requests)
-        time.sleep(1.0)
-        assert len(api.requests) >= polls + 3, "it keeps polling"
+        wait_for_polls(api, 3)  # it keeps polling, and has acted on two unchanged answers
         assert len(events(out)) == 1
     finally:
         stop(proc)
@@ -240,8 +249,10 @@ def test_api_errors_keep_current_membership_and_startup_retries(tmp_path, api):
     try:
         seen = wait_for(out, lambda e: len(e) >= 1)
         assert seen == [f"start {STS}-1 {members(3)}"]
+        assert api.failures_served == 3, "the start waited out three failed reads"
         api.failures_left = 5
-        time.sleep(0.8)
+        wait_until(lambda: api.failures_served == 8, "five more failed reads")
+        wait_for_polls(api, 2)  # it has acted on the last failure and on a good answer after it
         assert events(out) == seen, "an API hiccup must not restart the compactor"
     finally:
         stop(proc)
@@ -381,3 +392,71 @@ def test_refuses_bad_mode_configuration(env, message):
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+# --- signalling the compactor exactly once (in-process, deterministic) ------------
+
+
+class FlushingChild:
+    """A stand-in for the compactor's Popen that keeps flushing (stays alive) until waited for,
+    so every signal the supervisor sends it in the meantime is recorded."""
+
+    def __init__(self, during_wait=None) -> None:
+        self.signals: list[int] = []
+        self.returncode: int | None = None
+        self.during_wait = during_wait  # what happens while the supervisor waits for the flush
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+    def terminate(self) -> None:
+        self.signals.append(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.signals.append(signal.SIGKILL)
+        self.returncode = -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.during_wait is not None:
+            during, self.during_wait = self.during_wait, None
+            during()
+        if self.returncode is None:
+            self.returncode = 0  # the flush finished
+        return self.returncode
+
+
+def supervisor_with(child: FlushingChild):
+    module = load_supervisor()
+    cfg = module.Config({"MEMBERSHIP_STATEFULSET": STS, "MEMBERSHIP_NAMESPACE": NS,
+                         "MEMBERSHIP_API_URL": "http://127.0.0.1:9", "POD_NAME": f"{STS}-0"})
+    sup = module.Supervisor(cfg, ["compactor", "run"])
+    sup.child = child  # as start() leaves it: running, not yet signalled
+    sup.child_signalled = False
+    return sup
+
+
+def test_a_forwarded_sigterm_signals_the_compactor_once():
+    child = FlushingChild()
+    sup = supervisor_with(child)
+    sup.on_signal(signal.SIGTERM, None)  # the kubelet stops the pod
+    sup.on_signal(signal.SIGTERM, None)  # ... and says so again while the compactor flushes
+    assert sup.stopping
+    assert sup.stop() == 0  # what run() does next
+    assert child.signals == [signal.SIGTERM], "a second SIGTERM can cut the flush short"
+
+
+def test_a_restart_signals_the_compactor_once_even_if_the_pod_is_stopped_meanwhile():
+    child = FlushingChild()
+    sup = supervisor_with(child)
+    assert sup.stop() == 0  # membership changed: stop it to restart
+    assert child.signals == [signal.SIGTERM]
+    sup2 = supervisor_with(FlushingChild())
+    child2 = sup2.child
+    # The pod is stopped while the restart waits for the compactor's flush.
+    child2.during_wait = lambda: sup2.on_signal(signal.SIGTERM, None)
+    assert sup2.stop() == 0
+    assert child2.signals == [signal.SIGTERM]
+    assert sup2.stopping and sup2.child is None  # run() returns instead of starting a new one
