@@ -135,7 +135,13 @@ class LogManager:
         idle = [h for h in self._open.values() if h.users == 0]
         # Hints first, in batches: the flush of idle logs has nothing to write anyway.
         await self._leader.release_many([str(h.collection_id) for h in idle])
-        await asyncio.gather(*(self._close_handle(h) for h in idle), return_exceptions=True)
+
+        async def close_if_idle(h: LogHandle) -> None:
+            # A request may have taken it meanwhile: then use() closes it when done.
+            if h.users == 0:
+                await self._close_handle(h)
+
+        await asyncio.gather(*(close_if_idle(h) for h in idle), return_exceptions=True)
 
     @property
     def draining(self) -> bool:
