@@ -135,13 +135,7 @@ class LogManager:
         idle = [h for h in self._open.values() if h.users == 0]
         # Hints first, in batches: the flush of idle logs has nothing to write anyway.
         await self._leader.release_many([str(h.collection_id) for h in idle])
-
-        async def close_if_idle(h: LogHandle) -> None:
-            # A request may have taken it meanwhile: then use() closes it when done.
-            if h.users == 0:
-                await self._close_handle(h)
-
-        await asyncio.gather(*(close_if_idle(h) for h in idle), return_exceptions=True)
+        await asyncio.gather(*(self._close_if_idle(h) for h in idle), return_exceptions=True)
 
     @property
     def draining(self) -> bool:
@@ -245,7 +239,13 @@ class LogManager:
             if handle.users == 0 and (handle.lost or self._draining):
                 # A lost log stops writing here, and a draining server lets its logs go, as
                 # soon as the last request is done (in the background: this answer is ready).
-                self._spawn(self._close_handle(handle), f"close:{cid}")
+                self._spawn(self._close_if_idle(handle), f"close:{cid}")
+
+    async def _close_if_idle(self, h: LogHandle) -> None:
+        # Checked when the task runs: a request that took the log meanwhile closes it itself
+        # when it is done (use()), instead of having the writer closed under it.
+        if h.users == 0:
+            await self._close_handle(h)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
