@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the summary into docs/RELIABILITY.md")
     parser.add_argument("--stop-on-failure", action="store_true",
                         help="stop a range at the first failing seed")
+    parser.add_argument("--classify", action="store_true",
+                        help="name which of the six known bugs of 3c61663 each failure shows")
     args = parser.parse_args(argv)
 
     from .report import run_range, print_one, write_docs
@@ -37,6 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     a, _, b = args.seeds.partition(":")
     summary = run_range(int(a), int(b), jobs=args.jobs, stop_on_failure=args.stop_on_failure)
     print(summary.markdown())
+    if args.classify:
+        from .known import BUGS
+
+        found = summary.known_bugs()
+        print()
+        print("| bug | first seed | seeds showing it |")
+        print("|---|---:|---:|")
+        for bug, what in BUGS.items():
+            seeds = found.get(bug, [])
+            print(f"| {bug}: {what} | {seeds[0] if seeds else 'not found'} | {len(seeds)} |")
     if args.write_docs:
         write_docs(summary)
     return 0 if summary.ok else 1

@@ -58,13 +58,26 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
+class Livelock(RuntimeError):
+    """The loop ran its whole budget of iterations: something spins without time passing."""
+
+
 class SimLoop(asyncio.SelectorEventLoop):
     """An event loop on virtual time (seconds since the run started)."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int = 2_000_000) -> None:
         self._vsel = _VirtualSelector()
         super().__init__(self._vsel)
         self.set_exception_handler(lambda _loop, _ctx: None)  # abandoned tasks are expected
+        self.iterations = 0
+        self._budget = budget
+
+    def _run_once(self) -> None:
+        # Counted, not timed: the guard must fire at the same point in every replay.
+        self.iterations += 1
+        if self.iterations > self._budget:
+            raise Livelock(f"{self._budget} loop iterations at virtual time {self.time():.3f}")
+        super()._run_once()  # type: ignore[misc]
 
     def time(self) -> float:
         return self._vsel.now
@@ -97,10 +110,33 @@ def wall_s(loop: SimLoop) -> float:
     return BASE_WALL_S + loop.time()
 
 
-def run(main: Callable[[SimLoop], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main(loop)`` to completion on a fresh virtual loop; abandoned tasks are dropped."""
+def run(main: Callable[[SimLoop], Coroutine[Any, Any, T]],
+        on_stop: Callable[[], None] | None = None) -> T:
+    """Run ``main(loop)`` to completion on a fresh virtual loop; abandoned tasks are dropped.
+
+    ``on_stop`` runs when the run is over, before the teardown cancels what was abandoned."""
     loop = SimLoop()
     try:
         return loop.run_until_complete(main(loop))
+    finally:
+        if on_stop is not None:
+            on_stop()
+        _teardown(loop)
+
+
+def _teardown(loop: SimLoop) -> None:
+    """Cancel what the run abandoned while the loop still runs, so no coroutine is finalised
+    against a closed loop (that aborts the interpreter in native code's callbacks)."""
+    loop._budget = loop.iterations + 200_000  # noqa: SLF001 - a bounded teardown
+    try:
+        for _ in range(20):
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            loop.run_until_complete(asyncio.sleep(0.001))
+    except (Livelock, Deadlock, RuntimeError):
+        pass
     finally:
         loop.close()

@@ -46,6 +46,9 @@ class Violation(Exception):
         self.check = check
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type[Violation], tuple[str, str]]:
+        return (Violation, (self.check, self.detail))  # results cross process boundaries
+
 
 def encode_body(attempt: int, index: int, pad: int) -> bytes:
     """A record body naming its append attempt and position, so duplicates are visible."""
@@ -116,6 +119,7 @@ class Model:
         self.established: dict[str, tuple[str, int]] = {}  # cursor -> (etag, offset)
         self.gc_started: dict[str, float] = {}  # collector actor -> start of its current pass
         self.unverified: list[int] = []
+        self.root_emptied = False  # a collector once dropped every root pointer (no tail left)
         self._decoded: dict[str, DecodedFragment] = {}
         self._snaps: dict[str, Snapshot] = {}
         self._manifests: dict[str, Manifest] = {}
@@ -174,6 +178,8 @@ class Model:
         except CorruptManifest as e:
             self.violate("manifest", f"{actor.name} installed a bad manifest: {e}")
             return
+        if prefix == self.prefix and not m.entries and m.next_offset > 1:
+            self.root_emptied = True
         for f in m.fragments:
             if f.content_md5 is not None:
                 self.linked[(join(prefix, f.path), f.content_md5)] = (f.start, f.limit)

@@ -47,6 +47,16 @@ class Summary:
         if not r.ok:
             self.failures.append(r)
 
+    def known_bugs(self) -> dict[int, list[int]]:
+        """Known bug of 3c61663 -> the failing seeds that show it."""
+        from .known import classify
+
+        out: dict[int, list[int]] = {}
+        for r in sorted(self.failures, key=lambda r: r.seed):
+            for bug in sorted(classify(r)):
+                out.setdefault(bug, []).append(r.seed)
+        return out
+
     def markdown(self) -> str:
         rate = self.seeds / self.wall_s if self.wall_s else 0.0
         lines = [
@@ -101,7 +111,7 @@ def run_range(a: int, b: int, *, jobs: int = 1, stop_on_failure: bool = False,
             if stop_on_failure and summary.failures:
                 break
     else:
-        ctx = multiprocessing.get_context("fork")
+        ctx = multiprocessing.get_context("spawn")  # pyarrow threads: never fork
         with ctx.Pool(jobs) as pool:
             for rs in pool.imap(run_seeds, chunks):
                 for r in rs:

@@ -41,6 +41,7 @@ class RunResult:
     wall_s: float
     ops: int
     stats: dict[str, int] = field(default_factory=dict)
+    root_emptied: bool = False
 
     @property
     def ok(self) -> bool:
@@ -52,8 +53,11 @@ class _Trace:
         self.loop = loop
         self.lines: list[str] = []
         self.digest = hashlib.sha256()
+        self.frozen = False  # set once the run is over: teardown is not part of the trace
 
     def __call__(self, msg: str) -> None:
+        if self.frozen:
+            return
         line = f"{self.loop.time():11.6f} {msg}"
         self.lines.append(line)
         self.digest.update(line.encode())
@@ -224,14 +228,22 @@ def run_seed(seed: int, *, keep_trace: bool = False) -> RunResult:
         holder["trace"] = trace
         return await _main(loop, cfg, trace)
 
+    def freeze() -> None:
+        t = holder.get("trace")
+        if isinstance(t, _Trace):
+            t.frozen = True
+
     world: World | None = None
     error: Violation | None = None
     try:
-        world = simloop.run(main)
+        world = simloop.run(main, freeze)
     except simloop.Deadlock as e:
         error = Violation("deadlock", str(e))
+    except simloop.Livelock as e:
+        error = Violation("livelock", str(e))
     trace = holder["trace"]
     assert isinstance(trace, _Trace)
+    trace.frozen = False
     violations = list(world.model.violations) if world is not None else []
     if error is not None:
         trace(f"VIOLATION {error}")
@@ -248,7 +260,7 @@ def run_seed(seed: int, *, keep_trace: bool = False) -> RunResult:
         trace_hash=trace.digest.hexdigest(),
         trace=trace.lines if keep_trace or violations else trace.lines[-TRACE_TAIL:],
         virtual_s=trace.loop.time(), wall_s=time.perf_counter() - started, ops=ops,
-        stats=stats)
+        stats=stats, root_emptied=world is not None and world.model.root_emptied)
 
 
 def run_seeds(seeds: Iterable[int]) -> list[RunResult]:

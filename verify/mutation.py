@@ -1,0 +1,189 @@
+"""Mutation testing of the modules where a wrong line loses or duplicates data or leaks a tenant.
+
+    python -m verify.mutation                     # every module below (long: run it by itself)
+    python -m verify.mutation --module host/auth.py --module dirtylog/record.py
+    python -m verify.mutation --write-docs        # also rewrite the table in docs/RELIABILITY.md
+
+Each module is mutated by mutmut in its own scratch worktree of HEAD (so edits in the working tree
+never mix in), and each mutant runs only the tests of the module's fast subset that cover the
+mutated function.  A mutant is *killed* when a test fails or times out; *survived* and *no tests*
+(no test of the subset even runs the mutated function) both count against the score.  Results go
+to ``bench/out/mutation/{module}.json`` with the diff of every surviving mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out" / "mutation"
+DOC = ROOT / "docs" / "RELIABILITY.md"
+BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
+PACKAGES = ["host/", "dirtylog/", "compactor_client/", "verify/"]
+
+# module -> its fast test subset (what ``make mutation`` runs against each mutant)
+TARGETS: dict[str, list[str]] = {
+    "host/wal3/writer.py": ["tests/wal3", "tests/verify"],
+    "host/wal3/manifest.py": ["tests/wal3", "tests/verify"],
+    "host/wal3/gc.py": ["tests/wal3", "tests/verify"],
+    "host/wal3/cursors.py": ["tests/wal3", "tests/verify"],
+    "host/wal3/setsum.py": ["tests/wal3", "tests/verify"],
+    "dirtylog/rollup.py": ["tests/dirtylog"],
+    "dirtylog/record.py": ["tests/dirtylog"],
+    "host/auth.py": ["tests/host/test_authz.py", "tests/host/test_auth_keys.py"],
+    "compactor_client/fold.py": ["tests/compactor_client/test_fold.py"],
+    "compactor_client/versions.py": ["tests/compactor_client/test_versions.py"],
+}
+
+
+@dataclass
+class ModuleResult:
+    """One module's mutation run."""
+
+    module: str
+    commit: str
+    tests: list[str]
+    killed: int = 0
+    timeout: int = 0
+    survived: int = 0
+    no_tests: int = 0
+    suspicious: int = 0
+    skipped: int = 0
+    total: int = 0
+    seconds: float = 0.0
+    survivors: dict[str, str] = field(default_factory=dict)  # mutant name -> its diff
+
+    @property
+    def score(self) -> float:
+        """Killed (failed or timed out) over every mutant that could have been killed."""
+        counted = self.killed + self.timeout + self.survived + self.no_tests + self.suspicious
+        return (self.killed + self.timeout) / counted if counted else 1.0
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _config(module: str, tests: list[str]) -> str:
+    lines = ["", "[tool.mutmut]",
+             f"source_paths = {json.dumps(PACKAGES)}",
+             f"only_mutate = {json.dumps([module])}",
+             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", '
+             '"-p", "no:randomly", "--timeout", "120"]']
+    return "\n".join(lines) + "\n"
+
+
+def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
+    """Mutate ``module`` in a scratch worktree of HEAD and collect the outcome."""
+    tests = TARGETS[module]
+    commit = _git("rev-parse", "--short", "HEAD")
+    work = scratch / re.sub(r"[^A-Za-z0-9]+", "_", module)
+    if work.exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=ROOT,
+                       capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    _git("worktree", "add", "--detach", "-f", str(work), "HEAD")
+    result = ModuleResult(module, commit, tests)
+    started = time.monotonic()
+    try:
+        with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
+            f.write(_config(module, [t for t in tests if (work / t).exists()]))
+        mutmut = str(Path(sys.executable).with_name("mutmut"))
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        run = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=work, env=env,
+                             capture_output=True, text=True)
+        if run.returncode not in (0, 1):  # mutmut exits non-zero when mutants survive
+            raise RuntimeError(f"mutmut failed on {module}: {run.stderr[-2000:]}")
+        subprocess.run([mutmut, "export-cicd-stats"], cwd=work, check=True, capture_output=True)
+        stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
+        for key in ("killed", "timeout", "survived", "no_tests", "suspicious", "skipped",
+                    "total"):
+            setattr(result, key, int(stats.get(key, 0)))
+        listing = subprocess.run([mutmut, "results"], cwd=work, capture_output=True,
+                                 text=True).stdout
+        for line in listing.splitlines():
+            name, _, status = line.strip().rpartition(": ")
+            if status.strip() in ("survived", "suspicious") and name:
+                shown = subprocess.run([mutmut, "show", name], cwd=work, capture_output=True,
+                                       text=True).stdout
+                result.survivors[name] = shown
+    finally:
+        result.seconds = round(time.monotonic() - started, 1)
+        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=ROOT,
+                       capture_output=True)
+    return result
+
+
+def _save(result: ModuleResult) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / (re.sub(r"[^A-Za-z0-9]+", "_", result.module) + ".json")
+    path.write_text(json.dumps({**asdict(result), "score": result.score}, indent=1))
+    return path
+
+
+def _load_all() -> list[dict[str, object]]:
+    if not OUT.exists():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json"))]
+
+
+def table(results: list[dict[str, object]]) -> str:
+    """The markdown table of every recorded module run."""
+    rows = ["| module | commit | mutants | killed | timed out | survived | no test ran it | "
+            "score | tests | minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in sorted(results, key=lambda r: str(r["module"])):
+        rows.append(f"| `{r['module']}` | {r['commit']} | {r['total']} | {r['killed']} | "
+                    f"{r['timeout']} | {r['survived']} | {r['no_tests']} | "
+                    f"{float(r['score']):.0%} | {', '.join(f'`{t}`' for t in r['tests'])} | "  # type: ignore[attr-defined]
+                    f"{float(r['seconds']) / 60:.1f} |")  # type: ignore[arg-type]
+    return "\n".join(rows)
+
+
+def write_docs(results: list[dict[str, object]]) -> None:
+    """Replace the marked table in docs/RELIABILITY.md (append the section if absent)."""
+    text = DOC.read_text(encoding="utf-8")
+    block = (f"{BEGIN}\nGenerated by `python -m verify.mutation --write-docs` (mutmut, one scratch "
+             f"worktree per module).\n\n{table(results)}\n{END}")
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n## Mutation testing\n\n" + block + "\n"
+    DOC.write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verify.mutation", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--module", action="append", choices=sorted(TARGETS),
+                   help="a module to mutate (repeatable; default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    p.add_argument("--scratch", type=Path, default=Path("/tmp/loghost-mutation"),
+                   help="where the scratch worktrees go")
+    p.add_argument("--write-docs", action="store_true",
+                   help="rewrite the table in docs/RELIABILITY.md from every recorded run")
+    args = p.parse_args(argv)
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    for module in args.module or list(TARGETS):
+        r = run_module(module, args.jobs, args.scratch)
+        path = _save(r)
+        print(f"{module}: {r.total} mutants, {r.killed + r.timeout} killed, {r.survived} "
+              f"survived, {r.no_tests} not run by any test: {r.score:.0%} in "
+              f"{r.seconds / 60:.1f} min -> {path.relative_to(ROOT)}", flush=True)
+    if args.write_docs:
+        write_docs(_load_all())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""The six known bugs of 3c61663, recognised from a failing run's violations.
+
+Used to record which seed first finds each (docs/RELIABILITY.md); a signature is deliberately
+narrow, so a seed is only credited with a bug whose symptom it shows exactly.
+"""
+
+from __future__ import annotations
+
+from .config import make_config
+from .run import RunResult
+
+BUGS: dict[int, str] = {
+    1: "an acknowledged append is written twice (hook fails, also during read repair)",
+    2: "fencing fails once GC emptied the root: a LogContention append is linked",
+    3: "GC wedges after splitting a snapshot at a cut inside its first fragment",
+    4: "GC deletes data a cursor created while a plan was pending pins",
+    5: "sealed logs are never collected through the writer's edit_manifest",
+    6: "one transient upload failure fails the pipeline of a single writer as contention",
+}
+
+
+def classify(r: RunResult) -> set[int]:
+    """Which known bugs the run's violations show."""
+    cfg = make_config(r.seed)
+    found: set[int] = set()
+    for v in r.violations:
+        d = v.detail
+        if v.check == "once" and "append answered acked" in d:
+            found.add(1)
+        if v.check == "contention" and "is in the log" in d and r.root_emptied:
+            found.add(2)
+        if v.check == "liveness" and "snapshot to delete is still referenced" in d:
+            found.add(3)
+        if v.check in ("cursor-delete", "cursor-reach"):
+            found.add(4)
+        if v.check == "liveness" and "LogSealed" in d and cfg.gc_via_writer:
+            found.add(5)
+        if (v.check == "contention" and "no other writer appended" in d
+                and cfg.writers == 1):
+            found.add(6)
+    return found
