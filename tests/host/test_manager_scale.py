@@ -25,6 +25,7 @@ from .live import (
 N_LOGS = 10_000
 CAP = 256
 CONCURRENCY = 32
+SAMPLE_EVERY = 500  # appends between two samples of the open-logs gauge: by progress, not by time
 
 
 def _ids(n: int) -> list[str]:
@@ -34,27 +35,25 @@ def _ids(n: int) -> list[str]:
 
 @pytest.mark.slow
 async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> None:
-    """``loghost serve`` in its own process (its own core, its own event loop) with a 256-log cap."""
+    """``loghost serve`` in its own process (its own core, its own event loop) with a 256-log cap.
+
+    No timing in the assertions: the gauge is sampled every ``SAMPLE_EVERY`` appends, and idle
+    closing is off (an hour), so every open beyond the cap evicts exactly one log.
+    """
     ids = _ids(N_LOGS)
     gauge_samples: list[float] = []
     proc = spawn_server(str(tmp_path / "store"), tmp_path, server_id="scale",
-                        extra_env={"LOGHOST_MAX_OPEN_LOGS": str(CAP)})
+                        extra_env={"LOGHOST_MAX_OPEN_LOGS": str(CAP),
+                                   "LOGHOST_IDLE_CLOSE_S": "3600"})
     try:
         limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
         async with httpx.AsyncClient(base_url=proc.url, headers=auth("alice-key"), limits=limits,
                                      timeout=60.0) as c, \
                 httpx.AsyncClient(base_url=proc.url, headers=auth(), timeout=60.0) as svc:
-            stop = asyncio.Event()
-
             async def sample() -> None:
                 v = metric(await metrics_text(svc), "loghost_open_logs")
                 assert v is not None
                 gauge_samples.append(v)
-
-            async def sampler() -> None:
-                while not stop.is_set():
-                    await sample()
-                    await asyncio.sleep(0.25)  # sampling period, not synchronisation
 
             queue = list(reversed(list(enumerate(ids))))
             answers: dict[str, dict[str, int]] = {}
@@ -79,18 +78,17 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
                         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
                         if r.status_code != 429:
                             break
-                        await asyncio.sleep(0.02)  # client back-off
+                        # Client back-off before a retry: paces the load generator, nothing
+                        # waits on it (the retry loop is bounded by attempts).
+                        await asyncio.sleep(0.02)
                     assert r.status_code == 200, (cid, r.text)
                     answers[cid] = r.json()
+                    if len(answers) % SAMPLE_EVERY == 0:  # mid-load, with appends in flight
+                        await sample()
 
             started = time.monotonic()
-            sampling = asyncio.create_task(sampler())
-            try:
-                await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-            finally:
-                stop.set()
-                await sampling
-            elapsed = time.monotonic() - started
+            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+            elapsed = time.monotonic() - started  # reported only, never asserted
             print(f"\n{N_LOGS} logs appended in {elapsed:.1f}s; statuses {statuses}; "
                   f"{len(gauge_samples)} samples of open logs, max {max(gauge_samples)}; "
                   f"transport errors {transport_errors}")
@@ -98,14 +96,16 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
             assert len(answers) == N_LOGS
             assert all(a == {"first_offset": 1, "count": 1, "next_offset": 2}
                        for a in answers.values())
-            assert len(gauge_samples) >= 10
-            assert max(gauge_samples) <= CAP, max(gauge_samples)
-            assert max(gauge_samples) >= CAP // 2  # the cap was actually exercised
+            assert len(gauge_samples) == N_LOGS // SAMPLE_EVERY
+            assert max(gauge_samples) <= CAP, gauge_samples
             text = await metrics_text(svc)
             assert (metric(text, "loghost_log_opens_total") or 0) >= N_LOGS
+            # The cap was exercised: opening 10,000 logs under it evicted all but CAP of them,
+            # and with nothing opening now (and no idle closes) exactly CAP are open.
             assert (metric(text, "loghost_log_evictions_total") or 0) >= N_LOGS - CAP
+            assert metric(text, "loghost_log_idle_closes_total") in (None, 0)
             assert metric(text, "loghost_appends_total") == N_LOGS
-            assert (metric(text, "loghost_open_logs") or 0) <= CAP
+            assert metric(text, "loghost_open_logs") == CAP
             assert metric(text, "loghost_buffered_bytes") == 0
 
             # a sample reads back (evicted logs reopen), and reading stays under the cap too
