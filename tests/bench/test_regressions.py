@@ -128,19 +128,33 @@ async def test_regression_cancelled_close_livelocks_the_next_request_for_that_lo
     from host.manager import LogManager
     from host.metrics import Metrics
 
-    faulty = FaultyStore(LocalStore(tmp_path), seed=4)
+    class GatedStore(LocalStore):
+        """Holds the next manifest write until released: the close stays in flight, by design
+        rather than by a delay, while the request that started it is cancelled."""
+
+        armed = False
+        entered = asyncio.Event()
+        release = asyncio.Event()
+
+        async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def, override]
+            if self.armed and key.endswith("manifest/MANIFEST"):
+                type(self).armed = False
+                self.entered.set()
+                await self.release.wait()
+            return await super().put(key, data, **kw)
+
+    store = GatedStore(tmp_path)
     settings = Settings(store="unused", api_keys="k=*", server_id="t", max_open_logs=1)
 
     async def mark(cid: uuid.UUID, first: int, count: int) -> None:
         return None
 
-    mgr = LogManager(faulty, settings, Metrics(), NullLeaderHint(), mark)
+    mgr = LogManager(store, settings, Metrics(), NullLeaderHint(), mark)
     a, b = uuid.uuid4(), uuid.uuid4()
     async with mgr.use(a, "alice", create=True) as h:
         await h.writer.append_many([b"first"])
-        # Leave something for the close to flush, behind a slow manifest write.
-        slow = faulty.add_rule(FaultRule("latency", ops={"put"}, key_regex=r"manifest/MANIFEST$",
-                                         latency_s=1.0, times=1))
+        # Leave something for the close to flush, behind a held manifest write.
+        GatedStore.armed = True
         flushed = asyncio.ensure_future(h.writer.append_many([b"second"]))
 
     async def open_b() -> None:
@@ -148,15 +162,17 @@ async def test_regression_cancelled_close_livelocks_the_next_request_for_that_lo
             pass
 
     evicting = asyncio.create_task(open_b())
+    await asyncio.wait_for(GatedStore.entered.wait(), 10)  # the flush reached the manifest write
     deadline = asyncio.get_running_loop().time() + 10
     while a not in mgr._closing:  # polling for the eviction to start, bounded
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.005)
-    evicting.cancel()  # the request that evicts a goes away mid-close
+    assert not mgr._closing[a].done()  # held: the close is really in flight
+    evicting.cancel()  # the request that evicts a goes away mid-close (the write is still held)
     with pytest.raises(asyncio.CancelledError):
         await evicting
+    GatedStore.release.set()
     await flushed  # the close of a finishes in the background
-    assert slow.fired == 1
     async with mgr.use(a, "alice") as again:  # livelocks before the fix
         assert again.writer.manifest.next_offset == 3
     await mgr.close()
