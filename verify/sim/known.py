@@ -6,8 +6,12 @@ narrow, so a seed is only credited with a bug whose symptom it shows exactly.
 
 from __future__ import annotations
 
+import re
+
 from .config import make_config
 from .run import RunResult
+
+_WRITER_CRASH = re.compile(r" w\d+\.\d+ CRASH ")
 
 BUGS: dict[int, str] = {
     1: "an acknowledged append is written twice (hook fails, also during read repair)",
@@ -27,7 +31,7 @@ def classify(r: RunResult) -> set[int]:
         d = v.detail
         if v.check == "once" and "append answered acked" in d:
             found.add(1)
-        if v.check == "contention" and "is in the log" in d and r.root_emptied:
+        if v.check == "contention" and "linked onto a root without a tail" in d:
             found.add(2)
         if v.check == "liveness" and "snapshot to delete is still referenced" in d:
             found.add(3)
@@ -36,6 +40,20 @@ def classify(r: RunResult) -> set[int]:
         if v.check == "liveness" and "LogSealed" in d and cfg.gc_via_writer:
             found.add(5)
         if (v.check == "contention" and "no other writer appended" in d
-                and cfg.writers == 1):
+                and cfg.writers == 1 and _only_uploads_failed(r)):
             found.add(6)
     return found
+
+
+def _only_uploads_failed(r: RunResult) -> bool:
+    """Before the first violation: a fragment upload met repeated 503s, and neither the hook
+    failed nor a writer process crashed (their leftovers fail a pipeline by other paths)."""
+    sticky = False
+    for line in r.trace:
+        if "VIOLATION" in line:
+            break
+        if _WRITER_CRASH.search(line) or " hook fails " in line:
+            return False
+        if " put log0/log/" in line and "503 sticky" in line:
+            sticky = True
+    return sticky
