@@ -24,7 +24,7 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
@@ -69,6 +69,7 @@ from .models import (
     FragmentsResponse,
     LogState,
     PurgeRequest,
+    Record,
 )
 from .server import Server
 
@@ -136,13 +137,18 @@ class _TooManyObjects(Exception):
     """Raised from inside the JSON decoder to stop it early."""
 
 
-def _count_records(raw: bytes, limit: int) -> None:
-    """Refuse a body with more than ``limit`` records before anything is validated.
+def _count_records(raw: bytes, limit: int) -> Any:
+    """Refuse a body with more than ``limit`` records before anything is validated; the decoded
+    document, or None when it is left to the validator (not UTF-8, not JSON).
 
     The decoder stops as soon as the body holds more JSON objects than ``limit`` valid records
     can (a record and its metadata: two each), so an oversized body costs a bounded amount of
-    work, not a parse of every record.  Bodies it cannot decode are left to the validator.
+    work, not a parse of every record.
     """
+    try:
+        text = raw.decode("utf-8")  # strictly: json.loads would also take UTF-16 and -32
+    except UnicodeDecodeError:
+        return None
     budget = 2 * limit + 1
     seen = 0
 
@@ -154,20 +160,56 @@ def _count_records(raw: bytes, limit: int) -> None:
         return obj
 
     try:
-        doc = json.loads(raw, object_hook=hook)
+        doc = json.loads(text, object_hook=hook)
     except _TooManyObjects:
         raise BadRequest(f"records: at most {limit} per request") from None
     except (ValueError, RecursionError):
-        return
+        return None
     if isinstance(doc, dict) and isinstance(doc.get("records"), list) and \
             len(doc["records"]) > limit:
         raise BadRequest(f"records: at most {limit} per request")
+    return doc
+
+
+_CHUNK_RECORDS = 256
+_RECORDS: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
+
+
+def _decode_in_chunks(doc: dict[str, Any]) -> tuple[AppendRequest, list[bytes]]:
+    """Validate a large append a slice of records at a time.
+
+    Pydantic holds the GIL while it validates: in one call over thousands of records the decoding
+    thread would stall the event loop as surely as decoding on it.  Between slices the loop gets
+    its turn.  Each slice is validated from JSON again, so the rules are exactly the body's.
+    """
+    records = doc["records"]
+    parsed: list[Record] = []
+    for i in range(0, len(records), _CHUNK_RECORDS):
+        chunk = json.dumps(records[i:i + _CHUNK_RECORDS])
+        try:
+            parsed.extend(_RECORDS.validate_json(chunk))
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            loc = list(err.get("loc", ()))
+            if loc and isinstance(loc[0], int):
+                loc[0] += i
+            where = ".".join(["records", *(str(p) for p in loc)])
+            raise BadRequest(f"{where}: {err.get('msg', 'invalid')}") from None
+    # The rest of the body, with one stand-in record (the real ones are validated above).
+    envelope = {k: v for k, v in doc.items() if k != "records"}
+    envelope["records"] = [{"id": "-", "op": "add"}]
+    req = _parse(AppendRequest, json.dumps(envelope).encode())
+    req = req.model_copy(update={"records": parsed})
+    return req, [r.model_dump_json().encode() for r in parsed]
 
 
 def _decode_append(raw: bytes, limit: int) -> tuple[AppendRequest, list[bytes]]:
     """Validate an append body; the records as stored (compact JSON)."""
     if len(raw) > _MIN_RECORD_BYTES * limit:
-        _count_records(raw, limit)
+        doc = _count_records(raw, limit)
+        if isinstance(doc, dict) and isinstance(doc.get("records"), list) and \
+                len(doc["records"]) > _CHUNK_RECORDS:
+            return _decode_in_chunks(doc)
     req = _parse(AppendRequest, raw)
     if len(req.records) > limit:
         raise BadRequest(f"records: at most {limit} per request")
