@@ -237,6 +237,26 @@ def test_many_tiny_records_are_refused_without_parsing_them_all(tmp_path: Path) 
         proc.terminate()
 
 
+async def test_large_bodies_decoded_in_slices_keep_the_rules(tmp_path: Path) -> None:
+    """Bodies over the slicing threshold are validated as strictly, and stored identically."""
+    cid = str(uuid.uuid4())
+    recs = [record(i, document="d" * 100, metadata={"n": i, "f": 1.5, "b": True, "z": None},
+                   embedding=[i, 0.25]) for i in range(2000)]
+    async with live_server(str(tmp_path / "store")) as lv, lv.client("alice-key") as c:
+        path = log_path("alice", cid) + "/records"
+        bad = recs[:1500] + [record("x", op="nope")] + recs[1500:]
+        assert len(json.dumps({"records": bad})) > 256 << 10
+        err = assert_error(await c.post(path, json={"records": bad}), 400, "invalid_request")
+        assert err["message"].startswith("records.1500.op:"), err
+        err = assert_error(await c.post(path, json={"records": recs, "extra": 1}), 400)
+        assert err["message"].startswith("extra:"), err
+        r = await c.post(path, json={"records": recs, "idempotency_key": "big"})
+        assert r.status_code == 200 and r.json()["count"] == 2000, r.text
+        got = (await c.get(path, params={"from": 1, "limit": 2000})).json()["records"]
+        assert [x["record"] for x in got] == [
+            {"document": None, "metadata": None, "embedding": None, **x} for x in recs]
+
+
 async def test_records_bound_is_in_the_schema(tmp_path: Path) -> None:
     async with live_server(str(tmp_path / "store")) as lv, lv.client() as c:
         schema = (await c.get("/openapi.json")).json()
