@@ -303,8 +303,8 @@ class Garbage:
             came = root.setsum
             rest.insert(0, root)
         if left - came != self.setsum_to_discard:
-            raise GarbageRejected("garbage is stale: what it removes does not sum to its "
-                                  "setsum_to_discard")
+            raise GarbageRejected("garbage does not balance (or is stale): what it removes "
+                                  "does not sum to its setsum_to_discard")
         new = replace(
             m,
             writer=writer,
