@@ -580,7 +580,7 @@ def create_app(server: Server) -> FastAPI:
         tenant, cid = scope
         req = _parse(CursorPut, await _read_body(request, 64 << 10))
         async with server.manager.use(cid, tenant) as h:
-            m = h.writer.manifest
+            m = await server.manager.view(h)  # another host may have written the log
             if req.offset > m.next_offset:
                 raise BadRequest(f"offset: {req.offset} is past the log's tail {m.next_offset}")
             if req.offset < m.oldest_offset:
@@ -610,9 +610,9 @@ def create_app(server: Server) -> FastAPI:
         tenant, cid = scope
         req = _parse(CompactionRequest, await _read_body(request, 64 << 10))
         async with server.manager.use(cid, tenant) as h:
-            if req.offset > h.writer.manifest.next_offset:
-                raise BadRequest(f"offset: {req.offset} is past the log's tail "
-                                 f"{h.writer.manifest.next_offset}")
+            tail = (await server.manager.view(h)).next_offset  # another host may have written
+            if req.offset > tail:
+                raise BadRequest(f"offset: {req.offset} is past the log's tail {tail}")
             w = await h.cursors.advance("compaction", req.offset)
             h.note_compaction(w.cursor.offset)
             if server.dirty is not None:
