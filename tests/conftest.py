@@ -49,23 +49,40 @@ def s3_bucket(moto_endpoint: str) -> str:
     return name
 
 
+def _open_test_store(request: pytest.FixtureRequest, kind: str, tmp_path) -> object:  # type: ignore[no-untyped-def]
+    from host.wal3 import LocalStore, S3Store
+
+    if kind == "local":
+        return LocalStore(tmp_path / "store")
+    if kind == "seaweedfs":
+        endpoint = request.getfixturevalue("seaweedfs").endpoint
+        bucket = request.getfixturevalue("seaweed_bucket")
+    else:
+        endpoint = request.getfixturevalue("moto_endpoint")
+        bucket = request.getfixturevalue("s3_bucket")
+    return S3Store(bucket=bucket, prefix="root", endpoint_url=endpoint, region="us-east-1")
+
+
 @pytest.fixture(params=["local", "s3"])
 async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
     """The same test body against LocalStore and against S3Store on moto over HTTP."""
-    if request.param == "local":
-        from host.wal3 import LocalStore
-
-        s = LocalStore(tmp_path / "store")
-    else:
-        from host.wal3 import S3Store
-
-        endpoint = request.getfixturevalue("moto_endpoint")
-        bucket = request.getfixturevalue("s3_bucket")
-        s = S3Store(bucket=bucket, prefix="root", endpoint_url=endpoint, region="us-east-1")
+    s = _open_test_store(request, request.param, tmp_path)
     try:
         yield s
     finally:
-        await s.close()
+        await s.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["local", "seaweedfs"])
+async def atomic_store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
+    """Like ``store``, for tests that race conditional writes on one key: LocalStore and S3Store
+    on SeaweedFS.  Not moto, whose S3 server checks a condition and then writes without a lock,
+    so two racers can both win there (a false failure, or a bug hidden by luck)."""
+    s = _open_test_store(request, request.param, tmp_path)
+    try:
+        yield s
+    finally:
+        await s.close()  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------------------------
