@@ -76,7 +76,7 @@ async def live_server(store_url: str | None = None, *, store: ObjectStore | None
     for _ in range(2000):  # wait for the socket, bounded
         if userver.started or task.done():
             break
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # polling interval of a bounded wait for the socket
     if task.done():
         await task
         raise RuntimeError("server did not start")

@@ -34,7 +34,7 @@ async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
             return
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # polling interval of a bounded wait for a condition
 
 
 @pytest.fixture

@@ -118,7 +118,7 @@ async def test_errors_latency_and_lost_responses_with_idempotent_retries(store: 
                     errors.append(repr(e))
                     continue
                 except WriterClosed:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # yield before the retry (bounded by attempts)
                     continue
                 if key in acked:
                     assert acked[key] == r.first_offset

@@ -140,7 +140,9 @@ async def test_backpressure_is_typed_and_bounded(store: ObjectStore) -> None:
 async def test_cancelled_callers_do_not_wedge_the_log(store: ObjectStore) -> None:
     w = await LogWriter.open(store, "logs/x")
     tasks = [asyncio.create_task(w.append(f"c{i}".encode())) for i in range(20)]
-    await asyncio.sleep(0)  # let them enqueue
+    # One scheduler turn, not a delay: each task runs to its first await, and append_many
+    # enqueues before that, so all 20 are queued when the turn ends.
+    await asyncio.sleep(0)
     for t in tasks[::2]:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -156,7 +158,7 @@ async def test_cancelled_callers_do_not_wedge_the_log(store: ObjectStore) -> Non
 async def test_close_flushes_everything_accepted(store: ObjectStore) -> None:
     w = await LogWriter.open(store, "logs/f", LogWriterOptions(batch_interval_s=10.0))
     tasks = [asyncio.create_task(w.append(f"f{i}".encode())) for i in range(30)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one scheduler turn: all 30 enqueue synchronously in it
     await w.close()
     offsets = sorted(r.offset for r in await asyncio.gather(*tasks))
     assert offsets == list(range(1, 31))
