@@ -56,7 +56,10 @@ class SnapshotCache:
             raise CorruptFragment(f"snapshot {pointer.path_to_snapshot} is missing") from None
         snap = Snapshot.from_bytes(got.data)
         self.loads += 1
-        if snap.setsum != pointer.setsum or snap.depth != pointer.depth:
+        # A pointer may be deeper than its object: Rust's GC wraps a lone child in a snapshot one
+        # level up, which has the child's setsum and so its path, and links that depth to the
+        # child's object.  Never shallower: a pointer's depth bounds the recursion below it.
+        if snap.setsum != pointer.setsum or snap.depth > pointer.depth:
             raise CorruptFragment(f"snapshot {pointer.path_to_snapshot} does not match its pointer")
         self._items[key] = snap
         while len(self._items) > self._capacity:

@@ -685,3 +685,77 @@ async def test_a_plan_in_the_old_schema_is_reset(tmp_path: Path) -> None:
     manifest, records = await read_all(store, "logs/l")
     assert manifest.oldest_offset > 1
     assert_dense(records, manifest.oldest_offset)
+
+
+async def test_rusts_wrapped_lone_child_is_read_and_collected(tmp_path: Path) -> None:
+    # When a split leaves a level with one child snapshot, Rust's Garbage::new wraps it: it makes
+    # a snapshot one level deeper over that child, which has the child's setsum, hence its path.
+    # Rust installs the child first (IfNotExist: the wrapper's put finds the path taken) and
+    # links a depth-2 pointer to the depth-1 object; Rust never compares the depths.  This is
+    # what Rust does on bad_manifest1 at 9340.  We must read, scrub and collect such a log.
+    store, clock = await _log(tmp_path, "logs/z", 20)
+    raw, _ = await _plan_only(store, "logs/z", clock)
+    ours = Garbage.from_bytes(raw)
+    assert ours is not None and ours.snapshot_for_root is not None
+    child = ours.snapshot_for_root
+    wrapper = Snapshot.build([child], "garbage collection")
+    assert wrapper.path == child.path_to_snapshot and wrapper.depth == child.depth + 1
+    obj = json.loads(raw)
+    del obj["created_us"]
+    obj["snapshots_to_make"].append(json.loads(wrapper.to_bytes()))
+    obj["snapshot_for_root"] = wrapper.to_pointer().to_json()
+    await _rust_phase2(store, "logs/z", rust_decode_garbage(obj))
+    m, _ = await _live(store, "logs/z")
+    assert m.snapshots[0].depth == child.depth + 1  # the pointer is deeper than the object
+    await _intact(store, "logs/z", obj["first_to_keep"]["offset"])
+    # Rust's phase 3 on it, then ours collects further over the wrapped pointer.
+    for path in rust_phase3_paths(obj):
+        try:
+            await store.delete(join("logs/z", path))
+        except ObjectNotFound:
+            pass
+    await store.put(join("logs/z", GARBAGE_PATH), EMPTY_GARBAGE)
+    await _intact(store, "logs/z", obj["first_to_keep"]["offset"])
+    cursors = CursorStore(store, "logs/z", "t")
+    witness = await cursors.load("compaction")
+    assert witness is not None
+    await cursors.save("compaction", 26, witness)
+    gc = GarbageCollector(store, "logs/z", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
+    for _ in range(3):
+        await gc.run_once()
+        clock.now += 61
+    manifest, records = await read_all(store, "logs/z")
+    assert manifest.oldest_offset > obj["first_to_keep"]["offset"]
+    assert_dense(records, manifest.oldest_offset)
+    assert (await scrub_log(store, "logs/z")).ok
+
+
+async def test_rusts_wrapped_plan_is_resumed_by_ours(tmp_path: Path) -> None:
+    # The same Rust plan, not yet applied when we find it: we re-install its snapshots in its
+    # order (the child first, so the path holds the child) and apply it as Rust would.
+    store, clock = await _log(tmp_path, "logs/y", 20)
+    raw, before = await _plan_only(store, "logs/y", clock)
+    obj = json.loads(raw)
+    child = Garbage.from_bytes(raw).snapshot_for_root  # type: ignore[union-attr]
+    assert child is not None
+    wrapper = Snapshot.build([child], "garbage collection")
+    del obj["created_us"]
+    obj["snapshots_to_make"].append(json.loads(wrapper.to_bytes()))
+    obj["snapshot_for_root"] = wrapper.to_pointer().to_json()
+    for s in obj["snapshots_to_make"]:
+        try:
+            await store.delete(join("logs/y", s["path"]))
+        except ObjectNotFound:
+            pass
+    await _garbage_file(store, "logs/y", obj)
+    gc = GarbageCollector(store, "logs/y", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
+    assert (await gc.run_once()).phase == "waiting"
+    m, _ = await _live(store, "logs/y")
+    expect = rust_apply(json.loads(before.to_bytes()), obj)
+    assert expect is not None
+    assert m.entries == Manifest.from_bytes(canonical(expect)).entries
+    stored = Snapshot.from_bytes((await store.get(join("logs/y", child.path_to_snapshot))).data)
+    assert stored.depth == child.depth  # the child, not the wrapper, holds the path
+    clock.now += 61
+    assert (await gc.run_once()).phase == "done"
+    await _intact(store, "logs/y", obj["first_to_keep"]["offset"])
