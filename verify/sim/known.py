@@ -11,6 +11,8 @@ import re
 from .config import make_config
 from .run import RunResult
 
+_ONTO_EMPTY = re.compile(r"\((w[\d.]+): (.*)\) was answered LogContention .* \(linked by "
+                         r"(w[\d.]+) onto a root GC emptied\)")
 _WRITER_CRASH = re.compile(r" w\d+\.\d+ CRASH ")
 
 BUGS: dict[int, str] = {
@@ -31,7 +33,9 @@ def classify(r: RunResult) -> set[int]:
         d = v.detail
         if v.check == "once" and "append answered acked" in d:
             found.add(1)
-        if v.check == "contention" and "linked onto a root without a tail" in d:
+        m = _ONTO_EMPTY.search(d)
+        if (v.check == "contention" and m is not None and m.group(1) != m.group(3)
+                and "another writer appended" in m.group(2)):
             found.add(2)
         if v.check == "liveness" and "snapshot to delete is still referenced" in d:
             found.add(3)

@@ -120,7 +120,7 @@ class Model:
         self.gc_started: dict[str, float] = {}  # collector actor -> start of its current pass
         self.unverified: list[int] = []
         self.root_emptied = False  # a collector once dropped every root pointer (no tail left)
-        self.onto_empty: list[tuple[int, int]] = []  # ranges linked while the root had no tail
+        self.onto_empty: list[tuple[int, int, str]] = []  # linked while the root had no tail
         self._decoded: dict[str, DecodedFragment] = {}
         self._snaps: dict[str, Snapshot] = {}
         self._manifests: dict[str, Manifest] = {}
@@ -196,8 +196,8 @@ class Model:
                          f"[{m.oldest_offset},{m.next_offset})")
         if prefix == self.prefix and m.next_offset > before.next_offset:
             self.seq_appends.append((self.now(), actor.name))
-            if before.tail_setsum is None:
-                self.onto_empty.append((before.next_offset, m.next_offset))
+            if before.tail_setsum is None and before.next_offset > 1:  # emptied by GC, not new
+                self.onto_empty.append((before.next_offset, m.next_offset, actor.name))
 
     def _on_garbage(self, actor: Actor, new: Obj) -> None:
         try:
@@ -386,9 +386,10 @@ class Model:
             return
         places[idx] = offset
         if a.outcome == "contention":
-            empty = any(lo <= offset < hi for lo, hi in self.onto_empty)
-            self.violate("contention", f"a{aid} was answered LogContention but is in the log "
-                         f"@{offset}" + (" (linked onto a root without a tail)" if empty else ""))
+            by = next((w for lo, hi, w in self.onto_empty if lo <= offset < hi), None)
+            self.violate("contention", f"a{aid} ({a.writer}: {a.error}) was answered "
+                         f"LogContention but is in the log @{offset}"
+                         + (f" (linked by {by} onto a root GC emptied)" if by else ""))
         if a.key is not None and idx == 0:
             for other in self.logicals[a.logical]:
                 if other == aid or other not in self.where or 0 not in self.where[other]:

@@ -22,6 +22,8 @@ from .model import Model, Violation
 from .store import SimStore
 
 TRACE_TAIL = 60
+# A run goes on after its first violation (later ones may show other bugs) but not forever.
+MAX_VIOLATIONS = 40
 QUIET_SETTLE_S = 3.0  # longer than any request's two delays plus a recovery: zombies have landed
 STEP_GAPS = (0.0, 0.0005, 0.002, 0.005, 0.02, 0.05, 0.2, 0.6, 2.5)
 STEP_GAP_WEIGHTS = (2, 3, 4, 4, 3, 2, 2, 1, 1)
@@ -85,7 +87,8 @@ def _choose(world: World, step: int) -> None:
     if world.quiet:
         actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1))
     else:
-        actions = (("append", 8), ("retry", 1), ("cursor", 3), ("gc", 3), ("read", 1),
+        actions = (("append", 8), ("append_all", 3 if cfg.writers > 1 else 0), ("retry", 1),
+                   ("cursor", 3), ("gc", 3), ("read", 1),
                    ("open", 2), ("close", 1 if cfg.writers > 1 else 0.3), ("crash", 0.4),
                    ("fork", 10 * cfg.fork_p))
     kind = rng.choices([a for a, _ in actions], [w for _, w in actions])[0]
@@ -96,6 +99,10 @@ def _choose(world: World, step: int) -> None:
             world.append_batch(rng.choice(slots))
         elif not world.quiet:
             world.open_some()
+    elif kind == "append_all":  # every writer at once: contention on every sequence number
+        for s in world.writers:
+            if s.live is not None:
+                world.append_batch(s)
     elif kind == "retry":
         world.retry_keyed()
     elif kind == "cursor":
@@ -208,7 +215,7 @@ async def _main(loop: simloop.SimLoop, cfg: RunConfig, trace: _Trace) -> World:
         _choose(world, step)
         await asyncio.sleep(rng.choices(STEP_GAPS, STEP_GAP_WEIGHTS)[0])
         model.check()
-        if model.violations:
+        if len(model.violations) >= MAX_VIOLATIONS:
             return world
     if not world.quiet:
         await _enter_quiet(world)
