@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +59,8 @@ from .setsum import Setsum
 from .store import ObjectStore, ensure_object, put_resolving
 
 _log = logging.getLogger("wal3.gc")
+
+_SNAPSHOT_NAME = re.compile(re.escape(SNAPSHOT_PREFIX) + r"SNAPSHOT\.[0-9a-f]{64}")
 
 ManifestEditor = Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]]
 
@@ -741,8 +743,11 @@ class GarbageCollector:
         keys = [join(self._prefix, fragment_path(s))
                 for s in range(g.first_seq_to_delete, upto)]
         report.fragments_deleted = await self._delete(keys)
+        # Only snapshot names: a plan is data from whoever wrote the file (Rust deletes any path
+        # it lists), and "manifest/MANIFEST" or "../x" must never be deleted because of one.
         report.snapshots_deleted = await self._delete(
-            [join(self._prefix, p) for p in g.snapshots_to_delete if p not in live])
+            [join(self._prefix, p) for p in g.snapshots_to_delete
+             if p not in live and _SNAPSHOT_NAME.fullmatch(p)])
         await self._store_garbage(None, etag)
         report.phase = "done"
 

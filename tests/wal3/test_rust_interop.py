@@ -759,3 +759,22 @@ async def test_rusts_wrapped_plan_is_resumed_by_ours(tmp_path: Path) -> None:
     clock.now += 61
     assert (await gc.run_once()).phase == "done"
     await _intact(store, "logs/y", obj["first_to_keep"]["offset"])
+
+
+async def test_phase3_deletes_only_snapshot_names_a_plan_lists(tmp_path: Path) -> None:
+    # A plan is data from whoever wrote gc/GARBAGE: paths outside snapshot/ are never deleted.
+    store, clock = await _log(tmp_path, "logs/d", 17)
+    gc = GarbageCollector(store, "logs/d", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
+    assert (await gc.run_once()).phase == "waiting"
+    obj = json.loads((await store.get(join("logs/d", GARBAGE_PATH))).data)
+    await store.put(join("logs", "victim"), b"x")
+    for path in ("manifest/MANIFEST", "cursor/compaction.json", "../victim", "gc/GARBAGE"):
+        p = dict(obj["snapshots_to_drop"][0])
+        p["path_to_snapshot"] = path
+        obj["snapshots_to_drop"].append(p)
+    await _garbage_file(store, "logs/d", obj)
+    clock.now += 61
+    assert (await gc.run_once()).phase == "done"
+    await store.head(join("logs", "victim"))
+    await store.head(join("logs/d", "cursor/compaction.json"))
+    await _intact(store, "logs/d", obj["first_to_keep"]["offset"])
