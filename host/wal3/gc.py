@@ -119,6 +119,12 @@ class Garbage:
     * ``setsum_to_discard``: what ``collected`` grows by; ``first_to_keep``: the new
       ``initial_offset`` (no record at or above it is dropped).
 
+    Our earlier schema maps onto these: ``drop_root`` and ``replace_root`` are the root pointers
+    in ``snapshots_to_drop``; ``new_root`` is ``snapshot_for_root``; ``new_snapshots`` are
+    ``snapshots_to_make`` (now whole, so anyone can install them); ``first_seq_to_delete``/
+    ``first_seq_to_keep`` are ``fragments_to_drop_start``/``_limit``; ``cutoff`` reads as
+    ``first_to_keep``; ``bytes_to_discard`` is derived from the manifest when verifying.
+
     Our phase state rides in two extension fields Rust's serde ignores (``Garbage`` has no
     ``deny_unknown_fields``, and Rust never rewrites a pending plan, only replaces or resets it):
     ``created_us`` (when planned) and ``applied_us`` (when phase 2 finished, which starts the
