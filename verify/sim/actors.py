@@ -288,6 +288,7 @@ class World:
         gc = self._collector()
         assert self.gc_actor is not None
         name = self.gc_actor.name
+        quiet = self.quiet  # a pass that began amid faults may still end in one
         self.model.gc_started[name] = self.loop.time()
         self.stats["gc_runs"] += 1
         self.trace(f"{name} run_once")
@@ -295,13 +296,13 @@ class World:
             report = await gc.run_once()
         except (NoCursors, StoreUnavailable, CursorConflict) as e:
             self.trace(f"{name} failed: {e!r}")
-            if self.quiet and not isinstance(e, NoCursors):
+            if quiet and not isinstance(e, NoCursors):
                 self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
             self.gc_last = "error"
             return "error"
         except Wal3Error as e:
             self.trace(f"{name} failed: {e!r}")
-            if self.quiet:
+            if quiet:
                 self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
             self.gc_last = "error"
             return "error"

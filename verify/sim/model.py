@@ -158,6 +158,18 @@ class Model:
     # ------------------------------------------------------------------- store observations
 
     def on_put(self, actor: Actor, key: str, old: Obj | None, new: Obj) -> None:
+        try:
+            self._on_put(actor, key, old, new)
+        except Exception as e:  # noqa: BLE001 - a model bug must not look like a store error
+            self.violate("model", f"observing a put of {key}: {e!r}")
+
+    def on_delete(self, actor: Actor, key: str, old: Obj) -> None:
+        try:
+            self._on_delete(actor, key, old)
+        except Exception as e:  # noqa: BLE001 - a model bug must not look like a store error
+            self.violate("model", f"observing a delete of {key}: {e!r}")
+
+    def _on_put(self, actor: Actor, key: str, old: Obj | None, new: Obj) -> None:
         if old is not None and (key, old.etag) in self.linked and old.etag != new.etag:
             self.violate("overwrite", f"{actor.name} overwrote linked fragment {key}")
         for prefix in self.logs:
@@ -207,6 +219,8 @@ class Model:
             return
         if g is None or g.applied_us is not None:
             return
+        # Nothing below first_to_keep survives the plan (in both GC file schemas, old and Rust's).
+        cut = g.first_to_keep
         started = self.gc_started.get(actor.name)
         if started is None:
             return
@@ -226,11 +240,11 @@ class Model:
             if at_start is None or gone:
                 continue  # did not exist throughout the pass
             top = max(at_start, highest or at_start)
-            if g.cutoff > top:
-                self.violate("plan", f"{actor.name} planned a cut at {g.cutoff} although "
+            if cut > top:
+                self.violate("plan", f"{actor.name} planned to keep only from {cut} although "
                              f"{key} stayed at or below {top} throughout its pass")
 
-    def on_delete(self, actor: Actor, key: str, old: Obj) -> None:
+    def _on_delete(self, actor: Actor, key: str, old: Obj) -> None:
         if key.startswith(join(self.prefix, CURSOR_PREFIX)):
             self.cursor_hist.setdefault(key, []).append((self.now(), None))
             return

@@ -1,0 +1,184 @@
+"""The deterministic simulator: its store's fault semantics, replay, and the short form."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from host.wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
+from verify.sim import loop as simloop
+from verify.sim.report import run_range
+from verify.sim.run import run_seed
+from verify.sim.store import FaultRates, SimStore
+
+SHORT_FORM = (0, 300)  # the seeds `make test` runs (all six known bugs of 3c61663 show in them)
+
+
+def _run(main, rates: FaultRates = FaultRates()):  # type: ignore[no-untyped-def]
+    """Run ``main(store, actor_view)`` on a virtual loop with a fresh simulated store."""
+    trace: list[str] = []
+
+    async def go(loop: simloop.SimLoop):  # type: ignore[no-untyped-def]
+        sim = SimStore(loop, random.Random(1), trace.append, rates=rates)
+        actor = sim.actor("t")
+        return await main(sim, actor)
+
+    return simloop.run(go), trace
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def test_virtual_time_jumps_without_sleeping() -> None:
+    async def main(loop: simloop.SimLoop) -> float:
+        await asyncio.sleep(3600.0)
+        return loop.time()
+
+    started = time.perf_counter()
+    assert simloop.run(main) == 3600.0
+    assert time.perf_counter() - started < 5.0  # an hour of virtual time is not waited for
+
+
+def test_to_thread_runs_inline() -> None:
+    import threading
+
+    async def main(loop: simloop.SimLoop) -> bool:
+        ident = await asyncio.to_thread(threading.get_ident)
+        return ident == threading.get_ident()
+
+    assert simloop.run(main)
+
+
+def test_a_loop_waiting_on_nothing_is_a_deadlock() -> None:
+    async def main(loop: simloop.SimLoop) -> None:
+        await loop.create_future()
+
+    with pytest.raises(simloop.Deadlock):
+        simloop.run(main)
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+def test_conditional_puts() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        v = sim.view(actor)
+        etag = await v.put("k", b"1", if_none_match="*")
+        with pytest.raises(PreconditionFailed):
+            await v.put("k", b"2", if_none_match="*")
+        with pytest.raises(PreconditionFailed):
+            await v.put("k", b"2", if_match="nope")
+        await v.put("k", b"3", if_match=etag)
+        with pytest.raises(PreconditionFailed):
+            await v.put("missing", b"x", if_match=etag)
+        return (await v.get("k")).data
+
+    assert _run(main)[0] == b"3"
+
+
+def test_list_is_in_key_order_across_pages() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        v = sim.view(actor)
+        keys = [f"p/{i:03d}" for i in range(11)]
+        for k in reversed(keys):
+            await v.put(k, b"x")
+        await v.put("q/other", b"x")
+        return [m.key async for m in v.list("p/")], keys
+
+    got, keys = _run(main)[0]
+    assert got == keys
+
+
+def test_failure_before_landing_leaves_nothing() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        with pytest.raises(StoreUnavailable):
+            await sim.view(actor).put("k", b"x")
+        return "k" in sim.objects
+
+    assert _run(main, FaultRates(before=1.0))[0] is False
+
+
+def test_ambiguous_failure_lands_the_write() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        with pytest.raises(StoreUnavailable):
+            await sim.view(actor).put("k", b"x", if_none_match="*")
+        return sim.objects["k"].data
+
+    assert _run(main, FaultRates(lost=1.0))[0] == b"x"
+
+
+def test_sticky_failures_repeat_on_one_key() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        v = sim.view(actor)
+        failures = 0
+        for _ in range(3):
+            with pytest.raises(StoreUnavailable):
+                await v.put("k", b"x")
+            failures += 1
+            sim.rates = FaultRates()  # only the streak itself fails from now on
+        left = sim._sticky["k"]  # noqa: SLF001 - the streak is the point of the test
+        return failures, left, "k" in sim.objects
+
+    (failures, left, landed), _ = _run(main, FaultRates(sticky=1.0))
+    assert failures == 3 and not landed and left >= 0
+
+
+def test_a_crashed_actor_never_hears_back() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        v = sim.view(actor)
+        task = asyncio.ensure_future(v.put("k", b"x"))
+        await asyncio.sleep(0)
+        sim.crash(actor, "test")
+        await asyncio.sleep(10.0)
+        pending = not task.done()
+        later = asyncio.ensure_future(v.get("k"))
+        await asyncio.sleep(10.0)
+        return pending, not later.done()
+
+    (pending, later_pending), trace = _run(main)
+    assert pending and later_pending
+    assert any("CRASH" in line for line in trace)
+
+
+def test_crash_chance_kills_at_an_operation() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        doomed = sim.actor("doomed", crash_p=1.0)
+        task = asyncio.ensure_future(sim.view(doomed).put("k", b"x"))
+        await asyncio.sleep(10.0)
+        return task.done(), doomed.alive
+
+    (done, alive), _ = _run(main, FaultRates())
+    assert not done and not alive
+
+
+def test_get_of_a_missing_key() -> None:
+    async def main(sim: SimStore, actor):  # type: ignore[no-untyped-def]
+        with pytest.raises(ObjectNotFound):
+            await sim.view(actor).get("nothing")
+        return True
+
+    assert _run(main)[0]
+
+
+# ------------------------------------------------------------------------------- replays
+
+
+@pytest.mark.parametrize("seed", [3, 12])
+def test_a_seed_replays_identically(seed: int) -> None:
+    first, second = run_seed(seed), run_seed(seed)
+    assert first.ops > 0 and first.trace_hash == second.trace_hash
+    assert (first.steps, dict(first.faults)) == (second.steps, dict(second.faults))
+
+
+def test_different_seeds_differ() -> None:
+    assert run_seed(3).trace_hash != run_seed(4).trace_hash
+
+
+@pytest.mark.slow
+def test_short_form_finds_no_violation() -> None:
+    summary = run_range(*SHORT_FORM, jobs=2, progress=False)
+    assert summary.seeds == SHORT_FORM[1] - SHORT_FORM[0]
+    assert summary.ok, summary.markdown()
