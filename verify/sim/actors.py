@@ -73,6 +73,7 @@ class WriterSlot:
 
     async def open(self) -> LogWriter | None:
         world = self.world
+        quiet = world.quiet  # an open that began amid faults may still fail after they stop
         self.instance += 1
         actor = world.sim.actor(f"w{self.idx}.{self.instance}",
                                 0.0 if world.quiet else world.cfg.writer_crash_p)
@@ -89,7 +90,7 @@ class WriterSlot:
             w = await LogWriter.open(world.sim.view(actor), PREFIX, opts, hook=self.hook)
         except (StoreUnavailable, LogContention) as e:
             world.trace(f"{actor.name} open failed: {e!r}")
-            if world.quiet:
+            if quiet:
                 world.model.violate("liveness", f"{actor.name} could not open: {e!r}")
             self.opening = False
             return None
@@ -258,9 +259,16 @@ class World:
     async def _edit_via_writer(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
         """The server's way: the collector edits the manifest through the log's writer."""
         for s in self.writers:
-            w = s.writer
-            if w is not None and s.actor is not None and s.actor.alive and not w.closed:
-                return await w.edit_manifest(fn)
+            w, actor, gc = s.writer, s.actor, self.gc_actor
+            if w is not None and actor is not None and actor.alive and not w.closed:
+                # The server runs both in one process: if the writer dies, so does the pass.
+                if gc is not None:
+                    actor.linked.append(gc)
+                try:
+                    return await w.edit_manifest(fn)
+                finally:
+                    if gc is not None and gc in actor.linked:
+                        actor.linked.remove(gc)
         raise WriterClosed("no writer is open for the collector")
 
     def gc_step(self) -> None:

@@ -163,7 +163,8 @@ async def _finish(world: World) -> None:
     must = [t for t, m in world.tasks if m and not t.done()]
     for t in must:
         await _with_timeout(world, "a task started after the faults stopped", t, 60.0)
-    if world.gc_task is not None and not world.gc_task.done():
+    if (world.gc_task is not None and not world.gc_task.done() and world.gc_actor is not None
+            and world.gc_actor.alive):  # a crashed collector's pass is abandoned, not awaited
         await _with_timeout(world, "the collector's pass", world.gc_task, 60.0)
     for name in EMERGENCY:
         await world.delete_cursor(name)

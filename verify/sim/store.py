@@ -82,6 +82,8 @@ class Actor:
     started_at: float = 0.0
     dead: asyncio.Future[None] | None = None
     inflight: dict[int, bool] = field(default_factory=dict)  # op id -> still lands if crashed
+    # Actors living in the same process (the collector using this writer): they die with it.
+    linked: list[Actor] = field(default_factory=list)
 
 
 class SimStore:
@@ -126,6 +128,8 @@ class SimStore:
             actor.inflight[op] = self.rng.random() < 0.5
         self.trace(f"{actor.name} CRASH ({why}); in flight: "
                    f"{sorted(k for k, v in actor.inflight.items() if v)} still land")
+        for other in actor.linked:
+            self.crash(other, f"its process {actor.name} died")
 
     async def _forever(self, actor: Actor) -> None:
         assert actor.dead is not None
