@@ -12,6 +12,8 @@
    rate-limited batches, then reset ``gc/GARBAGE``.
 
 ``gc/GARBAGE`` is the only state: a crash anywhere resumes from it, and deletes are idempotent.
+It is in the Rust wal3 crate's schema, so either implementation resumes the other's plan (phase 2
+verifies every plan before applying it; see :class:`Garbage`).
 Orphans (fragments below the live range, unreferenced snapshots) older than the grace interval
 are swept too.  Nothing at or above the live range is ever deleted by the collector.
 """
