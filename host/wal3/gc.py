@@ -566,12 +566,20 @@ class GarbageCollector:
                 continue
         raise GarbageRejected("manifest kept changing under the collector")
 
-    async def _load_garbage(self) -> tuple[Garbage | None, str | None]:
+    async def _load_garbage(self, *, normalize: bool = True) -> tuple[Garbage | None, str | None]:
         try:
             got = await self._store.get(join(self._prefix, GARBAGE_PATH))
         except ObjectNotFound:
             return None, None
-        return Garbage.from_bytes(got.data), got.etag
+        g = Garbage.from_bytes(got.data)
+        if g is None and normalize and got.data.strip() == b"{}":
+            # Our idle form before issue 16, which Rust cannot decode (its collector would fail
+            # on this log for good): rewrite it as Rust's Garbage::empty().
+            try:
+                return None, await self._store_garbage(None, got.etag)
+            except PreconditionFailed:
+                return await self._load_garbage(normalize=False)  # someone else moved it on
+        return g, got.etag
 
     async def _store_garbage(self, g: Garbage | None, etag: str | None) -> str:
         # Idle is Rust's Garbage::empty(), never "{}": Rust cannot decode "{}".

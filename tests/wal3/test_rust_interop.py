@@ -778,3 +778,15 @@ async def test_phase3_deletes_only_snapshot_names_a_plan_lists(tmp_path: Path) -
     await store.head(join("logs", "victim"))
     await store.head(join("logs/d", "cursor/compaction.json"))
     await _intact(store, "logs/d", obj["first_to_keep"]["offset"])
+
+
+async def test_our_old_idle_file_is_rewritten_as_rusts(tmp_path: Path) -> None:
+    # "{}" (our idle state before issue 16) makes Rust's collector fail on the log for good, so
+    # the first pass of ours that finds it rewrites it as Garbage::empty(), even with nothing
+    # to collect.
+    store, clock = await _log(tmp_path, "logs/o", 1)
+    await store.put(join("logs/o", GARBAGE_PATH), b"{}")
+    gc = GarbageCollector(store, "logs/o", GcOptions(grace_s=60), clock=clock)
+    assert (await gc.run_once()).phase == "idle"
+    data = (await store.get(join("logs/o", GARBAGE_PATH))).data
+    assert data == EMPTY_GARBAGE and rust_is_empty(rust_decode_garbage(json.loads(data)))
