@@ -9,6 +9,7 @@ Two optional key-value entries in the Parquet footer carry what only this implem
 ``wal3.prev`` is the setsum of the fragment this one must follow (so read repair never links a stale
 speculative fragment after someone else's), and ``wal3.keys`` maps idempotency keys to the
 ``[first_offset, count]`` of the append that carried them (so deduplication survives restarts).
+``wal3.writer`` names the writer, so no two writers ever produce the same bytes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _SCHEMA = pa.schema(
 _PATH_RE = re.compile(r"^log/Bucket=([0-9a-f]{16})/FragmentSeqNo=([0-9a-f]{16})\.parquet$")
 META_PREV = b"wal3.prev"
 META_KEYS = b"wal3.keys"
+META_WRITER = b"wal3.writer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +135,12 @@ def encode_fragment(
     *,
     prev: Setsum | None = None,
     keys: dict[str, tuple[int, int]] | None = None,
+    writer: str | None = None,
 ) -> EncodedFragment:
-    """Encode bodies as the fragment ``seq_no`` starting at offset ``start``."""
+    """Encode bodies as the fragment ``seq_no`` starting at offset ``start``.
+
+    ``writer`` names the writer in the footer: two writers' fragments are then never the same
+    bytes, even with equal records and timestamps, so a writer recognises its own by MD5."""
     if not bodies:
         raise ValueError("a fragment holds at least one record")
     n = len(bodies)
@@ -143,6 +149,8 @@ def encode_fragment(
         meta[META_PREV] = prev.hexdigest().encode()
     if keys:
         meta[META_KEYS] = json.dumps(keys, separators=(",", ":")).encode()
+    if writer is not None:
+        meta[META_WRITER] = writer.encode()
     table = pa.Table.from_arrays(
         [
             pa.array(np.arange(start, start + n, dtype=np.uint64), type=pa.uint64()),

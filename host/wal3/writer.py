@@ -49,7 +49,7 @@ from .layout import join, load_manifest
 from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, plan_snapshot
 from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
 from .setsum import Setsum
-from .store import ObjectStore, content_etag, ensure_object, put_resolving
+from .store import ObjectStore, content_etag, ensure_object, etag_matches_content, put_resolving
 
 _log = logging.getLogger("wal3.writer")
 _INLINE_ENCODE_BYTES = 256 << 10  # smaller batches encode faster than a thread hop
@@ -221,7 +221,7 @@ class LogWriter:
         self._dead: dict[int, str] = {}  # seq -> etag of an unlinkable object to overwrite
         # seq -> setsum of every fragment this writer encoded lately: what is not in here and got
         # linked was appended by someone else (contention), not by our own earlier attempts.
-        self._mine: collections.OrderedDict[int, Setsum] = collections.OrderedDict()
+        self._mine: collections.OrderedDict[int, tuple[str, Setsum]] = collections.OrderedDict()
         self._pending: collections.deque[_Append] = collections.deque()
         self._pending_bytes = 0
         self._inflight: dict[int, _Batch] = {}
@@ -500,16 +500,18 @@ class LogWriter:
                     keys[a.key] = (off, len(a.bodies))
                 off += len(a.bodies)
             bodies = [body for a in b.appends for body in a.bodies]
+            writer = self._opts.writer_name
             if sum(a.nbytes for a in b.appends) < _INLINE_ENCODE_BYTES:
                 frag = encode_fragment(b.seq_no, b.start, b.timestamp_us, bodies, prev=prev,
-                                       keys=keys)
+                                       keys=keys, writer=writer)
             else:
                 frag = await asyncio.to_thread(encode_fragment, b.seq_no, b.start,
-                                               b.timestamp_us, bodies, prev=prev, keys=keys)
+                                               b.timestamp_us, bodies, prev=prev, keys=keys,
+                                               writer=writer)
             b.frag = frag
             b.md5 = frag.content_md5
             b.encoded.set_result(frag.setsum)
-            self._mine[b.seq_no] = frag.setsum
+            self._mine[b.seq_no] = (b.md5, frag.setsum)
             self._mine.move_to_end(b.seq_no)
             while len(self._mine) > 4 * self._opts.dedup_window_fragments:
                 self._mine.popitem(last=False)
@@ -574,8 +576,14 @@ class LogWriter:
             else:
                 await put_resolving(self._store, key, frag.data, if_none_match="*")
         except PreconditionFailed:
-            b.upload = "absent"
-            raise
+            # An earlier attempt of ours may be what holds the key (its answer was lost).
+            try:
+                held = (await self._store.head(key)).etag
+            except (ObjectNotFound, StoreUnavailable, OSError):
+                held = None
+            if held is None or not etag_matches_content(held, frag.data):
+                b.upload = "absent"
+                raise
         except BaseException:
             b.upload = "unknown"
             raise
@@ -610,6 +618,8 @@ class LogWriter:
 
     async def _commit_step(self) -> bool:
         """Do one unit of committing work; False when there is nothing to do now."""
+        if self._manifest.sealed and self._inflight:
+            self._fail_sealed()  # uploads that finish after the seal are answered as they land
         if self._stale:
             await self._recover()
             return not self._stale
@@ -805,31 +815,43 @@ class LogWriter:
                     if reloaded is None:
                         raise WriterClosed(f"manifest of {self._prefix} vanished")
                 manifest, etag = await self._repair(*reloaded)
-                linked = [b for b in self._inflight.values()
-                          if b.frag is not None and await self._links(manifest, b.frag)]
+                linked: list[_Batch] = []
+                unsure: list[_Batch] = []
+                for b in self._inflight.values():
+                    mine = await self._linked_as_ours(manifest, b)
+                    if mine:
+                        linked.append(b)
+                    elif mine is None:
+                        unsure.append(b)
                 # Contention means another writer committed.  What we encoded ourselves, linked
-                # by us or by anyone's read repair, is not contention.  Both lists look into
-                # snapshots too: new fragments may be folded away already.
-                foreign = [f for f in await self._since(reloaded[0], base)
-                           if self._mine.get(f.seq_no) != f.setsum]
+                # by us or by anyone's read repair, is not contention.
+                foreign = await self._foreign(reloaded[0], base)
                 # Keys are learned from everything linked that this recovery does not acknowledge,
-                # our own earlier attempts included (answered "maybe", then repaired).
-                acked = {(b.frag.path, b.frag.setsum) for b in linked if b.frag is not None}
-                learned = [f for f in await self._since(manifest, base)
-                           if (f.path, f.setsum) not in acked]
+                # our own earlier attempts included (answered "maybe", then repaired), by path:
+                # garbage collection may have unlinked them already.
+                acked = {b.seq_no for b in linked}
+                learned = [s for s in range(base.next_seq_no, manifest.next_seq_no)
+                           if s not in acked]
             except (StoreUnavailable, OSError) as e:
                 self._go_stale(e)
                 return
             self._stale = False
             self._installed(manifest, etag, linked)
+            for b in unsure:
+                # Linked once and collected since, but its object is gone: we cannot tell whose.
+                del self._inflight[b.seq_no]
+                for a in b.appends:
+                    self._reject(a, StoreUnavailable(
+                        f"fragment {b.seq_no} of {self._prefix} may have been written"))
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
+            progress = manifest.next_seq_no > base.next_seq_no
             for seq in [s for s in self._dead if s < manifest.next_seq_no]:
                 del self._dead[seq]
             # Learn the keys of fragments others linked before deciding anything: a keyed append
             # whose key is in the log already is answered from there, never "not written".  Also
             # while the first load is still running (it started from an older manifest).
-            self._unlearned.update(f.seq_no for f in learned)
+            self._unlearned.update(learned)
             keys_known = True
             if self._keys_loaded and learned:
                 try:
@@ -850,7 +872,8 @@ class LogWriter:
                         self._resolve(a, AppendResult(known.first_offset, known.count,
                                                       known.timestamp_us, True), None)
                         continue
-                    a.attempts += 1
+                    if not progress:  # a recovery that moved the log on costs no attempt
+                        a.attempts += 1
                     if manifest.sealed:
                         self._reject(a, LogSealed(f"log {self._prefix} is sealed"))
                     elif a.key is not None and not keys_known:
@@ -911,10 +934,14 @@ class LogWriter:
 
         A batch out of attempts gives up with an ambiguous error (its bytes may be in the store
         and a later read repair may still link them), and so do the kept batches after it."""
+        head = True
         for i, b in enumerate(keep):
             if b.settled:
                 b.error = None
                 continue
+            if not head:
+                continue  # only the first unsettled batch is what stalls the log: charge it
+            head = False
             b.attempts += 1
             if b.attempts >= self._opts.max_append_attempts:
                 cause = self._repair_blocked or b.error
@@ -945,25 +972,64 @@ class LogWriter:
         return await tail_fragments(self._store, self._prefix, manifest.entries, n,
                                     self._snapshots)
 
-    async def _links(self, manifest: Manifest, frag: EncodedFragment) -> bool:
-        """Whether ``manifest`` links exactly this fragment, even folded into a snapshot since
-        (another writer may have repaired it and snapshotted past it)."""
-        if manifest.contains_fragment(frag.path, frag.setsum):
-            return True
-        if not manifest.snapshots or not (manifest.oldest_offset <= frag.start
-                                          < manifest.snapshots[-1].limit):
+    def _is_ours(self, p: FragmentPointer) -> bool:
+        """Whether a linked pointer names the fragment this writer encoded for its slot."""
+        mine = self._mine.get(p.seq_no)
+        if mine is None:
             return False
-        found = await resolve_fragments(self._store, self._prefix, manifest.snapshots,
-                                        frag.start, Limits(max_files=1), self._snapshots)
-        return bool(found) and (found[0].path, found[0].setsum) == (frag.path, frag.setsum)
+        md5, setsum = mine
+        return p.content_md5 == md5 if p.content_md5 is not None else p.setsum == setsum
+
+    async def _linked_as_ours(self, manifest: Manifest, b: _Batch) -> bool | None:
+        """Whether ``manifest`` linked this batch's very fragment (even folded into a snapshot, or
+        collected since); None when that cannot be told any more."""
+        frag = b.frag
+        if frag is None or b.upload not in ("ok", "unknown") or b.seq_no >= manifest.next_seq_no:
+            return False  # our bytes never reached the store, or the slot is not linked yet
+        if frag.start >= manifest.oldest_offset:
+            for p in reversed(manifest.fragments):
+                if p.seq_no == b.seq_no:
+                    return p.path == frag.path and self._is_ours(p)
+            found = await resolve_fragments(self._store, self._prefix, manifest.snapshots,
+                                            frag.start, Limits(max_files=1), self._snapshots)
+            return bool(found) and found[0].path == frag.path and self._is_ours(found[0])
+        # Linked once and collected since (every slot below the tail was linked once, and its
+        # object is never rewritten): the object tells whose it was, while GC keeps it.
+        try:
+            held = await self._store.head(join(self._prefix, frag.path))
+        except ObjectNotFound:
+            return None
+        return etag_matches_content(held.etag, frag.data)
+
+    async def _foreign(self, manifest: Manifest, base: Manifest) -> bool:
+        """Whether someone else linked a fragment between ``base`` and ``manifest``."""
+        first, end = base.next_seq_no, manifest.next_seq_no
+        if end <= first:
+            return False
+        visible = {p.seq_no: p for p in await self._since(manifest, base)}
+        for seq in range(first, end):
+            p = visible.get(seq)
+            if p is not None:
+                if not self._is_ours(p):
+                    return True
+                continue
+            mine = self._mine.get(seq)
+            if mine is None:
+                return True
+            try:  # collected already: the object tells whose it was
+                held = await self._store.head(join(self._prefix, fragment_path(seq)))
+            except ObjectNotFound:
+                return True
+            if held.etag.strip('"') != mine[0]:
+                return True
+        return False
 
     def _give_up_error(self, b: _Batch) -> BaseException:
-        """The most useful reason to report for a batch that ran out of attempts."""
-        if self._repair_blocked is not None:
-            return self._repair_blocked
-        if b.error is None or isinstance(b.error, PreconditionFailed):
-            return LogContention(f"fragment {b.seq_no} of {self._prefix} could not be placed")
-        return b.error
+        """Why a batch that can never be linked ran out of attempts: not written, and not
+        contention (that is said only when another writer appended)."""
+        cause = self._repair_blocked if self._repair_blocked is not None else b.error
+        return StoreUnavailable(f"{self._prefix}: not written after "
+                                f"{self._opts.max_append_attempts} attempts ({cause!r})")
 
     def _go_stale(self, err: BaseException) -> None:
         """The store failed mid-commit: we cannot tell what is linked, so nothing in flight may be

@@ -387,3 +387,15 @@ async def test_run_periodically_reports_and_stops() -> None:
 def test_rollup_rejects_bad_limits() -> None:
     with pytest.raises(ValueError):
         RollUp(MemoryLogBackend(), MemoryCompactionOffsets(), max_records_per_read=0)
+
+
+async def test_a_late_compaction_note_below_an_entry_leaves_it_whole() -> None:
+    """A note for an offset below the entry's start (a compactor answering late, or a second
+    compactor behind the first) must not widen the entry: the clip is max(start, offset)."""
+    w = World()
+    await w.write(cid(1), 1, 10)
+    await w.rollup.run()
+    w.rollup.note_compacted(cid(1), 6)
+    w.rollup.note_compacted(cid(1), 3)  # late and lower
+    e = w.rollup.entries()[cid(1)]
+    assert (e.start, e.limit, e.num_records) == (6, 11, 5)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import Literal
+
 from host.wal3 import LogReader, Manifest, ObjectStore, Setsum
 from host.wal3.fragment import LogRecord, decode_fragment
 from host.wal3.layout import join
 from host.wal3.reader import SnapshotCache, resolve_fragments
 from host.wal3.reader import Limits
+from host.wal3.store import GetResult, ObjectMeta
 
 
 async def read_all(store: ObjectStore, prefix: str) -> tuple[Manifest, list[LogRecord]]:
@@ -31,3 +37,82 @@ async def recomputed_setsum(store: ObjectStore, prefix: str, manifest: Manifest)
 def assert_dense(records: list[LogRecord], first: int) -> None:
     """Offsets are contiguous from ``first``."""
     assert [r.offset for r in records] == list(range(first, first + len(records)))
+
+
+class Gate:
+    """One request the ``GateStore`` holds: ``reached`` is set when it arrives, and it proceeds
+    once ``release`` is set.  ``landed`` is set when a request matching it has completed."""
+
+    def __init__(self, op: str, regex: str, hold: bool) -> None:
+        self.op, self.rx, self.hold = op, re.compile(regex), hold
+        self.armed = True
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.landed = asyncio.Event()
+
+
+class GateStore(ObjectStore):
+    """Delegates to ``inner``; requests matching an armed gate wait for the test (interleavings
+    are forced by events, never by sleeps)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.gates: list[Gate] = []
+
+    def hold(self, op: str, regex: str) -> Gate:
+        """Hold the next matching request until ``release`` is set."""
+        g = Gate(op, regex, True)
+        self.gates.append(g)
+        return g
+
+    def watch(self, op: str, regex: str) -> Gate:
+        """Signal ``landed`` once the next matching request has completed."""
+        g = Gate(op, regex, False)
+        self.gates.append(g)
+        return g
+
+    async def _before(self, op: str, key: str) -> list[Gate]:
+        hit = [g for g in self.gates if g.armed and g.op == op and g.rx.search(key)]
+        for g in hit:
+            g.armed = False
+            g.reached.set()
+            if g.hold:
+                await g.release.wait()
+        return hit
+
+    @staticmethod
+    def _after(hit: list[Gate]) -> None:
+        for g in hit:
+            g.landed.set()
+
+    async def get(self, key: str) -> GetResult:
+        hit = await self._before("get", key)
+        r = await self.inner.get(key)
+        self._after(hit)
+        return r
+
+    async def head(self, key: str) -> ObjectMeta:
+        hit = await self._before("head", key)
+        r = await self.inner.head(key)
+        self._after(hit)
+        return r
+
+    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
+                  if_match: str | None = None) -> str:
+        hit = await self._before("put", key)
+        r = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+        self._after(hit)
+        return r
+
+    async def delete(self, key: str) -> None:
+        hit = await self._before("delete", key)
+        await self.inner.delete(key)
+        self._after(hit)
+
+    async def list(self, prefix: str, *, start_after: str | None = None
+                   ) -> AsyncIterator[ObjectMeta]:
+        async for m in self.inner.list(prefix, start_after=start_after):
+            yield m
+
+    def url_for(self, key: str) -> str:
+        return self.inner.url_for(key)

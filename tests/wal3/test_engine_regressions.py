@@ -7,6 +7,7 @@ Each test drives the exact interleaving that broke an invariant, and each failed
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from host.wal3 import (
     FaultyStore,
     LogContention,
     LogPurged,
+    LogSealed,
     LogWriter,
     LogWriterOptions,
     ObjectNotFound,
@@ -23,14 +25,15 @@ from host.wal3 import (
     Setsum,
     StoreUnavailable,
 )
+from host.wal3.clock import Clock as WallClock
 from host.wal3.cursors import CursorStore
 from host.wal3.errors import SimulatedCrash
-from host.wal3.fragment import encode_fragment, fragment_path
+from host.wal3.fragment import decode_fragment, encode_fragment, fragment_path
 from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, pin_cursor
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.scrub import scrub_log
 
-from .helpers import read_all
+from .helpers import GateStore, read_all
 
 
 class Clock:
@@ -284,3 +287,167 @@ async def test_gc_never_passes_the_compaction_cursor_nor_collects_without_one(
     _, records = await read_all(store, "logs/intrinsic")
     assert records[0].offset == 3
     await w.close()
+
+
+# found by the adversarial review of the fixes above (each reproduced before it was fixed) ------
+
+
+def _frag(seq: int) -> str:
+    return re.escape(fragment_path(seq)) + "$"
+
+
+async def _holders(store: ObjectStore, prefix: str, body: bytes) -> list[str]:
+    out = []
+    async for meta in store.list(join(prefix, "log/")):
+        frag = decode_fragment((await store.get(meta.key)).data)
+        if any(r.body == body for r in frag.records):
+            out.append(meta.key)
+    return out
+
+
+async def test_a_fragment_repaired_then_collected_is_acknowledged_not_refused(
+        store: ObjectStore) -> None:
+    """A's fragment is linked by B's read repair and collected before A recovers: A used to
+    answer LogContention ("not written") for a record that is in the log."""
+    a_store = GateStore(store)
+    a = await LogWriter.open(a_store, "logs/rc", LogWriterOptions(writer_name="A"))
+    await a.append(b"w0")
+    manifest_put = a_store.hold("put", r"manifest/MANIFEST$")
+    tx = asyncio.create_task(a.append(b"X"))
+    await manifest_put.reached.wait()  # X's fragment is up; A's manifest write is held
+    b = await LogWriter.open(store, "logs/rc", LogWriterOptions(writer_name="B"))
+    assert (await b.append(b"B")).offset == 3  # repaired A's fragment 2 first
+    await CursorStore(store, "logs/rc", "compactor").init("compaction", 3)
+    assert (await GarbageCollector(store, "logs/rc", GcOptions()).run_once()).phase == "waiting"
+    manifest_put.release.set()
+    assert (await tx).offset == 2
+    await a.close()
+    await b.close()
+    assert len(await _holders(store, "logs/rc", b"X")) == 1
+
+
+async def test_a_pipelined_batch_collected_before_recovery_is_not_appended_again(
+        store: ObjectStore) -> None:
+    """X and Y are linked by another writer's repair; the compactor passes X and GC unlinks it
+    before A recovers: A used to re-append X after Y (twice in the log, out of order)."""
+    a_store = GateStore(store)
+    a = await LogWriter.open(a_store, "logs/rx", LogWriterOptions(writer_name="A",
+                                                                  batch_size_bytes=1))
+    await a.append(b"w0")
+    manifest_put = a_store.hold("put", r"manifest/MANIFEST$")
+    y_up = a_store.watch("put", _frag(3))
+    tx = asyncio.create_task(a.append(b"X"))
+    ty = asyncio.create_task(a.append(b"Y"))
+    await manifest_put.reached.wait()
+    await y_up.landed.wait()
+    b_store = FaultyStore(store, seed=0)
+    b_store.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=_frag(4)))
+    b = await LogWriter.open(b_store, "logs/rx", LogWriterOptions(writer_name="B"))
+    with pytest.raises(Exception):  # noqa: B017 - B repairs 2 and 3, then dies at 4
+        await b.append(b"B")
+    await CursorStore(store, "logs/rx", "compactor").init("compaction", 3)
+    await GarbageCollector(store, "logs/rx", GcOptions()).run_once()
+    manifest_put.release.set()
+    rx, ry = await asyncio.gather(tx, ty)
+    assert (rx.offset, ry.offset) == (2, 3)
+    await a.close()
+    assert len(await _holders(store, "logs/rx", b"X")) == 1
+
+
+async def test_uploads_finishing_after_a_seal_are_answered_and_close_returns(
+        store: ObjectStore) -> None:
+    a_store = GateStore(store)
+    a = await LogWriter.open(a_store, "logs/sc", LogWriterOptions(batch_size_bytes=1))
+    await a.append(b"w0")
+    g2, g3 = a_store.hold("put", _frag(2)), a_store.hold("put", _frag(3))
+    ts = [asyncio.create_task(a.append(f"x{i}".encode())) for i in (2, 3)]
+    await g2.reached.wait()
+    await g3.reached.wait()
+    assert (await a.seal()).sealed
+    g2.release.set()
+    await g2.landed.wait()
+    g3.release.set()
+    # Bounded only to turn a hang into a failure, not a timing assertion.
+    results = await asyncio.wait_for(asyncio.gather(*ts, return_exceptions=True), 60)
+    assert all(isinstance(r, LogSealed) for r in results), results
+    await asyncio.wait_for(a.close(), 60)
+    assert not a._inflight
+
+
+async def test_after_a_long_upload_outage_the_pipeline_recovers_fully(
+        store: ObjectStore) -> None:
+    """Dead speculative fragments: each recovery uncovers one; charging every waiting batch an
+    attempt per recovery used to fail most of the next burst on a healthy store."""
+    faulty = FaultyStore(store, seed=0)
+    w = await LogWriter.open(faulty, "logs/outage", LogWriterOptions(batch_size_bytes=1))
+    await w.append(b"w0")
+    rule = faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=_frag(2), times=12))
+    await asyncio.gather(*(w.append(f"a{i}".encode()) for i in range(8)),
+                         return_exceptions=True)
+    assert rule.fired == 12
+    faulty.clear_rules()
+    after = await asyncio.gather(*(w.append(f"b{i}".encode()) for i in range(8)),
+                                 return_exceptions=True)
+    await w.close()
+    assert not [r for r in after if isinstance(r, BaseException)], after
+    assert (await scrub_log(store, "logs/outage")).ok
+
+
+async def test_the_only_writer_never_answers_contention(store: ObjectStore) -> None:
+    """Its own given-up fragments, linked one per recovery by read repair, used to exhaust the
+    next batch's attempts and be reported as LogContention."""
+    phase = {"down": True}
+    repaired: Counter[int] = Counter()
+
+    async def hook(info) -> None:  # type: ignore[no-untyped-def]
+        if info.seq_no == 1:
+            return
+        if phase["down"]:
+            raise RuntimeError("dirty log down")
+        if info.repaired and info.seq_no in (3, 4):
+            repaired[info.seq_no] += 1
+            if repaired[info.seq_no] == 1:
+                raise RuntimeError("dirty log hiccup")
+
+    w = await LogWriter.open(store, "logs/only", LogWriterOptions(batch_size_bytes=1), hook=hook)
+    await w.append(b"w0")
+    await asyncio.gather(*(w.append(f"a{i}".encode()) for i in (2, 3, 4)),
+                         return_exceptions=True)
+    phase["down"] = False
+    r = await w.append(b"X")
+    await w.close()
+    _, records = await read_all(store, "logs/only")
+    assert [x.body for x in records].count(b"X") == 1 and records[-1].offset == r.offset
+
+
+async def test_two_writers_with_equal_records_and_timestamps_are_told_apart(
+        store: ObjectStore) -> None:
+    """Same body, same offset, same (frozen) timestamp: equal setsums made B's fragment look
+    like A's, and both appends were acknowledged for one record."""
+
+    class Frozen(WallClock):
+        def wall_us(self) -> int:
+            return 1_700_000_000_000_000
+
+    w0 = await LogWriter.open(store, "logs/eq", LogWriterOptions(writer_name="W0"))
+    await w0.append(b"w0")
+    await w0.close()
+    a_store = GateStore(store)
+    a = await LogWriter.open(a_store, "logs/eq", LogWriterOptions(writer_name="A",
+                                                                  clock=Frozen()))
+    b = await LogWriter.open(store, "logs/eq", LogWriterOptions(writer_name="B", clock=Frozen()))
+    manifest_put = a_store.hold("put", r"manifest/MANIFEST$")
+    ta = asyncio.create_task(a.append_many([b"payload"]))
+    await manifest_put.reached.wait()
+    rb = await b.append_many([b"payload"])
+    manifest_put.release.set()
+    try:
+        ra = await ta
+    except LogContention:
+        ra = None
+    await a.close()
+    await b.close()
+    _, records = await read_all(store, "logs/eq")
+    acked = 1 + (ra is not None)
+    assert [x.body for x in records].count(b"payload") == acked
+    assert ra is None or ra.first_offset != rb.first_offset
