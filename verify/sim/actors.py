@@ -363,17 +363,19 @@ class World:
         await self.recheck(name, w.etag, c)
 
     async def recheck(self, name: str, etag: str, c: int) -> None:
-        loaded = await load_manifest(self.reader_view, PREFIX)
+        # The plan first, then the manifest: a plan written after this read re-reads the cursors
+        # before applying (so it sees ours); one applied before it shows in the manifest read.
         pending: Garbage | None = None
         try:
             got = await self.reader_view.get(join(PREFIX, GARBAGE_PATH))
             pending = Garbage.from_bytes(got.data)
         except Wal3Error:
             pending = None
+        loaded = await load_manifest(self.reader_view, PREFIX)
         if loaded is None:
             return
         m1 = loaded[0]
-        cut = pending is not None and pending.applied_us is None and pending.first_to_keep > c
+        cut = pending is not None and pending.first_to_keep > c
         if m1.oldest_offset <= c and not cut:
             self.model.established[name] = (etag, c)
             self.trace(f"cursor {name} @{c} established")

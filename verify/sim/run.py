@@ -219,7 +219,7 @@ async def _main(loop: simloop.SimLoop, cfg: RunConfig, trace: _Trace) -> World:
     sim.observer = model
     world = World(loop, cfg, sim, model, rng, trace)
     trace(f"seed {cfg.seed}: {cfg}")
-    await world.writers[0].open()
+    world.spawn(world.writers[0].open())  # not awaited: the process may die while opening
     for step in range(cfg.steps):
         if step == cfg.quiet_from:
             await _enter_quiet(world)
