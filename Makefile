@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STORE  ?= ./data/loghost
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test test-fast bench reliability deps redis clean
+.PHONY: run test test-fast bench reliability deps redis clean sim sim-long
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ bench: $(STAMP) redis
 
 reliability: $(STAMP) redis
 	$(PY) -m bench.reliability
+
+# Deterministic simulation of the wal3 engine (verify/sim): the short form runs in `make test` too;
+# the long form writes its summary into docs/RELIABILITY.md.  One seed: python -m verify.sim --seed N
+SIM_SEEDS ?= 0:300
+sim: $(STAMP)
+	$(PY) -m verify.sim --seeds $(SIM_SEEDS) --jobs 2
+
+sim-long: $(STAMP)
+	$(PY) -m verify.sim --seeds 0:100000 --jobs 2 --write-docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis spark-warehouse metastore_db derby.log
