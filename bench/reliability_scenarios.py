@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from host.wal3 import FaultRule, FaultyStore, LocalStore
+from host.wal3.gc import Garbage, GarbageRejected
 
 from .reliability_core import (
     Collection,
@@ -119,11 +120,11 @@ class PhaseTracker:
         m = _GARBAGE.match(key)
         if m is not None and data is not None and op in ("get", "put"):
             try:
-                obj = json.loads(data) or {}
-            except ValueError:
-                obj = {}
-            self.gc[m.group(1)] = ("reset" if not obj else
-                                   "applied" if obj.get("applied_us") is not None else "plan")
+                g = Garbage.from_bytes(data)  # idle is Rust's Garbage::empty() (or our old {})
+            except GarbageRejected:
+                g = None
+            self.gc[m.group(1)] = ("reset" if g is None else
+                                   "applied" if g.applied_us is not None else "plan")
             return
         m = _CURSOR.match(key)
         if m is not None:
