@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STORE  ?= ./data/loghost
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test test-fast bench reliability deps redis clean sim sim-long
+.PHONY: run test test-fast bench reliability mutation deps redis clean sim sim-long
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench: $(STAMP) redis
 
 reliability: $(STAMP) redis
 	$(PY) -m bench.reliability
+
+# Long: mutmut over the critical modules, one scratch worktree each; rewrites docs/RELIABILITY.md.
+mutation: $(STAMP) redis
+	$(PY) -m verify.mutation --write-docs
 
 # Deterministic simulation of the wal3 engine (verify/sim): the short form runs in `make test` too;
 # the long form writes its summary into docs/RELIABILITY.md.  One seed: python -m verify.sim --seed N
