@@ -130,7 +130,8 @@ def parse_keys(text: str, where: str = "LOGHOST_API_KEYS") -> dict[str, str]:
             part = part.strip()
             if not part:
                 continue
-            key, sep, grant = part.partition("=")
+            # The last "=": keys may end in base64 padding, grants never hold one.
+            key, sep, grant = part.rpartition("=")
             key, grant = key.strip(), grant.strip()
             if not sep or not key or not grant:
                 raise ValueError(f"{where}: entries are key=tenant, key=tenant:read or key=*")
