@@ -95,6 +95,7 @@ class WriterSlot:
             self.opening = False
             return None
         self.opening = False
+        world.opened.append((actor, w))
         if self.actor is actor:
             self.writer = w
             world.trace(f"{actor.name} open at [{w.manifest.oldest_offset},"
@@ -143,6 +144,7 @@ class World:
         self.reader_view = sim.view(self.reader)
         self.cursors = CursorStore(self.reader_view, PREFIX, "reader", clock=self.clock)
         self.forks = 0
+        self.opened: list[tuple[Actor, LogWriter]] = []  # every writer process ever opened
         self.tasks: list[tuple[asyncio.Task[Any], bool]] = []  # (task, must finish)
         self.stats: dict[str, int] = {"appends": 0, "gc_runs": 0, "forks": 0, "reads": 0,
                                       "cursor_ops": 0, "reopens": 0, "seals": 0}

@@ -134,10 +134,12 @@ async def _enter_quiet(world: World) -> None:
     if world.gc_actor is not None:
         world.gc_actor.crash_p = 0.0
     await asyncio.sleep(QUIET_SETTLE_S)
-    for s in world.writers:
-        if s.live is not None:
-            t = world.loop.create_task(world.close(s))
-            await _with_timeout(world, f"closing {s.actor.name if s.actor else '?'}", t, 60.0)
+    # Every surviving writer process, including ones a slot already replaced (still flushing).
+    for actor, w in world.opened:
+        if actor.alive:
+            t = world.loop.create_task(w.close())
+            await _with_timeout(world, f"closing {actor.name}", t, 60.0)
+            world.trace(f"{actor.name} closed")
     for s in world.writers:
         s.writer = None
     w = await world.writers[0].open()
