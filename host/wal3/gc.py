@@ -611,7 +611,16 @@ class GarbageCollector:
             if {k: v.etag for k, v in before.items()} == {k: v.etag for k, v in after.items()}:
                 if not after:
                     raise NoCursors(f"{self._prefix} has no cursors: nothing can be collected")
-                return self.pinned_at(after), loaded[0]
+                m = loaded[0]
+                ahead = sorted(n for n, w in after.items() if w.cursor.offset > m.next_offset)
+                if ahead:
+                    # A cursor past the tail does not describe this log (a leftover of a fork
+                    # that never committed, say): trusting it would collect what no compaction
+                    # folded.  Collect nothing until it is put right.
+                    _log.warning("%s: cursor(s) %s point past the tail %d; not collecting",
+                                 self._prefix, ahead, m.next_offset)
+                    return 1, m
+                return self.pinned_at(after), m
         return None
 
     async def run_once(self, *, sweep_orphans: bool = True) -> GcReport:

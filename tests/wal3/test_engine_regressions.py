@@ -451,3 +451,18 @@ async def test_two_writers_with_equal_records_and_timestamps_are_told_apart(
     acked = 1 + (ra is not None)
     assert [x.body for x in records].count(b"payload") == acked
     assert ra is None or ra.first_offset != rb.first_offset
+
+
+async def test_gc_trusts_no_cursor_past_the_tail(store: ObjectStore) -> None:
+    """A compaction cursor a fork left before its manifest (the fork failed, and the collection
+    was then created by plain appends) points past the new log's tail: collecting up to it
+    purged records no compaction had folded."""
+    clock = Clock()
+    await CursorStore(store, "logs/ahead", "fork").init("compaction", 11)  # the leftover
+    w = await LogWriter.open(store, "logs/ahead")
+    await _fill(w, 6)
+    gc = GarbageCollector(store, "logs/ahead", GcOptions(grace_s=0, retain_fragments=0),
+                          edit_manifest=w.edit_manifest, clock=clock)
+    await gc.run_once()
+    assert w.manifest.oldest_offset == 1
+    await w.close()
