@@ -112,6 +112,10 @@ async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, sou
         # Both before the manifest: a visible target always has its base and is always tracked.
         if current is not None:
             await _install_copy(store, source, target, current)
+        else:
+            # A crashed attempt from another source may have left a pointer: the target has no
+            # compacted base, so none may stand (a compactor would fold onto foreign rows).
+            await store.delete(current_key(target))
         if forked.next_offset > cursor:
             await mark_dirty(target, cursor, forked.next_offset - cursor)
 

@@ -1,0 +1,54 @@
+"""A fork retried from a never-compacted source must not keep a version pointer a crashed
+attempt from another source left at the target (adversarial review of issue 20)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from host.forks import current_key, fork_collection
+from host.manager import log_prefix
+from host.wal3 import FaultRule, FaultyStore, LocalStore, LogWriter
+from host.wal3.errors import ObjectNotFound, SimulatedCrash
+from host.wal3.layout import load_manifest
+
+import pytest
+
+
+async def _log(store: LocalStore, cid: uuid.UUID, n: int) -> None:
+    w = await LogWriter.open(store, log_prefix(cid))
+    for i in range(n):
+        await w.append(json.dumps({"id": f"{i}", "op": "add"}).encode())
+    await w.close()
+
+
+async def _fork(store: object, src: uuid.UUID, dst: uuid.UUID, offset: int) -> object:
+    m = (await load_manifest(store, log_prefix(src)))[0]  # type: ignore[arg-type]
+
+    async def mark(*_: object) -> None:
+        return None
+
+    return await fork_collection(store, source=src, target=dst,  # type: ignore[arg-type]
+                                 source_prefix=log_prefix(src), target_prefix=log_prefix(dst),
+                                 source_manifest=m, offset=offset, writer_name="t",
+                                 mark_dirty=mark)
+
+
+async def test_a_retry_from_an_uncompacted_source_drops_a_stale_version_pointer(
+        tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    a, b, t = (uuid.UUID(int=n, version=4) for n in (1, 2, 3))
+    await _log(store, a, 15)
+    path = f"compacted/{a}/v{1:016d}/part-x.parquet"
+    await store.put(path, b"A's rows")
+    await store.put(current_key(a), json.dumps({"version": 1, "offset": 11, "rows": 3,
+                                                "path": path}).encode())
+    await _log(store, b, 20)  # never compacted
+    faulty = FaultyStore(store, seed=1)
+    faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"CURRENT\.json$", times=1))
+    with pytest.raises(SimulatedCrash):
+        await _fork(faulty, a, t, 16)
+    await _fork(store, b, t, 21)
+    with pytest.raises(ObjectNotFound):
+        await store.get(current_key(t))
