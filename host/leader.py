@@ -144,8 +144,11 @@ class LeaderHint(ABC):
         None means the hint cannot vouch that no other server wrote the log (Redis unreachable,
         not renewed for a TTL, or lost).  The id changes whenever continuity broke (an outage, a
         re-established key): a writer opened under another id may hold a stale manifest.
+
+        Without a hint (no Redis) nothing vouches that another host did not write the log, so no
+        in-memory manifest is trusted: reads and state come from the store.
         """
-        return 0
+        return None
 
     def lost_to(self, collection_id: str) -> str | None:
         """The advertise URL of the server that took a log over from us, if known."""
