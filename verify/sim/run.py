@@ -26,6 +26,9 @@ from .store import SimStore
 TRACE_TAIL = 60
 # A run goes on after its first violation (later ones may show other bugs) but not forever.
 MAX_VIOLATIONS = 40
+# Passes the collector gets to reach the cutoff once faults stop: a plan may drop at most a share
+# of the log (GcOptions.max_fraction) and each takes two passes (plan+apply, then delete).
+GC_PASSES = 24
 QUIET_SETTLE_S = 3.0  # longer than any request's two delays plus a recovery: zombies have landed
 STEP_GAPS = (0.0, 0.0005, 0.002, 0.005, 0.02, 0.05, 0.2, 0.6, 2.5)
 STEP_GAP_WEIGHTS = (2, 3, 4, 4, 3, 2, 2, 1, 1)
@@ -181,7 +184,7 @@ async def _finish(world: World) -> None:
         cursor = await world.cursors.load(COMPACTION)
         cut = cursor.cursor.offset if cursor is not None else 1
         done = False
-        for _ in range(8):
+        for _ in range(GC_PASSES):
             phase = await world.gc_once()
             world.model.check()
             view = world.model.walk(PREFIX)
