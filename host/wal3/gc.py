@@ -766,13 +766,16 @@ class GarbageCollector:
         # The newest fragments are kept for the idempotency window; the sweep takes them later.
         upto = min(g.first_seq_to_keep, first_live, m.next_seq_no - self._opts.retain_fragments)
         keys = [join(self._prefix, fragment_path(s))
-                for s in range(g.first_seq_to_delete, upto)]
+                for s in range(max(1, g.first_seq_to_delete), upto)]
         report.fragments_deleted = await self._delete(keys)
         # Only snapshot names: a plan is data from whoever wrote the file (Rust deletes any path
-        # it lists), and "manifest/MANIFEST" or "../x" must never be deleted because of one.
+        # it lists), and "manifest/MANIFEST" or "../x" must never be deleted because of one.  And
+        # only snapshots that start below the cut (dropped whole, or split): one wholly above it
+        # may be a writer's upload about to be linked.
+        below = {p.path_to_snapshot for p in g.snapshots_to_drop if p.start < g.first_to_keep}
         report.snapshots_deleted = await self._delete(
             [join(self._prefix, p) for p in g.snapshots_to_delete
-             if p not in live and _SNAPSHOT_NAME.fullmatch(p)])
+             if p not in live and p in below and _SNAPSHOT_NAME.fullmatch(p)])
         await self._store_garbage(None, etag)
         report.phase = "done"
 
@@ -826,6 +829,8 @@ class GarbageCollector:
         live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
         async for meta in self._store.list(join(self._prefix, SNAPSHOT_PREFIX)):
             rel = meta.key[len(self._prefix) + 1:] if self._prefix else meta.key
+            if not _SNAPSHOT_NAME.fullmatch(rel):
+                continue  # not this log's snapshot (another log nested under this prefix)
             if rel in live or meta.last_modified >= horizon:
                 continue
             try:

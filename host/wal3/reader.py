@@ -29,6 +29,19 @@ class Limits:
     max_files: int | None = None
 
 
+def _check_named(snap: Snapshot, pointer: SnapshotPointer) -> None:
+    """A snapshot must be what its pointer says: setsum, range, and no deeper than the pointer.
+
+    A pointer may be deeper than its object: Rust's GC wraps a lone child in a snapshot one level
+    up, which has the child's setsum and so its path, and links that depth to the child's object.
+    Never shallower: a pointer's depth bounds the recursion below it (a snapshot naming itself
+    one level down is refused, not followed for ever)."""
+    kids = snap.children
+    if (snap.setsum != pointer.setsum or snap.depth > pointer.depth
+            or kids[0].start != pointer.start or kids[-1].limit != pointer.limit):
+        raise CorruptFragment(f"snapshot {pointer.path_to_snapshot} does not match its pointer")
+
+
 class SnapshotCache:
     """A bounded LRU of decoded snapshots (they are immutable, so never stale)."""
 
@@ -49,6 +62,7 @@ class SnapshotCache:
         snap = self._items.get(key)
         if snap is not None:
             self._items.move_to_end(key)
+            _check_named(snap, pointer)  # a hit answers another pointer too: check it as well
             return snap
         try:
             got = await store.get(key)
@@ -56,11 +70,7 @@ class SnapshotCache:
             raise CorruptFragment(f"snapshot {pointer.path_to_snapshot} is missing") from None
         snap = Snapshot.from_bytes(got.data)
         self.loads += 1
-        # A pointer may be deeper than its object: Rust's GC wraps a lone child in a snapshot one
-        # level up, which has the child's setsum and so its path, and links that depth to the
-        # child's object.  Never shallower: a pointer's depth bounds the recursion below it.
-        if snap.setsum != pointer.setsum or snap.depth > pointer.depth:
-            raise CorruptFragment(f"snapshot {pointer.path_to_snapshot} does not match its pointer")
+        _check_named(snap, pointer)
         self._items[key] = snap
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)

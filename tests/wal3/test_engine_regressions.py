@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from host.wal3 import (
+    CorruptFragment,
     FaultRule,
     FaultyStore,
     LogContention,
@@ -29,8 +31,10 @@ from host.wal3.clock import Clock as WallClock
 from host.wal3.cursors import CursorStore
 from host.wal3.errors import SimulatedCrash
 from host.wal3.fragment import decode_fragment, encode_fragment, fragment_path
-from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, pin_cursor
+from host.wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, pin_cursor
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
+from host.wal3.manifest import MANIFEST_PATH, Manifest, Snapshot
+from host.wal3.reader import SnapshotCache
 from host.wal3.scrub import scrub_log
 
 from .helpers import GateStore, read_all
@@ -466,3 +470,66 @@ async def test_gc_trusts_no_cursor_past_the_tail(store: ObjectStore) -> None:
     await gc.run_once()
     assert w.manifest.oldest_offset == 1
     await w.close()
+
+
+# hostile or foreign garbage plans and manifests (adversarial review of issue 16) ----------------
+
+
+async def _snapshotted(store: ObjectStore, prefix: str) -> Manifest:
+    w = await LogWriter.open(store, prefix, LogWriterOptions(snapshot_fragment_threshold=4,
+                                                             snapshot_threshold=100))
+    for i in range(12):
+        await w.append(f"r{i + 1}".encode())
+    await w.compact_manifest()
+    m = w.manifest
+    await w.close()
+    return m
+
+
+async def test_a_snapshot_pointer_whose_range_lies_is_refused(store: ObjectStore) -> None:
+    """A balanced manifest whose root pointer claims [1, 5) over an object holding [3, 5): reads
+    used to skip offsets 1 and 2 silently."""
+    m = await _snapshotted(store, "logs/lie")
+    s1 = m.snapshots[0]
+    snap = await SnapshotCache().get(store, "logs/lie", s1)
+    t = Snapshot.build(list(snap.fragments[2:]), "x")
+    await store.put(join("logs/lie", t.path), t.to_bytes())
+    lie = replace(t.to_pointer(), start=1)
+    new = replace(m, snapshots=(lie, *m.snapshots[1:]),
+                  collected=m.collected + (s1.setsum - t.setsum))
+    loaded = await load_manifest(store, "logs/lie")
+    assert loaded is not None
+    await store.put(join("logs/lie", MANIFEST_PATH), new.to_bytes(), if_match=loaded[1])
+    with pytest.raises(CorruptFragment):
+        await read_all(store, "logs/lie")
+
+
+async def test_the_sweep_leaves_a_nested_logs_snapshots_alone(store: ObjectStore) -> None:
+    clock = Clock()
+    outer = await LogWriter.open(store, "t")
+    for i in range(12):
+        await outer.append(f"o{i}".encode())
+    await outer.close()
+    await _snapshotted(store, "t/snapshot/x")
+    await CursorStore(store, "t", "c").init("compaction", 10)
+    gc = GarbageCollector(store, "t", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
+    for _ in range(3):
+        await gc.run_once()
+        clock.now += 61
+    _, records = await read_all(store, "t/snapshot/x")
+    assert len(records) == 12
+
+
+async def test_a_plan_starting_at_sequence_zero_does_not_wedge_the_collector(
+        store: ObjectStore) -> None:
+    clock = Clock()
+    w = await LogWriter.open(store, "logs/zero")
+    await _fill(w, 4)
+    await w.close()
+    await CursorStore(store, "logs/zero", "t").init("compaction", 1)
+    plan = Garbage((), (), None, 0, 3, Setsum.zero(), 1)  # Rust's empty() start, "applied"
+    await store.put(join("logs/zero", GARBAGE_PATH), plan.to_bytes())
+    gc = GarbageCollector(store, "logs/zero", GcOptions(grace_s=0, retain_fragments=0),
+                          clock=clock)
+    assert (await gc.run_once()).phase in ("done", "idle", "discarded")
+    assert (await gc.run_once()).phase in ("done", "idle")
