@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"# results: {out.relative_to(ROOT)}", flush=True)
     if args.write_doc:
-        DOC.write_text(render_doc(data))
+        DOC.write_text(render_doc(data) + _kept_part(DOC.read_text() if DOC.exists() else ""))
         print(f"# wrote {DOC.relative_to(ROOT)}", flush=True)
     return 1 if bad else 0
 
@@ -367,6 +367,16 @@ def _seeds(rs: list[dict[str, Any]]) -> str:
 
 def _mib(kib: Any) -> str:
     return "-" if not kib else f"{int(kib) / 1024:.0f} MiB"
+
+
+KEEP_MARKER = "<!-- kept by bench.reliability --write-doc"
+
+
+def _kept_part(text: str) -> str:
+    """What follows the marker: the simulator's, the engine's and mutation testing's sections
+    are not this generator's to rewrite."""
+    i = text.find(KEEP_MARKER)
+    return "" if i < 0 else "\n" + text[i:]
 
 
 def render_doc(data: dict[str, Any]) -> str:
