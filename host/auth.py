@@ -148,8 +148,14 @@ def parse_keys(text: str, where: str = "LOGHOST_API_KEYS") -> dict[str, str]:
 
 
 def read_keys_file(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The keys of a keys file (the ``LOGHOST_API_KEYS`` format); OSError/ValueError on failure."""
-    return parse_keys(Path(path).read_text(encoding="utf-8"), f"API keys file {path}")
+    """The keys of a keys file (the ``LOGHOST_API_KEYS`` format); OSError/ValueError on failure.
+
+    A file with no key is refused like a broken one: a rewrite caught mid-truncation would
+    otherwise lock every caller out, the service included."""
+    keys = parse_keys(Path(path).read_text(encoding="utf-8"), f"API keys file {path}")
+    if not keys:
+        raise ValueError(f"API keys file {path}: holds no key")
+    return keys
 
 
 def merge_keys(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import CorruptManifest
+from .fragment import fragment_path
 from .setsum import Setsum
 
 MANIFEST_PATH = "manifest/MANIFEST"
@@ -231,12 +232,22 @@ class SnapshotPointer:
 Pointer = FragmentPointer | SnapshotPointer
 
 
+def _path_of(seq_no: int) -> str | None:
+    try:
+        return fragment_path(seq_no)
+    except ValueError:
+        return None  # no fragment has that number
+
+
 def _check_run(entries: Sequence[Pointer], where: str) -> None:
     """Ranges are non-empty and contiguous; fragment seq numbers are sequential."""
     prev: Pointer | None = None
     for e in entries:
         if e.start >= e.limit:
             raise CorruptManifest(f"{where}: {e.path} has empty range [{e.start}, {e.limit})")
+        if isinstance(e, FragmentPointer) and e.path != _path_of(e.seq_no):
+            # The collector goes by seq_no, readers by path: they must name the same object.
+            raise CorruptManifest(f"{where}: {e.path} is not the path of fragment {e.seq_no}")
         if prev is not None:
             if e.start != prev.limit:
                 raise CorruptManifest(

@@ -66,3 +66,13 @@ def test_reload_answers_whether_the_file_was_taken(tmp_path: Path) -> None:
     assert auth.authenticate("Bearer k").tenant == "acme"  # the old keys stay
     with pytest.raises(ValueError, match="cannot use the API keys file"):
         Authenticator({}, tmp_path / "missing")
+
+
+def test_an_empty_keys_file_keeps_the_keys_in_use(tmp_path: Path) -> None:
+    """A rewrite caught mid-truncation used to load as 'no keys': every caller locked out."""
+    f = tmp_path / "keys"
+    f.write_text("svc=*\nk=acme\n", encoding="utf-8")
+    auth = Authenticator({}, f)
+    f.write_text("", encoding="utf-8")
+    assert auth.reload() is False
+    assert auth.authenticate("Bearer svc").tenant == "*"

@@ -15,6 +15,7 @@ import pytest
 
 from host.wal3 import (
     CorruptFragment,
+    CorruptManifest,
     FaultRule,
     FaultyStore,
     LogContention,
@@ -533,3 +534,17 @@ async def test_a_plan_starting_at_sequence_zero_does_not_wedge_the_collector(
                           clock=clock)
     assert (await gc.run_once()).phase in ("done", "idle", "discarded")
     assert (await gc.run_once()).phase in ("done", "idle")
+
+
+async def test_a_fragment_pointer_must_name_its_own_sequence_numbers_object(
+        store: ObjectStore) -> None:
+    """seq_no raised by 100 with paths unchanged parsed and read fine, and the sweep (which goes
+    by seq_no) then deleted every live fragment."""
+    w = await LogWriter.open(store, "logs/seqpath")
+    await _fill(w, 3)
+    m = w.manifest
+    await w.close()
+    bad = replace(m, fragments=tuple(replace(f, seq_no=f.seq_no + 100, _json=None)
+                                     for f in m.fragments))
+    with pytest.raises(CorruptManifest, match="is not the path of fragment"):
+        Manifest.from_bytes(bad.to_bytes())
