@@ -7,7 +7,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from host.wal3 import LogReader, Manifest, ObjectStore, Setsum
+from host.wal3 import LogReader, LogWriter, Manifest, ObjectStore, Setsum
 from host.wal3.fragment import LogRecord, decode_fragment
 from host.wal3.layout import join
 from host.wal3.reader import SnapshotCache, resolve_fragments
@@ -32,6 +32,22 @@ async def recomputed_setsum(store: ObjectStore, prefix: str, manifest: Manifest)
         got = await store.get(join(prefix, p.path))
         total = total + decode_fragment(got.data).setsum
     return total
+
+
+class Clock:
+    """A settable clock (seconds) so grace intervals pass without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def fill(w: LogWriter, n: int, tag: str = "r") -> None:
+    """Append ``n`` records ``{tag}0`` … one at a time (one fragment each)."""
+    for i in range(n):
+        await w.append(f"{tag}{i}".encode())
 
 
 def assert_dense(records: list[LogRecord], first: int) -> None:

@@ -38,22 +38,10 @@ from host.wal3.manifest import MANIFEST_PATH, Manifest, Snapshot
 from host.wal3.reader import SnapshotCache
 from host.wal3.scrub import scrub_log
 
-from .helpers import GateStore, read_all
+from .helpers import Clock, GateStore, fill, read_all
 
 
-class Clock:
-    """Virtual seconds for the collector's grace interval."""
 
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def _fill(w: LogWriter, n: int, tag: str = "r") -> None:
-    for i in range(n):
-        await w.append(f"{tag}{i}".encode())
 
 
 # 1 ------------------------------------------------------------------------------------------
@@ -87,7 +75,7 @@ async def test_gc_keeps_the_tail_so_a_stale_speculative_fragment_stays_fenced(
     any orphan at the tail for a good one and linked a fragment whose append was 'not written'."""
     clock = Clock()
     w = await LogWriter.open(store, "logs/fence")
-    await _fill(w, 3)
+    await fill(w, 3)
     await CursorStore(store, "logs/fence", "t").init("compaction", w.manifest.next_offset)
     gc = GarbageCollector(store, "logs/fence", GcOptions(grace_s=0, retain_fragments=0),
                           edit_manifest=w.edit_manifest, clock=clock)
@@ -148,7 +136,7 @@ async def test_a_cursor_written_while_a_plan_is_pending_stops_the_plan(store: Ob
     clock = Clock()
     faulty = FaultyStore(store, seed=1)
     w = await LogWriter.open(store, "logs/pin")
-    await _fill(w, 10)
+    await fill(w, 10)
     await CursorStore(store, "logs/pin", "t").init("compaction", 10)
     # The collector dies right after writing its plan (phase 1).
     faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"gc/GARBAGE$", times=1))
@@ -176,7 +164,7 @@ async def test_pinning_below_an_applied_plan_fails_and_undoes_the_cursor(
     clock = Clock()
     faulty = FaultyStore(store, seed=1)
     w = await LogWriter.open(store, "logs/pin2")
-    await _fill(w, 10)
+    await fill(w, 10)
     await CursorStore(store, "logs/pin2", "t").init("compaction", 10)
     # A collector in another process applies its plan and stops before deleting.
     faulty.add_rule(FaultRule("crash_before", ops={"delete"}, times=1))
@@ -199,7 +187,7 @@ async def test_pinning_below_an_applied_plan_fails_and_undoes_the_cursor(
 async def test_a_sealed_log_is_collected_through_its_writer(store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/sealed")
-    await _fill(w, 6)
+    await fill(w, 6)
     await CursorStore(store, "logs/sealed", "t").init("compaction", 7)
     await w.seal()
     gc = GarbageCollector(store, "logs/sealed", GcOptions(grace_s=0, retain_fragments=0),
@@ -278,7 +266,7 @@ async def test_gc_never_passes_the_compaction_cursor_nor_collects_without_one(
     delete records no compaction had folded."""
     clock = Clock()
     w = await LogWriter.open(store, "logs/intrinsic")
-    await _fill(w, 10)
+    await fill(w, 10)
     cursors = CursorStore(store, "logs/intrinsic", "reader")
     await cursors.init("reader", 5)
     gc = GarbageCollector(store, "logs/intrinsic", GcOptions(grace_s=0, retain_fragments=0),
@@ -465,7 +453,7 @@ async def test_gc_trusts_no_cursor_past_the_tail(store: ObjectStore) -> None:
     clock = Clock()
     await CursorStore(store, "logs/ahead", "fork").init("compaction", 11)  # the leftover
     w = await LogWriter.open(store, "logs/ahead")
-    await _fill(w, 6)
+    await fill(w, 6)
     gc = GarbageCollector(store, "logs/ahead", GcOptions(grace_s=0, retain_fragments=0),
                           edit_manifest=w.edit_manifest, clock=clock)
     await gc.run_once()
@@ -525,7 +513,7 @@ async def test_a_plan_starting_at_sequence_zero_does_not_wedge_the_collector(
         store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/zero")
-    await _fill(w, 4)
+    await fill(w, 4)
     await w.close()
     await CursorStore(store, "logs/zero", "t").init("compaction", 1)
     plan = Garbage((), (), None, 0, 3, Setsum.zero(), 1)  # Rust's empty() start, "applied"
@@ -541,7 +529,7 @@ async def test_a_fragment_pointer_must_name_its_own_sequence_numbers_object(
     """seq_no raised by 100 with paths unchanged parsed and read fine, and the sweep (which goes
     by seq_no) then deleted every live fragment."""
     w = await LogWriter.open(store, "logs/seqpath")
-    await _fill(w, 3)
+    await fill(w, 3)
     m = w.manifest
     await w.close()
     bad = replace(m, fragments=tuple(replace(f, seq_no=f.seq_no + 100, _json=None)

@@ -37,24 +37,12 @@ from host.wal3.fragment import fragment_path
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.scrub import find_logs, scrub_log
 
-from .helpers import assert_dense, read_all
+from .helpers import Clock, assert_dense, fill, read_all
 
 SMALL = LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=2)
 
 
-class Clock:
-    """A settable clock so grace intervals pass without sleeping."""
 
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def _fill(w: LogWriter, n: int, tag: str = "r") -> None:
-    for i in range(n):
-        await w.append(f"{tag}{i}".encode())
 
 
 async def _objects(store: ObjectStore, prefix: str) -> set[str]:
@@ -95,7 +83,7 @@ async def test_cursor_cas_list_delete(store: ObjectStore) -> None:
 async def test_gc_three_phases_with_grace(store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/g", SMALL)
-    await _fill(w, 20)
+    await fill(w, 20)
     await w.compact_manifest()
     gc = GarbageCollector(store, "logs/g", GcOptions(grace_s=60, delete_batch=4,
                                                      retain_fragments=12, retain_s=600),
@@ -139,7 +127,7 @@ async def test_gc_three_phases_with_grace(store: ObjectStore) -> None:
 async def test_gc_splits_a_straddling_snapshot(store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/s", SMALL)
-    await _fill(w, 30)
+    await fill(w, 30)
     await w.compact_manifest()
     assert w.manifest.snapshots[0].limit > 14 > w.manifest.snapshots[0].start
     await CursorStore(store, "logs/s", "t").init("compaction", 14)
@@ -160,7 +148,7 @@ async def test_gc_splits_a_straddling_snapshot(store: ObjectStore) -> None:
 async def test_gc_without_a_writer_and_everything_compacted(store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/all")
-    await _fill(w, 5)
+    await fill(w, 5)
     await w.close()
     await CursorStore(store, "logs/all", "t").init("compaction", 6)
     gc = GarbageCollector(store, "logs/all", GcOptions(grace_s=0), clock=clock)
@@ -179,7 +167,7 @@ async def test_gc_without_a_writer_and_everything_compacted(store: ObjectStore) 
 async def test_gc_bounds_each_plan_and_the_verifier_refuses_more(store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/v")
-    await _fill(w, 10)
+    await fill(w, 10)
     await CursorStore(store, "logs/v", "t").init("compaction", 10)
     opts = GcOptions(max_fraction=0.5, grace_s=0)
     gc = GarbageCollector(store, "logs/v", opts, edit_manifest=w.edit_manifest, clock=clock)
@@ -195,7 +183,7 @@ async def test_gc_bounds_each_plan_and_the_verifier_refuses_more(store: ObjectSt
     # A plan built past the bound (as a planning bug would) is refused by the verifier.
     m = w.manifest
     w3 = await LogWriter.open(store, "logs/v3")
-    await _fill(w3, 10)
+    await fill(w3, 10)
     m = w3.manifest
     cache = SnapshotCache()
 
@@ -230,7 +218,7 @@ async def test_gc_crash_at_every_phase_boundary(store: ObjectStore,
     kind, key, after = point
     clock = Clock()
     w = await LogWriter.open(store, "logs/k", SMALL)
-    await _fill(w, 25)
+    await fill(w, 25)
     await w.compact_manifest()
     await w.close()
     await CursorStore(store, "logs/k", "t").init("compaction", 13)
@@ -261,7 +249,7 @@ async def test_orphans_below_the_live_range_are_swept(tmp_path) -> None:  # type
     store = LocalStore(tmp_path / "s")
     clock = Clock()
     w = await LogWriter.open(store, "logs/o")
-    await _fill(w, 6)
+    await fill(w, 6)
     await w.close()
     await CursorStore(store, "logs/o", "t").init("compaction", 4)
     gc = GarbageCollector(store, "logs/o", GcOptions(grace_s=0, retain_fragments=0),
@@ -286,7 +274,7 @@ async def test_orphans_below_the_live_range_are_swept(tmp_path) -> None:  # type
 async def test_scrub_reports_corruption_precisely(tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = LocalStore(tmp_path / "s")
     w = await LogWriter.open(store, "logs/z", SMALL)
-    await _fill(w, 12)
+    await fill(w, 12)
     await w.compact_manifest()
     await w.close()
     assert (await scrub_log(store, "logs/z")).ok
@@ -333,7 +321,7 @@ async def test_scrub_reports_corruption_precisely(tmp_path) -> None:  # type: ig
 async def test_fork_from_offset_is_identical_and_independent(store: ObjectStore) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/src", SMALL)
-    await _fill(w, 20)
+    await fill(w, 20)
     await w.compact_manifest()
     await CursorStore(store, "logs/src", "t").init("compaction", 8)
     forked = await fork_log(store, "logs/src", "logs/dst")

@@ -7,9 +7,7 @@ keyed appends in one fragment, GC's balance check, and phase 3's "still referenc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Literal
 
 import pytest
 
@@ -29,17 +27,8 @@ from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.manifest import Snapshot
 from host.wal3.reader import SnapshotCache
 from host.wal3.scrub import scrub_log
-from host.wal3.store import GetResult, ObjectMeta
 
-from .helpers import read_all
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .helpers import Clock, GateStore, read_all
 
 
 # the manifest write's If-Match (the fencing condition itself) ----------------------------------
@@ -79,54 +68,19 @@ async def test_a_stale_writer_cannot_undo_another_process_collection(store: Obje
 # idempotency offsets when two keyed appends share a fragment -----------------------------------
 
 
-class GatedStore(ObjectStore):
-    """Holds the first fragment put until released, so later appends queue behind it."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.gate = asyncio.Event()
-        self.held = asyncio.Event()
-        self.armed = False
-
-    async def get(self, key: str) -> GetResult:
-        return await self.inner.get(key)
-
-    async def head(self, key: str) -> ObjectMeta:
-        return await self.inner.head(key)
-
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
-        if "/log/" in key and self.armed:
-            self.armed = False
-            self.held.set()
-            await self.gate.wait()
-        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
-        async for m in self.inner.list(prefix, start_after=start_after):
-            yield m
-
-    def url_for(self, key: str) -> str:
-        return self.inner.url_for(key)
-
-
 async def test_two_keyed_appends_in_one_fragment_keep_their_own_offsets(
         store: ObjectStore) -> None:
-    gated = GatedStore(store)
+    gated = GateStore(store)
     w = await LogWriter.open(gated, "logs/keys", LogWriterOptions(max_inflight_fragments=1))
     await w.append_many([b"warm"], idempotency_key="warm")  # loads the key window first
-    gated.armed = True
+    held = gated.hold("put", r"/log/")
     first = asyncio.create_task(w.append(b"zero"))  # its fragment is held in the store
-    await gated.held.wait()
+    await held.reached.wait()
     k1 = asyncio.create_task(w.append_many([b"a"], idempotency_key="k1"))
     k2 = asyncio.create_task(w.append_many([b"b", b"c"], idempotency_key="k2"))
     while len(w._pending) < 2:  # both queued behind the held fragment (bounded by the gate)
         await asyncio.sleep(0)
-    gated.gate.set()
+    held.release.set()
     r0, r1, r2 = await asyncio.gather(first, k1, k2)
     assert (r1.first_offset, r1.count, r2.first_offset, r2.count) == (3, 1, 4, 2)
     loaded = await load_manifest(store, "logs/keys")
