@@ -39,7 +39,8 @@ TARGETS: dict[str, list[str]] = {
     "host/wal3/setsum.py": ["tests/wal3", "tests/verify"],
     "dirtylog/rollup.py": ["tests/dirtylog"],
     "dirtylog/record.py": ["tests/dirtylog"],
-    "host/auth.py": ["tests/host/test_authz.py", "tests/host/test_auth_keys.py"],
+    "host/auth.py": ["tests/host/test_authz.py", "tests/host/test_auth_keys.py",
+                     "tests/host/test_auth_contract.py"],
     "compactor_client/fold.py": ["tests/compactor_client/test_fold.py"],
     "compactor_client/versions.py": ["tests/compactor_client/test_versions.py"],
 }
