@@ -76,3 +76,40 @@ def test_an_empty_keys_file_keeps_the_keys_in_use(tmp_path: Path) -> None:
     f.write_text("", encoding="utf-8")
     assert auth.reload() is False
     assert auth.authenticate("Bearer svc").tenant == "*"
+
+
+def test_messages_an_operator_reads() -> None:
+    import re
+
+    from host.auth import check_cursor_name, check_tenant_name, merge_keys, parse_grant
+
+    with pytest.raises(ApiError) as e:
+        check_tenant_name("a b")
+    assert str(e.value) == "tenant: must match [A-Za-z0-9_.-]{1,128}"
+    long = "x y" + "z" * 100
+    with pytest.raises(ApiError) as e:
+        check_cursor_name(long)
+    assert str(e.value) == f"name: cursor names match [A-Za-z0-9_]{{1,128}}: {long[:64]!r}"
+    with pytest.raises(ValueError) as v:
+        parse_grant("a b")
+    assert str(v.value).endswith("(tenant names match [A-Za-z0-9_.-]{1,128})")
+    with pytest.raises(ValueError, match=re.escape(
+            "a key is listed in both LOGHOST_API_KEYS and the keys file with different grants")):
+        merge_keys({"k": "acme"}, {"k": "globex"})
+
+
+def test_reloading_logs_what_happened(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    assert Authenticator({"k": "acme"}).reload() is True  # no file: nothing to re-read
+    f = tmp_path / "keys"
+    f.write_text("a=acme\nb=*\n", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="loghost.auth"):
+        auth = Authenticator({}, f)
+        f.write_text("", encoding="utf-8")
+        auth.reload()
+    loaded = [r for r in caplog.records if r.getMessage() == "API keys loaded"]
+    assert loaded and loaded[0].keys == 2  # type: ignore[attr-defined]
+    failed = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed == [f"API keys file not loaded, the keys in use stay: API keys file {f}: "
+                      "holds no key"]
