@@ -177,10 +177,6 @@ class _Batch:
         self.attempts = 0  # retries of this very fragment
 
     @property
-    def uploaded(self) -> bool:
-        return self.done and self.error is None
-
-    @property
     def settled(self) -> bool:
         """Uploaded and marked by the hook: ready to link."""
         return self.upload == "ok" and self.hooked

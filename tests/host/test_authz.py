@@ -20,7 +20,7 @@ names the role needed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,6 @@ from starlette.routing import Mount, Route
 
 from host.wal3 import LocalStore
 
-from . import live as live_module
 from .live import KEYS, Live, assert_error, live_server, log_path, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -123,22 +122,6 @@ class Env:
     root: Path
     svc: httpx.AsyncClient
     anon: httpx.AsyncClient
-
-
-@pytest.fixture(scope="module")
-def recorded_apps() -> Iterator[list[FastAPI]]:
-    """``live_server`` builds its app with ``live.create_app``: record what it builds."""
-    apps: list[FastAPI] = []
-    real = live_module.create_app
-
-    def recording(server: Any) -> FastAPI:
-        app = real(server)
-        apps.append(app)
-        return app
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(live_module, "create_app", recording)
-        yield apps
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 
-from host.leader import decode_holder
 from host.wal3 import LocalStore, StoreUnavailable
 from host.wal3.store import GetResult
 
 from ..conftest import free_port
+from .test_leader_server import holder
 from .live import (
     Live,
     assert_error,
@@ -34,7 +33,6 @@ from .live import (
     wait_until,
 )
 
-PREFIX = "loghost:leader:"
 BOUND_S = 30.0  # generous bounds on the server acting; never a latency assert
 TTL_MS = 1000
 
@@ -47,15 +45,6 @@ async def host(store_url: str | None, name: str, redis_url: str, **settings: Any
                            advertise_url=f"http://127.0.0.1:{port}", leader_ttl_ms=TTL_MS,
                            **settings) as lv:
         yield lv
-
-
-async def holder(redis_url: str, cid: str) -> dict[str, str] | None:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        value = await client.get(PREFIX + cid)
-    finally:
-        await client.aclose()
-    return None if value is None else decode_holder(value)
 
 
 async def append(c: httpx.AsyncClient, cid: str, rid: str, *, follow: bool = True

@@ -18,7 +18,7 @@ import io
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,6 @@ from starlette.routing import Route
 from host import jsonlog
 from host.wal3 import LocalStore
 
-from . import live as live_module
 from .live import CID, KEYS, Live, assert_error, live_server, log_path, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -104,22 +103,6 @@ class Env:
 
     def per_log(self) -> list[tuple[str, str]]:
         return [(m, p) for m, p in self.routes() if p.startswith(BASE)]
-
-
-@pytest.fixture(scope="module")
-def recorded_apps() -> Iterator[list[FastAPI]]:
-    """``live_server`` builds its app with ``live.create_app``: record what it builds."""
-    apps: list[FastAPI] = []
-    real = live_module.create_app
-
-    def recording(server: Any) -> FastAPI:
-        app = real(server)
-        apps.append(app)
-        return app
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(live_module, "create_app", recording)
-        yield apps
 
 
 def store_snapshot(root: Path, under: str = "") -> dict[str, bytes]:
