@@ -35,7 +35,7 @@ bench: $(STAMP) redis
 	$(PY) -m bench
 
 reliability: $(STAMP) redis
-	$(PY) -m bench.reliability
+	$(PY) -m verify.reliability
 
 # Long: mutmut over the critical modules, one scratch worktree each; rewrites docs/RELIABILITY.md.
 mutation: $(STAMP) redis

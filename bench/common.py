@@ -7,12 +7,9 @@ their rows as Markdown so the same text goes to the terminal and into ``docs/PER
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import math
 import os
-import platform
-import shlex
 import shutil
 import socket
 import subprocess
@@ -22,6 +19,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from verify.testkit import command_line as command_line  # re-exported: the benchmarks report it
+from verify.testkit import free_port as free_port
+from verify.testkit import machine_info as machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "out"
@@ -38,35 +39,7 @@ os.environ.pop("AWS_PROFILE", None)
 # ------------------------------------------------------------------------------------ facts
 
 
-def command_line() -> str:
-    """The exact command that started this process (what a reader types to reproduce a table)."""
-    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-    with contextlib.suppress(ValueError):
-        exe = Path(argv[0])
-        if exe.is_absolute() and exe.is_relative_to(ROOT):
-            argv[0] = str(exe.relative_to(ROOT))
-    return shlex.join(argv)
-
-
-def _run(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              cwd=ROOT).stdout.strip()
-    except OSError:
-        return ""
-
-
-def machine_info() -> dict[str, Any]:
-    """The facts a reader needs to judge a number: cores, kernel, Python, date, load, commit."""
-    return {
-        "nproc": _run(["nproc"]) or str(os.cpu_count()),
-        "uname": _run(["uname", "-a"]) or " ".join(platform.uname()),
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "loadavg_at_start": list(os.getloadavg()),
-        "git_head": _run(["git", "rev-parse", "--short", "HEAD"]),
-    }
+# command_line and machine_info live with the shared test infrastructure.
 
 
 # ------------------------------------------------------------------------------------ stats
@@ -173,13 +146,6 @@ def tmpfs_dir() -> Path | None:
 
 
 # ------------------------------------------------------------------------------------ moto
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _MOTO_CHILD = """

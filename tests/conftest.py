@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+
+from verify.testkit import RedisServer, free_port, redis_executable
 
 # Tests never talk to a real cloud: pin credentials and region before any client is built.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.pop("AWS_PROFILE", None)
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -212,85 +211,16 @@ async def s3_fault_proxy(moto_endpoint: str) -> AsyncIterator[S3FaultProxy]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Appended by the leader-hint work: a real redis-server on loopback that a test can stop, pause
-# (SIGSTOP: accepts connections, never answers) and restart empty on the same port.
-
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-
-def _redis_answers_ping(port: int) -> bool:
-    """True if something on 127.0.0.1:port answers a RESP PING with +PONG."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-class RedisServer:
-    """A redis-server subprocess on a fixed loopback port, without persistence."""
-
-    def __init__(self, executable: str, port: int, workdir: Path) -> None:
-        self.executable = executable
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        """Start (or restart, empty) on the same port; returns once it answers PING."""
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.workdir / "redis.log", "ab") as logfile:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(
-                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir)],
-                stdout=logfile,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout_s
-        while not _redis_answers_ping(self.port):
-            if self.proc.poll() is not None:
-                log = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}:\n{log}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"redis-server did not answer PING on port {self.port} within {timeout_s}s")
-            time.sleep(0.02)  # polling interval of a bounded readiness loop, not synchronisation
-
-    def stop(self) -> None:
-        """Kill the server (all its data is gone) and wait until it has exited."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGCONT)  # a paused server would not act on SIGTERM
-        proc.kill()
-        proc.wait(timeout=10)
-
-    def pause(self) -> None:
-        """SIGSTOP the server: connections are still accepted by the kernel but never answered."""
-        assert self.proc is not None and self.proc.poll() is None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT a paused server."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
+# A real redis-server on loopback that a test can stop, pause (SIGSTOP: accepts connections, never
+# answers) and restart empty on the same port.
 
 
 @pytest.fixture
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server on a free loopback port; a test may stop()/start() it; killed at teardown."""
-    executable = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
-    if executable is None:
+    if redis_executable() is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server) - skipping real-Redis tests")
-    server = RedisServer(executable, free_port(), tmp_path_factory.mktemp("redis"))
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     try:
         yield server

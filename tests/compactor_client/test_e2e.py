@@ -16,39 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from host.wal3 import LocalStore
+from verify.oracle import reference_fold
 
 from ..host.live import SERVICE_KEY, live_server
 
 pytestmark = pytest.mark.slow
-
-
-def reference_fold(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The semantics, written independently of the compactor's own fold."""
-    rows: dict[str, dict[str, Any]] = {}
-    for r in records:
-        rid, op = r["id"], r["op"]
-        if op == "delete":
-            rows.pop(rid, None)
-            continue
-        md = r.get("metadata") or {}
-        if rid not in rows:
-            if op in ("add", "upsert"):
-                rows[rid] = {"document": r.get("document"), "embedding": r.get("embedding"),
-                             "metadata": {k: v for k, v in md.items() if v is not None}}
-            continue
-        if op == "add":
-            continue
-        row = rows[rid]
-        if r.get("document") is not None:
-            row["document"] = r["document"]
-        if r.get("embedding") is not None:
-            row["embedding"] = r["embedding"]
-        for k, v in md.items():
-            if v is None:
-                row["metadata"].pop(k, None)
-            else:
-                row["metadata"][k] = v
-    return rows
 
 
 def random_records(rng: random.Random, n: int, ids: int) -> list[dict[str, Any]]:

@@ -16,12 +16,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from verify.testkit import wait_until_sync
 
 SUPERVISOR = Path(__file__).resolve().parents[2] / "helm" / "image" / "compactor-supervisor.py"
 STS = "lh-compactor"
@@ -159,32 +160,15 @@ def events(out: Path) -> list[str]:
 
 
 def wait_for(out: Path, predicate, timeout: float = 10.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = events(out)
-        if predicate(seen):
-            return seen
-        time.sleep(0.05)  # polling interval of a bounded wait for a condition
-    raise AssertionError(f"timed out; events so far: {events(out)}")
-
-
-def wait_until(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        time.sleep(0.02)  # polling interval of a bounded wait for a condition
+    wait_until_sync(lambda: predicate(events(out)), f"an event; so far: {events(out)}", timeout)
+    return events(out)
 
 
 def wait_for_polls(api: FakeAPI, n: int, timeout: float = 10.0) -> None:
     """Wait until the API has seen n more requests. The supervisor polls one request at a
     time, so once request k+1 arrives it has acted on the answer to request k."""
     target = len(api.requests) + n
-    deadline = time.monotonic() + timeout
-    while len(api.requests) < target:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {len(api.requests)} of {target} API requests")
-        time.sleep(0.02)  # polling interval of a bounded wait for a condition
+    wait_until_sync(lambda: len(api.requests) >= target, f"{target} API requests", timeout)
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -251,7 +235,7 @@ def test_api_errors_keep_current_membership_and_startup_retries(tmp_path, api):
         assert seen == [f"start {STS}-1 {members(3)}"]
         assert api.failures_served == 3, "the start waited out three failed reads"
         api.failures_left = 5
-        wait_until(lambda: api.failures_served == 8, "five more failed reads")
+        wait_until_sync(lambda: api.failures_served == 8, "five more failed reads")
         wait_for_polls(api, 2)  # it has acted on the last failure and on a good answer after it
         assert events(out) == seen, "an API hiccup must not restart the compactor"
     finally:

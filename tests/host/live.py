@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from host.api import create_app, uvicorn_config
 from host.config import Settings
 from host.server import Server
 from host.wal3 import ObjectStore
 
-from ..conftest import free_port
+from verify.testkit import QuietUvicorn, free_port
+from verify.testkit import wait_until as wait_until  # re-exported for the API tests
 
 SERVICE_KEY = "svc-key"
 KEYS = f"{SERVICE_KEY}=*,alice-key=alice,bob-key=bob"
@@ -38,12 +37,6 @@ def auth(key: str = SERVICE_KEY) -> dict[str, str]:
 def record(i: int | str, op: str = "add", **kw: Any) -> dict[str, Any]:
     """A Record body."""
     return {"id": str(i), "op": op, **kw}
-
-
-class _Uvicorn(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the test process keeps its own signal handlers
 
 
 @dataclass
@@ -71,7 +64,7 @@ async def live_server(store_url: str | None = None, *, store: ObjectStore | None
     base.update(settings)
     cfg = Settings(**base)
     server = Server(cfg, store=store)
-    userver = _Uvicorn(uvicorn_config(create_app(server), cfg))
+    userver = QuietUvicorn(uvicorn_config(create_app(server), cfg))
     task = asyncio.create_task(userver.serve())
     for _ in range(2000):  # wait for the socket, bounded
         if userver.started or task.done():
@@ -147,23 +140,6 @@ def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_i
 
 PROMETHEUS_SAMPLE = re.compile(
     r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
-                     timeout_s: float = 20.0, interval_s: float = 0.02) -> None:
-    """Poll ``predicate`` until true; fail (not hang) after ``timeout_s``.  Never a timing assert."""
-    import pytest
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for: {what}")
-        await asyncio.sleep(interval_s)
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

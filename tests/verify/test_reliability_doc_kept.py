@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.reliability import KEEP_MARKER, ROOT, _kept_part
+from verify.reliability.run import KEEP_MARKER, ROOT, _kept_part
 
 
 def test_the_hand_written_sections_survive_a_rewrite() -> None:

@@ -1,10 +1,10 @@
-"""The quick form of every reliability scenario (bench/reliability.py), seeded and bounded.
+"""The quick form of every reliability scenario (verify/reliability/), seeded and bounded.
 
 Each runs real parts (uvicorn hosts in-process or as processes, redis-server, the compactor
 under Spark) against a seeded fault schedule and asserts the verifier's verdict: nothing
 acknowledged lost, nothing duplicated, every log scrubbed clean, no other violation, and the
 scheduled faults really happened.  A failing scenario prints its violations; rerun it with
-``python -m bench.reliability --quick --scenario NAME --seed SEED``.
+``python -m verify.reliability --quick --scenario NAME --seed SEED``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.reliability import run_isolated
-from bench.reliability_infra import RedisProc
-from bench.reliability_scenarios import SCENARIOS
+from verify.reliability.run import run_isolated
+from verify.testkit import redis_executable
+from verify.reliability.scenarios import SCENARIOS
 
 SEED = 1
 
@@ -27,7 +27,7 @@ PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in ("compactor_kil
 
 @pytest.mark.parametrize("name", PARAMS)
 async def test_quick_scenario(name: str, tmp_path: Path) -> None:
-    if name == "redis_restart" and not RedisProc.available():
+    if name == "redis_restart" and redis_executable() is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     r = await run_isolated(name, SEED, True, tmp_path / name)
     print(r.line())

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,20 +25,14 @@ import httpx
 
 from host.wal3 import ObjectStore, SimulatedCrash
 from host.wal3.store import GetResult, ObjectMeta
+from verify.testkit import QuietUvicorn, free_port, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVICE_KEY = "svc-key"
 API_KEYS = f"{SERVICE_KEY}=*,alice-key=alice,bob-key=bob"
 TENANT_KEYS = {"alice": "alice-key", "bob": "bob-key"}
 
-_log = logging.getLogger("bench.reliability")
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_log = logging.getLogger("verify.reliability")
 
 
 def rss_kib(pid: int) -> int | None:
@@ -52,21 +44,6 @@ def rss_kib(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-async def poll(predicate: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float,
-               interval_s: float = 0.02) -> None:
-    """Poll ``predicate`` until true; raise TimeoutError (never hang) after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for: {what}")
-        await asyncio.sleep(interval_s)  # polling interval of a bounded wait
 
 
 # ------------------------------------------------------------------------------- crash latch
@@ -160,23 +137,6 @@ class CrashLatch(ObjectStore):
 # ------------------------------------------------------------------------- in-process host
 
 
-class _Uvicorn:
-    """A uvicorn server that leaves the process's signal handlers alone."""
-
-    @staticmethod
-    def make(app: Any, settings: Any) -> Any:
-        import uvicorn
-
-        from host.api import uvicorn_config
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):  # type: ignore[no-untyped-def]
-                yield
-
-        return Server(uvicorn_config(app, settings, timeout_graceful_shutdown=10))
-
-
 @dataclass
 class InProcessHost:
     """A real uvicorn log host in this process over a shared (faulty) store, restartable.
@@ -203,7 +163,7 @@ class InProcessHost:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        from host.api import create_app
+        from host.api import create_app, uvicorn_config
         from host.config import Settings
         from host.server import Server
 
@@ -217,9 +177,10 @@ class InProcessHost:
             self.latch.observers.extend(self.observers)
             settings = Settings(**base)
             self.server = Server(settings, store=self.latch)
-            self._userver = _Uvicorn.make(create_app(self.server), settings)
+            self._userver = QuietUvicorn(uvicorn_config(create_app(self.server), settings,
+                                                       timeout_graceful_shutdown=10))
             self._task = asyncio.create_task(self._userver.serve(), name=f"uvicorn-{self.port}")
-            await poll(lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
+            await wait_until(lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
                        "uvicorn to start", 60)
             if not self._task.done():
                 return
@@ -267,7 +228,7 @@ class ProcHost:
     server_id: str = "p0"
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
-    faulty_args: list[str] | None = None  # set: run bench.reliability_host with these arguments
+    faulty_args: list[str] | None = None  # set: run verify.reliability.host with these arguments
     proc: subprocess.Popen[bytes] | None = None
     kills: int = 0
     starts: int = 0
@@ -294,7 +255,7 @@ class ProcHost:
         if self.faulty_args is None:
             cmd = [sys.executable, "-c", boot.format(mod="host.cli"), "serve"]
         else:
-            cmd = [sys.executable, "-c", boot.format(mod="bench.reliability_host"),
+            cmd = [sys.executable, "-c", boot.format(mod="verify.reliability.host"),
                    *self.faulty_args]
         cmd += ["--store", str(self.store_dir), "--listen", f"127.0.0.1:{self.port}",
                 "--server-id", self.server_id]
@@ -369,66 +330,6 @@ class ProcHost:
         inner = [f for f in frames if "/host/" in f or "/wal3/" in f or "/dirtylog/" in f]
         return f"main thread in: {inner[0] if inner else (frames[0] if frames else 'unknown')} " \
                f"(full dump in {self.log_path})"
-
-
-# --------------------------------------------------------------------------------- redis
-
-
-class RedisProc:
-    """redis-server on a loopback port, without persistence; stop() kills it (data gone)."""
-
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
-        import shutil
-
-        exe = shutil.which("redis-server") or (
-            "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
-        if exe is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.exe = exe
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.stops = 0
-
-    @staticmethod
-    def available() -> bool:
-        import shutil
-
-        return bool(shutil.which("redis-server") or os.path.exists("/usr/bin/redis-server"))
-
-    def _pong(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.workdir / "redis.log", "ab") as out:
-            self.proc = subprocess.Popen(
-                [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir)],
-                stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while not self._pong():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.02)  # polling interval of a bounded readiness loop
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.wait(timeout=10)
-        self.stops += 1
 
 
 # ------------------------------------------------------------------------ store inspection

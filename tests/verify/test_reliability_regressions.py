@@ -1,4 +1,4 @@
-"""Regression tests for bugs the reliability verifier (bench/reliability.py) found.
+"""Regression tests for bugs the reliability verifier (verify/reliability/) found.
 
 Each is the smallest reproduction at the level where the bug lives; they fail until it is fixed.
 """

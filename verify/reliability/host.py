@@ -1,13 +1,13 @@
 """A real log host process over a seeded ``FaultyStore`` (for the soak and process scenarios).
 
-``python -m bench.reliability_host --store DIR --listen 127.0.0.1:PORT --server-id ID
+``python -m verify.reliability.host --store DIR --listen 127.0.0.1:PORT --server-id ID
 [--seed S] [--latency-s X] [--jitter-s X] [--error-rate P] [--lost-response-rate P]
 [--precondition-storm-rate P]``
 
 It is ``loghost serve`` (the same ``Server`` and FastAPI app under uvicorn, every other setting
-from ``LOGHOST_*``) with the store wrapped in a ``FaultyStore``, plus two bench-only routes on the
-loopback listener: ``GET /_bench/faults`` (the FaultyStore's stats) and ``POST
-/_bench/faults/{enable,disable}``.
+from ``LOGHOST_*``) with the store wrapped in a ``FaultyStore``, plus two harness-only routes on the
+loopback listener: ``GET /_verify/faults`` (the FaultyStore's stats) and ``POST
+/_verify/faults/{enable,disable}``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.reliability_host")
+    p = argparse.ArgumentParser(prog="python -m verify.reliability.host")
     p.add_argument("--store", required=True)
     p.add_argument("--listen", required=True)
     p.add_argument("--server-id", required=True)
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precondition-storm-rate", type=float, default=0.0)
     args = p.parse_args(argv)
     if not args.listen.startswith("127.0.0.1:"):
-        print("the bench host listens on 127.0.0.1 only", file=sys.stderr)
+        print("the harness host listens on 127.0.0.1 only", file=sys.stderr)
         return 2
 
     import uvicorn
@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                          precondition_storm_rate=args.precondition_storm_rate)
     app = create_app(Server(settings, store=faulty))
 
-    @app.get("/_bench/faults", include_in_schema=False)
+    @app.get("/_verify/faults", include_in_schema=False)
     async def faults() -> JSONResponse:
         return JSONResponse(faulty.stats())
 
-    @app.post("/_bench/faults/{action}", include_in_schema=False)
+    @app.post("/_verify/faults/{action}", include_in_schema=False)
     async def toggle(action: str) -> JSONResponse:
         if action == "disable":
             faulty.disable()

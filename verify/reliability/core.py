@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from .reliability_infra import SERVICE_KEY, TENANT_KEYS, poll
+from .infra import SERVICE_KEY, TENANT_KEYS, wait_until
 
 Hosts = Callable[[], Sequence[str]]
 
@@ -639,7 +639,7 @@ async def drain_readers(load: Load, timeout_s: float = 120.0) -> None:
         return all(run.tail_pos[cid] >= st["next_offset"] for cid, st in states.items())
 
     try:
-        await poll(caught_up, "readers to reach the tail", timeout_s, 0.05)
+        await wait_until(caught_up, "readers to reach the tail", timeout_s, 0.05)
     except TimeoutError:
         behind = {cid: (run.tail_pos[cid], st["next_offset"]) for cid, st in states.items()
                   if run.tail_pos[cid] < st["next_offset"]}

@@ -3,7 +3,7 @@
 Every scenario is ``async def scenario(seed, quick, workdir, opts) -> Result``.  All random choices
 (the fault schedule, the crash points, the writers' plans, collection ids) come from
 ``random.Random`` seeded with the scenario's seed, so a failing seed is rerun with
-``python -m bench.reliability --scenario NAME --seed S``.  Timing (which request a fault lands on
+``python -m verify.reliability --scenario NAME --seed S``.  Timing (which request a fault lands on
 among concurrent ones) is not reproducible bit for bit; the schedule is.
 """
 
@@ -30,7 +30,7 @@ import httpx
 from host.wal3 import FaultRule, FaultyStore, LocalStore
 from host.wal3.gc import Garbage, GarbageRejected
 
-from .reliability_core import (
+from .core import (
     Collection,
     Load,
     Result,
@@ -47,14 +47,14 @@ from .reliability_core import (
     run_with,
     service_call,
 )
-from .reliability_infra import (
+from verify.testkit import RedisServer, wait_until
+
+from .infra import (
     ROOT,
     SERVICE_KEY,
     InProcessHost,
     ProcHost,
-    RedisProc,
     compacted_objects,
-    poll,
 )
 
 
@@ -416,7 +416,7 @@ async def _ack_fraction(run: Run, fraction: float, timeout_s: float) -> bool:
     wl = run.workload
     total = wl.writers * (wl.appends_per_writer or 0)
     with contextlib.suppress(TimeoutError):
-        await poll(lambda: run.stop.is_set() or run.acked_appends >= fraction * total,
+        await wait_until(lambda: run.stop.is_set() or run.acked_appends >= fraction * total,
                    f"{fraction:.0%} of the appends acknowledged", timeout_s, 0.01)
     return not run.stop.is_set()
 
@@ -460,7 +460,7 @@ async def scenario_kill9(seed: int, quick: bool, workdir: Path, opts: Options) -
 
 
 async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
-                     redis: RedisProc | None) -> Result:
+                     redis: RedisServer | None) -> Result:
     started = time.monotonic()
     rng = random.Random(f"{name}:{seed}")
     store = workdir / "store"
@@ -579,7 +579,7 @@ async def scenario_two_hosts(seed: int, quick: bool, workdir: Path, opts: Option
 
 async def scenario_redis_restart(seed: int, quick: bool, workdir: Path, opts: Options) -> Result:
     """Two hosts with a Redis leader hint; Redis is killed and restarted empty mid-run."""
-    redis = RedisProc(workdir / "redis")
+    redis = RedisServer(workdir / "redis")
     await asyncio.to_thread(redis.start)
     try:
         return await _two_hosts("redis_restart", seed, quick, workdir, redis)
@@ -652,7 +652,7 @@ def _check_compacted(run: Run, store: Path, coll: Collection, state: dict[str, A
     """CURRENT.json consistent, cursor never ahead of it, Parquet == reference fold."""
     import pyarrow.parquet as pq
 
-    from tests.compactor_client.test_e2e import reference_fold
+    from verify.oracle import reference_fold
 
     cur_path = store / "compacted" / coll.cid / "CURRENT.json"
     cursor = int(state["compaction_offset"])
@@ -720,7 +720,7 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         t = time.monotonic()
         load_task = asyncio.create_task(run_with(run, None, 900))
         # Let some load build up, roll the dirty log up, then start the compactor under load.
-        await poll(lambda: run.acked_records >= (150 if quick else 1500), "initial load", 300)
+        await wait_until(lambda: run.acked_records >= (150 if quick else 1500), "initial load", 300)
         phases["initial_load"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         await service_call(run, "POST", "/v1/dirty/rollup")
@@ -735,13 +735,13 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
                 return proc.poll() is not None or (parts > 0 if kill_at == "fold"
                                                    else currents > 0)
 
-            await poll(at_kill_point, f"the compactor to reach {kill_at}", 300, 0.005)
+            await wait_until(at_kill_point, f"the compactor to reach {kill_at}", 300, 0.005)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the compactor and its Spark JVM
                 killed = True
                 run.events["compactor_kill9"] += 1
             await asyncio.to_thread(proc.wait, 60)
-            await poll(lambda: not _group_alive(proc.pid), "the compactor's group to exit", 60)
+            await wait_until(lambda: not _group_alive(proc.pid), "the compactor's group to exit", 60)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -855,9 +855,9 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
                                    json={"offset": 1, "witness": None})
             assert r is not None and r.status_code == 200, r and r.text
         load_task = asyncio.create_task(run_with(run, None, 900))
-        await poll(lambda: run.acked_records >= (100 if quick else 1000), "initial load", 300)
+        await wait_until(lambda: run.acked_records >= (100 if quick else 1000), "initial load", 300)
         await compactor_round()  # sources get CURRENT.json at some offset V
-        await poll(lambda: run.acked_records >= (200 if quick else 2000), "more load", 300)
+        await wait_until(lambda: run.acked_records >= (200 if quick else 2000), "more load", 300)
         # Forks at arbitrary offsets in [oldest, tail] while writers keep appending.
         for c in rng.sample(colls, k=max(2, len(colls) // 2)):
             r = await service_call(run, "GET", c.path)
@@ -983,7 +983,7 @@ async def scenario_soak(seed: int, quick: bool, workdir: Path, opts: Options) ->
         stuck = await host.responsive()
         if stuck is not None:
             raise RuntimeError(stuck)
-        r = await run.client.post(host.url + "/_bench/faults/disable")
+        r = await run.client.post(host.url + "/_verify/faults/disable")
         stats = r.json()
         result.faults = int(stats["faults_injected"])
         result.fault_kinds = dict(stats["faults"])

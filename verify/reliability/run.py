@@ -1,4 +1,4 @@
-"""``python -m bench.reliability``: the end-to-end reliability verifier under seeded faults.
+"""``python -m verify.reliability``: the end-to-end reliability verifier under seeded faults.
 
 The promise under test: every acknowledged write is read back exactly once, and the setsum proves
 the data at rest intact.  Each scenario runs writers (uniquely tagged records, idempotency keys,
@@ -10,13 +10,13 @@ scrubbed clean, the dirty set complete.  One line per run::
 
 Forms:
 
-``python -m bench.reliability --quick``
-    one seed of every scenario, small (about 3 minutes on 2 cores; what tests/bench runs).
-``python -m bench.reliability``
+``python -m verify.reliability --quick``
+    one seed of every scenario, small (about 3 minutes on 2 cores; what tests/verify runs).
+``python -m verify.reliability``
     the long form: ``--seeds 6`` seeds of every scenario (19 scenarios, 108 seeded schedules
     counting the soak) plus a 10-minute soak with 1,000 logs; about an hour on 2 cores.
     ``--write-doc`` rewrites docs/RELIABILITY.md with the results.
-``python -m bench.reliability --scenario crash_gc_apply --seed 17``
+``python -m verify.reliability --scenario crash_gc_apply --seed 17``
     rerun one schedule.
 
 Exit status 1 if any run lost or duplicated a record, failed a scrub, or broke another check.
@@ -37,19 +37,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import command_line, machine_info
-from .reliability_core import Result
-from .reliability_infra import ROOT, RedisProc
-from .reliability_scenarios import SCENARIOS, Options, seeds_for
+from verify.testkit import command_line, machine_info
+from .core import Result
+from .infra import ROOT
+from verify.testkit import redis_executable
+from .scenarios import SCENARIOS, Options, seeds_for
 
 DOC = ROOT / "docs" / "RELIABILITY.md"
 OUT = ROOT / "bench" / "out"
 DEFAULT_SEEDS = 6
-LONG_COMMAND = "python -m bench.reliability --write-doc"
+LONG_COMMAND = "python -m verify.reliability --write-doc"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.reliability",
+    p = argparse.ArgumentParser(prog="python -m verify.reliability",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="scenarios:\n" + "\n".join(
@@ -110,7 +111,7 @@ async def run_isolated(name: str, seed: int, quick: bool, workdir: Path,
     limit = timeout_s or time_limit(name, quick, opts)
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "result.json"
-    cmd = [sys.executable, "-m", "bench.reliability", "--_child", name, str(seed),
+    cmd = [sys.executable, "-m", "verify.reliability", "--_child", name, str(seed),
            "1" if quick else "0", str(workdir), str(limit - 10), str(opts.soak_seconds),
            str(opts.soak_logs)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -236,7 +237,7 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], float]:
         unknown = [n for n in names if n not in SCENARIOS]
         if unknown:
             raise SystemExit(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
-    if not RedisProc.available() and "redis_restart" in names:
+    if redis_executable() is None and "redis_restart" in names:
         print("# redis-server not installed: skipping redis_restart", flush=True)
         names.remove("redis_restart")
     nseeds = args.seeds if args.seeds is not None else (1 if args.quick else DEFAULT_SEEDS)
@@ -298,7 +299,7 @@ def _machine() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ doc
 
-# Bugs this verifier found, each with its regression test (tests/bench/test_regressions.py):
+# Bugs this verifier found, each with its regression test (tests/verify/test_reliability_regressions.py):
 # (found by, test, what goes wrong, status).
 FIXED_7 = "fixed (384b0ed)"
 FINDINGS: list[tuple[str, str, str, str]] = [
@@ -369,7 +370,7 @@ def _mib(kib: Any) -> str:
     return "-" if not kib else f"{int(kib) / 1024:.0f} MiB"
 
 
-KEEP_MARKER = "<!-- kept by bench.reliability --write-doc"
+KEEP_MARKER = "<!-- kept by verify.reliability --write-doc"
 
 
 def _kept_part(text: str) -> str:
@@ -408,7 +409,7 @@ def render_doc(data: dict[str, Any]) -> str:
         mem = s["notes"].get("memory", {})
         samples = ", ".join(f"{t:.0f}s {_mib(k)}" for t, k in mem.get("samples", []))
         soak_md = "\n".join([
-            f"One host process (`python -m bench.reliability_host`, i.e. `Server` + uvicorn over a "
+            f"One host process (`python -m verify.reliability.host`, i.e. `Server` + uvicorn over a "
             f"FaultyStore) served **{s['logs']:,} logs** for **{s['notes'].get('seconds_of_load', 0):.0f} s** "
             f"of load: {s['notes'].get('appends_acknowledged', 0):,} appends "
             f"({s['acknowledged']:,} records) acknowledged, {s['faults']:,} store faults injected "
@@ -437,7 +438,7 @@ def render_doc(data: dict[str, Any]) -> str:
 
     failed_md = "none." if not failed else "\n\n" + "\n".join(
         f"- `{r['scenario']}` seed {r['seed']} "
-        f"(`python -m bench.reliability --scenario {r['scenario']} --seed {r['seed']}"
+        f"(`python -m verify.reliability --scenario {r['scenario']} --seed {r['seed']}"
         f"{' --quick' if data['quick'] else ''}`): "
         + _short(r.get("error") or (r["violations"][0] if r["violations"] else "failed"))
         + (f" (+{r.get('violation_count', len(r['violations'])) - 1} more)"
@@ -446,7 +447,7 @@ def render_doc(data: dict[str, Any]) -> str:
     return f"""# Reliability
 
 The promise: **every acknowledged write is read back exactly once, and the setsum proves the data
-at rest intact.**  This page is generated by `bench/reliability.py` (do not edit by hand) and shows
+at rest intact.**  This page is generated by `verify/reliability/` (do not edit by hand) and shows
 what the verifier did to the log host and what it found.
 
 ## Results
@@ -488,12 +489,12 @@ log.  The figure after the audit is higher because the audit reads every log bac
 
 ## How to run and reproduce
 
-- Quick form (also part of `make test` through `tests/bench/test_reliability_quick.py`):
-  `python -m bench.reliability --quick` (about 3 minutes on 2 cores).
+- Quick form (also part of `make test` through `tests/verify/test_reliability_quick.py`):
+  `python -m verify.reliability --quick` (about 3 minutes on 2 cores).
 - Long form, as above: `{LONG_COMMAND}` (= `make reliability` plus `--write-doc`):
   {DEFAULT_SEEDS} seeds of every scenario and a 600 s soak with 1,000 logs; about an hour
   on 2 cores.  `--seeds 100` runs 100 seeds of every scenario (about 15 hours).
-- One schedule: `python -m bench.reliability --scenario NAME --seed S [--quick]`.  Everything
+- One schedule: `python -m verify.reliability --scenario NAME --seed S [--quick]`.  Everything
   random (fault rates, rule positions, crash points and their order, kill points, writer plans,
   batch sizes, rates, collection ids) is drawn from `random.Random` seeded with S, so the same
   seed gives the same schedule.  Which of several concurrent requests a probabilistic fault lands
@@ -542,7 +543,7 @@ the phase it names.
 
 ## Bugs found
 
-Each has a regression test in `tests/bench/test_regressions.py` that fails until it is fixed.
+Each has a regression test in `tests/verify/test_reliability_regressions.py` that fails until it is fixed.
 
 | found by | regression test | what goes wrong | status |
 |:--|:--|:--|:--|
@@ -564,7 +565,7 @@ fragments.  Crash scenarios arm 2
 `python -m compactor_client run --once` with Spark `local[2]`).  In `compactor_kill` every log also
 carries a reader cursor at 1 so the audit can fold the whole log: after the kill every
 `CURRENT.json` must be readable, no cursor ahead of its `CURRENT.json` offset and each version equal
-to a reference fold (`reference_fold` from `tests/compactor_client/test_e2e.py`) of the log up to
+to a reference fold (`verify/oracle.py`) of the log up to
 its offset; after the rerun every cursor must equal its `CURRENT.json` offset and the log's tail.
 
 ## Covered and not covered
@@ -588,7 +589,3 @@ interleavings are sampled, not enumerated: a clean run is evidence, not proof.
 |:--|--:|--:|--:|--:|--:|--:|:--|--:|--:|--:|
 {chr(10).join(per_seed)}
 """
-
-
-if __name__ == "__main__":
-    sys.exit(main())
