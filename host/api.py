@@ -358,7 +358,9 @@ def create_app(server: Server) -> FastAPI:
     # in the OpenAPI document by ``_openapi`` instead.
     def _scope(request: Request, tenant: str, collection_id: str, needed: Role
                ) -> tuple[str, UUID]:
-        server.auth.authorize(principal(request), tenant, needed)
+        who = principal(request)
+        server.auth.authorize(who, tenant, needed)
+        request.state.principal = who  # long-polls are counted per role
         cid = _parse_uuid(collection_id)
         jsonlog.tenant.set(tenant)
         jsonlog.collection_id.set(str(cid))
@@ -509,7 +511,9 @@ def create_app(server: Server) -> FastAPI:
                 # when its client hangs up, at shutdown, or when the log moves.
                 if gone is None:
                     gone = asyncio.create_task(_disconnected(request.receive))
-                why = await server.manager.wait_for_records(h, tenant, from_, deadline, gone)
+                role = request.state.principal.role.name.lower()
+                why = await server.manager.wait_for_records(h, tenant, role, from_, deadline,
+                                                            gone)
                 if why == "disconnected":
                     raise ClientDisconnect()
                 if why in ("timeout", "drain"):

@@ -105,7 +105,9 @@ class LogManager:
         self._draining = False
         self._drained = asyncio.Event()  # set at shutdown: long-polls answer at once
         self._background: set[asyncio.Task[None]] = set()
-        self._waits: collections.Counter[str] = collections.Counter()  # long-polls per tenant
+        # Long-polls waiting, per (tenant, role of the key): a tenant's read-only keys have their
+        # own share, so they cannot starve its tenant key (nor a compactor's service key).
+        self._waits: collections.Counter[tuple[str, str]] = collections.Counter()
         self._idle_task: asyncio.Task[None] | None = None
         gc_grace = settings.gc_grace_s
         self._writer_options = LogWriterOptions(
@@ -304,20 +306,29 @@ class LogManager:
         # Untrusted long-polls look at the store this often: well within one renewal interval.
         return max(0.05, min(1.0, self._settings.leader_ttl_ms / 3000.0))
 
-    async def wait_for_records(self, h: LogHandle, tenant: str, from_offset: int,
+    def long_polls(self, tenant: str, role: str) -> int:
+        """Long-polls waiting on ``tenant``'s logs for keys of ``role``."""
+        return self._waits.get((tenant, role), 0)
+
+    async def wait_for_records(self, h: LogHandle, tenant: str, role: str, from_offset: int,
                                deadline: float, disconnected: asyncio.Future[None] | None
                                ) -> str:
         """Wait, without holding ``h``, until the log may have a record at ``from_offset``.
+
+        At most ``max_long_polls_per_tenant`` wait at once per tenant and role (``reader``,
+        ``tenant``, ``service``): more raise a 429.
 
         Returns why it stopped: "records" (look again), "timeout", "changed" (the log was lost
         or closed: look again through ``use()``), "drain" (shutdown) or "disconnected".  The
         waiting request is not a user of ``h``, so eviction may close the log meanwhile.
         """
-        if self._waits[tenant] >= self._settings.max_long_polls_per_tenant:
+        pool = (tenant, role)
+        if self._waits[pool] >= self._settings.max_long_polls_per_tenant:
             self._metrics.backpressure.labels("long_poll").inc()
             raise BackpressureError(
-                f"tenant {tenant} has {self._waits[tenant]} long-polls waiting", "long_poll", 1)
-        self._waits[tenant] += 1
+                f"tenant {tenant} has {self._waits[pool]} long-polls waiting for {role} keys",
+                "long_poll", 1)
+        self._waits[pool] += 1
         h.waiters += 1
         self._metrics.long_polls.inc()
         stops: list[asyncio.Future[Any]] = [asyncio.ensure_future(h.changed.wait()),
@@ -351,10 +362,10 @@ class LogManager:
         finally:
             for f in stops[:2]:
                 f.cancel()
-            self._waits[tenant] -= 1
+            self._waits[pool] -= 1
             h.waiters -= 1
-            if self._waits[tenant] <= 0:
-                del self._waits[tenant]
+            if self._waits[pool] <= 0:
+                del self._waits[pool]
             self._metrics.long_polls.dec()
 
     async def _get_or_open(self, cid: UUID, tenant: str, *, create: bool) -> LogHandle:
