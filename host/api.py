@@ -51,7 +51,7 @@ from .errors import (
     error_response,
     install_handlers,
 )
-from .httpserver import guarded_h11
+from .httpserver import connection_ticket, guarded_h11
 from .manager import LogHandle, log_prefix
 from .models import (
     AdoptRequest,
@@ -307,7 +307,8 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "timeout_graceful_shutdown": int(settings.shutdown_grace_s),
         # Slowloris: headers and bodies must arrive in time; connections are capped.
         "http": guarded_h11(settings.header_timeout_s, settings.body_timeout_s,
-                            settings.max_connections),
+                            settings.max_connections,
+                            settings.max_unauthenticated_connections),
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
@@ -351,7 +352,11 @@ def create_app(server: Server) -> FastAPI:
         values = request.headers.getlist("authorization")
         if len(values) > 1:
             raise Unauthorized("more than one Authorization header")
-        return server.auth.authenticate(values[0] if values else None)
+        who = server.auth.authenticate(values[0] if values else None)
+        ticket = connection_ticket(request.scope)
+        if ticket is not None:
+            ticket.mark_authenticated()  # the connection cap no longer closes it for strangers
+        return who
 
     # One flat dependency per route (a chain of them costs a fifth of a small request), named for
     # the role the route needs (the role table is in README.md); the bearer scheme is documented

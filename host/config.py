@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(60.0, gt=0)
     max_connections: int = Field(4096, ge=1)
+    # Connections none of whose requests carried a valid key yet (probes, scrapers, strangers):
+    # beyond this the oldest of them is closed; they never push out authenticated connections.
+    max_unauthenticated_connections: int = Field(512, ge=1)
     # Long-polls (wait_ms) waiting at once per tenant; more answer 429.
     max_long_polls_per_tenant: int = Field(256, ge=1)
 

@@ -4,6 +4,14 @@ uvicorn (h11) has a keep-alive timeout but nothing for a connection that never f
 headers or its body: a slowloris client holds a socket (and, mid-body, a request task) forever.
 ``guarded_h11`` closes such connections, and connections beyond ``max_connections``.
 
+The cap must not let strangers shut tenants out.  A connection is *unauthenticated* until one of
+its requests carries a valid key (the app says so through the ``loghost.connection`` entry of
+the ASGI scope's extensions).  Unauthenticated connections have their own cap
+(``max_unauthenticated``), and whenever either cap is exceeded the oldest unauthenticated
+connection is closed to make room (idle ones first), never an authenticated one: a newcomer is
+refused only when every other connection is authenticated.  So connections that never show a
+key cannot keep a tenant's new connection out, nor close its kept-alive ones.
+
 ``DrainingServer`` tells the log host that shutdown began *before* uvicorn's drain (which waits
 up to ``timeout_graceful_shutdown`` for requests), so leader hints of idle logs are released and
 long-polls answer at once instead of at the end of the drain.
@@ -12,6 +20,7 @@ long-polls answer at once instead of at the end of the drain.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,28 +32,113 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 _log = logging.getLogger("loghost.http")
 
 
+SCOPE_EXTENSION = "loghost.connection"
+
+
+class ConnectionTicket:
+    """What the app knows of its request's connection: it marks it authenticated."""
+
+    __slots__ = ("_table", "_conn", "authenticated")
+
+    def __init__(self, table: ConnectionTable, conn: _GuardedH11) -> None:
+        self._table = table
+        self._conn = conn
+        self.authenticated = False
+
+    def mark_authenticated(self) -> None:
+        """A request on this connection carried a valid key: it no longer gives way to others."""
+        if not self.authenticated:
+            self.authenticated = True
+            self._table.unauthenticated.pop(self._conn, None)
+
+
+def connection_ticket(scope: dict[str, Any]) -> ConnectionTicket | None:
+    """The ticket of a request's connection (None when not served by ``guarded_h11``)."""
+    ticket = scope.get("extensions", {}).get(SCOPE_EXTENSION)
+    return ticket if isinstance(ticket, ConnectionTicket) else None
+
+
+class ConnectionTable:
+    """One server's connections that have not authenticated yet, oldest first."""
+
+    def __init__(self, max_connections: int, max_unauthenticated: int) -> None:
+        self.max_connections = max_connections
+        self.max_unauthenticated = max_unauthenticated
+        self.unauthenticated: collections.OrderedDict[_GuardedH11, None] = \
+            collections.OrderedDict()
+        # Aborted by the cap but not yet gone (connection_lost runs on a later loop turn): not
+        # counted, or one burst of newcomers would evict more than it needs to.
+        self.closing: set[_GuardedH11] = set()
+        self.evicted = 0  # connections closed to make room (for tests and logs)
+
+    def victim(self, newcomer: _GuardedH11) -> _GuardedH11 | None:
+        """The connection to close for room: the oldest idle unauthenticated one, else the
+        oldest unauthenticated one; never ``newcomer`` (refused only if nothing else gives)."""
+        busy: _GuardedH11 | None = None
+        for conn in self.unauthenticated:
+            if conn is newcomer:
+                continue
+            if conn.idle:
+                return conn
+            if busy is None:
+                busy = conn
+        return busy
+
+
 class _GuardedH11(H11Protocol):
     """H11Protocol with a header deadline, a body deadline and a connection cap."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
-    max_connections: int = 4096
+    table: ConnectionTable
 
     _guard: asyncio.TimerHandle | None = None
     _guard_kind: str = ""
+    _ticket: ConnectionTicket | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
-            _log.warning("closing a connection: %d open (limit %d)", len(self.connections),
-                         self.max_connections)
-            transport.abort()
-            return
+        table = self.table
+        self._ticket = ConnectionTicket(table, self)
+        inner = self.app
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            scope.setdefault("extensions", {})[SCOPE_EXTENSION] = self._ticket
+            await inner(scope, receive, send)
+
+        self.app = app
+        table.unauthenticated[self] = None
+        while (len(self.connections) - len(table.closing) > table.max_connections
+               or len(table.unauthenticated) > table.max_unauthenticated):
+            victim = table.victim(self)
+            if victim is None:
+                _log.warning("refusing a connection: %d open, all authenticated (limit %d)",
+                             len(self.connections), table.max_connections)
+                self._evict(self)
+                return
+            self._evict(victim)
         # A connection that sends nothing is a connection whose headers never arrive.
         self._arm("header", self.header_timeout_s)
 
+    def _evict(self, conn: _GuardedH11) -> None:
+        table = self.table
+        table.unauthenticated.pop(conn, None)
+        if conn is not self:
+            table.evicted += 1
+            _log.info("closing an unauthenticated connection to make room")
+        table.closing.add(conn)
+        conn._disarm()
+        conn.transport.abort()
+
+    @property
+    def idle(self) -> bool:
+        """Not in the middle of answering a request (waiting for one, or between them)."""
+        return self.cycle is None or self.cycle.response_complete
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.table.unauthenticated.pop(self, None)
+        self.table.closing.discard(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -94,12 +188,15 @@ class _GuardedH11(H11Protocol):
         self.transport.close()
 
 
-def guarded_h11(header_timeout_s: float, body_timeout_s: float,
-                max_connections: int) -> type[H11Protocol]:
-    """An h11 protocol class with these limits (uvicorn's ``http=`` option)."""
+def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections: int,
+                max_unauthenticated: int | None = None) -> type[H11Protocol]:
+    """An h11 protocol class with these limits (uvicorn's ``http=`` option); each call makes a
+    class with its own connection table (one per server)."""
+    table = ConnectionTable(max_connections, min(max_connections, max_unauthenticated)
+                            if max_unauthenticated is not None else max_connections)
     return type("GuardedH11Protocol", (_GuardedH11,), {
         "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
-        "max_connections": max_connections})
+        "table": table})
 
 
 DrainHook = Callable[[], Awaitable[None]]

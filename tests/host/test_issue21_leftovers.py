@@ -53,3 +53,63 @@ async def test_read_only_key_cannot_take_its_tenants_whole_long_poll_cap(tmp_pat
                 got = await t
                 assert got.status_code == 200, got.text
                 assert [x["record"]["id"] for x in got.json()["records"]] == ["2"]
+
+
+# ------------------------------------------------- V5: the connection cap and authentication
+
+
+async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: str,
+                   path: str, key: str | None = None, body: bytes = b"") -> int:
+    """One HTTP/1.1 request on a kept-alive connection; the status (the body is read and
+    dropped).  Raises ConnectionError / IncompleteReadError when the server closed it."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    if key is not None:
+        head += f"Authorization: Bearer {key}\r\n"
+    writer.write(head.encode() + b"\r\n" + body)
+    await writer.drain()
+    async with asyncio.timeout(BOUND_S):
+        status_line = await reader.readuntil(b"\r\n")
+        headers = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+    length = 0
+    for line in headers.split("\r\n"):
+        if line.startswith("content-length:"):
+            length = int(line.split(":", 1)[1])
+    async with asyncio.timeout(BOUND_S):
+        await reader.readexactly(length)
+    return int(status_line.split()[1])
+
+
+async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Path) -> None:
+    """V5: the connection cap was taken before authentication: connections that never showed a
+    key (here: one public /healthz each, then idle keep-alive) filled it, and every tenant's new
+    connection was closed.  Unauthenticated connections now give way; authenticated ones stay."""
+    cid = str(uuid.uuid4())
+    append = log_path("alice", cid) + "/records"
+    body = b'{"records":[{"id":"1","op":"add"}]}'
+    async with live_server(str(tmp_path / "store"), api_keys=KEYS, max_connections=4,
+                           max_unauthenticated_connections=2, header_timeout_s=60.0) as lv:
+        port = _port(lv)
+        # The application's connection, authenticated by its first request.
+        app = await asyncio.open_connection("127.0.0.1", port)
+        assert await _request(*app, "POST", append, "ak", body) == 200
+        hogs = []
+        try:
+            for _ in range(8):  # more than either cap, none with a key
+                conn = await asyncio.open_connection("127.0.0.1", port)
+                hogs.append(conn)
+                try:
+                    await _request(*conn, "GET", "/healthz")
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    pass  # refused or closed: the cap at work
+            # A new tenant connection is served although the cap was full ...
+            fresh = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                assert await _request(*fresh, "POST", append, "ak", body) == 200
+            finally:
+                fresh[1].close()
+            # ... and the application's kept-alive connection was never closed for them.
+            assert await _request(*app, "POST", append, "ak", body) == 200
+        finally:
+            app[1].close()
+            for _, w in hogs:
+                w.close()
