@@ -17,14 +17,23 @@ wins.
 Superseded versions are pruned (:func:`prune_versions`) once the newest ``keep`` versions are
 safely elsewhere and a grace period has passed since they were superseded: a reader that read the
 previous ``CURRENT.json`` may still be reading its file.  Supersession is dated by *installs*, never
-by when files were written: ``installed_at`` is when a version became current, and ``history`` lists
-the last installs (``[{"version", "installed_at"}]``, newest first), so version v stopped being
-current at the install time of version v+1.  (A crashed compactor's never-installed attempt, or the
-winner's own file written long before its install, say nothing about when v stopped being current.)
+by when files were written: version v stopped being current when version v+1 was installed.  (A
+crashed compactor's never-installed attempt, or the winner's own file written long before its
+install, say nothing about when v stopped being current.)
+
+Install times are the **store's** clock, never a compactor's: ``installed_at`` (the installer's
+wall clock) is informational only, since a compactor whose clock lags would date v's supersession
+early and cut its grace short.  An install's store time is the Last-Modified of the
+``CURRENT.json`` it wrote; the next installer reads the pointer together with that time (a head at
+the etag it read) and records it in ``history`` as ``stored_at`` of the version it replaces.  The
+pruner compares those times only with other store times: the newest Last-Modified it lists under
+the collection is its "now" (a lower bound of the store's present), and the pointer's own
+Last-Modified bounds from above every install it has no record of.  Both errors only delay a prune.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -36,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from host.wal3.errors import ObjectNotFound, PreconditionFailed
+from host.wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
 from host.wal3.store import put_resolving
 
 from .fold import Row
@@ -78,8 +87,13 @@ class CurrentVersion:
     rows: int
     path: str
     etag: str
-    installed_at: float | None = None  # wall-clock seconds; None in pointers older than the field
+    installed_at: float | None = None  # installer's wall clock, informational; None in old pointers
     history: tuple[tuple[int, float], ...] = ()  # (version, installed_at), newest first
+    # (version, store time of its install), newest first: what later installers read.
+    stored: tuple[tuple[int, float], ...] = ()
+    # The store's Last-Modified of the CURRENT.json this was read from (its install, by the
+    # store's clock); None when unknown (e.g. just written by us).
+    stored_at: float | None = None
 
     def document(self) -> dict[str, Any]:
         """The JSON object stored in ``CURRENT.json``."""
@@ -90,15 +104,33 @@ class CurrentVersion:
             "path": self.path,
         }
         if self.installed_at is not None:
+            stored = dict(self.stored)
+            # Every entry keeps ``installed_at`` (older compactors require it); a version known
+            # only by its store time (an old pointer had none) reuses that.
+            installed = {**stored, **dict(self.history)}
             doc["installed_at"] = self.installed_at
-            doc["history"] = [{"version": v, "installed_at": t} for v, t in self.history]
+            history: list[dict[str, Any]] = []
+            for v in sorted(installed, reverse=True)[:HISTORY_LIMIT]:
+                entry: dict[str, Any] = {"version": v, "installed_at": installed[v]}
+                if v in stored:
+                    entry["stored_at"] = stored[v]
+                history.append(entry)
+            doc["history"] = history
         return doc
 
     def installs(self) -> dict[int, float]:
-        """Known install times by version (this one's included)."""
+        """Install times by version as the installers' clocks said (informational)."""
         out = dict(self.history)
         if self.installed_at is not None:
             out[self.version] = self.installed_at
+        return out
+
+    def store_installs(self) -> dict[int, float]:
+        """Install times by version on the store's clock, as far as known (this one's included
+        when it was read with its Last-Modified)."""
+        out = dict(self.stored)
+        if self.stored_at is not None:
+            out[self.version] = self.stored_at
         return out
 
 
@@ -146,24 +178,49 @@ def _decode(collection_id: str, data: bytes, etag: str) -> CurrentVersion:
         raise CorruptCurrent(f"{current_key(collection_id)}: invalid pointer {doc!r}")
     installed_at = doc.get("installed_at")
     history: list[tuple[int, float]] = []
+    stored: list[tuple[int, float]] = []
     try:
         if installed_at is not None:
             installed_at = float(installed_at)
         for h in doc.get("history") or ():
             history.append((int(h["version"]), float(h["installed_at"])))
-    except (ValueError, KeyError, TypeError) as e:
+            if h.get("stored_at") is not None:
+                stored.append((int(h["version"]), float(h["stored_at"])))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptCurrent(f"{current_key(collection_id)}: invalid history: {e!r}") from e
     return CurrentVersion(version=version, offset=offset, rows=rows, path=path, etag=etag,
-                          installed_at=installed_at, history=tuple(history))
+                          installed_at=installed_at, history=tuple(history),
+                          stored=tuple(stored))
+
+
+def _same_etag(a: str, b: str) -> bool:
+    return a.strip('"') == b.strip('"')
 
 
 async def read_current(store: ObjectStore, collection_id: str) -> CurrentVersion | None:
-    """The installed version of a collection, or None before its first compaction."""
-    try:
-        got = await store.get(current_key(collection_id))
-    except ObjectNotFound:
-        return None
-    return _decode(collection_id, got.data, got.etag)
+    """The installed version of a collection, or None before its first compaction.
+
+    It comes with the store's Last-Modified of the pointer (``stored_at``), read by a head at the
+    same etag, so the install that replaces it can record when, by the store's clock, this version
+    became current.  If the pointer keeps changing under us, or the head fails, ``stored_at``
+    stays None: the next install then records nothing for it, which only delays prunes.
+    """
+    key = current_key(collection_id)
+    for _ in range(3):
+        try:
+            got = await store.get(key)
+        except ObjectNotFound:
+            return None
+        current = _decode(collection_id, got.data, got.etag)
+        try:
+            meta = await store.head(key)
+        except ObjectNotFound:
+            continue  # replaced and gone meanwhile (a test, or an operator): read again
+        except StoreUnavailable:
+            return current  # the time is only a record for prunes: unknown delays them
+        if _same_etag(meta.etag, got.etag):
+            return dataclasses.replace(current, stored_at=meta.last_modified)
+    return current
 
 
 def allocate_version(
@@ -208,9 +265,11 @@ async def install_version(
     installed_at = time.time() if now is None else now
     earlier = pending.base.installs() if pending.base is not None else {}
     history = sorted({**earlier, pending.version: installed_at}.items(), reverse=True)
+    stored = pending.base.store_installs() if pending.base is not None else {}
     new = CurrentVersion(
         version=pending.version, offset=offset, rows=rows, path=pending.data_key, etag="",
         installed_at=installed_at, history=tuple(history[:HISTORY_LIMIT]),
+        stored=tuple(sorted(stored.items(), reverse=True)[:HISTORY_LIMIT]),
     )
     body = _encode(new.document())
     try:
@@ -229,7 +288,7 @@ async def install_version(
         installed=True,
         current=CurrentVersion(
             version=new.version, offset=offset, rows=rows, path=new.path, etag=etag,
-            installed_at=new.installed_at, history=new.history,
+            installed_at=new.installed_at, history=new.history, stored=new.stored,
         ),
     )
 
@@ -257,21 +316,27 @@ async def prune_versions(
     *,
     keep: int = 2,
     grace_s: float = 300.0,
-    now: float | None = None,
 ) -> PruneReport:
     """Delete data no reader can still need: versions older than the newest ``keep`` and files
     of lost or crashed install attempts, each only once ``grace_s`` has passed since it was
-    superseded.  Version v was superseded when v+1 was *installed* (``CURRENT.json``'s history);
-    without that record, the latest install (``CURRENT.json``'s own write time) bounds it above.
+    superseded.  Version v was superseded when v+1 was *installed*.
+
+    Every time here is the store's (see the module docstring): an install's time is the
+    Last-Modified its ``CURRENT.json`` had (recorded by the next installer), the pointer's current
+    Last-Modified stands for every later install not on record (it can only be later), and "now"
+    is the newest Last-Modified under the collection (the store's present is no earlier).  So no
+    compactor's clock, however skewed, shortens the grace; a missing record only lengthens it.
 
     Files of versions newer than ``current`` belong to installs in flight and are never touched.
     """
     keep = max(1, keep)
-    now = time.time() if now is None else now
     base = f"{COMPACTED_PREFIX}/{collection_id}/"
     by_version: dict[int, list[ObjectMeta]] = {}
     pointer_written: float | None = None
+    store_now: float | None = None
     async for meta in store.list(base):
+        store_now = meta.last_modified if store_now is None else max(store_now,
+                                                                     meta.last_modified)
         if meta.key == current_key(collection_id):
             pointer_written = meta.last_modified
         m = _DATA_KEY.match(meta.key[len(base):])
@@ -279,22 +344,23 @@ async def prune_versions(
             by_version.setdefault(int(m.group(1)), []).append(meta)
     current_meta = next((x for x in by_version.get(current.version, ()) if x.key == current.path),
                         None)
-    if current_meta is None:
-        # CURRENT.json names a file the listing does not show (eventual listing, or damage):
-        # not a state to delete anything in.
+    if current_meta is None or pointer_written is None or store_now is None:
+        # CURRENT.json, or the file it names, is not in the listing (eventual listing, or
+        # damage): not a state to delete anything in.
         return PruneReport([], sum(len(v) for v in by_version.values()))
 
-    installs = current.installs()
-    # No later install can postdate the pointer's last write (nor the present).
-    latest_install = min(now, pointer_written if pointer_written is not None else now)
+    installs = current.store_installs()
+    # The pointer now in the store was written at or after ``current``'s install (a later
+    # install may have replaced it meanwhile): an upper bound for every install up to it.
+    installs[current.version] = min(installs.get(current.version, pointer_written),
+                                    pointer_written)
 
     def superseded_at(version: int) -> float:
-        """When ``version`` stopped being current, or a time no earlier than that."""
+        """When ``version`` stopped being current (store time), or a time no earlier than that."""
         if version + 1 in installs:
             return installs[version + 1]
-        later = [t for v, t in installs.items() if v > version]
         # Installs are in version order, so the oldest known later install bounds v+1's.
-        return min(later, default=latest_install)
+        return min(t for v, t in installs.items() if v > version)
 
     doomed: list[str] = []
     deferred = 0
@@ -310,7 +376,7 @@ async def prune_versions(
             when = superseded_at(version)
             candidates = [(x, when) for x in files]
         for meta, since in candidates:
-            if since <= now - grace_s:
+            if since <= store_now - grace_s:
                 doomed.append(meta.key)
             else:
                 deferred += 1

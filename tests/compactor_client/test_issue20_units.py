@@ -60,6 +60,7 @@ async def test_prune_dates_supersession_by_install_not_by_file_writes(
     await write_rows(store, v1, rows)
     _set_mtime(store, v1.data_key, 1000.0)
     assert (await install_version(store, v1, offset=2, rows=1)).installed
+    _set_mtime(store, versions.current_key("c"), 1000.0)  # the store's clock agrees, here
     cur1 = await read_current(store, "c")
     assert cur1 is not None
 
@@ -71,6 +72,7 @@ async def test_prune_dates_supersession_by_install_not_by_file_writes(
     _set_mtime(store, v2.data_key, 1100.0)  # written well before its install
     clock.now = 1150.0
     assert (await install_version(store, v2, offset=3, rows=1)).installed
+    _set_mtime(store, versions.current_key("c"), 1150.0)
     cur2 = await read_current(store, "c")
     assert cur2 is not None
 
@@ -79,15 +81,19 @@ async def test_prune_dates_supersession_by_install_not_by_file_writes(
     _set_mtime(store, v3.data_key, 1160.0)
     clock.now = 1160.0
     assert (await install_version(store, v3, offset=4, rows=1)).installed
+    _set_mtime(store, versions.current_key("c"), 1160.0)
     cur3 = await read_current(store, "c")
     assert cur3 is not None
 
-    # 250 s after v1 stopped being current (390 s after the crashed attempt's write): too early.
-    report = await prune_versions(store, cur3, "c", keep=2, grace_s=300.0, now=1400.0)
+    # The store's clock reads 1400 (the pointer dated then, as if rewritten): 250 s after v1
+    # stopped being current (390 s after the crashed attempt's write), too early.
+    _set_mtime(store, versions.current_key("c"), 1400.0)
+    report = await prune_versions(store, cur3, "c", keep=2, grace_s=300.0)
     assert v1.data_key not in report.deleted
     assert await store.head(v1.data_key) is not None
     # Once the grace has passed since v2's install, v1 goes.
-    report = await prune_versions(store, cur3, "c", keep=2, grace_s=300.0, now=1451.0)
+    _set_mtime(store, versions.current_key("c"), 1451.0)
+    report = await prune_versions(store, cur3, "c", keep=2, grace_s=300.0)
     assert v1.data_key in report.deleted
 
 

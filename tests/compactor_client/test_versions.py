@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,18 @@ async def test_ambiguous_install_keeps_data(tmp_path: Path) -> None:
     assert (await store.get(v1.data_key)).data  # ...and its data is still there
 
 
+def _set_mtime(store: LocalStore, key: str, when: float) -> None:
+    """Set the store's Last-Modified of an object (the local store's clock is the file's)."""
+    path = store.root / key
+    os.utime(path, (when, when))
+
+
+def _store_clock_reads(store: LocalStore, cid: str, when: float) -> None:
+    """The store's clock reads ``when``: CURRENT.json is dated then (as if rewritten then);
+    prunes measure the grace on the store's clock, never on their own."""
+    _set_mtime(store, current_key(cid), when)
+
+
 async def _install_next(store: LocalStore, cid: str, offset: int, *, crashed_attempt: bool = False
                         ) -> str:
     """Install the next version (optionally leaving a crashed rival's file beside it)."""
@@ -182,8 +196,9 @@ async def test_prune_keeps_the_newest_versions_and_waits_out_the_grace(store: Lo
     assert young.deleted == [] and young.deferred == 3
     assert set(await keys(store)) == before
 
-    later = (await store.head(cur.path)).last_modified + 7200.0
-    report = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0, now=later)
+    t0 = time.time()
+    _store_clock_reads(store, "c", t0 + 7200.0)
+    report = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0)
     # Versions 1-3 are gone, 4 (the previous one, which readers may hold) and 5 stay, and so
     # does the crashed rival of version 4: it is inside the kept window and harmless.
     assert report.deleted == sorted(paths[:3])
@@ -195,8 +210,8 @@ async def test_prune_keeps_the_newest_versions_and_waits_out_the_grace(store: Lo
     newest = await _install_next(store, "c", 60)
     cur = await read_current(store, "c")
     assert cur is not None and cur.path == newest
-    later = (await store.head(newest)).last_modified + 7200.0
-    report = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0, now=later)
+    _store_clock_reads(store, "c", t0 + 2 * 7200.0)  # v6 read v5 as installed at t0 + 7200
+    report = await prune_versions(store, cur, "c", keep=2, grace_s=3600.0)
     assert report.deleted == sorted([paths[3], rival])
     assert sorted(await keys(store)) == sorted([current_key("c"), paths[4], newest])
 
@@ -210,8 +225,8 @@ async def test_prune_leaves_the_current_and_in_flight_versions(store: LocalStore
     await write_rows(store, loser, rows("loser"))
     in_flight = allocate_version("c", cur)
     await write_rows(store, in_flight, rows("next"))
-    later = (await store.head(in_flight.data_key)).last_modified + 10.0
-    report = await prune_versions(store, cur, "c", keep=1, grace_s=5.0, now=later)
+    _set_mtime(store, loser.data_key, time.time() - 10.0)  # the store wrote the loser 10 s ago
+    report = await prune_versions(store, cur, "c", keep=1, grace_s=5.0)
     assert report.deleted == [loser.data_key]
     remaining = await keys(store)
     assert cur.path in remaining and in_flight.data_key in remaining
@@ -225,5 +240,5 @@ async def test_prune_deletes_nothing_when_current_names_a_missing_file(store: Lo
     assert cur is not None
     await store.delete(cur.path)
     before = set(await keys(store))
-    report = await prune_versions(store, cur, "c", keep=1, grace_s=0.0, now=1e12)
+    report = await prune_versions(store, cur, "c", keep=1, grace_s=0.0)
     assert report.deleted == [] and set(await keys(store)) == before
