@@ -19,7 +19,8 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +28,12 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from pyspark.sql import SparkSession
 
+    from host.wal3.store import ObjectStore
+
     from .membership import Liveness
     from .metrics import CompactorMetrics
     from .pipeline import CompactionPipeline, RoundResult
-    from .scheduler import Scheduler
+    from .scheduler import DirtySource, Scheduler
 
 log = logging.getLogger("compactor")
 
@@ -60,6 +63,8 @@ class Settings:
     prune_grace_s: float = 300.0
     liveness_ttl_s: float = 0.0  # 0: four intervals, at least 60 s
     takeover_s: float = 600.0
+    # Touched before the first round and after every round: a liveness probe reads its age.
+    heartbeat_file: str | None = None
 
     @property
     def effective_liveness_ttl_s(self) -> float:
@@ -128,6 +133,13 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
 
     hosts = _split(pick(args.hosts, "COMPACTOR_HOSTS"))
     api_key = pick(args.api_key, "COMPACTOR_API_KEY")
+    if api_key is None and environ.get("COMPACTOR_API_KEY_FILE"):
+        # A mounted Secret: the key stays out of the environment Spark's children inherit.
+        try:
+            with open(environ["COMPACTOR_API_KEY_FILE"], encoding="utf-8") as f:
+                api_key = f.read().strip() or None
+        except OSError as e:
+            raise SettingsError(f"COMPACTOR_API_KEY_FILE: {e}") from None
     store = pick(args.store, "COMPACTOR_STORE")
     required = (("--hosts", hosts), ("--api-key", api_key), ("--store", store))
     missing = [name for name, value in required if not value]
@@ -173,6 +185,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
                                  pick(args.prune_grace_s, "COMPACTOR_PRUNE_GRACE_S"), float, 300.0)),
         liveness_ttl_s=float(_num("liveness-ttl-s", pick(getattr(args, "liveness_ttl_s", None),
                                                          "COMPACTOR_LIVENESS_TTL_S"), float, 0.0)),
+        heartbeat_file=environ.get("COMPACTOR_HEARTBEAT_FILE") or None,
         takeover_s=_positive("takeover-s", _num("takeover-s", pick(
             getattr(args, "takeover_s", None), "COMPACTOR_TAKEOVER_S"), float, 600.0)),
     )
@@ -204,10 +217,8 @@ async def run(
     from prometheus_client import CollectorRegistry, start_http_server
 
     from .client import LogHostClient
-    from .membership import Liveness
     from .metrics import CompactorMetrics
     from .pipeline import CompactionPipeline
-    from .scheduler import Scheduler
     from .sparkutil import build_session, ship_package
     from .stores import open_object_store
 
@@ -230,25 +241,19 @@ async def run(
         if spark is None:
             spark = build_session(settings.spark_master)
         ship_package(spark.sparkContext)
-        liveness = Liveness(store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s)
+        scheduler = make_scheduler(settings, store, list(clients.values()))
+        assert scheduler.liveness is not None
         # Beat during rounds too: a long Spark job must not make this member look dead.
-        heartbeat = asyncio.create_task(_heartbeat(liveness), name="compactor-heartbeat")
-        scheduler = Scheduler(
-            list(clients.values()),
-            member_id=settings.member_id,
-            members=settings.members,
-            budget_records=settings.budget_records,
-            min_records=settings.min_records,
-            dirty_limit=settings.dirty_limit,
-            liveness=liveness,
-            takeover_s=settings.takeover_s,
-        )
+        heartbeat = asyncio.create_task(_heartbeat(scheduler.liveness),
+                                        name="compactor-heartbeat")
         pipeline = CompactionPipeline(
             spark, store, clients, metrics=metrics, progress=settings.progress,
             keep_versions=settings.keep_versions, prune_grace_s=settings.prune_grace_s,
         )
+        _touch(settings.heartbeat_file)
         while True:
             ok = await _one_round(scheduler, pipeline, metrics)
+            _touch(settings.heartbeat_file)
             if settings.once:
                 return 0 if ok else 1
             with contextlib.suppress(TimeoutError):
@@ -268,6 +273,38 @@ async def run(
             spark.stop()
         if isinstance(metrics_server, tuple):  # prometheus-client >= 0.20: (server, thread)
             metrics_server[0].shutdown()
+
+
+def make_scheduler(settings: Settings, store: ObjectStore, sources: Sequence[DirtySource], *,
+                   clock: Callable[[], float] = time.time) -> Scheduler:
+    """The scheduler ``run`` uses: liveness records and this member's take-over clocks in
+    ``store``, on wall time (both outlive the process: ``--once`` runs are one round each)."""
+    from .membership import Liveness
+    from .scheduler import ProgressLedger, Scheduler
+
+    return Scheduler(
+        list(sources),
+        member_id=settings.member_id,
+        members=settings.members,
+        budget_records=settings.budget_records,
+        min_records=settings.min_records,
+        dirty_limit=settings.dirty_limit,
+        liveness=Liveness(store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s,
+                          clock=clock),
+        takeover_s=settings.takeover_s,
+        clock=clock,
+        ledger=ProgressLedger(store, settings.member_id),
+    )
+
+
+def _touch(path: str | None) -> None:
+    """Mark the round loop alive (``COMPACTOR_HEARTBEAT_FILE``); a failure is only logged."""
+    if path:
+        try:
+            with open(path, "a"):
+                os.utime(path)
+        except OSError as e:
+            log.warning("could not touch the heartbeat file %s: %r", path, e)
 
 
 async def _heartbeat(liveness: Liveness) -> None:

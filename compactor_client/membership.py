@@ -41,6 +41,9 @@ class Liveness:
         self.ttl_s = ttl_s
         self._clock = clock
         self._started = clock()
+        # When this member first beat, as its own record says (learned by the first beat): a
+        # process started from cron for one round is not "young" when the member is not.
+        self._since: float | None = None
 
     @staticmethod
     def key(member_id: str) -> str:
@@ -48,9 +51,27 @@ class Liveness:
         return f"{LIVE_PREFIX}{quote(member_id, safe='')}.json"
 
     async def beat(self) -> None:
-        """Record that this member is alive now (a plain put: only this member writes it)."""
-        body = json.dumps({"member_id": self.member_id, "at": self._clock()}).encode()
+        """Record that this member is alive now (a plain put: only this member writes it).
+
+        The record keeps ``since``, this member's first beat ever, across processes.
+        """
+        now = self._clock()
+        if self._since is None:
+            recorded = await self._recorded_since()
+            self._since = recorded if recorded is not None and recorded <= now else now
+        body = json.dumps({"member_id": self.member_id, "at": now, "since": self._since}).encode()
         await self.store.put(self.key(self.member_id), body)
+
+    async def _recorded_since(self) -> float | None:
+        """When this member first beat, from its own record (an older record without ``since``
+        proves a beat at ``at``); None when it never beat."""
+        try:
+            doc = json.loads((await self.store.get(self.key(self.member_id))).data)
+            return float(doc.get("since", doc["at"]))
+        except ObjectNotFound:
+            return None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # damaged: it proves nothing; start afresh
 
     async def records(self) -> dict[str, float]:
         """Every member's last heartbeat time, as its record says."""
@@ -78,13 +99,17 @@ class Liveness:
         configured, every live member.
 
         A configured member with no record at all may be starting alongside us, so it counts as
-        alive until this member has itself run for ``ttl_s`` (else every member would take every
-        collection at a joint start); one whose record has gone stale is dead at once.
+        alive until this member has itself been alive for ``ttl_s`` since its first beat on record
+        (else every member would take every collection at a joint start); one whose record has
+        gone stale is dead at once.  The first beat, not this process's start: a member run from
+        cron (``--once``) is a new process every round, and would otherwise wait for ever for a
+        member that died before its first beat.
         """
         now = self._clock()
         records = await self.records()
         alive = {self.member_id} | {m for m, at in records.items() if now - at < self.ttl_s}
         if not configured:
             return sorted(alive)
-        young = now - self._started < self.ttl_s
+        first = self._since if self._since is not None else self._started
+        young = now - first < self.ttl_s
         return sorted(m for m in configured if m in alive or (young and m not in records))

@@ -12,21 +12,33 @@ a collection whose owner makes no progress on it — its dirty ``start`` has not
 the owner) takes it once it has stalled for ``r × takeover_s``.  So a dead owner, an owner that is
 alive but stuck, or members whose lists disagree delay a collection by a bounded time, never
 forever: with n members, every member takes it after ``(n - 1) × takeover_s``.
+
+The stall clocks outlive the process (``ProgressLedger``: one record per member in the store), so
+a member run from cron (``--once``, a new process every round) still takes over.  A poll that
+failed for some host says nothing about progress: collections it may have reported keep their
+clocks, and a start that changed in such a round is not taken as progress (the lower start may
+be the missing host's).  Both err only towards taking over, i.e. towards duplicate (safe) work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import quote
+
+from host.wal3.errors import ObjectNotFound
 
 from .models import DirtyLog, DirtyResult
 
 if TYPE_CHECKING:
+    from host.wal3.store import ObjectStore
+
     from .membership import Liveness
 
 log = logging.getLogger(__name__)
@@ -205,6 +217,43 @@ def select(
     )
 
 
+PROGRESS_PREFIX = "compactors/progress/"
+Progress = dict[tuple[str, str], tuple[int, float]]  # (tenant, cid) -> (dirty start, stalled since)
+
+
+class ProgressLedger:
+    """This member's take-over clocks in the store (a plain put: only this member writes it), so
+    that a new process — a restart, or every ``--once`` round — resumes them."""
+
+    def __init__(self, store: ObjectStore, member_id: str) -> None:
+        self.store = store
+        self.member_id = member_id
+
+    @property
+    def key(self) -> str:
+        """Where this member's clocks live (the id quoted: it is a key, not a path)."""
+        return f"{PROGRESS_PREFIX}{quote(self.member_id, safe='')}.json"
+
+    async def load(self) -> Progress:
+        """The clocks as last saved; empty when there are none (or they are damaged)."""
+        try:
+            doc = json.loads((await self.store.get(self.key)).data)
+            return {(str(t), str(c)): (int(start), float(since))
+                    for t, c, start, since in doc["collections"]}
+        except ObjectNotFound:
+            return {}
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s is damaged; take-over clocks start afresh", self.key)
+            return {}
+
+    async def save(self, progress: Progress) -> None:
+        """Replace the saved clocks."""
+        rows = [[t, c, start, since] for (t, c), (start, since) in sorted(progress.items())]
+        body = json.dumps({"member_id": self.member_id, "collections": rows},
+                          separators=(",", ":")).encode()
+        await self.store.put(self.key, body)
+
+
 class Scheduler:
     """Polls the hosts and selects this member's collections for one round."""
 
@@ -220,9 +269,11 @@ class Scheduler:
         liveness: Liveness | None = None,
         takeover_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ledger: ProgressLedger | None = None,
     ) -> None:
         """``liveness`` narrows the membership to live members; ``takeover_s`` bounds how long a
-        collection may stall with its owner before the next member in rendezvous order takes it."""
+        collection may stall with its owner before the next member in rendezvous order takes it;
+        ``ledger`` keeps the stall clocks across processes (``clock`` must then be wall time)."""
         members = list(dict.fromkeys(members))  # de-duplicated, order kept
         if members and member_id not in members:
             raise ValueError(f"member id {member_id!r} is not one of the members {members}")
@@ -238,19 +289,50 @@ class Scheduler:
         self.liveness = liveness
         self.takeover_s = takeover_s
         self._clock = clock
+        self.ledger = ledger
         # Per collection: its dirty start when first seen, and since when it has not moved.
-        self._progress: dict[tuple[str, str], tuple[int, float]] = {}
+        self._progress: Progress = {}
+        self._loaded = ledger is None
+        self._saved: Progress | None = None
 
-    def _watch(self, candidates: Iterable[Candidate]) -> Callable[[Candidate], float]:
-        """Note each collection's progress; returns how long each has stalled (as seen here)."""
+    def _watch(self, candidates: Iterable[Candidate], *, complete: bool = True
+               ) -> Callable[[Candidate], float]:
+        """Note each collection's progress; returns how long each has stalled (as seen here).
+
+        ``complete``: every host was polled.  Otherwise a collection may be missing, or show
+        another host's later start, only because its host's poll failed: its clock goes on.
+        """
         now = self._clock()
-        seen: dict[tuple[str, str], tuple[int, float]] = {}
+        seen: Progress = {}
         for c in merge_candidates(candidates):
             old = self._progress.get(c.key)
             # A moved start is compaction progress (the cursor clips it): the clock restarts.
-            seen[c.key] = old if old is not None and old[0] == c.log.start else (c.log.start, now)
-        self._progress = seen  # collections no longer dirty are forgotten
+            moved = old is None or (old[0] != c.log.start and complete)
+            seen[c.key] = (c.log.start, now) if moved else old  # type: ignore[assignment]
+        if not complete:
+            for key, old in self._progress.items():
+                seen.setdefault(key, old)
+        self._progress = seen  # collections no longer dirty (per a complete poll) are forgotten
         return lambda c: now - seen[c.key][1] if c.key in seen else 0.0
+
+    async def _load_progress(self) -> None:
+        if self._loaded or self.ledger is None:
+            return
+        try:
+            self._progress = {**await self.ledger.load(), **self._progress}
+            self._saved = dict(self._progress)
+            self._loaded = True
+        except Exception as e:  # noqa: BLE001 - retried next round; clocks start from now
+            log.warning("could not load the take-over clocks: %r", e)
+
+    async def _save_progress(self) -> None:
+        if self.ledger is None or not self._loaded or self._progress == self._saved:
+            return
+        try:
+            await self.ledger.save(self._progress)
+            self._saved = dict(self._progress)
+        except Exception as e:  # noqa: BLE001 - only delays a take-over; retried next round
+            log.warning("could not save the take-over clocks: %r", e)
 
     async def select_round(self) -> Selection:
         """Poll every host and choose this round's collections."""
@@ -258,16 +340,19 @@ class Scheduler:
         if self.liveness is not None:
             await self.liveness.beat()
             members = await self.liveness.members(self.configured) or [self.member_id]
+        await self._load_progress()
         polled = await poll_hosts(
             self.sources, min_records=self.min_records, limit=self.dirty_limit
         )
+        stalled_s = self._watch(polled.candidates, complete=not polled.failed_hosts)
+        await self._save_progress()
         sel = select(
             polled.candidates,
             member_id=self.member_id,
             members=members,
             budget_records=self.budget_records,
             min_records=self.min_records,
-            stalled_s=self._watch(polled.candidates),
+            stalled_s=stalled_s,
             takeover_s=self.takeover_s,
         )
         if sel.taken_over:
