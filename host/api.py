@@ -71,6 +71,7 @@ from .models import (
     PurgeRequest,
     Record,
 )
+from .pages import empty_answer, records_answer
 from .server import Server
 
 _log = logging.getLogger("loghost.api")
@@ -299,6 +300,12 @@ class _RequestContext:
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How the log host runs under uvicorn: ``loghost serve``, the tests and the benchmarks."""
     host, port = settings.host_port
+    http = guarded_h11(settings.header_timeout_s, settings.body_timeout_s,
+                       settings.max_connections, settings.max_unauthenticated_connections,
+                       settings.send_timeout_s)
+    state = getattr(app, "state", None)
+    if state is not None:
+        state.connections = http.table  # type: ignore[attr-defined]  # what the cap sees
     options: dict[str, Any] = {
         "host": host, "port": port, "log_config": None, "access_log": False, "lifespan": "on",
         "server_header": False,
@@ -306,9 +313,7 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Co
         "timeout_keep_alive": max(1, round(settings.keep_alive_s)),
         "timeout_graceful_shutdown": int(settings.shutdown_grace_s),
         # Slowloris: headers and bodies must arrive in time; connections are capped.
-        "http": guarded_h11(settings.header_timeout_s, settings.body_timeout_s,
-                            settings.max_connections,
-                            settings.max_unauthenticated_connections),
+        "http": http,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
@@ -498,7 +503,8 @@ def create_app(server: Server) -> FastAPI:
         started = time.monotonic()
         deadline = started + wait_ms / 1000.0
         gone: asyncio.Task[None] | None = None
-        records: list[Any] = []
+        limits = Limits(max_records=limit, max_bytes=settings.max_request_bytes)
+        pointers: list[Any] = []
         try:
             while True:
                 async with server.manager.use(cid, tenant) as h:
@@ -506,9 +512,7 @@ def create_app(server: Server) -> FastAPI:
                     if from_ < m.oldest_offset:
                         raise LogPurged(from_, m.oldest_offset)
                     if from_ < m.next_offset:
-                        records = await h.reader.read(
-                            from_, Limits(max_records=limit, max_bytes=settings.max_request_bytes),
-                            manifest=m)
+                        pointers = await h.reader.scan(from_, limits, manifest=m)
                         break
                 if time.monotonic() >= deadline or server.manager.draining:
                     break
@@ -528,12 +532,12 @@ def create_app(server: Server) -> FastAPI:
         finally:
             if gone is not None:
                 gone.cancel()
-        next_offset = records[-1].offset + 1 if records else from_
-        parts = [b'{"offset":%d,"timestamp_us":%d,"record":%s}' % (r.offset, r.timestamp_us,
-                                                                   r.body) for r in records]
-        body = b'{"records":[' + b",".join(parts) + b'],"next_offset":%d}' % next_offset
+        # Fragments are immutable: they are fetched (and a large answer streamed) outside use().
+        answer = await records_answer(h.reader, pointers, from_, limit,
+                                      settings.max_request_bytes) if pointers \
+            else empty_answer(from_)
         server.metrics.read_latency.observe(time.monotonic() - started)
-        return Response(body, media_type="application/json")
+        return answer
 
     # ------------------------------------------------------------------------ state & co
 

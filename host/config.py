@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     # at most this many connections are open (more are closed at once).
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(60.0, gt=0)
+    # An answer the client does not take within this (from when its socket stops taking bytes)
+    # closes the connection: a reader that never reads cannot pin its answer for ever.
+    send_timeout_s: float = Field(60.0, gt=0)
     max_connections: int = Field(4096, ge=1)
     # Connections none of whose requests carried a valid key yet (probes, scrapers, strangers):
     # beyond this the oldest of them is closed; they never push out authenticated connections.

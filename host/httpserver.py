@@ -1,8 +1,11 @@
-"""HTTP-level defences and shutdown for uvicorn: read timeouts, a connection cap, the drain hook.
+"""HTTP-level defences and shutdown for uvicorn: timeouts, a connection cap, the drain hook.
 
 uvicorn (h11) has a keep-alive timeout but nothing for a connection that never finishes its
 headers or its body: a slowloris client holds a socket (and, mid-body, a request task) forever.
-``guarded_h11`` closes such connections, and connections beyond ``max_connections``.
+Nor for one that never reads its answer: the answer waits in memory for as long as the
+connection lives.  ``guarded_h11`` closes such connections (``send_timeout_s`` counts from the
+moment the socket stops taking the answer until all of it is taken), and connections beyond
+``max_connections``.
 
 The cap must not let strangers shut tenants out.  A connection is *unauthenticated* until one of
 its requests carries a valid key (the app says so through the ``loghost.connection`` entry of
@@ -70,6 +73,7 @@ class ConnectionTable:
         # counted, or one burst of newcomers would evict more than it needs to.
         self.closing: set[_GuardedH11] = set()
         self.evicted = 0  # connections closed to make room (for tests and logs)
+        self.connections: set[_GuardedH11] = set()  # every open one
 
     def victim(self, newcomer: _GuardedH11) -> _GuardedH11 | None:
         """The connection to close for room: the oldest idle unauthenticated one, else the
@@ -86,15 +90,19 @@ class ConnectionTable:
 
 
 class _GuardedH11(H11Protocol):
-    """H11Protocol with a header deadline, a body deadline and a connection cap."""
+    """H11Protocol with header, body and send deadlines and a connection cap."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    send_timeout_s: float = 60.0
     table: ConnectionTable
 
     _guard: asyncio.TimerHandle | None = None
     _guard_kind: str = ""
     _ticket: ConnectionTicket | None = None
+    # Armed when the socket first stops taking an answer (the transport's buffer is full), until
+    # the answer is complete and taken: a client that does not read cannot hold it for ever.
+    _send_guard: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -107,6 +115,7 @@ class _GuardedH11(H11Protocol):
             await inner(scope, receive, send)
 
         self.app = app
+        table.connections.add(self)
         table.unauthenticated[self] = None
         while (len(self.connections) - len(table.closing) > table.max_connections
                or len(table.unauthenticated) > table.max_unauthenticated):
@@ -135,10 +144,37 @@ class _GuardedH11(H11Protocol):
         """Not in the middle of answering a request (waiting for one, or between them)."""
         return self.cycle is None or self.cycle.response_complete
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_guard is None:
+            self._send_guard = self.loop.call_later(self.send_timeout_s, self._send_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.idle:
+            self._disarm_send()  # the whole answer was written and the client took it
+
+    def _disarm_send(self) -> None:
+        if self._send_guard is not None:
+            self._send_guard.cancel()
+            self._send_guard = None
+
+    def _send_expired(self) -> None:
+        self._send_guard = None
+        if self.transport.is_closing():
+            return
+        _log.info("closing a connection that did not take its answer within %.0f s",
+                  self.send_timeout_s)
+        # abort, not close: close would keep the unsent answer until it drains, i.e. for ever.
+        # The request task sees http.disconnect (a streamed answer stops).
+        self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_send()
         self.table.unauthenticated.pop(self, None)
         self.table.closing.discard(self)
+        self.table.connections.discard(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -147,6 +183,8 @@ class _GuardedH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if not self.flow.write_paused:
+            self._disarm_send()
         self._update()
 
     def _update(self) -> None:
@@ -189,14 +227,15 @@ class _GuardedH11(H11Protocol):
 
 
 def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections: int,
-                max_unauthenticated: int | None = None) -> type[H11Protocol]:
+                max_unauthenticated: int | None = None, send_timeout_s: float = 60.0
+                ) -> type[_GuardedH11]:
     """An h11 protocol class with these limits (uvicorn's ``http=`` option); each call makes a
     class with its own connection table (one per server)."""
     table = ConnectionTable(max_connections, min(max_connections, max_unauthenticated)
                             if max_unauthenticated is not None else max_connections)
     return type("GuardedH11Protocol", (_GuardedH11,), {
         "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
-        "table": table})
+        "send_timeout_s": send_timeout_s, "table": table})
 
 
 DrainHook = Callable[[], Awaitable[None]]

@@ -7,8 +7,14 @@ failed on the code before its fix.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import socket
 import uuid
 from pathlib import Path
+from typing import Any
+
+from host.wal3 import Limits, LogReader
 
 from .live import Live, assert_error, live_server, log_path, record, wait_until
 
@@ -113,3 +119,80 @@ async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Pat
             app[1].close()
             for _, w in hogs:
                 w.close()
+
+
+# -------------------------------------------------------- V3: a reader that never reads
+
+
+async def test_reader_that_never_reads_is_cut_off_and_pins_one_fragment_at_most(
+        tmp_path: Path, recorded_apps: list[Any]) -> None:
+    """V3: an answer of up to 8 MiB was built whole and handed to a socket nobody reads, with no
+    time limit: N such connections pinned N x 8 MiB for ever.  Large answers are now streamed a
+    fragment at a time (the next is read only once the socket took the last), and an answer the
+    client does not take within ``send_timeout_s`` closes the connection."""
+    cid = str(uuid.uuid4())
+    path = log_path("alice", cid) + "/records"
+    fragment_bytes = 1 << 20
+    async with live_server(str(tmp_path / "store"), api_keys=KEYS, send_timeout_s=2.0) as lv:
+        table = recorded_apps[-1].state.connections
+        async with lv.client("ak") as ak:
+            for i in range(7):  # seven appends, one fragment of ~1 MiB each
+                docs = [os.urandom(2000).hex() for _ in range(fragment_bytes // 4000)]
+                r = await ak.post(path, json={"records": [record(f"{i}-{j}", document=d)
+                                                          for j, d in enumerate(docs)]})
+                assert r.status_code == 200, r.text
+        await wait_until(lambda: not table.connections, "the appending client gone", BOUND_S)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", _port(lv)))
+        try:
+            await asyncio.get_running_loop().sock_sendall(sock, (
+                f"GET {path}?from=1&limit=10000 HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer ar\r\n\r\n").encode())
+            # ... and never read.  The server stalls on the full socket holding at most about
+            # one fragment's share of the answer, not the whole of it (7 MiB) ...
+            conn = await _only_connection(table)
+            await wait_until(lambda: conn.flow.write_paused or conn.transport.is_closing(),
+                             "the answer to fill the socket", BOUND_S)
+            assert conn.transport.get_write_buffer_size() < 3 * fragment_bytes
+            # ... and closes the connection once the client failed to take it in time.
+            await wait_until(lambda: not table.connections, "the server to cut the reader off",
+                             BOUND_S)
+        finally:
+            sock.close()
+        async with lv.client("ak") as ak:  # and serves everyone else as before
+            got = await ak.get(path, params={"from": 1, "limit": 10_000})
+            assert got.status_code == 200
+            assert len(got.json()["records"]) == 7 * (fragment_bytes // 4000)
+
+
+async def _only_connection(table: Any) -> Any:
+    await wait_until(lambda: len(table.connections) == 1, "one connection", BOUND_S)
+    return next(iter(table.connections))
+
+
+async def test_streamed_answers_hold_what_a_whole_answer_holds(tmp_path: Path) -> None:
+    """V3, the other side: a streamed answer has exactly the records, order and next_offset of
+    the engine's own read (``LogReader.read``) for every limit, across group boundaries."""
+    cid = str(uuid.uuid4())
+    path = log_path("alice", cid) + "/records"
+    async with live_server(str(tmp_path / "store"), api_keys=KEYS) as lv:
+        async with lv.client("ak") as ak:
+            for i in range(4):  # four fragments of ~600 KB: answers span several groups
+                docs = [os.urandom(1500).hex() for _ in range(200)]
+                r = await ak.post(path, json={"records": [record(f"{i}-{j}", document=d)
+                                                          for j, d in enumerate(docs)]})
+                assert r.status_code == 200, r.text
+            reader = LogReader(lv.server.store, f"logs/{cid}")
+            for start, limit in ((1, 10_000), (1, 350), (150, 500), (799, 10_000)):
+                got = await ak.get(path, params={"from": start, "limit": limit})
+                assert got.status_code == 200, got.text
+                if (start, limit) == (1, 10_000):
+                    assert got.headers.get("transfer-encoding") == "chunked"  # it streamed
+                want = await reader.read(start, Limits(max_records=limit,
+                                                       max_bytes=lv.settings.max_request_bytes))
+                body = got.json()
+                assert [(x["offset"], x["timestamp_us"], x["record"]) for x in body["records"]] \
+                    == [(w.offset, w.timestamp_us, json.loads(w.body)) for w in want]
+                assert body["next_offset"] == want[-1].offset + 1
