@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from dirtylog import inspect_records
 from host.wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
+from host.wal3.fragment import request_digest
 from host.wal3.gc import pin_cursor
 from host.wal3.layout import join
 from host.wal3.scrub import scrub_log
@@ -463,18 +464,26 @@ def create_app(server: Server) -> FastAPI:
     async def _check_same_request(h: LogHandle, result: Any, bodies: list[bytes]) -> None:
         """A reused idempotency key must carry the same records: 409 otherwise.
 
-        The log itself is the record of the first request (it survives restarts and
-        fail-overs, as the key does): its records are compared with this request's, as stored.
+        The key keeps a hash of the records it first appended (in the writer's window and the
+        fragment footer, so across restarts and fail-overs, and after those records are
+        collected).  A key written before keys carried a hash is checked against the log's own
+        records while they are there, and by count once they are collected.
         """
         if result.count != len(bodies):
             raise _mismatch()
+        if result.digest is not None:
+            # The key's own hash of its request: it holds after the records are collected.
+            if result.digest != request_digest(bodies):
+                raise _mismatch()
+            return
         try:
             stored = await h.reader.read(
                 result.first_offset,
                 Limits(max_records=result.count, max_bytes=2 * settings.max_request_bytes),
                 manifest=await server.manager.view(h))
         except LogPurged:
-            return  # compacted and collected since: only the count can be compared
+            # A key from before keys carried a hash, collected since: only the count compares.
+            return
         got = [r.body for r in stored if r.offset < result.first_offset + result.count]
         if got != bodies:
             raise _mismatch()

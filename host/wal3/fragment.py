@@ -8,8 +8,11 @@ setsum item is ``offset`` (u64 BE) ‖ ``timestamp_us`` (u64 BE) ‖ ``body``.
 Two optional key-value entries in the Parquet footer carry what only this implementation reads:
 ``wal3.prev`` is the setsum of the fragment this one must follow (so read repair never links a stale
 speculative fragment after someone else's), and ``wal3.keys`` maps idempotency keys to the
-``[first_offset, count]`` of the append that carried them (so deduplication survives restarts).
-``wal3.writer`` names the writer, so no two writers ever produce the same bytes.
+``[first_offset, count, request_hash]`` of the append that carried them (so deduplication survives
+restarts, and a reused key with other records is told apart even after those records are
+collected).  The hash is ``request_digest`` of the append's bodies; fragments written before it
+existed carry ``[first_offset, count]`` and are read as they are.  ``wal3.writer`` names the
+writer, so no two writers ever produce the same bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import hashlib
 import json
 import re
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +44,25 @@ _PATH_RE = re.compile(r"^log/Bucket=([0-9a-f]{16})/FragmentSeqNo=([0-9a-f]{16})\
 META_PREV = b"wal3.prev"
 META_KEYS = b"wal3.keys"
 META_WRITER = b"wal3.writer"
+_DIGEST_HEX = re.compile(r"[0-9a-f]{32}")
+
+# An idempotency key's entry: first offset, count and, when recorded, the request's hash.
+KeyEntry = tuple[int, int] | tuple[int, int, str]
+
+
+def request_digest(bodies: Sequence[bytes]) -> str:
+    """The hash an idempotency key keeps of its append: 128 bits of SHA-256 over the bodies,
+    each prefixed by its length (so no two different lists of bodies share the input)."""
+    h = hashlib.sha256()
+    for b in bodies:
+        h.update(len(b).to_bytes(8, "big"))
+        h.update(b)
+    return h.hexdigest()[:32]
+
+
+def key_digest(entry: KeyEntry) -> str | None:
+    """The request hash of a key's entry, None when the fragment predates it."""
+    return entry[2] if len(entry) > 2 else None  # type: ignore[misc]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +104,7 @@ class DecodedFragment:
     records: list[LogRecord]
     setsum: Setsum
     prev: Setsum | None = None
-    keys: dict[str, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[str, KeyEntry] = field(default_factory=dict)
 
     @property
     def start(self) -> int:
@@ -134,7 +157,7 @@ def encode_fragment(
     bodies: list[bytes],
     *,
     prev: Setsum | None = None,
-    keys: dict[str, tuple[int, int]] | None = None,
+    keys: Mapping[str, KeyEntry] | None = None,
     writer: str | None = None,
 ) -> EncodedFragment:
     """Encode bodies as the fragment ``seq_no`` starting at offset ``start``.
@@ -148,7 +171,8 @@ def encode_fragment(
     if prev is not None:
         meta[META_PREV] = prev.hexdigest().encode()
     if keys:
-        meta[META_KEYS] = json.dumps(keys, separators=(",", ":")).encode()
+        meta[META_KEYS] = json.dumps({k: list(v) for k, v in keys.items()},
+                                     separators=(",", ":")).encode()
     if writer is not None:
         meta[META_WRITER] = writer.encode()
     table = pa.Table.from_arrays(
@@ -175,7 +199,7 @@ def encode_fragment(
     )
 
 
-def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, tuple[int, int]]]:
+def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, KeyEntry]]:
     """The ``prev`` setsum and idempotency keys from a fragment's footer, without the rows."""
     try:
         schema = pq.read_schema(pa.BufferReader(data))
@@ -184,15 +208,25 @@ def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, tuple[int, int]]]
     return _footer(schema.metadata or {})
 
 
-def _footer(meta: dict[bytes, bytes]) -> tuple[Setsum | None, dict[str, tuple[int, int]]]:
+def _key_entry(v: list[object]) -> KeyEntry:
+    first, count = int(v[0]), int(v[1])  # type: ignore[call-overload]
+    if len(v) < 3:
+        return first, count  # written before keys carried their request's hash
+    digest = v[2]
+    if not isinstance(digest, str) or not _DIGEST_HEX.fullmatch(digest):
+        raise ValueError(f"request hash {digest!r}")
+    return first, count, digest
+
+
+def _footer(meta: dict[bytes, bytes]) -> tuple[Setsum | None, dict[str, KeyEntry]]:
     prev = None
-    keys: dict[str, tuple[int, int]] = {}
+    keys: dict[str, KeyEntry] = {}
     try:
         if META_PREV in meta:
             prev = Setsum.from_hexdigest(meta[META_PREV].decode())
         if META_KEYS in meta:
-            keys = {k: (int(v[0]), int(v[1])) for k, v in json.loads(meta[META_KEYS]).items()}
-    except (ValueError, TypeError, KeyError, IndexError) as e:
+            keys = {k: _key_entry(v) for k, v in json.loads(meta[META_KEYS]).items()}
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
         raise CorruptFragment(f"bad fragment footer: {e}") from e
     return prev, keys
 

@@ -44,7 +44,16 @@ from .errors import (
     WriterClosed,
 )
 from .clock import SYSTEM_CLOCK, Clock
-from .fragment import EncodedFragment, decode_fragment, encode_fragment, fragment_path, read_footer
+from .fragment import (
+    EncodedFragment,
+    KeyEntry,
+    decode_fragment,
+    encode_fragment,
+    fragment_path,
+    key_digest,
+    read_footer,
+    request_digest,
+)
 from .layout import join, load_manifest
 from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, plan_snapshot
 from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
@@ -76,6 +85,13 @@ class AppendResult:
     count: int
     timestamp_us: int
     deduplicated: bool = False
+    # ``fragment.request_digest`` of the bodies the idempotency key first appended; None without
+    # a key, or for a key learned from a fragment written before keys carried it.
+    digest: str | None = None
+
+    def as_duplicate(self) -> AppendResult:
+        """This result, answering a retry of its append."""
+        return AppendResult(self.first_offset, self.count, self.timestamp_us, True, self.digest)
 
     @property
     def next_offset(self) -> int:
@@ -119,12 +135,15 @@ class LogWriterOptions:
 
 
 class _Append:
-    __slots__ = ("bodies", "nbytes", "key", "future", "shared", "attempts")
+    __slots__ = ("bodies", "nbytes", "key", "digest", "future", "shared", "attempts")
 
     def __init__(self, bodies: list[bytes], key: str | None, loop: asyncio.AbstractEventLoop):
         self.bodies = bodies
         self.nbytes = sum(len(b) for b in bodies) + 32 * len(bodies)
         self.key = key
+        # Kept with the key (memory and footer): a reused key is told apart from a retry even
+        # once these records are collected.
+        self.digest = request_digest(bodies) if key is not None else None
         # The caller's future may be cancelled with the caller; duplicates of a keyed append
         # wait on ``shared`` instead, which only the writer settles.
         self.future: asyncio.Future[AppendResult] = loop.create_future()
@@ -327,11 +346,10 @@ class LogWriter:
             self._check_open()
             known = self._keys.get(idempotency_key)
             if known is not None:
-                return AppendResult(known.first_offset, known.count, known.timestamp_us, True)
+                return known.as_duplicate()
             waiter = self._key_waiters.get(idempotency_key)
             if waiter is not None:
-                r = await asyncio.shield(waiter)
-                return AppendResult(r.first_offset, r.count, r.timestamp_us, True)
+                return (await asyncio.shield(waiter)).as_duplicate()
         item = _Append([bytes(b) for b in bodies], idempotency_key, self._loop)
         if self._outstanding_bytes + item.nbytes > self._opts.max_outstanding_bytes:
             self.stats["backpressure"] += 1
@@ -489,11 +507,11 @@ class LogWriter:
         try:
             prev = await b.prev
             b.prev_setsum = prev
-            keys: dict[str, tuple[int, int]] = {}
+            keys: dict[str, KeyEntry] = {}
             off = b.start
             for a in b.appends:
-                if a.key is not None:
-                    keys[a.key] = (off, len(a.bodies))
+                if a.key is not None and a.digest is not None:
+                    keys[a.key] = (off, len(a.bodies), a.digest)
                 off += len(a.bodies)
             bodies = [body for a in b.appends for body in a.bodies]
             writer = self._opts.writer_name
@@ -723,7 +741,7 @@ class LogWriter:
             self._inflight.pop(b.seq_no, None)
             off = b.start
             for a in b.appends:
-                r = AppendResult(off, len(a.bodies), b.timestamp_us)
+                r = AppendResult(off, len(a.bodies), b.timestamp_us, digest=a.digest)
                 off += len(a.bodies)
                 self._resolve(a, r, b.seq_no)
         self._expire_keys()
@@ -865,8 +883,7 @@ class LogWriter:
                 for a in b.appends:
                     known = self._keys.get(a.key) if a.key is not None else None
                     if known is not None:
-                        self._resolve(a, AppendResult(known.first_offset, known.count,
-                                                      known.timestamp_us, True), None)
+                        self._resolve(a, known.as_duplicate(), None)
                         continue
                     if not progress:  # a recovery that moved the log on costs no attempt
                         a.attempts += 1
@@ -1152,8 +1169,7 @@ class LogWriter:
             self._pending_bytes -= a.nbytes
             self._outstanding_bytes -= a.nbytes
             self._key_waiters.pop(a.key, None)  # type: ignore[arg-type]
-            a.settle(AppendResult(known.first_offset, known.count, known.timestamp_us, True),
-                     None)
+            a.settle(known.as_duplicate(), None)
         self._pending = keep
 
     async def _ensure_keys_loaded(self) -> None:
@@ -1177,7 +1193,7 @@ class LogWriter:
         seqs = sorted(self._unlearned)
         sem = asyncio.Semaphore(16)
 
-        async def footer(seq: int) -> dict[str, tuple[int, int]]:
+        async def footer(seq: int) -> dict[str, KeyEntry]:
             async with sem:
                 try:
                     got = await self._store.get(join(self._prefix, fragment_path(seq)))
@@ -1187,8 +1203,9 @@ class LogWriter:
 
         found = await asyncio.gather(*(footer(seq) for seq in seqs))
         for seq, keys in zip(seqs, found, strict=True):
-            for k, (first, count) in keys.items():
+            for k, entry in keys.items():
                 if k not in self._keys:
-                    self._remember_key(k, AppendResult(first, count, 0), seq)
+                    self._remember_key(k, AppendResult(entry[0], entry[1], 0,
+                                                       digest=key_digest(entry)), seq)
         self._unlearned.difference_update(seqs)
         self._drop_known_keys()

@@ -196,3 +196,47 @@ async def test_streamed_answers_hold_what_a_whole_answer_holds(tmp_path: Path) -
                 assert [(x["offset"], x["timestamp_us"], x["record"]) for x in body["records"]] \
                     == [(w.offset, w.timestamp_us, json.loads(w.body)) for w in want]
                 assert body["next_offset"] == want[-1].offset + 1
+
+
+# ------------------------------------------- V7: a reused idempotency key after collection
+
+
+async def test_reused_key_with_other_records_is_refused_after_its_records_are_collected(
+        tmp_path: Path) -> None:
+    """V7: once the first append's records were compacted and collected, a retry could no
+    longer be compared with them, and a reused key with other records answered 200
+    ``deduplicated`` (the new records silently dropped).  The key now carries a hash of its
+    request, in the writer's window and in the fragment footer, so the answer is 409
+    ``idempotency_mismatch`` while the key is known, also after a restart; the same request still
+    answers its first offsets."""
+    store = str(tmp_path / "store")
+    path = log_path("alice", uuid.uuid4())
+    first = {"records": [record("x")], "idempotency_key": "K"}
+    other = {"records": [record("y", "upsert", document="other")], "idempotency_key": "K"}
+    async with live_server(store, api_keys=KEYS, gc_grace_s=0) as lv:
+        async with lv.client("ak") as ak, lv.client("svc") as svc:
+            r = await ak.post(path + "/records", json=first)
+            assert r.status_code == 200, r.text
+            acked = r.json()
+            for i in range(5):
+                assert (await ak.post(path + "/records",
+                                      json={"records": [record(f"f{i}")]})).status_code == 200
+            r = await svc.post(path + "/compaction", json={"offset": 4})
+            assert r.status_code == 200, r.text
+
+            async def collected() -> bool:
+                assert (await svc.post(path + "/gc")).status_code == 200
+                return bool((await ak.get(path)).json()["oldest_offset"] > 1)
+            await wait_until(collected, "the first append's records to be collected", BOUND_S)
+            assert_error(await ak.post(path + "/records", json=other), 409,
+                         "idempotency_mismatch")
+            same = await ak.post(path + "/records", json=first)
+            assert same.status_code == 200, same.text
+            assert same.json() == {**acked, "deduplicated": True}
+    async with live_server(store, api_keys=KEYS, gc_grace_s=0) as lv:  # a restart
+        async with lv.client("ak") as ak:
+            assert_error(await ak.post(path + "/records", json=other), 409,
+                         "idempotency_mismatch")
+            same = await ak.post(path + "/records", json=first)
+            assert same.json() == {**acked, "deduplicated": True}
+            assert (await ak.get(path)).json()["next_offset"] == 7  # nothing appended twice
