@@ -85,6 +85,12 @@ class LogSealed(Wal3Error):
     """The log is sealed and refuses appends."""
 
 
+class LogFull(LogSealed):
+    """The log has used up its offsets or fragment sequence numbers (u64, as in Rust's wal3):
+    like a sealed log it takes no more appends.  Raised before a manifest holding a value no
+    reader can decode would be written."""
+
+
 class LogPurged(Wal3Error):
     """The requested offset has been garbage collected."""
 

@@ -7,13 +7,15 @@
 2. **Apply**: the writer installs it through its normal fenced manifest write: ``collected`` grows
    by exactly the discarded setsum and ``initial_offset``/``initial_seq_no`` move; the tail is
    untouched, so concurrent appends only rebase.
-3. **Delete**: once the grace interval has passed since phase 2 (readers that loaded an older
-   manifest are done with it), re-verify that nothing to delete is referenced, delete in
-   rate-limited batches, then reset ``gc/GARBAGE``.
+3. **Delete**: once the grace interval has passed since the plan was seen applied (readers that
+   loaded an older manifest are done with it), re-verify that nothing to delete is referenced,
+   delete in rate-limited batches, then reset ``gc/GARBAGE``.
 
 ``gc/GARBAGE`` is the only state: a crash anywhere resumes from it, and deletes are idempotent.
-It is in the Rust wal3 crate's schema, so either implementation resumes the other's plan (phase 2
-verifies every plan before applying it; see :class:`Garbage`).
+It is in the Rust wal3 crate's schema, so either implementation resumes the other's plan.  It is
+also data anyone can write, so nothing in it is trusted: phase 2 verifies every plan, tree and
+leaves included, before applying it; phase 3 times the grace interval by its own observation and
+deletes by what the manifest and the stored objects say, not by the plan's claims.
 Orphans (fragments below the live range, unreferenced snapshots) older than the grace interval
 are swept too.  Nothing at or above the live range is ever deleted by the collector.
 """
@@ -25,6 +27,8 @@ import contextlib
 import logging
 import re
 import time
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -129,10 +133,12 @@ class Garbage:
 
     Our phase state rides in two extension fields Rust's serde ignores (``Garbage`` has no
     ``deny_unknown_fields``, and Rust never rewrites a pending plan, only replaces or resets it):
-    ``created_us`` (when planned) and ``applied_us`` (when phase 2 finished, which starts the
-    grace interval).  A plan without ``applied_us`` — ours before phase 2, or any plan Rust
-    wrote — is resumed by phase 2, which finds a plan already in the manifest a no-op and then
-    records ``applied_us``, so the grace interval runs from when we saw it applied.
+    ``created_us`` (when planned) and ``applied_us`` (set when phase 2 finished).  Both are data
+    anyone may write, so neither is trusted: every plan without ``applied_us`` — ours before
+    phase 2, an older version's, any plan Rust wrote — is verified by phase 2 against the
+    manifest and cursors before it is applied (:func:`verify_garbage`, :func:`verify_cut`), and
+    ``applied_us`` only says "phase 2 is done": its value is never read (the grace interval is
+    timed by the collector's own observation, see ``GarbageCollector._phase3``).
 
     The idle state is Rust's ``Garbage::empty()`` (:data:`EMPTY_GARBAGE`); ``from_bytes`` also
     reads ``{}`` (our idle state before issue 16) as idle.  Every malformed file raises
@@ -531,20 +537,183 @@ def verify_garbage(g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: in
         raise GarbageRejected("fragment range to delete is inverted")
 
 
+def _same_leaf(a: FragmentPointer, b: FragmentPointer) -> bool:
+    """The same fragment in every field Rust keeps; ``content_md5`` (ours) may be missing on one
+    side (Rust's writers drop it) but never different."""
+    if (a.path, a.seq_no, a.start, a.limit, a.num_bytes, a.setsum) != \
+            (b.path, b.seq_no, b.start, b.limit, b.num_bytes, b.setsum):
+        return False
+    return a.content_md5 is None or b.content_md5 is None or a.content_md5 == b.content_md5
+
+
+@dataclass(frozen=True)
+class VerifiedCut:
+    """What :func:`verify_cut` proved about a plan against one manifest."""
+
+    # The plan's snapshots the new tree needs and the store lacks, in the plan's order.
+    install: tuple[Snapshot, ...]
+    # The root pointers the plan replaces: always a prefix of the root.  The edit must find them
+    # unchanged, else the proof is about another manifest.
+    removed: tuple[Pointer, ...]
+
+    def edit(self, g: Garbage, writer: str) -> Callable[[Manifest], Manifest]:
+        """The manifest edit applying ``g``, refusing a manifest whose oldest pointers changed
+        since the proof (the writer may rebase it onto newer manifests: appends only)."""
+        def fn(m: Manifest) -> Manifest:
+            if m.oldest_offset >= g.first_to_keep:
+                return m  # applied already (a retry, a rebase, or by Rust)
+            if m.entries[:len(self.removed)] != self.removed:
+                raise GarbageRejected("the log's oldest pointers changed since the plan was "
+                                      "verified")
+            return g.apply(m, writer)
+        return fn
+
+
+async def verify_cut(store: ObjectStore, prefix: str, g: Garbage, m: Manifest) -> VerifiedCut:
+    """Prove, by reading both trees, that applying ``g`` to ``m`` drops exactly the leaves below
+    ``g.first_to_keep`` and keeps every other leaf unchanged; raises GarbageRejected.
+
+    ``verify_garbage`` checks sums, and sums cannot see a tree that lies about ranges: a snapshot
+    holding fragment 4's pointer relabelled [2, 5) balances, matches its own pointer, and once
+    linked makes phase 3 delete fragments 2 and 3 (finding b2 of issue 16).  So the leaves are
+    compared one by one: the root pointers the plan removes that reach the cut (read from the
+    store, as the manifest references them now) against what it links instead
+    (``snapshot_for_root``, read where readers will find it: the stored object when the path
+    exists, since a create-only install keeps it, else the plan's ``snapshots_to_make``).  Equal
+    pointers are not opened (same pointer, same content-addressed object), so a plan costs the
+    snapshots along its split, not the tree.  Every new snapshot must pass ``check`` and match
+    its pointer exactly (setsum, range, bytes, no deeper: Rust's wrapped lone child is deeper);
+    the cut must fall between leaves; the first kept leaf must be ``fragments_to_drop_limit``.
+    """
+    cut = g.first_to_keep
+    try:
+        for snap in g.snapshots_to_make:
+            snap.check()  # a plan carrying a malformed snapshot is malformed, used or not
+        new = g.apply(m, "verify")
+        now = set(new.entries)
+        removed = tuple(e for e in m.entries if e not in now)
+        if m.entries[:len(removed)] != removed:
+            raise GarbageRejected("the plan removes root pointers that are not the oldest")
+        before = set(m.entries)
+        old: deque[Pointer] = deque(e for e in removed if e.limit > cut)
+        fresh: deque[Pointer] = deque(e for e in new.entries if e not in before)
+        planned: dict[str, Snapshot] = {}
+        for snap in g.snapshots_to_make:
+            planned.setdefault(snap.path, snap)  # a create-only install keeps the first
+        cache = SnapshotCache(64)  # never the collector's: it holds what plans made
+        opened: dict[str, Snapshot] = {}
+        install: dict[str, Snapshot] = {}
+
+        async def open_new(p: SnapshotPointer) -> Snapshot:
+            snap = opened.get(p.path_to_snapshot)
+            if snap is None:
+                try:
+                    got = await store.get(join(prefix, p.path_to_snapshot))
+                    snap = Snapshot.from_bytes(got.data)
+                except ObjectNotFound:
+                    snap = planned.get(p.path_to_snapshot)
+                    if snap is None:
+                        raise GarbageRejected(f"the plan links {p.path_to_snapshot}, which "
+                                              "neither the store nor the plan holds") from None
+                    install[snap.path] = snap
+                opened[p.path_to_snapshot] = snap
+            kids = snap.children
+            if (snap.setsum != p.setsum or snap.depth > p.depth or kids[0].start != p.start
+                    or kids[-1].limit != p.limit
+                    or sum(k.num_bytes for k in kids) != p.num_bytes):
+                raise GarbageRejected(f"{p.path_to_snapshot} is not what the plan's pointer "
+                                      f"[{p.start}, {p.limit}) says it is")
+            return snap
+
+        def expand(side: deque[Pointer], children: Sequence[Pointer]) -> None:
+            side.popleft()
+            side.extendleft(reversed(children))
+
+        first_kept: Pointer | None = None
+        while old or fresh:
+            if old and old[0].limit <= cut:
+                old.popleft()  # wholly below the cut: dropped, never opened
+                continue
+            if not old or not fresh:
+                gone = old[0] if old else fresh[0]
+                raise GarbageRejected(f"the plan's leaves are not the log's from {cut}: "
+                                      f"{gone.path} [{gone.start}, {gone.limit}) is unmatched")
+            a, b = old[0], fresh[0]
+            if a.start < cut:  # straddles the cut: only what lies above it is kept
+                if isinstance(a, FragmentPointer):
+                    raise GarbageRejected(f"first_to_keep {cut} falls inside leaf {a.path} "
+                                          f"[{a.start}, {a.limit})")
+                expand(old, (await cache.get(store, prefix, a)).children)
+            elif a == b:
+                first_kept = first_kept or a
+                old.popleft()
+                fresh.popleft()
+            elif isinstance(a, SnapshotPointer) and (isinstance(b, FragmentPointer)
+                                                     or a.limit - a.start >= b.limit - b.start):
+                expand(old, (await cache.get(store, prefix, a)).children)
+            elif isinstance(b, SnapshotPointer):
+                expand(fresh, (await open_new(b)).children)
+            elif isinstance(a, FragmentPointer) and isinstance(b, FragmentPointer) \
+                    and _same_leaf(a, b):
+                first_kept = first_kept or a
+                old.popleft()
+                fresh.popleft()
+            else:
+                raise GarbageRejected(f"the plan's leaves are not the log's: it holds {b.path} "
+                                      f"[{b.start}, {b.limit}) where the log holds {a.path} "
+                                      f"[{a.start}, {a.limit})")
+        keep = first_kept if first_kept is not None else (new.entries[0] if new.entries else None)
+        first_seq = (await _first_leaf_seq(store, prefix, [keep], cache) if keep is not None
+                     else m.next_seq_no)
+    except (CorruptManifest, CorruptFragment) as e:
+        raise GarbageRejected(f"a snapshot the plan reaches is unusable: {e}") from None
+    if first_seq != g.fragments_to_drop_limit:
+        raise GarbageRejected(f"the first kept leaf is fragment {first_seq}, but the plan keeps "
+                              f"from {g.fragments_to_drop_limit}")
+    return VerifiedCut(tuple(s for s in g.snapshots_to_make if install.get(s.path) is s), removed)
+
+
 # ---------------------------------------------------------------------------- the collector
 
 
+# When this process first saw each log's plan applied in the stored manifest, on the collector's
+# monotonic clock: the start of the grace interval (never a time read from gc/GARBAGE, which
+# anyone may write).  Module-level because collectors are made per pass (the server, the CLI)
+# while the process, and what it saw, lives on; keyed weakly by the store object, so a new store
+# object (a restart, a simulated crash) has seen nothing.  One entry per log and clock.
+_SEEN_APPLIED: weakref.WeakKeyDictionary[
+    ObjectStore, dict[tuple[str, int], tuple[tuple[Any, ...], Callable[[], float], float]]
+] = weakref.WeakKeyDictionary()
+
+# S3's Last-Modified has whole seconds: a difference of two may be short by up to one.
+_LAST_MODIFIED_SLACK_S = 1.0
+
+
+def _plan_key(g: Garbage) -> tuple[Any, ...]:
+    """What identifies a plan's cut (not its extension fields, which anyone may rewrite)."""
+    return (g.first_to_keep, g.fragments_to_drop_start, g.fragments_to_drop_limit,
+            g.setsum_to_discard.hexdigest())
+
+
 class GarbageCollector:
-    """Drives one log's garbage through the three phases; safe to crash and rerun anywhere."""
+    """Drives one log's garbage through the three phases; safe to crash and rerun anywhere.
+
+    ``clock`` is wall time (plans' ``created_us``/``applied_us``, orphans' age); ``monotonic``
+    measures the grace interval within this process (default: ``time.monotonic`` with the
+    system wall clock, else ``clock`` itself, so an injected virtual clock drives both).
+    """
 
     def __init__(self, store: ObjectStore, prefix: str, options: GcOptions | None = None, *,
                  edit_manifest: ManifestEditor | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] | None = None) -> None:
         self._store = store
         self._prefix = prefix.strip("/")
         self._opts = options or GcOptions()
         self._edit = edit_manifest or self._edit_standalone
         self._clock = clock
+        self._mono = monotonic if monotonic is not None else (
+            time.monotonic if clock is time.time else clock)
         self._cache = SnapshotCache(256)
         self.cursors = CursorStore(store, prefix, self._opts.writer_name)
 
@@ -682,6 +851,18 @@ class GarbageCollector:
 
     async def _phase2(self, report: GcReport, g: Garbage, etag: str | None
                       ) -> tuple[Garbage | None, str | None]:
+        """Verify the plan against the stored manifest and the cursors, apply it, mark it
+        applied.  Every plan is verified, ours included: ``created_us`` is a field anyone can
+        write, and an older version of ours may have planned it.
+
+        Crash order: cursors read → snapshots the plan needs installed → manifest edited →
+        ``applied_us`` written.  A crash before the edit leaves a pending plan that is verified
+        again; after it, the next pass finds the plan in the manifest (nothing to verify: the
+        manifest is the truth phase 3 goes by) and marks it.  A rejected plan is reset to
+        ``Garbage::empty()``: nothing of it was applied, so nothing can be lost, and the log
+        stays collectable (an operator is not needed); snapshots its author installed become
+        orphans the sweep reclaims once the log is collected past them.
+        """
         # Re-read the cursors *after* the plan is in gc/GARBAGE.  A reader pinning an offset writes
         # its cursor and then reads gc/GARBAGE (``pin_cursor``): of two such write-then-read
         # sequences at least one sees the other's write, so either this read finds the new cursor
@@ -693,58 +874,105 @@ class GarbageCollector:
             report.phase = "discarded"
             return None, None
         try:
-            await self._check_before_apply(g, pinned)
-            await self._edit(lambda m: g.apply(m, self._opts.writer_name))
+            loaded = await load_manifest(self._store, self._prefix)
+            if loaded is None:
+                raise GarbageRejected(f"no log at {self._prefix}")
+            m = loaded[0]
+            if m.oldest_offset < g.first_to_keep:
+                verify_garbage(g, m, self._opts, pinned_at=pinned)
+                cut = await verify_cut(self._store, self._prefix, g, m)
+                await self._install(cut)
+                await self._edit(cut.edit(g, self._opts.writer_name))
         except GarbageRejected as e:
-            # Stale plan (e.g. the writer snapshotted the prefix meanwhile): start over later.
-            report.notes.append(f"discarded stale garbage: {e}")
+            # Stale (the writer snapshotted the prefix meanwhile) or wrong: start over later.
+            _log.warning("%s: discarded garbage plan: %s", self._prefix, e)
+            report.notes.append(f"discarded garbage: {e}")
             await self._store_garbage(None, etag)
             report.phase = "discarded"
             return None, None
+        self._seen_applied(g)  # the manifest holds the plan now: the grace starts here
+        # applied_us is for older versions of ours, which time the grace from it; this one
+        # only reads that it is set.
         applied = replace(g, applied_us=int(self._clock() * 1_000_000))
         etag = await self._store_garbage(applied, etag)
         report.phase = "applied"
         return applied, etag
 
-    async def _check_before_apply(self, g: Garbage, pinned: int) -> None:
-        """Verify a plan not yet in the stored manifest as phase 1 verifies its own, and make sure
-        every snapshot it links exists.  A plan Rust wrote (no ``created_us``) had its snapshots
-        installed by Rust; re-install them (content-addressed, idempotent) rather than trust it.
-        Raises GarbageRejected; a plan already applied passes (phase 2 then only records it)."""
+    async def _install(self, cut: VerifiedCut) -> None:
+        """Install the snapshots a verified plan needs, and make sure the store holds exactly
+        them (a create-only put keeps whatever got there first)."""
+        for snap in cut.install:
+            key = join(self._prefix, snap.path)
+            await ensure_object(self._store, key, snap.to_bytes())
+            try:
+                stored = Snapshot.from_bytes((await self._store.get(key)).data)
+            except (ObjectNotFound, CorruptManifest):
+                stored = None
+            if stored != snap:
+                raise GarbageRejected(f"{snap.path} in the store is not the snapshot verified")
+
+    def _seen_applied(self, g: Garbage) -> float:
+        """When this process first saw ``g`` applied (now, if it had not), monotonic time."""
+        seen = _SEEN_APPLIED.setdefault(self._store, {})
+        key = (self._prefix, id(self._mono))
+        got = seen.get(key)
+        if got is not None and got[0] == _plan_key(g) and got[1] is self._mono:
+            return got[2]
+        now = self._mono()
+        seen[key] = (_plan_key(g), self._mono, now)
+        return now
+
+    def _forget_applied(self) -> None:
+        _SEEN_APPLIED.get(self._store, {}).pop((self._prefix, id(self._mono)), None)
+
+    async def _store_waited(self, etag: str) -> float:
+        """How long ago, by the store's own clock, the applied plan was written: the manifest's
+        Last-Modified (a lower bound on the store's now) minus the plan file's.  This lets a
+        process that did not apply the plan (a restart, the CLI) finish it without waiting a
+        whole grace again, while no local clock and no time written in a file is involved.  It
+        assumes whoever wrote the applied file had seen the plan in the manifest first, as
+        phase 2 of ours does (phase 3 resets a marker the manifest contradicts)."""
+        try:
+            plan = await self._store.head(join(self._prefix, GARBAGE_PATH))
+            manifest = await self._store.head(join(self._prefix, MANIFEST_PATH))
+        except ObjectNotFound:
+            return 0.0
+        if plan.etag.strip('"') != etag.strip('"'):
+            return 0.0  # the file changed since it was read: measure again next pass
+        return manifest.last_modified - plan.last_modified - _LAST_MODIFIED_SLACK_S
+
+    async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
+        """Delete what the applied plan unlinked, once the grace interval has passed.
+
+        The grace runs from this process's first sight of the plan in the manifest (monotonic
+        time: a wall clock stepped forward does not shorten it), or by the store's clock from
+        when the applied file was written; ``applied_us`` is never read (finding e of issue
+        16: a file from 1970 skipped the grace).  Across a restart the in-process part is lost,
+        so the grace can only get longer, never shorter.  Crash order: the deletes are
+        idempotent and the plan is reset last, so a crash in between redoes them.
+        """
+        assert g.applied_us is not None
         loaded = await load_manifest(self._store, self._prefix)
         if loaded is None:
             raise GarbageRejected(f"no log at {self._prefix}")
         m = loaded[0]
-        if m.oldest_offset >= g.first_to_keep:
+        if m.oldest_offset < g.first_to_keep:
+            # Marked applied, yet the manifest holds the plan: whoever marked it did so before
+            # applying it (or never did).  Nothing it lists is unreferenced and no grace has
+            # begun: resume it as pending, so phase 2 verifies it and marks it once it is seen
+            # in the manifest.
+            report.notes.append("the plan is marked applied but the manifest holds it: "
+                                "resumed as pending")
+            pending = replace(g, applied_us=None)
+            await self._phase2(report, pending, await self._store_garbage(pending, etag))
             return
-        verify_garbage(g, m, self._opts, pinned_at=pinned)
-        if g.created_us is not None:
-            return
-        try:
-            for snap in g.snapshots_to_make:
-                snap.check()
-                await ensure_object(self._store, join(self._prefix, snap.path), snap.to_bytes())
-            root = g.snapshot_for_root
-            if root is not None and root not in m.snapshots:
-                snap = await self._cache.get(self._store, self._prefix, root)
-                # Depth may exceed the object's: Rust wraps a lone child (SnapshotCache.get).
-                if replace(snap.to_pointer(), depth=root.depth) != root:
-                    raise GarbageRejected(f"{root.path_to_snapshot} does not match the pointer "
-                                          "the plan links")
-        except (CorruptManifest, CorruptFragment, ObjectNotFound) as e:
-            raise GarbageRejected(f"a snapshot the plan links is unusable: {e}") from None
-
-    async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
-        assert g.applied_us is not None
-        waited = self._clock() - g.applied_us / 1_000_000
+        waited = self._mono() - self._seen_applied(g)
+        if waited < self._opts.grace_s:
+            waited = max(waited, await self._store_waited(etag))
         if waited < self._opts.grace_s:
             report.phase = "waiting"
             report.waiting_s = self._opts.grace_s - waited
             return
-        loaded = await load_manifest(self._store, self._prefix)
-        if loaded is None:
-            raise GarbageRejected(f"no log at {self._prefix}")
-        m = loaded[0]
         # Affirmative checks right before deleting: no cursor pins what is listed (a reader that
         # pinned it after all keeps it; the pin must move or go before anything is deleted), and
         # nothing listed is referenced any more.  Only what passes is deleted.
@@ -754,8 +982,6 @@ class GarbageCollector:
             report.notes.append(f"a cursor pins {pinned}, below the plan's {g.first_to_keep}: "
                                 "nothing deleted until it moves")
             return
-        if m.oldest_offset < g.first_to_keep:
-            raise GarbageRejected("garbage marked applied but the manifest still holds it")
         first_live = await min_live_seq(self._store, self._prefix, m, self._cache)
         if first_live < g.first_seq_to_keep:
             report.notes.append("a fragment listed for deletion is still referenced: kept")
@@ -770,14 +996,36 @@ class GarbageCollector:
         report.fragments_deleted = await self._delete(keys)
         # Only snapshot names: a plan is data from whoever wrote the file (Rust deletes any path
         # it lists), and "manifest/MANIFEST" or "../x" must never be deleted because of one.  And
-        # only snapshots that start below the cut (dropped whole, or split): one wholly above it
-        # may be a writer's upload about to be linked.
-        below = {p.path_to_snapshot for p in g.snapshots_to_drop if p.start < g.first_to_keep}
+        # only snapshots whose stored object starts below the cut (dropped whole, or split), by
+        # what the object holds, not by the range the plan claims for it: one at or above the
+        # cut may be a writer's upload about to be linked.
+        names = [p for p in g.snapshots_to_delete if p not in live and _SNAPSHOT_NAME.fullmatch(p)]
         report.snapshots_deleted = await self._delete(
-            [join(self._prefix, p) for p in g.snapshots_to_delete
-             if p not in live and p in below and _SNAPSHOT_NAME.fullmatch(p)])
+            [join(self._prefix, p) for p in await self._starting_below(names, g.first_to_keep,
+                                                                      report)])
         await self._store_garbage(None, etag)
+        self._forget_applied()
         report.phase = "done"
+
+    async def _starting_below(self, names: list[str], cut: int, report: GcReport) -> list[str]:
+        """The snapshots among ``names`` whose stored object holds a record below ``cut``."""
+        async def first_offset(name: str) -> int | None:
+            try:
+                snap = Snapshot.from_bytes((await self._store.get(join(self._prefix, name))).data)
+            except ObjectNotFound:
+                return None  # deleted already (a retried phase 3)
+            except CorruptManifest:
+                report.notes.append(f"unreadable snapshot {name} left in place")
+                return None
+            return snap.children[0].start
+
+        out: list[str] = []
+        step = max(1, self._opts.delete_batch)
+        for i in range(0, len(names), step):
+            chunk = names[i:i + step]
+            starts = await asyncio.gather(*(first_offset(n) for n in chunk))
+            out += [n for n, start in zip(chunk, starts) if start is not None and start < cut]
+        return out
 
     async def _delete(self, keys: list[str]) -> int:
         """Delete in batches, no faster than the configured rate."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import CorruptManifest
+from .errors import CorruptManifest, LogFull
 from .fragment import fragment_path
 from .setsum import Setsum
 
@@ -239,12 +239,27 @@ def _path_of(seq_no: int) -> str | None:
         return None  # no fragment has that number
 
 
+def ensure_room(seq_no: int, start: int, records: int) -> None:
+    """Raise LogFull unless a fragment ``seq_no`` of ``records`` records from offset ``start``
+    fits u64: its sequence number and its limit (``start + records``) at most u64::MAX.
+
+    ``Manifest.with_fragments`` calls it, so no manifest past u64 is ever built; a writer should
+    also call it before uploading a fragment, so that nothing at all is written for an append
+    that can never be linked."""
+    if seq_no > U64_MAX or start + records > U64_MAX:
+        raise LogFull(f"the log is full: fragment {seq_no} would end at offset {start + records}; "
+                      f"offsets and sequence numbers end at {U64_MAX} (u64)")
+
+
 def _check_run(entries: Sequence[Pointer], where: str) -> None:
-    """Ranges are non-empty and contiguous; fragment seq numbers are sequential."""
+    """Ranges are non-empty and contiguous; fragment seq numbers are sequential; every number
+    fits u64 (the parser ensures that for what it reads, this for what we build)."""
     prev: Pointer | None = None
     for e in entries:
         if e.start >= e.limit:
             raise CorruptManifest(f"{where}: {e.path} has empty range [{e.start}, {e.limit})")
+        if e.limit > U64_MAX or (isinstance(e, FragmentPointer) and e.seq_no > U64_MAX):
+            raise CorruptManifest(f"{where}: {e.path} does not fit u64")
         if isinstance(e, FragmentPointer) and e.path != _path_of(e.seq_no):
             # The collector goes by seq_no, readers by path: they must name the same object.
             raise CorruptManifest(f"{where}: {e.path} is not the path of fragment {e.seq_no}")
@@ -433,6 +448,10 @@ class Manifest:
         """Raise CorruptManifest unless every invariant of the spec holds."""
         if any(s.depth < 1 for s in self.snapshots):
             raise CorruptManifest("snapshot pointer with depth 0")
+        if not all(v is None or _u64(v)
+                   for v in (self.acc_bytes, self.initial_offset, self.initial_seq_no)):
+            # Never encode what serde (and our parser) cannot read back: the log would be bricked.
+            raise CorruptManifest("manifest holds a number that does not fit u64")
         entries = self.entries
         _check_run(entries, "manifest")
         if entries:
@@ -459,7 +478,13 @@ class Manifest:
         return cls(writer=writer)
 
     def with_fragments(self, frags: Sequence[FragmentPointer], writer: str) -> Manifest:
-        """Append fragments at the tail; they must follow on exactly."""
+        """Append fragments at the tail; they must follow on exactly.
+
+        Raises LogFull when one would need an offset limit or a sequence number past u64::MAX:
+        Rust's serde and our parser reject such a manifest, so writing it would brick the log.
+        The last usable fragment is sequence number u64::MAX ending at offset u64::MAX (Rust's
+        ``next_fragment_seq_no`` is then None: the log is full for it too).
+        """
         if not frags:
             return self
         seq, off = self.next_seq_no, self.next_offset
@@ -468,11 +493,13 @@ class Manifest:
                 raise CorruptManifest(
                     f"fragment {f.seq_no}@[{f.start},{f.limit}) does not follow {seq}@{off}"
                 )
+            ensure_room(f.seq_no, f.start, f.limit - f.start)
             seq, off = seq + 1, f.limit
         return replace(
             self,
             setsum=self.setsum + _sum(frags),
-            acc_bytes=self.acc_bytes + sum(f.num_bytes for f in frags),
+            # Rust saturates the running byte count; so do we (it is informational).
+            acc_bytes=min(U64_MAX, self.acc_bytes + sum(f.num_bytes for f in frags)),
             writer=writer,
             fragments=(*self.fragments, *frags),
         )
