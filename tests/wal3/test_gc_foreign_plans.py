@@ -16,11 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3 import CorruptFragment, LocalStore, LogReader, LogWriter, LogWriterOptions
+from host.wal3 import (
+    CorruptFragment,
+    LocalStore,
+    LogReader,
+    LogWriter,
+    LogWriterOptions,
+)
 from host.wal3.cursors import CursorStore
 from host.wal3.errors import CorruptManifest, LogFull, ObjectNotFound
 from host.wal3.fragment import fragment_path
-from host.wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, plan_cut
+from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, plan_cut
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.manifest import (
     MANIFEST_PATH,
@@ -269,7 +275,7 @@ async def test_a_new_process_waits_unless_the_store_clock_shows_the_grace_passed
     grace by the store's own clock (the manifest's Last-Modified minus the applied file's), or
     else from its own first sight; never by the file's time stamp."""
     p = "logs/e5"
-    store, _ = await _applied_elsewhere(tmp_path, p, applied_us=1)
+    await _applied_elsewhere(tmp_path, p, applied_us=1)
     clock = Clock()
     # A fresh process (a fresh store object: nothing observed) with the manifest untouched since.
     fresh = LocalStore(tmp_path / "store")
@@ -311,7 +317,7 @@ async def test_appends_past_u64_are_refused_and_the_manifest_stays_readable(
     stored = Manifest.from_bytes(raw)
     assert stored.next_offset == U and stored.fragments[-1].seq_no == U
     assert all(0 <= n <= U for n in _ints(json.loads(raw)))
-    manifest, records = await read_all(store, p)
+    _, records = await read_all(store, p)
     assert_dense(records, U - 2)
     assert [r.body for r in records] == [b"a", b"b"]
 
