@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .wal3.errors import NoCursors
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -34,6 +36,9 @@ class Metrics:
                                    registry=r)
         self.buffered_bytes = Gauge("loghost_buffered_bytes",
                                     "Bytes accepted but not yet durable", registry=r)
+        self.buffered_bytes_limit = Gauge("loghost_buffered_bytes_limit",
+                                          "LOGHOST_MAX_BUFFERED_BYTES: appends past it answer 429",
+                                          registry=r)
         self.backpressure = Counter("loghost_backpressure_total", "Requests refused with 429",
                                     ["reason"], registry=r)
         self.contention = Counter("loghost_contention_total",
@@ -59,9 +64,16 @@ class Metrics:
                                   "Objects deleted by garbage collection", ["kind"], registry=r)
         self.gc_runs = Counter("loghost_gc_runs_total", "Garbage collection passes", ["phase"],
                                registry=r)
+        # reason="no_cursors" is the routine 409 on a log nothing has compacted yet (no cursor
+        # pins it); reason="error" is every other failure, the one worth an alert.
         self.gc_failures = Counter("loghost_gc_failures_total", "GC passes that failed",
-                                   registry=r)
+                                   ["reason"], registry=r)
         self.scrub_failures = Counter("loghost_scrub_failures_total",
                                       "Scrubs that found a problem", registry=r)
         self.idempotent_hits = Counter("loghost_idempotent_replays_total",
                                        "Appends answered from the idempotency window", registry=r)
+
+
+def gc_failure_reason(exc: BaseException) -> str:
+    """The ``reason`` label of ``loghost_gc_failures_total`` for a failed pass."""
+    return "no_cursors" if isinstance(exc, NoCursors) else "error"

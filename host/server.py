@@ -34,7 +34,7 @@ from .dirty import (
 from .errors import BadRequest, NotFound
 from .leader import LeaderHint, leader_hint_from_url
 from .manager import LogHandle, LogManager, log_prefix
-from .metrics import Metrics
+from .metrics import Metrics, gc_failure_reason
 
 _log = logging.getLogger("loghost.server")
 # Server ids a dirty log may be adopted from: pod names and the like, never a path.
@@ -59,6 +59,7 @@ class Server:
                  leader: LeaderHint | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.metrics.buffered_bytes_limit.set(settings.max_buffered_bytes)
         self.auth = Authenticator.from_settings(settings)
         self.store: ObjectStore = store if store is not None else open_store(settings.store)
         self.leader: LeaderHint = leader if leader is not None else leader_hint_from_url(
@@ -236,8 +237,8 @@ class Server:
         try:
             async with h.lock:  # one collector per log in this process (manual and always-on)
                 report = await gc.run_once()
-        except Exception:
-            self.metrics.gc_failures.inc()
+        except Exception as e:
+            self.metrics.gc_failures.labels(gc_failure_reason(e)).inc()
             raise
         self.metrics.gc_runs.labels(report.phase).inc()
         if report.fragments_deleted:
