@@ -660,7 +660,7 @@ def create_app(server: Server) -> FastAPI:
             raise BadRequest("target_collection_id: must differ from the source")
         async with server.manager.use(cid, tenant) as h:
             offset = req.offset if req.offset is not None else h.compaction_offset
-            m = h.writer.manifest
+            m = await server.manager.view(h)  # another host may have written the log
             if offset > m.next_offset:
                 raise BadRequest(f"offset: {offset} is past the log's tail {m.next_offset}")
             if offset < m.oldest_offset:

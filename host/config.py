@@ -75,6 +75,10 @@ class Settings(BaseSettings):
 
     # Leader hint.
     leader_ttl_ms: int = Field(10_000, ge=100)
+    # Reads answer from a writer's memory for this long after the store last proved its manifest
+    # current; a host taking a log over holds acknowledgements 1.25 x this (no stale read, ever,
+    # whatever Redis does).  0: every read loads the manifest from the store.
+    read_lease_ms: int = Field(1000, ge=0)
 
     log_level: str = "INFO"
 

@@ -5,12 +5,16 @@ eviction of idle ones; closing flushes.  Before opening a writer the server clai
 leader hint; a log held by another live server is redirected there.  Each log is bound to the
 tenant that first wrote it (``logs/{uuid}/TENANT``, created with If-None-Match).
 
-Leadership can move under an open log (a Redis outage or restart).  Reads answer from the local
-writer's manifest only while the hint vouches for a continuous hold since that manifest was known
-to be current (``LeaderHint.tenure``); otherwise they read the manifest from the store.  A new
-tenure first proves the writer current with a fenced manifest write.  A log lost to another
-server redirects new requests there and closes once idle.  Long-polls wait outside ``use()``: a
-waiting request never pins an open-log slot.
+Leadership can move under an open log (a Redis outage, stall or restart), and the hint may be
+wrong in any way, so it never decides what a read answers.  Reads answer from the local writer's
+manifest only under the writer's read lease, which the store fences (``LogWriter``, module
+docstring: a manifest this writer wrote, proven current by a store interaction issued within
+``read_lease_ms``, and take-overs hold their acknowledgements past any such lease); otherwise
+they load the manifest from the store.  The hint only decides who should make its memory
+current: a host that holds a tenure and whose writer did not write the stored manifest makes a
+fenced identity write, after which its reads are served from memory again.  A log lost to
+another server redirects new requests there and closes once idle.  Long-polls wait outside
+``use()``: a waiting request never pins an open-log slot.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ class LogHandle:
     users: int = 0
     waiters: int = 0  # long-polls waiting on it (not users: they do not keep it open)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # The leader-hint tenure under which ``writer.manifest`` is known current (None: not known).
+    # The leader-hint tenure under which the writer's memory was last made current (None: not
+    # yet); only decides when to do that, never what reads trust (the writer's lease does).
     tenure: int | None = None
     lost: bool = False  # another server took the log over: hand out no more, close when idle
     lost_to: str | None = None  # its advertise URL, when known
@@ -100,6 +105,10 @@ class LogManager:
         self._opening: dict[UUID, asyncio.Future[LogHandle]] = {}
         self._closing: dict[UUID, asyncio.Task[None]] = {}
         self._bindings: collections.OrderedDict[UUID, str] = collections.OrderedDict()
+        # The manifest (etag and fence) a closed writer of this process wrote last, per log: a
+        # reopen that finds it still stored is no take-over (no fence, leases at once).
+        self._authored: collections.OrderedDict[UUID, tuple[str, float]] = \
+            collections.OrderedDict()
         self._buffered = 0
         self._closed = False
         self._draining = False
@@ -118,6 +127,7 @@ class LogManager:
             snapshot_threshold=settings.snapshot_threshold,
             # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
             snapshot_max_age_s=max(0.001, min(60.0, gc_grace / 2)),
+            read_lease_s=settings.read_lease_ms / 1000.0,
         )
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -263,20 +273,27 @@ class LogManager:
     # ---------------------------------------------------------------------------- leadership
 
     def trusted(self, h: LogHandle) -> bool:
-        """Whether ``h.writer.manifest`` is the log's current manifest as far as the hint knows:
-        this server held the log continuously since the writer was proven current."""
-        return h.tenure is not None and self._leader.tenure(str(h.collection_id)) == h.tenure
+        """Whether ``h.writer.manifest`` is the log's current manifest: the writer's read lease
+        (fenced by the store, never by the hint) vouches for it now."""
+        return h.writer.current_manifest() is not None
 
     async def _ensure_tenure(self, h: LogHandle) -> None:
-        """Under a new tenure, prove the writer current before trusting its manifest.
+        """Under a new tenure, make the writer's memory current (so reads can use it) unless it
+        is already the writer's own.
 
         A fenced identity write of the manifest either lands (the writer was current) or fails
-        its If-Match, and the writer reloads and read-repairs, then lands.  One write per log
-        per change of leadership; nothing when the hint cannot vouch (reads go to the store).
+        its If-Match, and the writer reloads and read-repairs, then lands; either way the stored
+        manifest is then the writer's own and its lease vouches for it.  One write per log per
+        change of leadership or of authorship; nothing when the hint names no tenure (reads then
+        go to the store unless this writer wrote the log last).  Only an optimisation: the lease
+        alone decides what reads trust.
         """
         while True:
             t = self._leader.tenure(str(h.collection_id))
             if t is None or t == h.tenure:
+                return
+            if h.writer.authored:
+                h.tenure = t  # the writer wrote what is stored: its lease proves it, no write
                 return
             task = h.refreshing
             if task is None:
@@ -293,10 +310,18 @@ class LogManager:
         h.tenure = tenure
 
     async def view(self, h: LogHandle) -> Manifest:
-        """The manifest to answer reads and state from: the writer's own when trusted, else the
-        store's (another server may have written the log)."""
-        if self.trusted(h):
-            return h.writer.manifest
+        """The manifest to answer reads and state from: the writer's own while its read lease
+        vouches for it (renewed by a HEAD when it ran out), else the store's."""
+        m = h.writer.current_manifest()
+        if m is not None:
+            return m
+        if h.writer.authored:
+            if await h.writer.confirm_lease():
+                m = h.writer.current_manifest()
+                if m is not None:
+                    return m
+            elif not h.writer.authored:
+                h.tenure = None  # another writer wrote it: the next use() re-proves, if ours
         loaded = await load_manifest(self._store, h.prefix)
         if loaded is None:
             return h.writer.manifest
@@ -346,8 +371,10 @@ class LogManager:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return "timeout"
-                trusted = self.trusted(h)
-                step = remaining if trusted else min(remaining, self._poll_s())
+                # Under a lease only this writer's commits can add records until it runs out;
+                # without one, look at the store every poll interval.
+                lease = h.writer.lease_remaining()
+                step = min(remaining, lease if lease > 0 else self._poll_s())
                 commit = asyncio.ensure_future(h.writer.wait_for_commit(from_offset, step))
                 try:
                     await asyncio.wait([commit, *stops], return_when=asyncio.FIRST_COMPLETED)
@@ -355,10 +382,13 @@ class LogManager:
                     commit.cancel()
                 if h.writer.manifest.next_offset > from_offset:
                     return "records"
-                if not trusted and not h.changed.is_set():
-                    loaded = await load_manifest(self._store, h.prefix)
-                    if loaded is not None and loaded[0].next_offset > from_offset:
-                        return "records"
+                if h.changed.is_set() or self.trusted(h):
+                    continue
+                if h.writer.authored and await h.writer.confirm_lease():
+                    continue  # still the stored manifest: nobody else wrote
+                loaded = await load_manifest(self._store, h.prefix)
+                if loaded is not None and loaded[0].next_offset > from_offset:
+                    return "records"
         finally:
             for f in stops[:2]:
                 f.cancel()
@@ -452,15 +482,14 @@ class LogManager:
         if holder is not None:
             self._metrics.redirects.inc()
             raise NotLeader(holder)
-        # A tenure that began before the writer loaded the manifest: the load is current.
-        tenure = self._leader.tenure(str(cid))
         writer: LogWriter | None = None
         try:
             # Inside the try: a refused open (429) must not keep the claim, or other servers
             # would redirect this log here for as long as we renew it.
             await self._make_room()
             writer = await LogWriter.open(self._store, prefix, self._writer_options,
-                                          hook=self._hook_for(cid))
+                                          hook=self._hook_for(cid),
+                                          authored=self._authored.pop(cid, None))
             cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
             witness = await cursors.load(COMPACTION)
         except BaseException:
@@ -470,8 +499,10 @@ class LogManager:
             await self._leader.release(str(cid))
             raise
         compaction = witness.cursor.offset if witness is not None else writer.manifest.oldest_offset
+        # No tenure yet: the first use() under one makes the writer's memory current unless
+        # the writer wrote the stored manifest itself.
         h = LogHandle(cid, tenant, writer, LogReader(self._store, prefix), cursors, compaction,
-                      time.monotonic(), tenure=tenure)
+                      time.monotonic())
         self._open[cid] = h
         self._metrics.opens.inc()
         self._metrics.open_logs.set(len(self._open))
@@ -510,6 +541,12 @@ class LogManager:
         async def finish() -> None:
             try:
                 await h.writer.close()
+                authored = h.writer.authored_etag
+                if authored is not None and h.writer.failed is None:
+                    self._authored[h.collection_id] = authored
+                    self._authored.move_to_end(h.collection_id)
+                    while len(self._authored) > 100_000:
+                        self._authored.popitem(last=False)
             finally:
                 await self._leader.release(str(h.collection_id))
 

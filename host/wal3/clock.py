@@ -6,6 +6,7 @@ come from a ``Clock``; ``SYSTEM_CLOCK`` reads the machine's clocks.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,11 @@ class Clock:
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back."""
         return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of ``monotonic`` time (the event loop's sleep; a virtual loop's time
+        is virtual already)."""
+        await asyncio.sleep(seconds)
 
 
 SYSTEM_CLOCK = Clock()

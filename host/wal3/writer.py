@@ -18,6 +18,47 @@ any orphan fragment that fits at the tail (read repair, so a crashed writer neve
 acknowledges its own fragments that turn out linked, and fails the rest with ``LogContention``.
 Every fragment records the setsum of the fragment it must follow, so a stale speculative upload
 can never be linked after someone else's fragment; such dead objects are overwritten in place.
+
+Read leases (``read_lease_s`` > 0): when may a reader answer from this writer's in-memory
+manifest instead of loading the stored one?  Another process may have written the log (a second
+writer is fenced, not prevented: the leader hint is advisory and may be wrong in any way), and
+an answer must never miss a record that was acknowledged before it was asked for.  The store's
+conditional writes are the only fence, so the rule is built on them and on monotonic clocks:
+
+* **Lease.**  ``current_manifest()`` is the manifest in memory only if this writer wrote it itself
+  (its etag is one our own put returned) and a store interaction *issued* less than
+  ``read_lease_s`` ago proved it was still the stored one: our write (issued at ``i``, so the
+  manifest was ours at some moment after ``i``) or a HEAD that found its etag
+  (``confirm_lease``).  The manifest is read before the clock is, so a pause in between can only
+  shorten the lease.  A manifest this writer merely loaded is never leased: its author may still
+  write on top of it without fencing (its base is its own), and we would not know.
+* **Fence.**  A writer whose manifest write lands on a base it did not write (a take-over: it
+  loaded that base, so another writer may hold a lease on it) acknowledges nothing until
+  ``fence_s = 1.25 x read_lease_s`` after that write's answer arrived.  Likewise after every load
+  that shows a manifest it did not write: what it then learns (idempotency keys of others'
+  appends) is not answered before the fence either.
+
+Why no stale read, case by case (H leases manifest M, another writer G acknowledges X):
+
+1. G's write of X lands on M (a take-over).  H's last proof of M was issued before X landed
+   (after it, the store held G's manifest and the proof would have failed), so H's lease ends
+   before landing + ``read_lease_s``; G acknowledges X no sooner than landing +
+   ``fence_s`` (G's clock, measured from when it learned of the landing, later still).  Any read
+   asked after the acknowledgement finds H's lease over; H's HEAD then sees G's etag, and the
+   read loads the stored manifest (X included).  The 25 % covers clock-rate differences.
+2. G's write lands on a manifest G wrote itself.  Nobody else can lease it (only its author
+   leases), so nobody answers from an older one: M was replaced by G's earlier take-over write,
+   whose fence has passed as in 1.
+3. H crashes, stalls or is cut off from Redis: its lease only runs out; it never extends
+   without a store round trip, so a stalled H that wakes up re-proves before it answers.
+4. X reached H through a load (H's recovery read it, or learned its key): H's answers based on
+   that load wait for its own fence, which ends after G's (H loaded after X landed).
+5. Redis restarts empty, stalls, fails over, or names two holders: nothing above reads it.
+
+Costs: one HEAD per ``read_lease_s`` per log read from memory without being written (own writes
+renew the lease for free), and a ``fence_s`` wait for acknowledgements after a take-over (a
+fail-over, a restart, a split between hosts), never in the steady state.  With
+``read_lease_s`` = 0 nothing is leased and nothing waits: every read loads the manifest.
 """
 
 from __future__ import annotations
@@ -132,6 +173,15 @@ class LogWriterOptions:
     max_append_attempts: int = 3
     max_rebases: int = 64
     clock: Clock = SYSTEM_CLOCK  # wall time for record timestamps, monotonic for ages
+    # How long a store check vouches for the manifest this writer wrote (``current_manifest``);
+    # 0: never (every read loads the stored manifest, and nothing waits for a fence).
+    read_lease_s: float = 0.0
+
+    @property
+    def fence_s(self) -> float:
+        """How long acknowledgements wait after a take-over: the lease and a margin for clock
+        rates (see the module docstring)."""
+        return self.read_lease_s * 1.25
 
 
 class _Append:
@@ -228,6 +278,13 @@ class LogWriter:
         self._loop = asyncio.get_running_loop()
         self._manifest = manifest
         self._etag = etag
+        # Read leases (module docstring): the etag of the newest manifest this writer put, when
+        # the latest proof that the stored manifest was ours was issued, and the time before
+        # which nothing is acknowledged.
+        self._authored: str | None = None
+        self._lease_from: float | None = None
+        self._fence_until = float("-inf")
+        self._confirming: asyncio.Task[bool] | None = None
         # Speculative allocation: where the next batch goes.
         self._next_seq = manifest.next_seq_no
         self._next_offset = manifest.next_offset
@@ -267,10 +324,17 @@ class LogWriter:
 
     @classmethod
     async def open(cls, store: ObjectStore, prefix: str, options: LogWriterOptions | None = None,
-                   *, hook: FragmentHook | None = None) -> LogWriter:
-        """Open the log at ``prefix``, creating it (If-None-Match) when it does not exist."""
+                   *, hook: FragmentHook | None = None,
+                   authored: tuple[str, float] | None = None) -> LogWriter:
+        """Open the log at ``prefix``, creating it (If-None-Match) when it does not exist.
+
+        ``authored``: the etag a writer of this process wrote last (closed since) and its fence;
+        if the stored manifest is still that one, it is this writer's own (leases, no take-over).
+        """
         opts = options or LogWriterOptions()
+        created = False
         for _ in range(opts.max_rebases):
+            issued = opts.clock.monotonic()
             loaded = await load_manifest(store, prefix)
             if loaded is not None:
                 break
@@ -278,14 +342,22 @@ class LogWriter:
             try:
                 etag = await put_resolving(store, join(prefix, MANIFEST_PATH), empty.to_bytes(),
                                            if_none_match="*")
-                loaded = (empty, etag)
+                loaded, created = (empty, etag), True
                 break
             except PreconditionFailed:
                 continue  # someone created it first (or a 409 storm): load theirs
         else:
             raise LogContention(f"could not open {prefix}: the manifest kept changing")
         manifest, etag = loaded
-        return cls(store, prefix, opts, manifest, etag, hook)
+        w = cls(store, prefix, opts, manifest, etag, hook)
+        if created:
+            w._landed(None, etag, issued)  # nobody could lease what did not exist
+        elif authored is not None and authored[0] == etag:
+            w._authored, w._lease_from = etag, issued
+            w._fence_until = authored[1]
+        else:
+            w._note_load(etag)
+        return w
 
     # ---------------------------------------------------------------------------- properties
 
@@ -313,6 +385,87 @@ class LogWriter:
     def outstanding_bytes(self) -> int:
         """Bytes accepted but not yet acknowledged."""
         return self._outstanding_bytes
+
+    @property
+    def authored(self) -> bool:
+        """Whether the manifest in memory is one this writer wrote (a lease can vouch for it)."""
+        return self._authored is not None and self._etag == self._authored
+
+    @property
+    def authored_etag(self) -> tuple[str, float] | None:
+        """The manifest's etag and the fence, when this writer wrote the manifest it holds (for
+        ``open(authored=...)`` of the next writer in this process)."""
+        return (self._etag, self._fence_until) if self.authored else None
+
+    @property
+    def fence_until(self) -> float:
+        """Monotonic time before which this writer acknowledges nothing (a take-over)."""
+        return self._fence_until
+
+    def current_manifest(self) -> Manifest | None:
+        """The manifest in memory if a read lease vouches that it is the stored one, else None
+        (load it from the store).  See the module docstring."""
+        m = self._manifest  # read before the clock: a pause in between only shortens the lease
+        if self.lease_remaining() <= 0:
+            return None
+        return m
+
+    def lease_remaining(self) -> float:
+        """Seconds the read lease has left (0 when there is none)."""
+        if (self._opts.read_lease_s <= 0 or self._lease_from is None or not self.authored
+                or self._failure is not None or self._recovering or self._stale):
+            return 0.0
+        return max(0.0, self._lease_from + self._opts.read_lease_s - self._opts.clock.monotonic())
+
+    async def confirm_lease(self) -> bool:
+        """Renew the read lease with a HEAD of the manifest: True if it is still the one this
+        writer wrote.  False when the store moved on (another writer wrote it) or cannot tell;
+        the writer then stops vouching until it writes again."""
+        if self._opts.read_lease_s <= 0 or not self.authored:
+            return False
+        task = self._confirming
+        if task is None:
+            task = self._confirming = asyncio.ensure_future(self._confirm())
+            task.add_done_callback(lambda _t: setattr(self, "_confirming", None))
+        return await asyncio.shield(task)
+
+    async def _confirm(self) -> bool:
+        etag = self._etag
+        issued = self._opts.clock.monotonic()
+        try:
+            held = await self._store.head(join(self._prefix, MANIFEST_PATH))
+        except (StoreUnavailable, ObjectNotFound, OSError):
+            return False
+        if self._etag != etag or self._authored != etag:
+            return self.lease_remaining() > 0  # we wrote again meanwhile: that write proves it
+        if held.etag.strip('"') != etag.strip('"'):
+            self._authored, self._lease_from = None, None  # someone else wrote the log
+            return False
+        self._lease_from = max(self._lease_from or issued, issued)
+        return True
+
+    def _landed(self, base: str | None, etag: str, issued: float) -> None:
+        """Our manifest write, issued at ``issued`` on top of ``base``, landed as ``etag``."""
+        if base is not None and base != self._authored:
+            self._raise_fence()  # a take-over: whoever wrote ``base`` may hold a lease on it
+        self._authored, self._lease_from = etag, issued
+
+    def _note_load(self, etag: str) -> None:
+        """We read a manifest from the store: what it shows of others waits for the fence."""
+        if etag != self._authored:
+            self._raise_fence()
+
+    def _raise_fence(self) -> None:
+        if self._opts.read_lease_s > 0:
+            self._fence_until = max(self._fence_until,
+                                    self._opts.clock.monotonic() + self._opts.fence_s)
+
+    async def _after_fence(self, r: AppendResult) -> AppendResult:
+        """Hold an acknowledgement until the fence (a take-over) has passed."""
+        wait = self._fence_until - self._opts.clock.monotonic()
+        if wait > 0:
+            await self._opts.clock.sleep(wait)
+        return r
 
     @property
     def failed(self) -> BaseException | None:
@@ -346,10 +499,10 @@ class LogWriter:
             self._check_open()
             known = self._keys.get(idempotency_key)
             if known is not None:
-                return known.as_duplicate()
+                return await self._after_fence(known.as_duplicate())
             waiter = self._key_waiters.get(idempotency_key)
             if waiter is not None:
-                return (await asyncio.shield(waiter)).as_duplicate()
+                return await self._after_fence((await asyncio.shield(waiter)).as_duplicate())
         item = _Append([bytes(b) for b in bodies], idempotency_key, self._loop)
         if self._outstanding_bytes + item.nbytes > self._opts.max_outstanding_bytes:
             self.stats["backpressure"] += 1
@@ -361,7 +514,7 @@ class LogWriter:
         self._pending.append(item)
         self._pending_bytes += item.nbytes
         self._kick()
-        return await item.future
+        return await self._after_fence(await item.future)
 
     async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
         """Apply a pure manifest transform through the normal, fenced manifest write.
@@ -701,12 +854,14 @@ class LogWriter:
                         e.future.set_exception(err)
             edits = applied
             new.check()
+            base_etag = self._etag
+            issued = self._opts.clock.monotonic()
             try:
                 etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
-                                           new.to_bytes(), if_match=self._etag)
+                                           new.to_bytes(), if_match=base_etag)
             except PreconditionFailed:
                 self.stats["manifest_conflicts"] += 1
-                loaded = await load_manifest(self._store, self._prefix)
+                loaded = await self._load()
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 current, cur_etag = loaded
@@ -722,6 +877,7 @@ class LogWriter:
                 _log.warning("manifest write for %s failed: %r; recovering", self._prefix, e)
                 await self._recover()
                 return
+            self._landed(base_etag, etag, issued)  # before _installed acknowledges anything
             self._installed(new, etag, ready)
             if snapshot is not None:
                 self._snapshot = None
@@ -825,7 +981,7 @@ class LogWriter:
                 await asyncio.sleep(0.05)  # let a struggling store breathe before re-reading
             try:
                 if reloaded is None:
-                    reloaded = await load_manifest(self._store, self._prefix)
+                    reloaded = await self._load()
                     if reloaded is None:
                         raise WriterClosed(f"manifest of {self._prefix} vanished")
                 manifest, etag = await self._repair(*reloaded)
@@ -1100,18 +1256,27 @@ class LogWriter:
             pointer = FragmentPointer(fragment_path(seq), seq, decoded.start, decoded.limit,
                                       len(got.data), decoded.setsum, content_etag(got.data))
             new = manifest.with_fragments([pointer], self._opts.writer_name)
+            base_etag, issued = etag, self._opts.clock.monotonic()
             try:
                 etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
-                                           new.to_bytes(), if_match=etag)
+                                           new.to_bytes(), if_match=base_etag)
+                self._landed(base_etag, etag, issued)
                 manifest = new
                 self.stats["repaired"] += 1
                 _log.info("read-repaired fragment %s of %s", seq, self._prefix)
             except PreconditionFailed:
-                loaded = await load_manifest(self._store, self._prefix)
+                loaded = await self._load()
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 manifest, etag = loaded
         return manifest, etag
+
+    async def _load(self) -> tuple[Manifest, str] | None:
+        """Load the stored manifest (what it shows of others waits for the fence)."""
+        loaded = await load_manifest(self._store, self._prefix)
+        if loaded is not None:
+            self._note_load(loaded[1])
+        return loaded
 
     # ------------------------------------------------------------------------- snapshots
 

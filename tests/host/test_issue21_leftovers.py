@@ -14,8 +14,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from host.wal3 import Limits, LogReader
 
+from ..conftest import free_port
 from .live import Live, assert_error, live_server, log_path, record, wait_until
 
 BOUND_S = 20.0  # generous: how long a test waits for the server to act, never a latency assert
@@ -240,3 +243,53 @@ async def test_reused_key_with_other_records_is_refused_after_its_records_are_co
             same = await ak.post(path + "/records", json=first)
             assert same.json() == {**acked, "deduplicated": True}
             assert (await ak.get(path)).json()["next_offset"] == 7  # nothing appended twice
+
+
+# ------------------------------------------- V2: stale reads after a sub-second Redis stall
+
+
+async def _ids(c: httpx.AsyncClient, path: str) -> list[str]:
+    r = await c.get(path + "/records", params={"from": 1, "limit": 100})
+    assert r.status_code == 200, r.text
+    return [x["record"]["id"] for x in r.json()["records"]]
+
+
+async def test_no_stale_read_after_another_host_wrote_through_a_redis_stall(
+        tmp_path: Path, redis_server: Any) -> None:
+    """V2: Redis stalled for under a second (SIGSTOP); host B, asked to append meanwhile, could
+    not reach it, failed open and wrote the log.  Host A, the holder, never saw Redis fail, so
+    its tenure held and it kept answering reads, state and long-polls from its in-memory
+    manifest without B's acknowledged record, for as long as it did not write.  Memory is now
+    trusted only under a read lease that the store fences (see ``LogWriter``), whatever Redis
+    does: every read after B's acknowledgement sees B's record."""
+    store = str(tmp_path / "store")
+    cid = str(uuid.uuid4())
+    path = log_path("alice", cid)
+    pa, pb = free_port(), free_port()
+    # A long TTL: A's next renewal (and so any Redis failure A could see) is far away.
+    common = {"redis_url": redis_server.url, "leader_ttl_ms": 120_000, "api_keys": KEYS}
+    async with live_server(store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}",
+                           **common) as a, \
+            live_server(store, port=pb, server_id="b", advertise_url=f"http://127.0.0.1:{pb}",
+                        **common) as b:
+        async with a.client("ak") as ca, b.client("ak") as cb:
+            r = await ca.post(path + "/records", json={"records": [record("r1")]})
+            assert r.status_code == 200, r.text
+            assert await _ids(ca, path) == ["r1"]
+            poll = asyncio.create_task(ca.get(path + "/records",
+                                              params={"from": 2, "wait_ms": 20_000}))
+            await wait_until(lambda: _waiting(a) >= 1, "A's long-poll parked", BOUND_S)
+            redis_server.pause()
+            try:
+                r = await cb.post(path + "/records", json={"records": [record("r2")]},
+                                  follow_redirects=False)
+            finally:
+                redis_server.resume()
+            assert r.status_code == 200, r.text  # B failed open and wrote: acknowledged
+            assert b.server.leader.failures >= 1 and a.server.leader.failures == 0
+            # Everything A answers from now on knows r2.
+            assert await _ids(ca, path) == ["r1", "r2"]
+            assert (await ca.get(path)).json()["next_offset"] == 3
+            got = await poll
+            assert got.status_code == 200, got.text
+            assert [x["record"]["id"] for x in got.json()["records"]] == ["r2"]
