@@ -24,6 +24,7 @@ import collections
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -120,7 +121,10 @@ class LogManager:
         self._idle_task: asyncio.Task[None] | None = None
         gc_grace = settings.gc_grace_s
         self._writer_options = LogWriterOptions(
-            writer_name=f"loghost:{settings.server_id}",
+            # Unique per process: two processes (a restart racing its predecessor under one
+            # server id) never write byte-identical manifests, so an etag names one writer,
+            # which read leases rely on (an identity write would otherwise keep the etag).
+            writer_name=f"loghost:{settings.server_id}:{secrets.token_hex(4)}",
             batch_interval_s=settings.batch_interval_ms / 1000.0,
             max_outstanding_bytes=settings.max_log_outstanding_bytes,
             snapshot_fragment_threshold=settings.snapshot_fragment_threshold,
@@ -288,6 +292,8 @@ class LogManager:
         go to the store unless this writer wrote the log last).  Only an optimisation: the lease
         alone decides what reads trust.
         """
+        if self._writer_options.read_lease_s <= 0:
+            return  # no leases: reads always load the stored manifest, memory is never used
         while True:
             t = self._leader.tenure(str(h.collection_id))
             if t is None or t == h.tenure:

@@ -31,7 +31,10 @@ conditional writes are the only fence, so the rule is built on them and on monot
   manifest was ours at some moment after ``i``) or a HEAD that found its etag
   (``confirm_lease``).  The manifest is read before the clock is, so a pause in between can only
   shorten the lease.  A manifest this writer merely loaded is never leased: its author may still
-  write on top of it without fencing (its base is its own), and we would not know.
+  write on top of it without fencing (its base is its own), and we would not know.  Etags are
+  content hashes (S3, the local store), so "an etag our put returned" names our bytes only if no
+  other writer can write byte-identical ones: every manifest names its writer, and writer names
+  must be unique per process (the log host's are).
 * **Fence.**  A writer whose manifest write lands on a base it did not write (a take-over: it
   loaded that base, so another writer may hold a lease on it) acknowledges nothing until
   ``fence_s = 1.25 x read_lease_s`` after that write's answer arrived.  Likewise after every load
@@ -182,6 +185,11 @@ class LogWriterOptions:
         """How long acknowledgements wait after a take-over: the lease and a margin for clock
         rates (see the module docstring)."""
         return self.read_lease_s * 1.25
+
+
+def _bare(etag: str) -> str:
+    """An etag without the quotes S3 puts around it (callers may see either form)."""
+    return etag.strip('"')
 
 
 class _Append:
@@ -352,7 +360,7 @@ class LogWriter:
         w = cls(store, prefix, opts, manifest, etag, hook)
         if created:
             w._landed(None, etag, issued)  # nobody could lease what did not exist
-        elif authored is not None and authored[0] == etag:
+        elif authored is not None and _bare(authored[0]) == _bare(etag):
             w._authored, w._lease_from = etag, issued
             w._fence_until = authored[1]
         else:
@@ -389,7 +397,7 @@ class LogWriter:
     @property
     def authored(self) -> bool:
         """Whether the manifest in memory is one this writer wrote (a lease can vouch for it)."""
-        return self._authored is not None and self._etag == self._authored
+        return self._authored is not None and _bare(self._etag) == _bare(self._authored)
 
     @property
     def authored_etag(self) -> tuple[str, float] | None:
@@ -436,9 +444,9 @@ class LogWriter:
             held = await self._store.head(join(self._prefix, MANIFEST_PATH))
         except (StoreUnavailable, ObjectNotFound, OSError):
             return False
-        if self._etag != etag or self._authored != etag:
+        if self._etag != etag or not self.authored:
             return self.lease_remaining() > 0  # we wrote again meanwhile: that write proves it
-        if held.etag.strip('"') != etag.strip('"'):
+        if _bare(held.etag) != _bare(etag):
             self._authored, self._lease_from = None, None  # someone else wrote the log
             return False
         self._lease_from = max(self._lease_from or issued, issued)
@@ -446,13 +454,13 @@ class LogWriter:
 
     def _landed(self, base: str | None, etag: str, issued: float) -> None:
         """Our manifest write, issued at ``issued`` on top of ``base``, landed as ``etag``."""
-        if base is not None and base != self._authored:
+        if base is not None and (self._authored is None or _bare(base) != _bare(self._authored)):
             self._raise_fence()  # a take-over: whoever wrote ``base`` may hold a lease on it
         self._authored, self._lease_from = etag, issued
 
     def _note_load(self, etag: str) -> None:
         """We read a manifest from the store: what it shows of others waits for the fence."""
-        if etag != self._authored:
+        if self._authored is None or _bare(etag) != _bare(self._authored):
             self._raise_fence()
 
     def _raise_fence(self) -> None:

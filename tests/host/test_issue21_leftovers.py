@@ -293,3 +293,30 @@ async def test_no_stale_read_after_another_host_wrote_through_a_redis_stall(
             got = await poll
             assert got.status_code == 200, got.text
             assert [x["record"]["id"] for x in got.json()["records"]] == ["r2"]
+
+
+async def test_no_stale_read_after_redis_restarts_empty_and_another_host_takes_over(
+        tmp_path: Path, redis_server: Any) -> None:
+    """V2, the other way Redis can mislead: it restarts empty, host B claims the log with a
+    *confirmed* hold and writes it, while host A (whose next renewal is far away) still believes
+    its own tenure.  A's reads must see B's acknowledged record all the same."""
+    store = str(tmp_path / "store")
+    path = log_path("alice", uuid.uuid4())
+    pa, pb = free_port(), free_port()
+    common = {"redis_url": redis_server.url, "leader_ttl_ms": 120_000, "api_keys": KEYS}
+    async with live_server(store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}",
+                           **common) as a, \
+            live_server(store, port=pb, server_id="b", advertise_url=f"http://127.0.0.1:{pb}",
+                        **common) as b:
+        async with a.client("ak") as ca, b.client("ak") as cb:
+            assert (await ca.post(path + "/records",
+                                  json={"records": [record("r1")]})).status_code == 200
+            assert await _ids(ca, path) == ["r1"]
+            redis_server.stop()
+            redis_server.start()  # empty: nobody holds the log now
+            r = await cb.post(path + "/records", json={"records": [record("r2")]},
+                              follow_redirects=False)
+            assert r.status_code == 200, r.text
+            assert b.server.leader.failures == 0  # B's claim was confirmed, not failed open
+            assert await _ids(ca, path) == ["r1", "r2"]
+            assert (await ca.get(path)).json()["next_offset"] == 3
