@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STORE  ?= ./data/loghost
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test test-fast bench reliability mutation deps redis clean sim sim-long
+.PHONY: run test test-fast bench reliability mutation deps redis promtool clean sim sim-long
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,10 +25,21 @@ redis:
 	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
 	  $$SUDO apt-get update -qq >/dev/null && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
 
+# promtool runs the Helm chart's alert rules against synthetic series (tests/helm/test_alerts.py).
+# Only the binary is taken from Debian's prometheus package (unpacked into the venv), so no
+# Prometheus server is installed or started.
+promtool: $(STAMP)
+	@command -v promtool >/dev/null 2>&1 || test -x $(VENV)/bin/promtool || { \
+	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+	  $$SUDO apt-get update -qq >/dev/null; \
+	  tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -qq prometheus >/dev/null) && \
+	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && cp $$tmp/x/usr/bin/promtool $(VENV)/bin/promtool; \
+	  rc=$$?; rm -rf $$tmp; exit $$rc; }
+
 run: $(STAMP)
 	$(VENV)/bin/loghost serve --dev --store $(STORE) --listen $(LISTEN)
 
-test: $(STAMP) redis
+test: $(STAMP) redis promtool
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP) redis

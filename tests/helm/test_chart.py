@@ -41,9 +41,18 @@ K8S_VERSION = kubernetes_validate.latest_version()
 
 RELEASE = "loghost"
 NAMESPACE = "logs"
+# store.url is required (no default: a default bucket would be one the operator does not own);
+# every rendering below starts from this, as an install would with its own values file.
+STORE_URL = "s3://acme-wal/loghost"
+BASE_VALUES: dict[str, Any] = {"store": {"url": STORE_URL}}
 
 # The metrics the host and compactor export (the contract with the server code).
 KNOWN_METRICS = {
+    "loghost_requests_total",
+    "loghost_rollup_failures_total",
+    "loghost_gc_failures_total",
+    "loghost_buffered_bytes",
+    "loghost_buffered_bytes_limit",
     "loghost_appends_total",
     "loghost_append_bytes_total",
     "loghost_append_latency_seconds",
@@ -66,6 +75,19 @@ KNOWN_METRICS = {
     "compactor_rows_out_total",
     "compactor_failures_total",
 }
+
+def merge(*dicts: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge value overlays (later wins), like several -f files."""
+    out: dict[str, Any] = {}
+    for d in dicts:
+        for key, value in d.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merge(out[key], value)
+            else:
+                out[key] = copy.deepcopy(value)
+    return out
+
+
 
 # --- realistic value sets -----------------------------------------------------
 
@@ -135,8 +157,44 @@ LOCAL_SHARED = {
     "host": {"replicas": 2},
 }
 
+# Every extension point at once: a TLS MinIO's CA bundle mounted in both pods (what
+# extraVolumes exists for), init containers and sidecars, envFrom, the S3 credentials and the
+# compactor key as files, NetworkPolicies, an Ingress, the Grafana dashboard, monitoring.
+CA_BUNDLE_VOLUME = {"name": "minio-ca", "configMap": {"name": "minio-ca-bundle"}}
+CA_BUNDLE_MOUNT = {"name": "minio-ca", "mountPath": "/etc/ssl/minio", "readOnly": True}
+CA_BUNDLE_ENV = {"name": "AWS_CA_BUNDLE", "value": "/etc/ssl/minio/ca.crt"}
+SIDECAR = {"name": "log-shipper", "image": "registry.example.com/shipper:1.2",
+           "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}
+INIT = {"name": "wait-for-minio", "image": "registry.example.com/loghost:0.1.0",
+        "command": ["python", "-c", "import socket; socket.create_connection(('minio.storage', 9000), 5)"]}
+PEER_INGRESS_NS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+PEER_MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+EGRESS_S3 = {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 9000, "protocol": "TCP"}]}
+EXTENDED = merge(S3_EXISTING_SECRET, MONITORED_AUTOSCALED, {
+    "store": {"s3": {"credentialsFile": {"enabled": True, "key": "credentials"}}},
+    "host": {
+        "extraVolumes": [CA_BUNDLE_VOLUME], "extraVolumeMounts": [CA_BUNDLE_MOUNT],
+        "extraEnv": [CA_BUNDLE_ENV], "extraEnvFrom": [{"configMapRef": {"name": "loghost-extra"}}],
+        "initContainers": [INIT], "sidecars": [SIDECAR],
+    },
+    "compactor": {
+        "extraVolumes": [CA_BUNDLE_VOLUME], "extraVolumeMounts": [CA_BUNDLE_MOUNT],
+        "extraEnv": [CA_BUNDLE_ENV], "extraEnvFrom": [{"secretRef": {"name": "spark-extra"}}],
+        "initContainers": [INIT], "sidecars": [SIDECAR],
+    },
+    "networkPolicy": {"enabled": True, "apiFrom": [PEER_INGRESS_NS], "metricsFrom": [PEER_MONITORING],
+                      "egress": [EGRESS_S3]},
+    "ingress": {"enabled": True, "className": "nginx",
+                "annotations": {"nginx.ingress.kubernetes.io/proxy-body-size": "16m"},
+                "hosts": [{"host": "logs.example.com", "paths": [{"path": "/v1", "pathType": "Prefix"}]}],
+                "tls": [{"secretName": "logs-example-tls", "hosts": ["logs.example.com"]}]},
+    "grafana": {"dashboard": {"enabled": True}},
+})
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "extended": EXTENDED,
+    "extended-external-spark-statefulset": merge(EXTENDED, EXTERNAL_SPARK, STATEFULSET),
     "s3-existing-secret": S3_EXISTING_SECRET,
     "external-redis-secret": EXTERNAL_REDIS,
     "external-redis-url": EXTERNAL_REDIS_URL,
@@ -150,18 +208,6 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "local-dev": LOCAL_DEV,
     "local-shared-claim": LOCAL_SHARED,
 }
-
-
-def merge(*dicts: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge value overlays (later wins), like several -f files."""
-    out: dict[str, Any] = {}
-    for d in dicts:
-        for key, value in d.items():
-            if isinstance(value, dict) and isinstance(out.get(key), dict):
-                out[key] = merge(out[key], value)
-            else:
-                out[key] = copy.deepcopy(value)
-    return out
 
 
 
@@ -203,8 +249,15 @@ class Rendered:
 
 
 def render(chart, values: dict[str, Any] | None = None, name: str = RELEASE,
-           namespace: str = NAMESPACE) -> Rendered:
-    return Rendered(chart.render(values or {}, name=name, namespace=namespace))
+           namespace: str = NAMESPACE, **options: Any) -> Rendered:
+    """Render with BASE_VALUES under ``values``; ``options`` go to the SDK (is_upgrade, ...)."""
+    return Rendered(chart.render(merge(BASE_VALUES, values or {}), name=name, namespace=namespace,
+                                 **options))
+
+
+def lint(values: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """``helm lint`` of the chart with BASE_VALUES under ``values``."""
+    return helm.lint(str(CHART_DIR), merge(BASE_VALUES, values or {}), **options)
 
 
 def host_sts(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
@@ -413,7 +466,7 @@ def test_validator_is_current_and_strict():
 
 
 def test_lint_strict_has_no_errors_or_warnings():
-    report = helm.lint(str(CHART_DIR), strict=True, namespace=NAMESPACE, kube_version=f"v{K8S_VERSION}")
+    report = lint(strict=True, namespace=NAMESPACE, kube_version=f"v{K8S_VERSION}")
     assert report["total_charts_linted"] == 1
     assert report["errors"] == []
     serious = [m for m in report["messages"] if m["severity"] >= 2]
@@ -423,13 +476,13 @@ def test_lint_strict_has_no_errors_or_warnings():
 @pytest.mark.parametrize("scenario", ["s3-existing-secret", "external-spark", "monitored-autoscaled",
                                       "monitored-autoscaled-statefulset", "five-replicas", "local-dev"])
 def test_lint_strict_with_overrides(scenario):
-    report = helm.lint(str(CHART_DIR), SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
+    report = lint(SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
 def test_lint_reports_schema_violation():
-    report = helm.lint(str(CHART_DIR), {"host": {"replicas": 0}}, strict=True)
+    report = lint({"host": {"replicas": 0}}, strict=True)
     assert report["errors"], "lint must surface a values.schema.json violation"
 
 
@@ -457,6 +510,7 @@ def test_default_render_has_the_expected_objects(chart):
         ("Deployment", "loghost-compactor"),
         ("Service", "loghost-compactor"),
         ("ServiceAccount", "loghost"),
+        ("Pod", "loghost-test-healthz"),  # the `helm test` hook (tests.enabled)
     }
     assert set(r.by_key) == expected
     # The StatefulSet kind swaps only the workload object.
@@ -763,9 +817,11 @@ def test_default_compactor_is_a_single_deployment(chart):
     # The compactor contract: every host URL, the Spark master, the store, no inline credentials.
     assert env_value(deploy, "compactor", "COMPACTOR_HOSTS").split(",") == host_advertise_urls(r)
     assert env_value(deploy, "compactor", "COMPACTOR_SPARK_MASTER") == "local[*]"
-    assert env_value(deploy, "compactor", "COMPACTOR_STORE") == "s3://loghost/wal"
+    assert env_value(deploy, "compactor", "COMPACTOR_STORE") == STORE_URL
     refs = secret_refs(r)
-    assert refs[("loghost-compactor", "COMPACTOR_API_KEY")] == ("loghost-api-keys", "COMPACTOR_API_KEY")
+    assert mounted_secret_file(deploy, "compactor", "COMPACTOR_API_KEY_FILE") == (
+        "loghost-api-keys", "COMPACTOR_API_KEY")
+    assert "COMPACTOR_API_KEY" not in env
     assert refs[("loghost-compactor", "AWS_SECRET_ACCESS_KEY")] == ("loghost-s3", "AWS_SECRET_ACCESS_KEY")
     for obj in r.objects:
         validate_object(obj)
@@ -776,21 +832,21 @@ def test_deployment_with_static_membership_refuses_more_than_one_replica(chart, 
     values = {"compactor": {"replicas": replicas}}
     # The schema refuses it, and its error lists the three ways out.
     with pytest.raises(helm.HelmValuesError) as err:
-        chart.validate_schema(values)
+        chart.validate_schema(merge(BASE_VALUES, values))
     message = str(err.value)
     assert "/compactor/replicas" in message and "want 1" in message
     assert "/compactor/membership/mode" in message and "'kubernetes'" in message
     assert "/compactor/workload" in message and "'StatefulSet'" in message
     with pytest.raises(helm.HelmValuesError):
         render(chart, values)
-    report = helm.lint(str(CHART_DIR), values, strict=True, namespace=NAMESPACE)
+    report = lint(values, strict=True, namespace=NAMESPACE)
     assert report["errors"], "lint must surface the refusal too"
     # Each named fix renders.
     for fix in ({"membership": {"mode": "kubernetes"}}, {"workload": "StatefulSet"}, {"replicas": 1}):
         r = render(chart, merge(values, {"compactor": fix}))
         assert compactor_workload(r)["kind"] == fix.get("workload", "Deployment")
     # A disabled compactor is not checked.
-    chart.validate_schema(merge(values, {"compactor": {"enabled": False}}))
+    chart.validate_schema(merge(BASE_VALUES, values, {"compactor": {"enabled": False}}))
 
 
 def test_deployment_with_static_membership_is_also_refused_at_render(tmp_path):
@@ -806,7 +862,7 @@ def test_deployment_with_static_membership_is_also_refused_at_render(tmp_path):
     schema["properties"]["compactor"]["allOf"] = kept
     schema_path.write_text(json.dumps(schema))
     with helm.Chart.load(str(copy_dir)) as loaded:
-        loaded.validate_schema({"compactor": {"replicas": 3}})
+        loaded.validate_schema(merge(BASE_VALUES, {"compactor": {"replicas": 3}}))
         with pytest.raises(helm.HelmRenderError) as err:
             render(loaded, {"compactor": {"replicas": 3}})
     message = str(err.value)
@@ -900,7 +956,10 @@ def test_spark_local_mode(chart, kind):
     assert env["COMPACTOR_METRICS_LISTEN"]["value"] == "0.0.0.0:9090"
     c = container(sts, "compactor")
     assert c["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
-    assert c["livenessProbe"]["httpGet"]["port"] == "metrics"
+    # The probes watch the round loop's heartbeat file, not /metrics (a thread of its own).
+    for probe in ("livenessProbe", "startupProbe"):
+        assert "httpGet" not in c[probe]
+        assert env["COMPACTOR_HEARTBEAT_FILE"]["value"] in c[probe]["exec"]["command"]
     assert env["COMPACTOR_STORE"]["value"] == env_value(host_sts(render(chart)), "loghost", "LOGHOST_STORE")
 
 
@@ -974,7 +1033,14 @@ def test_secrets_are_referenced_not_inlined(chart, kind):
         assert refs[(workload, "AWS_SESSION_TOKEN")] == ("acme-s3-credentials", "session-token")
     assert ("loghost", "LOGHOST_API_KEYS") not in refs  # a mounted file instead (below)
     assert api_keys_file(host_sts(r)) == ("acme-loghost-keys", "api-keys")
-    assert refs[("loghost-compactor", "COMPACTOR_API_KEY")] == ("acme-loghost-keys", "service-key")
+    # The compactor's key is a mounted file too (apiKeys.compactorKeyAsFile): Spark's children
+    # inherit the environment, not the file.
+    assert ("loghost-compactor", "COMPACTOR_API_KEY") not in refs
+    assert mounted_secret_file(compactor_workload(r), "compactor", "COMPACTOR_API_KEY_FILE") == (
+        "acme-loghost-keys", "service-key")
+    as_env = secret_refs(render(chart, merge(S3_EXISTING_SECRET, WORKLOADS[kind],
+                                             {"apiKeys": {"compactorKeyAsFile": False}})))
+    assert as_env[("loghost-compactor", "COMPACTOR_API_KEY")] == ("acme-loghost-keys", "service-key")
     assert refs[("loghost", "LOGHOST_REDIS_URL")] == ("acme-redis", "url")
     session = env_of(host_sts(r), "loghost")["AWS_SESSION_TOKEN"]
     assert session["valueFrom"]["secretKeyRef"]["optional"] is True
@@ -986,12 +1052,17 @@ def test_secrets_are_referenced_not_inlined(chart, kind):
 
 
 def api_keys_file(sts: dict[str, Any]) -> tuple[str, str]:
-    """(Secret, key) behind the host's LOGHOST_API_KEYS_FILE, checking the mount on the way: the
+    """(Secret, key) behind the host's LOGHOST_API_KEYS_FILE (see mounted_secret_file)."""
+    return mounted_secret_file(sts, "loghost", "LOGHOST_API_KEYS_FILE")
+
+
+def mounted_secret_file(sts: dict[str, Any], cname: str, var: str) -> tuple[str, str]:
+    """(Secret, key) behind a file-naming env var, checking the mount on the way: the
     variable names a file in a read-only directory mount (no subPath, which kubelet never
     updates) of a Secret volume that projects exactly that one key, readable by fsGroup."""
     spec = sts["spec"]["template"]["spec"]
-    c = container(sts, "loghost")
-    path = env_value(sts, "loghost", "LOGHOST_API_KEYS_FILE")
+    c = container(sts, cname)
+    path = env_value(sts, cname, var)
     mounts = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
     assert len(mounts) == 1, (path, c["volumeMounts"])
     mount = mounts[0]
@@ -1000,7 +1071,7 @@ def api_keys_file(sts: dict[str, Any]) -> tuple[str, str]:
     secret = volume["secret"]
     file_name = path[len(mount["mountPath"].rstrip("/")) + 1:]
     items = {i["path"]: i["key"] for i in secret["items"]}
-    assert list(items) == [file_name], items  # the host's keys only, not the compactor's
+    assert list(items) == [file_name], items  # that one entry (the host's keys, not the compactor's)
     assert secret["defaultMode"] & 0o007 == 0 and secret["defaultMode"] & 0o040, secret
     assert spec["securityContext"]["fsGroup"] is not None
     return secret["secretName"], items[file_name]
@@ -1079,7 +1150,7 @@ BAD_VALUES = {
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
 def test_schema_rejects_bad_values(chart, case):
     with pytest.raises(helm.HelmValuesError):
-        chart.validate_schema(BAD_VALUES[case])
+        chart.validate_schema(merge(BASE_VALUES, BAD_VALUES[case]))
     # and an install/render with them fails the same way
     with pytest.raises(helm.HelmValuesError):
         render(chart, BAD_VALUES[case])
@@ -1087,13 +1158,13 @@ def test_schema_rejects_bad_values(chart, case):
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_schema_accepts_the_realistic_values(chart, scenario):
-    chart.validate_schema(SCENARIOS[scenario])
+    chart.validate_schema(merge(BASE_VALUES, SCENARIOS[scenario]))
 
 
 def test_schema_rejects_plain_redis_password_but_allows_user_without_password(chart):
-    chart.validate_schema({"redis": {"enabled": True, "url": "rediss://default@redis:6380"}})
+    chart.validate_schema(merge(BASE_VALUES, {"redis": {"enabled": True, "url": "rediss://default@redis:6380"}}))
     with pytest.raises(helm.HelmValuesError):
-        chart.validate_schema({"redis": {"enabled": True, "url": "rediss://default:pw@redis:6380"}})
+        chart.validate_schema(merge(BASE_VALUES, {"redis": {"enabled": True, "url": "rediss://default:pw@redis:6380"}}))
 
 
 # --- local (dev) store ------------------------------------------------------------
@@ -1179,21 +1250,26 @@ def test_alert_rules_use_exported_metrics(chart):
         for item in group["rules"]:
             alerts[item["alert"]] = item
     for name in ["LoghostDirtyUntrackedCollections", "LoghostUncompactedTooOld", "LoghostBackpressure",
-                 "LoghostRollupSlow", "LoghostContention", "LoghostScrubFailures",
-                 "LoghostLeaderHintFailures", "LoghostCompactionStalled", "LoghostCompactorFailures"]:
+                 "LoghostRollupSlow", "LoghostContention", "LoghostLeaderHintFailures",
+                 "LoghostCompactionStalled", "LoghostCompactorFailures", "LoghostHostsAbsent",
+                 "LoghostHostDown", "LoghostCompactorsAbsent", "LoghostCompactorDown",
+                 "LoghostRollupFailures", "LoghostGcFailures", "LoghostServerErrors",
+                 "LoghostAppendLatencySLO", "LoghostBufferedBytesNearLimit"]:
         assert name in alerts, name
+    # Nothing scrubs in the background, so an alert on scrub failures could never fire.
+    assert "LoghostScrubFailures" not in alerts
     for name, item in alerts.items():
         expr = item["expr"]
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), name
         used = set(re.findall(r"\b((?:loghost|compactor)_[a-z_]+?)(?:_bucket|_count|_sum)?\s*\{", expr))
-        assert used, f"{name}: no metric selector in {expr!r}"
+        assert used or re.search(r"\bup\{", expr), f"{name}: no metric selector in {expr!r}"
         assert used <= KNOWN_METRICS, f"{name}: unknown metrics {used - KNOWN_METRICS}"
         # scoped to this release's services, so two releases don't mix
         assert f'namespace="{NAMESPACE}"' in expr, name
         assert item["labels"]["severity"] in {"info", "warning", "critical"}
         assert "{{ $labels" not in expr
     assert "> 1800" in alerts["LoghostUncompactedTooOld"]["expr"]
-    assert 'service="loghost-headless"' in alerts["LoghostScrubFailures"]["expr"]
+    assert 'service="loghost-headless"' in alerts["LoghostGcFailures"]["expr"]
     assert 'service="loghost-compactor"' in alerts["LoghostCompactorFailures"]["expr"]
     # Prometheus' own templating survives Helm's.
     assert "{{ $labels.pod }}" in alerts["LoghostUncompactedTooOld"]["annotations"]["summary"]
@@ -1285,3 +1361,462 @@ def test_keep_alive_outlasts_a_load_balancer_idle_timeout(chart):
     assert int(env_value(host_sts(render(chart)), "loghost", "LOGHOST_KEEP_ALIVE_S")) > 60
     sts = host_sts(render(chart, {"host": {"config": {"keepAliveS": 400}}}))
     assert env_value(sts, "loghost", "LOGHOST_KEEP_ALIVE_S") == "400"
+
+
+# --- issue 22: a required store URL --------------------------------------------------
+
+
+def test_store_url_is_required(chart, tmp_path):
+    # There is no default bucket: the schema refuses values without one...
+    with pytest.raises(helm.HelmValuesError, match="url"):
+        chart.validate_schema({})
+    with pytest.raises(helm.HelmValuesError, match="url"):
+        chart.render({}, name=RELEASE, namespace=NAMESPACE)
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"store": {"url": ""}})
+    assert helm.lint(str(CHART_DIR), {}, strict=True)["errors"], "lint must refuse a missing store.url"
+    assert "url" not in yaml.safe_load((CHART_DIR / "values.yaml").read_text())["store"]
+    # ...and for installs that skip the schema, every template fails with one clear message.
+    copy_dir = tmp_path / "loghost"
+    shutil.copytree(CHART_DIR, copy_dir)
+    (copy_dir / "values.schema.json").unlink()
+    with helm.Chart.load(str(copy_dir)) as loaded:
+        for values in ({}, {"store": {"url": ""}}, {"compactor": {"enabled": False}}):
+            with pytest.raises(helm.HelmRenderError, match="store.url is required: the s3://bucket/prefix of a bucket you own"):
+                loaded.render(values, name=RELEASE, namespace=NAMESPACE)
+        loaded.render({"store": {"url": STORE_URL}}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_store_url_reaches_both_programs_and_the_notes(chart):
+    r = render(chart, {"store": {"url": "s3://acme-wal/eu/prod"}})
+    assert env_value(host_sts(r), "loghost", "LOGHOST_STORE") == "s3://acme-wal/eu/prod"
+    assert env_value(compactor_workload(r), "compactor", "COMPACTOR_STORE") == "s3://acme-wal/eu/prod"
+    assert "dirty/<pod name>/ in s3://acme-wal/eu/prod" in r.notes
+
+
+# --- issue 22: every server setting is a value -----------------------------------------
+
+# Settings the chart sets itself (pod identity, listen address, store, keys file, Redis).
+CHART_OWNED_SETTINGS = {"store", "listen", "server_id", "advertise_url", "redis_url", "api_keys",
+                        "api_keys_file", "dev"}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _settings_fields() -> dict[str, Any]:
+    from host.config import Settings
+
+    return {n: f for n, f in Settings.model_fields.items() if n not in CHART_OWNED_SETTINGS}
+
+
+def test_every_server_setting_is_a_value():
+    """host.config has one key per tunable of host/config.py Settings, typed and bounded like it."""
+    import annotated_types as at
+
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    props = schema["properties"]["host"]["properties"]["config"]["properties"]
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["host"]["config"]
+    fields = _settings_fields()
+    assert len(fields) >= 27
+    assert set(props) == {_camel(n) for n in fields} == set(values), set(props) ^ {_camel(n) for n in fields}
+    for name, field in fields.items():
+        prop = props[_camel(name)]
+        if field.annotation is int:
+            assert prop["type"] == ["integer", "null"], name
+        elif field.annotation is float:
+            assert prop["type"] == ["number", "null"], name
+        bounds = {}
+        for m in field.metadata:
+            if isinstance(m, at.Ge):
+                bounds["minimum"] = m.ge
+            elif isinstance(m, at.Gt):
+                bounds["exclusiveMinimum"] = m.gt
+            elif isinstance(m, at.Le):
+                bounds["maximum"] = m.le
+        assert {k: prop[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in prop} == bounds, name
+
+
+def _config_values() -> dict[str, Any]:
+    """A non-default value for every setting, of its type, within its bounds."""
+    out: dict[str, Any] = {}
+    for name, field in _settings_fields().items():
+        if field.annotation is int:
+            out[_camel(name)] = int(field.default) * 3 + 7 if name != "max_buffered_bytes" else 1 << 30
+        elif field.annotation is float:
+            out[_camel(name)] = 0.5 if name == "gc_max_fraction" else float(field.default) + 2.5
+        else:
+            out[_camel(name)] = "DEBUG"
+    return out
+
+
+def test_settings_values_render_as_the_env_the_server_reads(chart, monkeypatch):
+    from host.config import Settings
+
+    config = _config_values()
+    sts = host_sts(render(chart, {"host": {"config": config, "terminationGracePeriodSeconds": 200}}))
+    env = {k: v["value"] for k, v in env_of(sts, "loghost").items() if "value" in v}
+    for key in list(env):
+        if not key.startswith("LOGHOST_"):
+            env.pop(key)
+    # Large whole numbers stay integers ("1073741824", never "1.073741824e+09").
+    assert env["LOGHOST_MAX_BUFFERED_BYTES"] == str(1 << 30)
+    assert env["LOGHOST_GC_MAX_FRACTION"] == "0.5"
+    for key in list(__import__("os").environ):
+        if key.startswith("LOGHOST_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key not in ("LOGHOST_ADVERTISE_URL", "LOGHOST_API_KEYS_FILE"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("LOGHOST_SERVER_ID", "loghost-0")
+    parsed = Settings()
+    for name in _settings_fields():
+        assert getattr(parsed, name) == config[_camel(name)], name
+    assert parsed.store == STORE_URL and parsed.listen == "0.0.0.0:8080"
+
+
+def test_null_settings_keep_the_server_defaults(chart):
+    env = env_of(host_sts(render(chart)), "loghost")
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["host"]["config"]
+    for key, value in defaults.items():
+        var = "LOGHOST_" + re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).upper()
+        assert (var in env) == (value is not None), var
+    assert env["LOGHOST_MAX_OPEN_LOGS"]["value"] == "1024"
+    assert "LOGHOST_MAX_BUFFERED_BYTES" not in env
+
+
+def test_settings_out_of_bounds_are_refused(chart):
+    for bad in ({"gcMaxFraction": 1.5}, {"maxBufferedBytes": 100}, {"snapshotThreshold": 1},
+                {"leaderTtlMs": 10}, {"idleCloseS": 0}, {"maxOpenLogs": "many"}, {"maxOpenLog": 5}):
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(merge(BASE_VALUES, {"host": {"config": bad}}))
+
+
+# --- issue 22: extension points ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_extra_volumes_env_init_containers_and_sidecars(chart, kind):
+    """A TLS MinIO's CA bundle reaches both programs: volume, mount, AWS_CA_BUNDLE."""
+    r = render(chart, merge(EXTENDED, WORKLOADS[kind]))
+    for workload, cname, env_from in ((host_sts(r), "loghost", {"configMapRef": {"name": "loghost-extra"}}),
+                                      (compactor_workload(r), "compactor", {"secretRef": {"name": "spark-extra"}})):
+        pod = workload["spec"]["template"]["spec"]
+        c = container(workload, cname)
+        assert CA_BUNDLE_VOLUME in pod["volumes"]
+        assert CA_BUNDLE_MOUNT in c["volumeMounts"]
+        assert env_value(workload, cname, "AWS_CA_BUNDLE").startswith(CA_BUNDLE_MOUNT["mountPath"] + "/")
+        assert c["envFrom"] == [env_from]
+        assert pod["initContainers"] == [INIT]
+        assert [x["name"] for x in pod["containers"]] == [cname, "log-shipper"]
+        # The chart's own volumes are still there.
+        names = [v["name"] for v in pod["volumes"]]
+        assert "tmp" in names and len(names) == len(set(names))
+        validate_object(workload)
+    # Nothing extra by default.
+    r = render(chart, WORKLOADS[kind])
+    for workload in (host_sts(r), compactor_workload(r)):
+        pod = workload["spec"]["template"]["spec"]
+        assert "initContainers" not in pod and len(pod["containers"]) == 1
+        assert not pod["containers"][0].get("envFrom")
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_compactor_anti_affinity_is_preferred_by_default(chart, kind):
+    r = render(chart, WORKLOADS[kind])
+    workload = compactor_workload(r)
+    term = workload["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    # It spreads compactors from each other, not from the hosts.
+    assert selects(term["labelSelector"]["matchLabels"], pod_labels(workload))
+    assert not selects(term["labelSelector"]["matchLabels"], pod_labels(host_sts(r)))
+    hard = compactor_workload(render(chart, merge(WORKLOADS[kind], {"compactor": {"antiAffinity": "hard"}})))
+    assert hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    none = compactor_workload(render(chart, merge(WORKLOADS[kind], {"compactor": {"antiAffinity": "none"}})))
+    assert "affinity" not in none["spec"]["template"]["spec"]
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["spark"]}]}]}}}
+    custom = compactor_workload(render(chart, merge(WORKLOADS[kind], {"compactor": {"affinity": own}})))
+    assert custom["spec"]["template"]["spec"]["affinity"] == own
+
+
+def test_compactor_probes_watch_the_round_loop(chart):
+    workload = compactor_workload(render(chart))
+    c = container(workload, "compactor")
+    heartbeat = env_value(workload, "compactor", "COMPACTOR_HEARTBEAT_FILE")
+    for probe, period, threshold in (("livenessProbe", 30, 3), ("startupProbe", 10, 60)):
+        assert c[probe]["exec"]["command"][:2] == ["python", "-c"]
+        assert c[probe]["exec"]["command"][3:] == [heartbeat, "3600"]
+        assert (c[probe]["periodSeconds"], c[probe]["failureThreshold"]) == (period, threshold)
+    # A handler of your own replaces the check; null turns a probe off.
+    mine = {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 20}
+    c = container(compactor_workload(render(chart, {"compactor": {"livenessProbe": mine, "startupProbe": None}})),
+                  "compactor")
+    assert c["livenessProbe"]["httpGet"] == mine["httpGet"] and "exec" not in c["livenessProbe"]
+    assert c["livenessProbe"]["periodSeconds"] == 20 and "startupProbe" not in c
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(merge(BASE_VALUES, {"compactor": {"heartbeat": {"maxAgeSeconds": 5}}}))
+
+
+# --- issue 22: secrets as files, and pods that roll when a Secret changes ----------------
+
+
+def test_s3_credentials_as_a_file(chart):
+    r = render(chart, merge(S3_EXISTING_SECRET, {"store": {"s3": {"credentialsFile": {"enabled": True}}}}))
+    for workload, cname in ((host_sts(r), "loghost"), (compactor_workload(r), "compactor")):
+        env = env_of(workload, cname)
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
+        assert mounted_secret_file(workload, cname, "AWS_SHARED_CREDENTIALS_FILE") == (
+            "acme-s3-credentials", "credentials")
+        assert env_value(workload, cname, "AWS_REGION") == "eu-central-1"
+    # Ambient credentials (IRSA) mount nothing.
+    irsa = render(chart, merge(IRSA, {"store": {"s3": {"credentialsFile": {"enabled": True}}}}))
+    for workload in workloads(irsa):
+        assert "AWS_SHARED_CREDENTIALS_FILE" not in {e["name"] for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_the_documented_credentials_file_format_is_what_the_aws_sdk_reads(tmp_path, monkeypatch):
+    """The Secret entry helm/loghost/README.md describes, read the way both programs read it."""
+    import botocore.session
+
+    text = (CHART_DIR / "README.md").read_text()
+    block = re.search(r"```ini\n(.*?)```", text, re.S)
+    assert block, "README.md shows the credentials file"
+    path = tmp_path / "credentials"
+    path.write_text(block.group(1))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(path))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    creds = botocore.session.Session().get_credentials()
+    assert creds is not None and creds.method == "shared-credentials-file"
+    assert creds.access_key and creds.secret_key
+
+
+LOOKUP_SECRET = 'lookup "v1" "Secret" $root.Release.Namespace $name'
+LOOKUP_STS = 'lookup "apps/v1" "StatefulSet" .Release.Namespace (include "loghost.host.name" .)'
+
+
+@pytest.fixture()
+def cluster_chart(tmp_path):
+    """The chart with its two lookups answered from values (testLookup), as a cluster would."""
+    copy_dir = tmp_path / "loghost"
+    shutil.copytree(CHART_DIR, copy_dir)
+    helpers = copy_dir / "templates" / "_helpers.tpl"
+    text = helpers.read_text()
+    assert text.count(LOOKUP_SECRET) == 1 and text.count(LOOKUP_STS) == 1
+    text = text.replace(LOOKUP_SECRET, "get $root.Values.testLookup.secrets $name")
+    text = text.replace(LOOKUP_STS, "get .Values.testLookup.statefulsets (include \"loghost.host.name\" .)")
+    helpers.write_text(text)
+    schema = json.loads((copy_dir / "values.schema.json").read_text())
+    schema["properties"]["testLookup"] = {"type": "object"}
+    (copy_dir / "values.schema.json").write_text(json.dumps(schema))
+    with helm.Chart.load(str(copy_dir)) as loaded:
+        yield loaded
+
+
+def _secrets(**data: dict[str, str]) -> dict[str, Any]:
+    import base64
+
+    return {"testLookup": {"statefulsets": {}, "secrets": {
+        name: {"data": {k: base64.b64encode(v.encode()).decode() for k, v in entries.items()}}
+        for name, entries in data.items()}}}
+
+
+def _checksums(chart, values: dict[str, Any]) -> tuple[str | None, str | None]:
+    r = render(chart, values)
+    return tuple(w["spec"]["template"]["metadata"]["annotations"].get("checksum/secrets")
+                 for w in (host_sts(r), compactor_workload(r)))
+
+
+def test_pods_roll_when_a_secret_they_read_at_start_changes(cluster_chart):
+    s3 = {"AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s1"}
+    keys = {"LOGHOST_API_KEYS": "k1=alice,svc=*", "COMPACTOR_API_KEY": "svc"}
+    before = _checksums(cluster_chart, _secrets(**{"loghost-s3": s3, "loghost-api-keys": keys}))
+    assert all(before) and before[0] != before[1]
+    # New S3 credentials roll both.
+    after = _checksums(cluster_chart, _secrets(**{"loghost-s3": {**s3, "AWS_SECRET_ACCESS_KEY": "s2"},
+                                                  "loghost-api-keys": keys}))
+    assert after[0] != before[0] and after[1] != before[1]
+    # A new compactor key rolls the compactors only.
+    after = _checksums(cluster_chart, _secrets(**{"loghost-s3": s3, "loghost-api-keys": {**keys, "COMPACTOR_API_KEY": "svc2"}}))
+    assert after[0] == before[0] and after[1] != before[1]
+    # The hosts' API keys are re-read by the running hosts: a change rolls nothing.
+    after = _checksums(cluster_chart, _secrets(**{"loghost-s3": s3, "loghost-api-keys": {**keys, "LOGHOST_API_KEYS": "k2=bob,svc=*"}}))
+    assert after == before
+    # A Redis URL Secret rolls the hosts.
+    redis = merge(EXTERNAL_REDIS, _secrets(**{"loghost-s3": s3, "loghost-api-keys": keys, "acme-redis": {"url": "redis://a"}}))
+    other = merge(EXTERNAL_REDIS, _secrets(**{"loghost-s3": s3, "loghost-api-keys": keys, "acme-redis": {"url": "redis://b"}}))
+    assert _checksums(cluster_chart, redis)[0] != _checksums(cluster_chart, other)[0]
+    assert _checksums(cluster_chart, redis)[1] == _checksums(cluster_chart, other)[1]
+    # Off: no annotation.
+    assert _checksums(cluster_chart, merge(_secrets(), {"rollOnSecretChange": False})) == (None, None)
+
+
+def test_offline_rendering_has_a_stable_checksum(chart):
+    assert _checksums(chart, {}) == _checksums(chart, {})
+
+
+# --- issue 22: NetworkPolicy, Ingress, helm test -----------------------------------------
+
+
+def test_network_policies_are_off_by_default(chart):
+    assert not render(chart).kinds("NetworkPolicy")
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+def test_network_policies(chart, kind):
+    r = render(chart, merge(EXTENDED, WORKLOADS[kind]))
+    host_np = r.get("NetworkPolicy", "loghost")
+    comp_np = r.get("NetworkPolicy", "loghost-compactor")
+    host_pod, comp_pod, test_pod = (pod_labels(host_sts(r)), pod_labels(compactor_workload(r)),
+                                    r.get("Pod", "loghost-test-healthz")["metadata"]["labels"])
+    assert selects(host_np["spec"]["podSelector"]["matchLabels"], host_pod)
+    assert not selects(host_np["spec"]["podSelector"]["matchLabels"], comp_pod)
+    assert selects(comp_np["spec"]["podSelector"]["matchLabels"], comp_pod)
+    (rule,) = host_np["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    peers = rule["from"]
+    selectors = [p["podSelector"]["matchLabels"] for p in peers if "podSelector" in p]
+    # The compactors, the hosts and the helm test pod reach the API; then the listed peers.
+    for labels in (comp_pod, host_pod, test_pod):
+        assert any(selects(sel, labels) for sel in selectors), labels
+    assert PEER_INGRESS_NS in peers and PEER_MONITORING in peers
+    (metrics_rule,) = comp_np["spec"]["ingress"]
+    assert metrics_rule == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [PEER_MONITORING]}
+    for np in (host_np, comp_np):
+        assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        egress = np["spec"]["egress"]
+        assert egress[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+        assert selects(egress[1]["to"][0]["podSelector"]["matchLabels"], comp_pod)
+        assert selects(egress[1]["to"][0]["podSelector"]["matchLabels"], host_pod)
+        assert egress[2] == EGRESS_S3
+        validate_object(np)
+
+
+def test_network_policies_open_by_default_peers(chart):
+    r = render(chart, merge(EXTERNAL_SPARK, {"networkPolicy": {"enabled": True}}))
+    host_np = r.get("NetworkPolicy", "loghost")
+    assert host_np["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]  # any source
+    assert host_np["spec"]["policyTypes"] == ["Ingress"] and "egress" not in host_np["spec"]
+    comp = r.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"]
+    # An external Spark cluster's executors call the driver back on ports Spark picks.
+    assert comp == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}, {}]
+    only = render(chart, merge(EXTERNAL_SPARK, {"networkPolicy": {"enabled": True, "sparkExecutorsFrom": [PEER_INGRESS_NS]}}))
+    assert only.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"][1] == {"from": [PEER_INGRESS_NS]}
+    local = render(chart, {"networkPolicy": {"enabled": True}, "compactor": {"enabled": True}})
+    assert len(local.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"]) == 1
+    assert not render(chart, {"networkPolicy": {"enabled": True}, "compactor": {"enabled": False}}).has(
+        "NetworkPolicy", "loghost-compactor")
+
+
+def test_ingress_routes_to_the_client_service(chart):
+    assert not render(chart).kinds("Ingress")
+    r = render(chart, EXTENDED)
+    ing = r.get("Ingress", "loghost")
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == "16m"
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "logs.example.com"
+    (path,) = rule["http"]["paths"]
+    assert path["path"] == "/v1" and path["pathType"] == "Prefix"
+    client = r.get("Service", path["backend"]["service"]["name"])
+    assert client["metadata"]["labels"]["loghost/service"] == "client"
+    assert path["backend"]["service"]["port"]["name"] in {p["name"] for p in client["spec"]["ports"]}
+    assert ing["spec"]["tls"] == [{"secretName": "logs-example-tls", "hosts": ["logs.example.com"]}]
+    validate_object(ing)
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(merge(BASE_VALUES, {"ingress": {"enabled": True, "hosts": []}}))
+
+
+def _test_pod(r: Rendered) -> dict[str, Any]:
+    pod = r.get("Pod", "loghost-test-healthz")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert "hook-succeeded" in pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    return pod
+
+
+def test_helm_test_pod_gets_healthz_through_the_client_service(chart):
+    r = render(chart, {"service": {"port": 9000}})
+    pod = _test_pod(r)
+    (c,) = pod["spec"]["containers"]
+    url = {e["name"]: e["value"] for e in c["env"]}["LOGHOST_URL"]
+    client = r.get("Service", "loghost")
+    assert url == f"http://loghost.{NAMESPACE}.svc.cluster.local:{client['spec']['ports'][0]['port']}/healthz"
+    assert c["image"] == container(host_sts(r), "loghost")["image"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    validate_object(pod)
+    assert "helm test loghost --namespace logs" in r.notes
+    off = render(chart, {"tests": {"enabled": False}})
+    assert not off.has("Pod", "loghost-test-healthz") and "helm test" not in off.notes
+
+
+async def test_helm_test_command_passes_against_a_live_host_and_fails_without_one(chart, tmp_path):
+    """The rendered command, run as rendered (with this interpreter), with the Service URL
+    pointed at a real host on 127.0.0.1."""
+    import asyncio
+    import sys
+
+    from tests.host.live import live_server
+    from verify.testkit import free_port
+
+    (c,) = _test_pod(render(chart))["spec"]["containers"]
+    assert c["command"][0] == "python"
+    command = [sys.executable, *c["command"][1:]]
+
+    async def run(url: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *command, env={"LOGHOST_URL": url, "PATH": "/usr/bin:/bin"},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode, out.decode()
+
+    async with live_server(str(tmp_path / "store")) as live:
+        code, out = await run(f"{live.url}/healthz")
+        assert code == 0, out
+        assert f"served by {live.settings.server_id}" in out
+        code, out = await run(f"{live.url}/nothing-here")
+        assert code == 1 and "404" in out
+    code, out = await run(f"http://127.0.0.1:{free_port()}/healthz")
+    assert code == 1 and "/healthz" in out
+
+
+# --- issue 22: NOTES on a scale-in -----------------------------------------------------------
+
+
+def test_notes_on_install_and_on_an_upgrade_without_a_cluster(chart):
+    install = render(chart, is_install=True)
+    assert "Before scaling the hosts IN" in install.notes and "/v1/dirty/adopt" not in install.notes
+    # Offline (helm template, --dry-run=client) the previous replica count cannot be read: an
+    # upgrade prints the adopt command for the pods it may have removed.
+    upgrade = render(chart, {"host": {"replicas": 2}}, is_upgrade=True)
+    assert "If this upgrade lowered host.replicas" in upgrade.notes
+    assert ('curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" -d \'{"server_id": "loghost-<i>"}\' '
+            "http://loghost-0.loghost-headless.logs.svc.cluster.local:8080/v1/dirty/adopt") in upgrade.notes
+    assert "(loghost-2 and up)" in upgrade.notes
+
+
+def test_notes_print_the_exact_adopt_commands_on_a_scale_in(cluster_chart):
+    def notes(replicas_before: int | None, replicas: int, upgrade: bool = True) -> str:
+        live = {"testLookup": {"secrets": {}, "statefulsets": (
+            {"loghost": {"spec": {"replicas": replicas_before}}} if replicas_before else {})}}
+        return render(cluster_chart, merge(live, {"host": {"replicas": replicas}}),
+                      **({"is_upgrade": True} if upgrade else {"is_install": True})).notes
+
+    text = notes(5, 3)
+    assert "scales the hosts IN from 5 to 3 pods" in text
+    assert "loghost-3 loghost-4 stay in the store" in text
+    for gone in ("loghost-3", "loghost-4"):
+        assert (f'curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" -d \'{{"server_id": "{gone}"}}\' '
+                "http://loghost-0.loghost-headless.logs.svc.cluster.local:8080/v1/dirty/adopt") in text
+    assert '"server_id": "loghost-2"' not in text
+    assert "kubectl port-forward --namespace logs pod/loghost-0 8080:8080" in text
+    # Scaling out, keeping the count, or a first install: no warning, no command.
+    for before, after, upgrade in ((3, 5, True), (3, 3, True), (None, 3, False)):
+        text = notes(before, after, upgrade)
+        assert "scales the hosts IN" not in text and "/v1/dirty/adopt" not in text, (before, after)

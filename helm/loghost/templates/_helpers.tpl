@@ -137,9 +137,125 @@ loghost/serving: "true"
 {{- join "," $members }}
 {{- end }}
 
+{{/*
+The store URL. Required, with no default: a default bucket would be one the operator does
+not own. Every template reads it through here, so whichever renders first fails with this
+message (also when the schema is skipped with --skip-schema-validation).
+*/}}
+{{- define "loghost.storeUrl" -}}
+{{- required "store.url is required: the s3://bucket/prefix of a bucket you own (or file:///data/... for a dev install); see docs/OPERATIONS.md, Install" .Values.store.url }}
+{{- end }}
+
 {{/* Store kind: "s3" or "local". */}}
 {{- define "loghost.store.kind" -}}
-{{- if hasPrefix "s3://" .Values.store.url }}s3{{ else }}local{{ end }}
+{{- if hasPrefix "s3://" (include "loghost.storeUrl" .) }}s3{{ else }}local{{ end }}
+{{- end }}
+
+{{/*
+An env var value from a YAML number or string, as the server parses it: YAML numbers reach
+the templates as float64, and a whole one must print as an integer ("268435456", never
+"2.68435456e+08"), a fractional one as itself ("0.9").
+*/}}
+{{- define "loghost.envValue" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) }}{{ printf "%d" (int64 .) }}{{ else }}{{ toString . }}{{ end }}
+{{- end }}
+
+{{/* LOGHOST_* env for every non-null host.config entry: maxOpenLogs -> LOGHOST_MAX_OPEN_LOGS. */}}
+{{- define "loghost.host.configEnv" -}}
+{{- range $key, $value := .Values.host.config }}
+{{- if not (kindIs "invalid" $value) }}
+{{- if not (and (kindIs "string" $value) (eq $value "")) }}
+- name: {{ printf "LOGHOST_%s" ($key | snakecase | upper) }}
+  value: {{ include "loghost.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod anti-affinity across nodes for a component: (list $root "host"|"compactor" $settings),
+$settings having antiAffinity (soft|hard|none) and affinity (wins when set).
+*/}}
+{{- define "loghost.affinity" -}}
+{{- $root := index . 0 }}
+{{- $component := index . 1 }}
+{{- $c := index . 2 }}
+{{- $selector := include (printf "loghost.%s.selectorLabels" $component) $root }}
+{{- if $c.affinity }}
+affinity:
+  {{- toYaml $c.affinity | nindent 2 }}
+{{- else if eq $c.antiAffinity "soft" }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- $selector | nindent 14 }}
+{{- else if eq $c.antiAffinity "hard" }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- $selector | nindent 12 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The data of an existing Secret, as JSON ("{}" when it cannot be read: offline rendering,
+helm template, --dry-run=client, or no permission). The one place the chart looks Secrets up.
+*/}}
+{{- define "loghost.secretData" -}}
+{{- $root := index . 0 }}
+{{- $name := index . 1 }}
+{{- $found := lookup "v1" "Secret" $root.Release.Namespace $name }}
+{{- toJson (default (dict) (get (default (dict) $found) "data")) }}
+{{- end }}
+
+{{/*
+checksum/secrets of a pod template: sha256 over the entries (list of [secret, key]) the pod
+reads only at start, so `helm upgrade` after a Secret changed rolls exactly the pods that
+use the changed entry. Empty when rollOnSecretChange is off.
+*/}}
+{{- define "loghost.secretChecksum" -}}
+{{- $root := index . 0 }}
+{{- $entries := index . 1 }}
+{{- if $root.Values.rollOnSecretChange }}
+{{- $parts := list }}
+{{- range $entries }}
+{{- $data := include "loghost.secretData" (list $root (index . 0)) | fromJson }}
+{{- $parts = append $parts (printf "%s/%s=%s" (index . 0) (index . 1) (get $data (index . 1) | toString)) }}
+{{- end }}
+{{- join "\n" $parts | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* [secret, key] entries of the S3 credentials (both workloads read them at start). */}}
+{{- define "loghost.s3SecretEntries" -}}
+{{- $entries := list }}
+{{- if and (eq (include "loghost.store.kind" .) "s3") .Values.store.s3.existingSecret }}
+{{- with .Values.store.s3 }}
+{{- if .credentialsFile.enabled }}
+{{- $entries = append $entries (list .existingSecret .credentialsFile.key) }}
+{{- else }}
+{{- $entries = append $entries (list .existingSecret .accessKeyIdKey) }}
+{{- $entries = append $entries (list .existingSecret .secretAccessKeyKey) }}
+{{- if .sessionTokenKey }}
+{{- $entries = append $entries (list .existingSecret .sessionTokenKey) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $entries }}
+{{- end }}
+
+{{/* Whether the S3 credentials are mounted as a shared-credentials file. */}}
+{{- define "loghost.s3CredentialsFile" -}}
+{{- if and (eq (include "loghost.store.kind" .) "s3") .Values.store.s3.existingSecret .Values.store.s3.credentialsFile.enabled }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -182,7 +298,11 @@ Ki/Mi/Gi/Ti and k/K/M/G/T suffixes.
 - name: AWS_ENDPOINT_URL
   value: {{ .endpointUrl | quote }}
 {{- end }}
-{{- if .existingSecret }}
+{{- if and .existingSecret .credentialsFile.enabled }}
+# A file, not env vars: Spark's child processes inherit only its path.
+- name: AWS_SHARED_CREDENTIALS_FILE
+  value: /etc/loghost/aws/credentials
+{{- else if .existingSecret }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
     secretKeyRef:
@@ -220,20 +340,22 @@ Ki/Mi/Gi/Ti and k/K/M/G/T suffixes.
 
 {{/* Hard checks that the JSON schema cannot express (cross-field arithmetic). */}}
 {{- define "loghost.validate" -}}
+{{- $_ := include "loghost.storeUrl" . }}
 {{- $h := .Values.host }}
 {{- $needed := add (int $h.preStopDelaySeconds) (int (default 0 $h.config.shutdownGraceS)) }}
 {{- if le (int $h.terminationGracePeriodSeconds) (int $needed) }}
 {{- fail (printf "host.terminationGracePeriodSeconds (%d) must exceed host.preStopDelaySeconds + host.config.shutdownGraceS (%d), or open logs are killed before they are flushed" (int $h.terminationGracePeriodSeconds) (int $needed)) }}
 {{- end }}
 {{- if eq (include "loghost.store.kind" .) "local" }}
+{{- $url := include "loghost.storeUrl" . }}
 {{- if and (not .Values.store.local.existingClaim) (or (gt (int $h.replicas) 1) .Values.compactor.enabled) }}
 {{- fail "a local (file) store is dev-only: every host and compactor must see the same directory, so either set store.local.existingClaim (a ReadWriteMany PVC) or run host.replicas=1 with compactor.enabled=false" }}
 {{- end }}
 {{- if and .Values.store.local.existingClaim $h.persistence.enabled }}
 {{- fail "set either store.local.existingClaim or host.persistence.enabled, not both" }}
 {{- end }}
-{{- if not (or (hasPrefix (printf "file://%s" .Values.store.local.mountPath) .Values.store.url) (hasPrefix .Values.store.local.mountPath .Values.store.url)) }}
-{{- fail (printf "store.url %q must point inside store.local.mountPath %q (the only writable volume)" .Values.store.url .Values.store.local.mountPath) }}
+{{- if not (or (hasPrefix (printf "file://%s" .Values.store.local.mountPath) $url) (hasPrefix .Values.store.local.mountPath $url)) }}
+{{- fail (printf "store.url %q must point inside store.local.mountPath %q (the only writable volume)" $url .Values.store.local.mountPath) }}
 {{- end }}
 {{- else if $h.persistence.enabled }}
 {{- fail "host.persistence.enabled only makes sense with a local (file) store; an S3 store needs no volume" }}
@@ -262,5 +384,56 @@ Ki/Mi/Gi/Ti and k/K/M/G/T suffixes.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The S3 shared-credentials file: one entry of the S3 Secret, as a directory mount (kubelet
+updates it; the pods still read it only at start, hence checksum/secrets). */}}
+{{- define "loghost.awsCredentialsVolume" -}}
+- name: aws-credentials
+  secret:
+    secretName: {{ .Values.store.s3.existingSecret }}
+    items:
+      - key: {{ .Values.store.s3.credentialsFile.key }}
+        path: credentials
+    defaultMode: 0440
+{{- end }}
+
+{{/* The compactor probes' check (python -c SCRIPT FILE MAX_AGE): exit 0 while the heartbeat
+file is younger than MAX_AGE seconds; a missing or stale one fails with a line saying why. */}}
+{{- define "loghost.compactor.heartbeatScript" -}}
+import os, sys, time
+path, limit = sys.argv[1], float(sys.argv[2])
+try:
+    age = time.time() - os.stat(path).st_mtime
+except OSError:
+    sys.exit(f"no heartbeat at {path}: the round loop has not started")
+if age > limit:
+    sys.exit(f"the round loop has not finished a round for {age:.0f}s (limit {limit:.0f}s)")
+{{- end }}
+
+{{/* spec.replicas of the live host StatefulSet, or "" when it cannot be read (offline
+rendering, helm template, --dry-run=client, a first install). Used by NOTES.txt only. */}}
+{{- define "loghost.host.liveReplicas" -}}
+{{- $found := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "loghost.host.name" .) }}
+{{- with $found }}{{ with .spec }}{{ with .replicas }}{{ . }}{{ end }}{{ end }}{{ end }}
+{{- end }}
+
+{{/* Egress rules of both NetworkPolicies, when networkPolicy.egress lists any. */}}
+{{- define "loghost.networkPolicy.egress" -}}
+{{- with .Values.networkPolicy.egress }}
+egress:
+  # DNS, wherever the cluster runs it.
+  - ports:
+      - port: 53
+        protocol: UDP
+      - port: 53
+        protocol: TCP
+  # The release's own pods (compactors pull dirty sets from every host).
+  - to:
+      - podSelector:
+          matchLabels:
+            {{- include "loghost.selectorLabels" $ | nindent 12 }}
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
