@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import re
 import shutil
 import tomllib
@@ -1464,7 +1465,7 @@ def test_settings_values_render_as_the_env_the_server_reads(chart, monkeypatch):
     # Large whole numbers stay integers ("1073741824", never "1.073741824e+09").
     assert env["LOGHOST_MAX_BUFFERED_BYTES"] == str(1 << 30)
     assert env["LOGHOST_GC_MAX_FRACTION"] == "0.5"
-    for key in list(__import__("os").environ):
+    for key in list(os.environ):
         if key.startswith("LOGHOST_"):
             monkeypatch.delenv(key)
     for key, value in env.items():
