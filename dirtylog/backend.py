@@ -69,12 +69,16 @@ class LogTails(Protocol):
 
     A mark is appended concurrently with its fragment's upload, so a batch that then loses (a
     conflicting writer, a seal, a caller that gives up) leaves a mark past the log's tail.  Once
-    ``settle_s`` has passed since a mark was inserted its write has ended either way (the same
-    timing assumption as garbage collection's grace), and the tail read then says which.
+    ``settle_s`` has passed since a mark was inserted its fragment's upload has ended either way
+    (the same timing assumption as garbage collection's grace); its *commit* may still be in
+    flight for any time, so a log whose commit may still land is reported as ``None``: "not
+    settled, whatever the marks' age".
     """
 
     settle_s: float
 
-    async def log_tails(self, ids: Sequence[UUID]) -> dict[UUID, int]:
-        """The next offset of each collection log; absent means the log does not exist (1)."""
+    async def log_tails(self, ids: Sequence[UUID]) -> dict[UUID, int | None]:
+        """The next offset of each collection log, or None while a write may still land there
+        (an uploaded fragment that continues it, a creation in progress); absent means the log
+        does not exist and nothing can land (1)."""
         ...

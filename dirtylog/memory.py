@@ -241,14 +241,17 @@ class MemoryLogTails:
         """Every log empty; marks older than ``settle_s`` are judged against these tails."""
         self.settle_s = settle_s
         self.tails: dict[UUID, int] = {}
+        self.pending: set[UUID] = set()  # logs a write may still land in (a commit in flight)
         self.calls = 0
 
     def set(self, collection_id: UUID, next_offset: int) -> None:
         """A collection log's next offset."""
         self.tails[collection_id] = next_offset
 
-    async def log_tails(self, ids: Sequence[UUID]) -> dict[UUID, int]:
-        """The tails of those ``ids`` that have a log."""
+    async def log_tails(self, ids: Sequence[UUID]) -> dict[UUID, int | None]:
+        """The tails of those ``ids`` that have a log; None for those in ``pending``."""
         await asyncio.sleep(0)
         self.calls += 1
-        return {cid: self.tails[cid] for cid in ids if cid in self.tails}
+        out: dict[UUID, int | None] = {cid: self.tails[cid] for cid in ids if cid in self.tails}
+        out.update({cid: None for cid in ids if cid in self.pending})
+        return out

@@ -17,14 +17,19 @@ Coalescing rules (:func:`coalesce`), in dirty-log order:
   Clipping per mark (not per span) keeps first insertion and reinsert count about the records that
   are actually still uncompacted, so the age and re-insertion criteria do not stay tripped forever
   for a collection that is written and compacted continuously.
-* Given log tails (:class:`~dirtylog.backend.LogTails`), a *settled* mark — inserted at least
-  ``settle_s`` before the roll-up, so its write has landed or failed — is also clipped to its log's
-  tail (limit = min(limit, tail)).  A mark of a batch that lost (409, a seal, a caller that gave
-  up) covers offsets the log never got; without this it would be carried for ever, its reinsert
-  count and score rising, and nothing would ever compact it away.  Marks not yet settled are
-  never clipped (their write may still land) and are kept apart: they are carried as their own
-  mark stamped with the *newest* insertion time among them, so that once that mark is judged
-  settled, every write it stands for has ended.
+* Given log tails (:class:`~dirtylog.backend.LogTails`), a *settled* mark is also clipped to its
+  log's tail (limit = min(limit, tail)).  A mark of a batch that lost (409, a seal, a caller that
+  gave up) covers offsets the log never got; without this it would be carried for ever, its
+  reinsert count and score rising, and nothing would ever compact it away.  A mark is settled when
+  (a) it was inserted at least ``settle_s`` before the roll-up, so its fragment's upload has
+  landed or failed (uploads go out with their mark), and (b) the tail read *after* (a) shows no
+  write that may still land: no uploaded fragment continuing the log (a commit in flight, for
+  however long, or an orphan the next writer's read repair will link), no creation in progress.
+  A manifest links only fragments already in the store, so after (a) and (b) nothing can land at
+  or past the tail that was read: clipping there drops no record.  Marks not yet settled are never
+  clipped and are kept apart: they are carried as their own mark stamped with the *newest*
+  insertion time among them, so that once that mark is judged settled, every write it stands for
+  has ended.
 * ``purge`` forgets the collection's marks that PRECEDE it in the log.  Marks after a purge (new
   writes) always survive it, so a purge can never hide data written after it.
 * ``clear`` is a no-op.  A roll-up writes one when nothing is left, as a checkpoint operators can see
@@ -96,10 +101,11 @@ class Coalescer:
     """Folds dirty-log records one at a time, so a paged read needs O(collections) memory."""
 
     def __init__(self, compacted: Mapping[UUID, int] | None = None,
-                 tails: Mapping[UUID, int] | None = None,
+                 tails: Mapping[UUID, int | None] | None = None,
                  settled_before_us: int | None = None) -> None:
         """Fold records; ``compacted`` (read at each ``add``) clips marks to compaction cursors,
-        and ``tails`` clips marks inserted at or before ``settled_before_us`` to the log's tail."""
+        and ``tails`` clips marks inserted at or before ``settled_before_us`` to the log's tail
+        (a None tail: a write may still land there, nothing is settled)."""
         self._compacted = compacted
         self._tails = tails
         self._settled_before_us = settled_before_us
@@ -111,8 +117,9 @@ class Coalescer:
         self.marks_fully_compacted = 0
         self.marks_beyond_tail = 0
 
-    def settled(self, record: DirtyRecord) -> bool:
-        """Whether a mark's write has certainly ended (only with tails to clip against)."""
+    def aged(self, record: DirtyRecord) -> bool:
+        """Whether a mark is old enough for its upload to have ended (only with tails to clip
+        against); it is settled if its log's tail also shows no write that may still land."""
         return (self._tails is not None and self._settled_before_us is not None
                 and record.initial_insertion_epoch_us <= self._settled_before_us)
 
@@ -139,10 +146,10 @@ class Coalescer:
         if start >= end:  # an empty mark covers nothing
             return
         span = Coalesced(start, end, record.initial_insertion_epoch_us, reinserts)
+        tail = None if self._tails is None else self._tails.get(cid, 1)
         if self._tails is None or self._settled_before_us is None:
             self._spans[cid] = _widen(self._spans.get(cid), span)
-        elif self.settled(record):
-            tail = self._tails.get(cid, 1)
+        elif self.aged(record) and tail is not None:  # settled
             if tail <= start:  # the write never landed: nothing of it is in the log
                 self.marks_beyond_tail += 1
                 return
@@ -262,7 +269,7 @@ async def _read_window(
 
     # 3. Read the window page by page, folding as we go.
     compacted: dict[UUID, int] = {}
-    known_tails: dict[UUID, int] = {}
+    known_tails: dict[UUID, int | None] = {}
     settled_before = None if tails is None else clock() - int(tails.settle_s * 1e6)
     folder = Coalescer(compacted, known_tails if tails is not None else None, settled_before)
     pos = cursor
@@ -295,12 +302,13 @@ async def _read_window(
             found = await compaction.compaction_offsets(new_ids)
             for cid in new_ids:
                 compacted[cid] = found.get(cid, 1)
-        # 4b. Tails of logs with settled marks: read after those writes ended, so they tell.
+        # 4b. Tails of logs with aged marks: read after those uploads ended, so they tell
+        # (None: a write may still land there, whatever the marks' age).
         if tails is not None:
             tail_ids = list(dict.fromkeys(
                 r.collection_id for r in records
                 if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in known_tails
-                and folder.settled(r)))
+                and folder.aged(r)))
             if tail_ids:
                 found = await tails.log_tails(tail_ids)
                 for cid in tail_ids:

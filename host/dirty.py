@@ -11,8 +11,10 @@ from uuid import UUID
 from dirtylog import DirtyLogHook, RollUp, RollUpResult
 from host.wal3 import Limits, LogReader, LogWriter, ObjectStore
 from host.wal3.cursors import CursorStore
+from host.wal3.errors import ObjectNotFound
+from host.wal3.fragment import fragment_path
 from host.wal3.gc import GarbageCollector, GcOptions
-from host.wal3.layout import load_manifest
+from host.wal3.layout import join, load_manifest
 from host.wal3.manifest import Manifest
 
 _log = logging.getLogger("loghost.dirty")
@@ -87,22 +89,45 @@ class WalDirtyBackend(_Cursors):
         """Advance the dirty log's own garbage collection."""
         await self._gc.run_once()
 
-    async def log_tails(self, ids: Sequence[UUID], concurrency: int = 32) -> dict[UUID, int]:
+    async def log_tails(self, ids: Sequence[UUID], concurrency: int = 32
+                        ) -> dict[UUID, int | None]:
         """Each collection log's next offset, from its manifest in the store (the truth: a
-        committed write is there whichever process wrote it); logs without one are left out."""
+        committed write is there whichever process wrote it); logs without one are left out.
+
+        None when a write may still land: the roll-up calls this for marks whose uploads have
+        ended (``settle_s``), but a commit may be in flight for any time.  A manifest links only
+        fragments already in the store, so the manifest is read first and then the object at its
+        next sequence number: absent, nothing can land at or past this tail (a commit sent later
+        would need an upload sent later, which no settled mark has); present, its commit may
+        still land, or the next writer's read repair links it.  A sealed log takes no fragment.
+        """
         from .manager import log_prefix  # the server's layout; imported late, manager is heavier
 
-        out: dict[UUID, int] = {}
+        out: dict[UUID, int | None] = {}
         sem = asyncio.Semaphore(concurrency)
 
         async def one(cid: UUID) -> None:
+            prefix = log_prefix(cid)
             async with sem:
-                loaded = await load_manifest(self._store, log_prefix(cid))
-            if loaded is not None:
-                out[cid] = loaded[0].next_offset
+                loaded = await load_manifest(self._store, prefix)
+                if loaded is None:
+                    return
+                manifest = loaded[0]
+                if not manifest.sealed and await self._exists(
+                        join(prefix, fragment_path(manifest.next_seq_no))):
+                    out[cid] = None
+                    return
+            out[cid] = manifest.next_offset
 
         await asyncio.gather(*(one(c) for c in ids))
         return out
+
+    async def _exists(self, key: str) -> bool:
+        try:
+            await self._store.head(key)
+        except ObjectNotFound:
+            return False
+        return True
 
 
 class StoredDirtyLog(_Cursors):

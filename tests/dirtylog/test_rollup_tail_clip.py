@@ -105,3 +105,23 @@ async def test_without_tails_the_rollup_clips_to_compaction_only() -> None:
     await hook.mark_dirty(cid(4), 1, 9)
     clock.advance_s(3600)
     assert spans((await rollup.run()).entries) == {cid(4): (1, 10)}
+
+
+async def test_an_old_mark_whose_commit_may_still_land_is_kept() -> None:
+    """Issue 20, r6: however old a mark, while its log reports a write that may still land (an
+    uploaded fragment continuing it, a commit in flight) it is not clipped to the tail."""
+    w = World(settle_s=30)
+    a = cid(5)
+    await w.committed(a, 1, 2)  # tail 3
+    w.compact(a, 3)
+    await w.lost(a, 3, 4)  # marked and uploaded; its commit is slow
+    w.tails.pending.add(a)
+    w.clock.advance_s(3600)
+    for _ in range(2):
+        assert spans((await w.rollup.run()).entries) == {a: (3, 7)}
+    # The commit lands an hour late: the tail tells, and the span is the log's.
+    w.tails.pending.discard(a)
+    w.tails.set(a, 7)
+    w.clock.advance_s(31)
+    assert spans((await w.rollup.run()).entries) == {a: (3, 7)}
+    assert missing_from_dirty_set({a: (7, 3)}, w.rollup.entries()) == set()
