@@ -435,9 +435,12 @@ def create_app(server: Server) -> FastAPI:
         try:
             async with server.manager.use(cid, tenant, create=True) as h:
                 await _check_compaction_backlog(h)
+                writer = h.writer
                 try:
-                    result = await h.writer.append_many(bodies,
-                                                        idempotency_key=req.idempotency_key)
+                    # The take-over fence is waited for below, outside use(): a waiting answer
+                    # must not pin an open-log slot.
+                    result = await writer.append_many(bodies, idempotency_key=req.idempotency_key,
+                                                      fence=False)
                 except Exception as e:
                     outcome = type(e).__name__
                     server.metrics.append_requests.labels(outcome).inc()
@@ -450,6 +453,7 @@ def create_app(server: Server) -> FastAPI:
                     await _check_same_request(h, result, bodies)
         finally:
             server.manager.release(nbytes)
+        await writer.wait_fence()  # no read anywhere may miss what this answer acknowledges
         if result.deduplicated:
             server.metrics.idempotent_hits.inc()
         else:

@@ -468,12 +468,12 @@ class LogWriter:
             self._fence_until = max(self._fence_until,
                                     self._opts.clock.monotonic() + self._opts.fence_s)
 
-    async def _after_fence(self, r: AppendResult) -> AppendResult:
-        """Hold an acknowledgement until the fence (a take-over) has passed."""
+    async def wait_fence(self) -> None:
+        """Return once the fence (a take-over) has passed: an acknowledgement of anything this
+        writer knows may be given then (see the module docstring)."""
         wait = self._fence_until - self._opts.clock.monotonic()
         if wait > 0:
             await self._opts.clock.sleep(wait)
-        return r
 
     @property
     def failed(self) -> BaseException | None:
@@ -492,13 +492,22 @@ class LogWriter:
         r = await self.append_many([body])
         return LogPosition(r.first_offset, r.timestamp_us)
 
-    async def append_many(self, bodies: list[bytes], *, idempotency_key: str | None = None
-                          ) -> AppendResult:
+    async def append_many(self, bodies: list[bytes], *, idempotency_key: str | None = None,
+                          fence: bool = True) -> AppendResult:
         """Append records contiguously; returns once durable.
 
         With an ``idempotency_key`` seen within the dedup window, returns the first append's
-        result and appends nothing.
+        result and appends nothing.  After a take-over the result waits for the fence (module
+        docstring); ``fence=False`` returns at once, and the caller must ``await wait_fence()``
+        before it tells anyone (so it can wait without holding resources).
         """
+        r = await self._append_many(bodies, idempotency_key)
+        if fence:
+            await self.wait_fence()
+        return r
+
+    async def _append_many(self, bodies: list[bytes], idempotency_key: str | None
+                           ) -> AppendResult:
         if not bodies:
             raise ValueError("append at least one record")
         self._check_open()
@@ -507,10 +516,10 @@ class LogWriter:
             self._check_open()
             known = self._keys.get(idempotency_key)
             if known is not None:
-                return await self._after_fence(known.as_duplicate())
+                return known.as_duplicate()
             waiter = self._key_waiters.get(idempotency_key)
             if waiter is not None:
-                return await self._after_fence((await asyncio.shield(waiter)).as_duplicate())
+                return (await asyncio.shield(waiter)).as_duplicate()
         item = _Append([bytes(b) for b in bodies], idempotency_key, self._loop)
         if self._outstanding_bytes + item.nbytes > self._opts.max_outstanding_bytes:
             self.stats["backpressure"] += 1
@@ -522,7 +531,7 @@ class LogWriter:
         self._pending.append(item)
         self._pending_bytes += item.nbytes
         self._kick()
-        return await self._after_fence(await item.future)
+        return await item.future
 
     async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
         """Apply a pure manifest transform through the normal, fenced manifest write.

@@ -320,3 +320,29 @@ async def test_no_stale_read_after_redis_restarts_empty_and_another_host_takes_o
             assert b.server.leader.failures == 0  # B's claim was confirmed, not failed open
             assert await _ids(ca, path) == ["r1", "r2"]
             assert (await ca.get(path)).json()["next_offset"] == 3
+
+
+async def test_a_take_over_waits_out_its_fence_without_pinning_an_open_log_slot(
+        tmp_path: Path) -> None:
+    """V2's fence must not become a way to pin open-log slots: the append that took the log
+    over waits for its fence after leaving the log (its handle has no user meanwhile)."""
+    store = str(tmp_path / "store")
+    cid = str(uuid.uuid4())
+    path = log_path("alice", cid)
+    # A long lease: the fence (1.25 x) outlasts the checks below by far; the test never waits it.
+    async with live_server(store, api_keys=KEYS, read_lease_ms=20_000) as a, \
+            live_server(store, api_keys=KEYS, read_lease_ms=20_000, shutdown_grace_s=0) as b:
+        async with a.client("ak") as ca:
+            assert (await ca.post(path + "/records",
+                                  json={"records": [record("r1")]})).status_code == 200
+        async with b.client("ak") as cb:
+            append = asyncio.create_task(cb.post(path + "/records",
+                                                 json={"records": [record("r2")]}))
+
+            def fenced_and_free() -> bool:
+                hs = [h for h in b.server.manager.handles() if str(h.collection_id) == cid]
+                return bool(hs) and hs[0].writer.manifest.next_offset == 3 \
+                    and hs[0].users == 0 and not append.done()
+            await wait_until(fenced_and_free, "B's take-over written, answer held, log free",
+                             BOUND_S)
+            append.cancel()

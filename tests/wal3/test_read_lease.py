@@ -147,3 +147,22 @@ async def test_without_a_lease_nothing_is_vouched_for_and_nothing_waits(
     assert a.current_manifest() is None and not await a.confirm_lease()
     await a.close()
     await b.close()
+
+
+async def test_an_unfenced_append_returns_at_once_and_wait_fence_holds(
+        store: ObjectStore) -> None:
+    """``fence=False`` lets a caller release what it holds before waiting (the log host leaves
+    its open-log slot first); ``wait_fence`` is then what holds the acknowledgement."""
+    clock = ManualClock()
+    a = await LogWriter.open(store, "logs/f", _opts(clock, "A"))
+    await a.append(b"r1")
+    b = await LogWriter.open(store, "logs/f", _opts(clock, "B"))
+    r = await b.append_many([b"r2"], fence=False)  # no clock advance needed
+    assert r.first_offset == 2
+    waiting = asyncio.create_task(b.wait_fence())
+    await _settle()
+    assert not waiting.done()
+    clock.advance(1.25)
+    await waiting
+    await a.close()
+    await b.close()
