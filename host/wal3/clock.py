@@ -11,6 +11,9 @@ import time
 from dataclasses import dataclass
 
 
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 @dataclass(frozen=True, slots=True)
 class Clock:
     """Reads of wall and monotonic time (override both to virtualise time)."""
@@ -20,8 +23,10 @@ class Clock:
         return time.time_ns() // 1000
 
     def monotonic(self) -> float:
-        """Seconds on a clock that never goes back."""
-        return time.monotonic()
+        """Seconds on a clock that never goes back, counting time the machine was suspended
+        (``CLOCK_BOOTTIME`` where there is one): a lease or a TTL measured on it never outlives
+        a suspend or a frozen VM, as one measured on ``CLOCK_MONOTONIC`` would."""
+        return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` of ``monotonic`` time (the event loop's sleep; a virtual loop's time

@@ -52,8 +52,9 @@ Why no stale read, case by case (H leases manifest M, another writer G acknowled
 2. G's write lands on a manifest G wrote itself.  Nobody else can lease it (only its author
    leases), so nobody answers from an older one: M was replaced by G's earlier take-over write,
    whose fence has passed as in 1.
-3. H crashes, stalls or is cut off from Redis: its lease only runs out; it never extends
-   without a store round trip, so a stalled H that wakes up re-proves before it answers.
+3. H crashes, stalls, is suspended or is cut off from Redis: its lease only runs out; it never
+   extends without a store round trip, so a stalled H that wakes up re-proves before it answers
+   (``Clock.monotonic`` counts suspended time, so a suspend cannot stretch a lease).
 4. X reached H through a load (H's recovery read it, or learned its key): H's answers based on
    that load wait for its own fence, which ends after G's (H loaded after X landed).
 5. Redis restarts empty, stalls, fails over, or names two holders: nothing above reads it.
