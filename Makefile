@@ -59,7 +59,7 @@ sim: $(STAMP)
 	$(PY) -m verify.sim --seeds $(SIM_SEEDS) --jobs 2
 
 sim-long: $(STAMP)
-	$(PY) -m verify.sim --seeds 0:100000 --jobs 2 --write-docs
+	$(PY) -m verify.sim --seeds 0:100000 --jobs 2 --write-docs --ledger bench/out/sim-long.jsonl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis spark-warehouse metastore_db derby.log

@@ -200,3 +200,27 @@ def test_a_seed_replays_identically_in_another_process() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert out.stdout.strip() == run_seed(3).trace_hash
+
+
+def test_a_ledger_resumes_an_interrupted_range_with_the_same_totals(tmp_path: Any) -> None:
+    import json
+
+    whole = run_range(0, 50, jobs=1, progress=False)
+    ledger = tmp_path / "ledger.jsonl"
+    run_range(0, 50, jobs=1, progress=False, ledger=ledger)
+    lines = ledger.read_text().splitlines()
+    assert [json.loads(x)["chunk"] for x in lines[1:]] == [0, 25]
+    ledger.write_text("\n".join(lines[:2]) + "\n")  # killed after its first chunk
+    resumed = run_range(0, 50, jobs=1, progress=False, ledger=ledger)
+    assert (resumed.seeds, resumed.steps, resumed.ops, resumed.faults, resumed.stats) == (
+        whole.seeds, whole.steps, whole.ops, whole.faults, whole.stats)
+    assert resumed.sittings == 2
+    chunks = [json.loads(x).get("chunk") for x in ledger.read_text().splitlines()[1:]]
+    assert [c for c in chunks if c is not None] == [0, 25]  # chunk 0 was not run again
+
+
+def test_a_ledger_of_another_range_is_refused(tmp_path: Any) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    run_range(0, 25, jobs=1, progress=False, ledger=ledger)
+    with pytest.raises(SystemExit, match="ledger of --seeds 0:25"):
+        run_range(0, 50, jobs=1, progress=False, ledger=ledger)

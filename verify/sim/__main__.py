@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 
 def _reexec_with_fixed_hash_seed() -> None:
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for a range")
     parser.add_argument("--write-docs", action="store_true",
                         help="write the summary into docs/RELIABILITY.md")
+    parser.add_argument("--ledger", type=Path, default=None,
+                        help="a JSON-lines file of finished chunks: an interrupted range resumes "
+                             "from it (same range, same unmodified commit)")
     parser.add_argument("--stop-on-failure", action="store_true",
                         help="stop a range at the first failing seed")
     parser.add_argument("--classify", action="store_true",
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is not None:
         return print_one(args.seed, verbose=args.verbose)
     a, _, b = args.seeds.partition(":")
-    summary = run_range(int(a), int(b), jobs=args.jobs, stop_on_failure=args.stop_on_failure)
+    summary = run_range(int(a), int(b), jobs=args.jobs, stop_on_failure=args.stop_on_failure,
+                        ledger=args.ledger)
     print(summary.markdown())
     if args.classify:
         from .known import BUGS

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import collections
+import json
 import multiprocessing
+import os
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +36,8 @@ class Summary:
     stats: collections.Counter[str] = field(default_factory=collections.Counter)
     failures: list[RunResult] = field(default_factory=list)
     jobs: int = 1
+    commit: str = ""
+    sittings: int = 1  # processes the range was run in (a ledger resumes an interrupted run)
 
     @property
     def ok(self) -> bool:
@@ -59,10 +65,12 @@ class Summary:
 
     def markdown(self) -> str:
         rate = self.seeds / self.wall_s if self.wall_s else 0.0
+        at = f" at commit {self.commit}" if self.commit else ""
+        sittings = f", in {self.sittings} sittings" if self.sittings > 1 else ""
         lines = [
-            f"`python -m verify.sim --seeds {self.first}:{self.last} --jobs {self.jobs}`: "
+            f"`python -m verify.sim --seeds {self.first}:{self.last} --jobs {self.jobs}`{at}: "
             f"{self.seeds} seeds, {self.steps} steps, {self.ops} store operations, "
-            f"{self.virtual_s:,.0f} s of virtual time in {self.wall_s:,.0f} s "
+            f"{self.virtual_s:,.0f} s of virtual time in {self.wall_s:,.0f} s{sittings} "
             f"({rate:.1f} seeds/s).",
             "",
             "| faults injected | count |",
@@ -94,38 +102,131 @@ def _chunks(a: int, b: int) -> list[list[int]]:
     return [list(range(i, min(b, i + CHUNK))) for i in range(a, b, CHUNK)]
 
 
-def run_range(a: int, b: int, *, jobs: int = 1, stop_on_failure: bool = False,
-              progress: bool = True) -> Summary:
-    """Run seeds [a, b) on ``jobs`` processes."""
-    summary = Summary(a, b, jobs=jobs)
-    started = time.perf_counter()
-    chunks = _chunks(a, b)
+class Ledger:
+    """Chunks of a range already run, kept in a JSON-lines file so a long run survives its
+    process: an interrupted ``--seeds A:B --ledger F`` resumes where it stopped.
+
+    The first line names the range and the commit of the engine and simulator; a ledger is only
+    resumed by the same range on the same, unmodified commit, so its totals describe one piece of
+    code.  Each further line is one finished chunk's totals; failing seeds are stored by number
+    and re-run (deterministically) when the ledger is loaded, to rebuild their traces.
+    """
+
+    def __init__(self, path: Path, first: int, last: int) -> None:
+        self.path = path
+        self.first, self.last = first, last
+        self.commit = source_commit()
+        self.done: dict[int, dict[str, object]] = {}
+        self.sittings = 1
+        if path.exists():
+            lines = path.read_text().splitlines()
+            head = json.loads(lines[0])
+            if (head["first"], head["last"], head["commit"]) != (first, last, self.commit):
+                raise SystemExit(f"{path} is a ledger of --seeds {head['first']}:{head['last']} "
+                                 f"at {head['commit']}, not of {first}:{last} at {self.commit}")
+            for line in lines[1:]:
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # the last line of a run killed mid-write
+                    continue
+                if entry.get("sitting"):
+                    self.sittings += 1
+                    continue
+                self.done[int(entry["chunk"])] = entry
+            with open(path, "a") as f:  # this process is one more sitting
+                f.write(json.dumps({"sitting": True}) + "\n")
+            self.sittings += 1
+        else:
+            path.write_text(json.dumps({"first": first, "last": last, "commit": self.commit})
+                            + "\n")
+
+    def record(self, chunk: list[int], results: list[RunResult]) -> None:
+        entry = {"chunk": chunk[0], "seeds": len(results),
+                 "steps": sum(r.steps for r in results), "ops": sum(r.ops for r in results),
+                 "virtual_s": sum(r.virtual_s for r in results),
+                 "wall_s": sum(r.wall_s for r in results),
+                 "faults": dict(sum((collections.Counter(r.faults) for r in results),
+                                    collections.Counter())),
+                 "stats": dict(sum((collections.Counter(r.stats) for r in results),
+                                   collections.Counter())),
+                 "failing": [r.seed for r in results if not r.ok]}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def replay_into(self, summary: Summary) -> None:
+        """Add the recorded chunks' totals to ``summary`` (re-running their failing seeds)."""
+        for entry in self.done.values():
+            summary.seeds += int(entry["seeds"])  # type: ignore[call-overload]
+            summary.steps += int(entry["steps"])  # type: ignore[call-overload]
+            summary.ops += int(entry["ops"])  # type: ignore[call-overload]
+            summary.virtual_s += float(entry["virtual_s"])  # type: ignore[arg-type]
+            # The chunks of a sitting ran ``jobs`` at a time: their seeds' time over ``jobs``.
+            summary.wall_s += float(entry["wall_s"]) / max(1, summary.jobs)  # type: ignore[arg-type]
+            summary.faults.update(entry["faults"])  # type: ignore[arg-type]
+            summary.stats.update(entry["stats"])  # type: ignore[arg-type]
+            for seed in entry["failing"]:  # type: ignore[attr-defined]
+                summary.failures.append(run_seed(int(seed)))
+
+
+def source_commit() -> str:
+    """HEAD of the checkout the simulator runs from, if the engine and simulator are unmodified
+    there; else what differs, which no ledger accepts."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    head = git("rev-parse", "--short=12", "HEAD")
+    dirty = git("status", "--porcelain", "--", "host", "verify/sim")
+    return f"{head}+modified" if dirty else head
+
+
+def _chunks(a: int, b: int) -> list[list[int]]:
+    return [list(range(i, min(b, i + CHUNK))) for i in range(a, b, CHUNK)]
+
+
+def _results(chunks: list[list[int]], jobs: int) -> Iterator[tuple[list[int], list[RunResult]]]:
     if jobs <= 1:
-        results = (run_seeds(c) for c in chunks)
-        for rs in results:
-            for r in rs:
-                summary.add(r)
-            if progress:
-                print(f"\r{summary.seeds}/{b - a} seeds, {len(summary.failures)} failing",
-                      end="", file=sys.stderr)
-            if stop_on_failure and summary.failures:
-                break
-    else:
-        ctx = multiprocessing.get_context("spawn")  # pyarrow threads: never fork
-        with ctx.Pool(jobs) as pool:
-            for rs in pool.imap(run_seeds, chunks):
-                for r in rs:
-                    summary.add(r)
-                if progress:
-                    print(f"\r{summary.seeds}/{b - a} seeds, {len(summary.failures)} failing",
-                          end="", file=sys.stderr)
-                if stop_on_failure and summary.failures:
-                    pool.terminate()
-                    break
+        for c in chunks:
+            yield c, run_seeds(c)
+        return
+    ctx = multiprocessing.get_context("spawn")  # pyarrow threads: never fork
+    with ctx.Pool(jobs) as pool:
+        yield from zip(chunks, pool.imap(run_seeds, chunks))
+        pool.terminate()
+
+
+def run_range(a: int, b: int, *, jobs: int = 1, stop_on_failure: bool = False,
+              progress: bool = True, ledger: Path | None = None) -> Summary:
+    """Run seeds [a, b) on ``jobs`` processes (resuming ``ledger`` when given)."""
+    summary = Summary(a, b, jobs=jobs)
+    book = Ledger(ledger, a, b) if ledger is not None else None
+    chunks = _chunks(a, b)
+    if book is not None:
+        summary.commit, summary.sittings = book.commit, book.sittings
+        book.replay_into(summary)
+        chunks = [c for c in chunks if c[0] not in book.done]
+    wall_before = summary.wall_s
+    started = time.perf_counter()
+    for chunk, rs in _results(chunks, jobs):
+        for r in rs:
+            summary.add(r)
+        if book is not None:
+            book.record(chunk, rs)
+        if progress:
+            print(f"\r{summary.seeds}/{b - a} seeds, {len(summary.failures)} failing",
+                  end="", file=sys.stderr)
+        if stop_on_failure and summary.failures:
+            break
     if progress:
         print(file=sys.stderr)
     summary.failures.sort(key=lambda r: r.seed)
-    summary.wall_s = time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    # Wall time: this sitting's elapsed time plus the seeds' own time in earlier sittings.
+    summary.wall_s = wall_before + elapsed
     return summary
 
 
