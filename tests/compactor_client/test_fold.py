@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor_client.fold import InvalidRecord, Row, fold, parse_body
+from compactor_client.fold import InvalidRecord, Row, fold, metadata_json, parse_body
 
 
 def rec(op: str, rid: str = "a", doc: str | None = None, md: dict[str, Any] | None = None,
@@ -153,3 +153,52 @@ def test_fold_is_incremental(prev: dict[str, Any], records: list[dict[str, Any]]
     once = fold(rows_of(prev), records)
     twice = fold(fold(rows_of(prev), records[:cut]), records[cut:])
     assert view(twice) == view(once)
+
+
+# ------------------------------------------------------------ what an operator and Spark see
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"id": 1, "op": "add"}, r"^record id must be a string, got 1$"),
+    ({"id": "a", "op": "insert"}, r"^unknown op 'insert' for id 'a'$"),
+    ({"id": "a", "op": "add", "document": 5}, r"^document of 'a' must be a string or null$"),
+    ({"id": "a", "op": "add", "metadata": "k=1"}, r"^metadata must be an object, got str$"),
+    ({"id": "a", "op": "add", "metadata": {1: "x"}}, r"^metadata key 1 is not a string$"),
+    ({"id": "a", "op": "add", "metadata": {"k": [1]}}, r"^metadata value of 'k' is not a scalar$"),
+    ({"id": "a", "op": "add", "embedding": ["x"]}, r"^embedding must be a list of numbers$"),
+    ({"id": "a", "op": "add", "embedding": [10**400]}, r"^embedding value too large for a float$"),
+])
+def test_invalid_records_say_what_is_wrong(bad: dict[str, Any], message: str) -> None:
+    """The compactor fails a collection with this text: it must name the field and the value."""
+    with pytest.raises(InvalidRecord, match=message):
+        fold({}, [bad])
+
+
+def test_parse_body_says_what_is_wrong() -> None:
+    with pytest.raises(InvalidRecord, match=r"^record body is not a JSON object$"):
+        parse_body(b"[1]")
+    with pytest.raises(InvalidRecord, match=r"^record body is not JSON: "):
+        parse_body(b"{")
+
+
+def test_every_row_carries_its_own_id() -> None:
+    rows = fold({"a": Row(id="a", document="old")},
+                [rec("upsert", rid="a", doc="new"), rec("add", rid="b"), rec("upsert", rid="c"),
+                 rec("update", rid="b", doc="b2")])
+    assert {k: r.id for k, r in rows.items()} == {"a": "a", "b": "b", "c": "c"}
+
+
+def test_records_may_be_objects_as_spark_rows_are() -> None:
+    """Inside Spark a record arrives as a Row (attribute access); a field it lacks is null."""
+    from types import SimpleNamespace
+
+    as_dicts = [rec("add", rid="a", doc="d", md={"k": 1}, emb=[1.0]),
+                rec("update", rid="a", md={"k": None, "j": "x"}), {"id": "b", "op": "upsert"}]
+    as_objects = [SimpleNamespace(**r) for r in as_dicts[:2]] + [SimpleNamespace(id="b",
+                                                                                op="upsert")]
+    assert view(fold({}, as_objects)) == view(fold({}, as_dicts))
+    assert fold({}, as_objects)["b"] == Row(id="b")
+
+
+def test_metadata_json_is_compact_sorted_and_keeps_unicode() -> None:
+    assert metadata_json({"b": 1, "a": "é", "c": None}) == '{"a":"é","b":1,"c":null}'
