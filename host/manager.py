@@ -132,6 +132,7 @@ class LogManager:
             # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
             snapshot_max_age_s=max(0.001, min(60.0, gc_grace / 2)),
             read_lease_s=settings.read_lease_ms / 1000.0,
+            name_is_unique=True,
         )
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -495,7 +496,7 @@ class LogManager:
             await self._make_room()
             writer = await LogWriter.open(self._store, prefix, self._writer_options,
                                           hook=self._hook_for(cid),
-                                          authored=self._authored.pop(cid, None))
+                                          authored=self._authored.get(cid))
             cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
             witness = await cursors.load(COMPACTION)
         except BaseException:

@@ -180,6 +180,10 @@ class LogWriterOptions:
     # How long a store check vouches for the manifest this writer wrote (``current_manifest``);
     # 0: never (every read loads the stored manifest, and nothing waits for a fence).
     read_lease_s: float = 0.0
+    # ``writer_name`` belongs to this process alone (no other process ever uses it): a manifest
+    # that names it was written here, by this writer or one before it (closed: one writer per
+    # log per process), so opening it is no take-over.
+    name_is_unique: bool = False
 
     @property
     def fence_s(self) -> float:
@@ -364,6 +368,9 @@ class LogWriter:
         elif authored is not None and _bare(authored[0]) == _bare(etag):
             w._authored, w._lease_from = etag, issued
             w._fence_until = authored[1]
+        elif opts.name_is_unique and manifest.writer == opts.writer_name:
+            # Written by this process (e.g. created before this writer opened): ours.
+            w._authored, w._lease_from = etag, issued
         else:
             w._note_load(etag)
         return w

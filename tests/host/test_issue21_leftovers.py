@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from host.wal3 import Limits, LogReader
+from verify.testkit import free_port
 
-from ..conftest import free_port
 from .live import Live, assert_error, live_server, log_path, record, wait_until
 
 BOUND_S = 20.0  # generous: how long a test waits for the server to act, never a latency assert

@@ -166,3 +166,27 @@ async def test_an_unfenced_append_returns_at_once_and_wait_fence_holds(
     await waiting
     await a.close()
     await b.close()
+
+
+async def test_a_manifest_naming_our_unique_writer_is_ours(store: ObjectStore) -> None:
+    """With ``name_is_unique`` a manifest that names this process's writer (say, created before
+    the writer opened) is no take-over; without it the same open must fence."""
+    clock = ManualClock()
+    unique = LogWriterOptions(writer_name="host:abcd", clock=clock, read_lease_s=1.0,
+                              batch_interval_s=0, name_is_unique=True)
+    first = await LogWriter.open(store, "logs/u", unique)
+    await first.append(b"r1")
+    await first.close()
+    again = await LogWriter.open(store, "logs/u", unique)
+    assert again.authored and again.current_manifest() is not None
+    assert (await again.append(b"r2")).offset == 2  # no clock advance: no fence
+    await again.close()
+    shared = await LogWriter.open(store, "logs/u", _opts(clock, "host:abcd"))  # not unique
+    assert not shared.authored
+    t = asyncio.create_task(shared.append(b"r3"))
+    assert await shared.wait_for_commit(3, 30.0)
+    await _settle()
+    assert not t.done()
+    clock.advance(1.25)
+    await t
+    await shared.close()
