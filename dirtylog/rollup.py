@@ -310,9 +310,9 @@ async def _read_window(
                 if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in known_tails
                 and folder.aged(r)))
             if tail_ids:
-                found = await tails.log_tails(tail_ids)
+                found_tails = await tails.log_tails(tail_ids)
                 for cid in tail_ids:
-                    known_tails[cid] = found.get(cid, 1)
+                    known_tails[cid] = found_tails.get(cid, 1)
         for record in records:
             folder.add(record)
     return _Window(cursor, witness, end, folder)

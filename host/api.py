@@ -678,7 +678,8 @@ def create_app(server: Server) -> FastAPI:
                 server.store, source=cid, target=target, source_prefix=h.prefix,
                 target_prefix=log_prefix(target), source_manifest=m, offset=offset,
                 writer_name=f"loghost:{settings.server_id}",
-                mark_dirty=server._mark_dirty)  # noqa: SLF001 - the fragment-path hook
+                mark_dirty=server._mark_dirty,  # noqa: SLF001 - the fragment-path hook
+                claims=server.manager.claims)
         async with server.manager.use(target, tenant) as t:
             t.note_compaction(forked.compaction_offset)
             return await _state(t)

@@ -10,12 +10,15 @@ from uuid import UUID
 
 from dirtylog import DirtyLogHook, RollUp, RollUpResult
 from host.wal3 import Limits, LogReader, LogWriter, ObjectStore
+from host.wal3.claim import CLAIM_PATH, ClaimWatch, release_if_dead
 from host.wal3.cursors import CursorStore
 from host.wal3.errors import ObjectNotFound
 from host.wal3.fragment import fragment_path
 from host.wal3.gc import GarbageCollector, GcOptions
 from host.wal3.layout import join, load_manifest
 from host.wal3.manifest import Manifest
+
+from .forks import claim_ttl_s
 
 _log = logging.getLogger("loghost.dirty")
 # A mark this young may belong to a write still in flight, whatever the configured GC grace
@@ -58,6 +61,8 @@ class WalDirtyBackend(_Cursors):
         self._writer = writer
         self._reader = LogReader(store, prefix)
         self._cursors = CursorStore(store, prefix, writer.options.writer_name)
+        # Creation claims of forks in flight, as these roll-ups see them (see log_tails).
+        self._claims = ClaimWatch(claim_ttl_s(gc.grace_s))
         # No compactor reads a dirty log: its GC follows the stable_prefix cursor alone.
         gc = dataclasses.replace(gc, intrinsic_cursor=None)
         self._gc = GarbageCollector(store, prefix, gc, edit_manifest=writer.edit_manifest)
@@ -100,8 +105,13 @@ class WalDirtyBackend(_Cursors):
         next sequence number: absent, nothing can land at or past this tail (a commit sent later
         would need an upload sent later, which no settled mark has); present, its commit may
         still land, or the next writer's read repair links it.  A sealed log takes no fragment.
+        A log without a manifest may be being created (a fork's mark precedes its manifest):
+        a creation claim that stands means None; with none, the manifest is read once more, since
+        a creation may have committed and dropped its claim between the two reads.
         """
-        from .manager import log_prefix  # the server's layout; imported late, manager is heavier
+        from .manager import (
+            log_prefix,  # the server's layout; imported late, manager is heavier
+        )
 
         out: dict[UUID, int | None] = {}
         sem = asyncio.Semaphore(concurrency)
@@ -111,7 +121,12 @@ class WalDirtyBackend(_Cursors):
             async with sem:
                 loaded = await load_manifest(self._store, prefix)
                 if loaded is None:
-                    return
+                    if await self._creating(prefix):
+                        out[cid] = None
+                        return
+                    loaded = await load_manifest(self._store, prefix)
+                    if loaded is None:
+                        return
                 manifest = loaded[0]
                 if not manifest.sealed and await self._exists(
                         join(prefix, fragment_path(manifest.next_seq_no))):
@@ -121,6 +136,12 @@ class WalDirtyBackend(_Cursors):
 
         await asyncio.gather(*(one(c) for c in ids))
         return out
+
+    async def _creating(self, prefix: str) -> bool:
+        """Whether a creation claim stands on the log (host.wal3.claim): a fork in flight.  One
+        seen unchanged for the claim TTL is dead (a live holder renews): it is released, which
+        fences its holder off, so a crashed fork's mark does not stay for ever."""
+        return not await release_if_dead(self._store, join(prefix, CLAIM_PATH), self._claims)
 
     async def _exists(self, key: str) -> bool:
         try:

@@ -14,10 +14,20 @@ the copied version, just as it would on the source.
 The fork is a fragment-path event for the target: the forking host marks ``[cursor, tail)`` dirty
 through its own dirty hook before the target's manifest makes the target visible, so a forked
 backlog is compacted (and backpressure on it lifts) without waiting for a write to the target.
+
+**One creator per target.**  The target's cursor and ``CURRENT.json`` are written before its
+manifest exists, so whoever creates the log must own them: a fork and the log's first write both
+go through the target's creation claim (``host.wal3.claim``, ``create_collection_log``), which
+serialises them and, before anything is written, removes what dead attempts left (cursors, copied
+objects, ``compacted/{target}/``).  A fork that finds the claim held fails with
+``CreationInProgress`` (409 ``contention``); so does a first write while a fork is in flight.  A
+failed fork releases its claim, unless its manifest put may still land: then the claim expires
+(twice the bound on one operation, ``claim_ttl_s``) and only then may the target be created or forked again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +36,21 @@ from typing import Any
 from uuid import UUID
 
 from host.wal3 import ObjectStore
-from host.wal3.errors import LogExists, LogPurged, ObjectNotFound, PreconditionFailed, Wal3Error
+from host.wal3.claim import (
+    Claim,
+    ClaimLost,
+    ClaimWatch,
+    CreationInProgress,
+    claim_log,
+    create_log,
+)
+from host.wal3.errors import (
+    LogExists,
+    LogPurged,
+    ObjectNotFound,
+    PreconditionFailed,
+    Wal3Error,
+)
 from host.wal3.fork import fork_log
 from host.wal3.layout import load_manifest
 from host.wal3.manifest import Manifest
@@ -44,6 +68,42 @@ class CorruptCompactedPointer(Wal3Error):
 def current_key(collection_id: UUID) -> str:
     """``compacted/{cid}/CURRENT.json`` (the compactor's layout, see compactor_client.versions)."""
     return f"compacted/{collection_id}/CURRENT.json"
+
+
+def compacted_prefix(collection_id: UUID) -> str:
+    """Everything the compactors keep of a collection: its versions and ``CURRENT.json``."""
+    return f"compacted/{collection_id}/"
+
+
+# The spec's bound on one operation, as the dirty log's settle time uses it, whatever the grace.
+_OPERATION_BOUND_S = 60.0
+
+
+def claim_ttl_s(gc_grace_s: float) -> float:
+    """How long a creation claim must stand unchanged before another attempt may take it over:
+    twice the bound on one operation, ``max(60 s, GC grace)`` (see ``host.wal3.claim``)."""
+    return 2 * max(_OPERATION_BOUND_S, gc_grace_s)
+
+
+async def create_collection_log(store: ObjectStore, collection_id: UUID, prefix: str,
+                                writer_name: str, claims: ClaimWatch) -> bool:
+    """Create a collection's log (empty) unless it exists, under its creation claim, removing
+    what a dead fork left there first; False when it existed.  ``CreationInProgress`` while a
+    fork into it is in flight (after a short wait: another host creating the same new log
+    holds the claim only for a moment)."""
+    delays = iter((0.05, 0.1, 0.2, 0.4))
+    while True:
+        if await load_manifest(store, prefix) is not None:
+            return False
+        try:
+            return await create_log(store, prefix, Manifest.empty(writer_name),
+                                    holder=writer_name, watch=claims,
+                                    leftovers=[compacted_prefix(collection_id)])
+        except CreationInProgress:
+            delay_s = next(delays, None)
+            if delay_s is None:
+                raise
+            await asyncio.sleep(delay_s)  # back-off, bounded: then the caller hears 409
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,32 +132,37 @@ async def _read_current(store: ObjectStore, cid: UUID) -> dict[str, Any] | None:
 
 
 async def _install_copy(store: ObjectStore, source: UUID, target: UUID,
-                        current: dict[str, Any]) -> None:
-    """Copy the version file, then point the target's ``CURRENT.json`` at it."""
+                        current: dict[str, Any], claim: Claim) -> None:
+    """Copy the version file, then point the target's ``CURRENT.json`` at it (both created:
+    the claim cleaned up whatever a dead attempt left)."""
     path = str(current["path"])
-    new_path = path.replace(f"compacted/{source}/", f"compacted/{target}/", 1)
+    new_path = path.replace(compacted_prefix(source), compacted_prefix(target), 1)
     if new_path == path:
         raise CorruptCompactedPointer(f"compacted version {path!r} is not under "
-                                      f"compacted/{source}/")
-    await ensure_copy(store, path, new_path)  # immutable: a retried fork finds it in place
+                                      f"{compacted_prefix(source)}")
+    await claim.guard()
+    await ensure_copy(store, path, new_path)  # immutable, and ours: the claim cleaned up first
     now = time.time()
     doc = {**current, "path": new_path, "installed_at": now,
            "history": [{"version": current["version"], "installed_at": now}]}
     body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-    key = current_key(target)
+    await claim.guard()
     try:
-        await put_resolving(store, key, body, if_none_match="*")
+        await put_resolving(store, current_key(target), body, if_none_match="*")
     except PreconditionFailed:
-        # The target's log does not exist yet (the manifest is written after this), so no
-        # compactor has touched its CURRENT.json: this is a leftover of a crashed fork attempt.
-        got = await store.get(key)
-        await put_resolving(store, key, body, if_match=got.etag)
+        # Cleaned up under our claim, yet there: another attempt wrote it after all.
+        raise ClaimLost(f"{current_key(target)} appeared under our claim") from None
 
 
 async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, source_prefix: str,
                           target_prefix: str, source_manifest: Manifest, offset: int,
-                          writer_name: str, mark_dirty: MarkDirty) -> ForkResult:
-    """Fork ``source`` into ``target`` at ``offset`` (see the module docstring)."""
+                          writer_name: str, mark_dirty: MarkDirty,
+                          claims: ClaimWatch | None = None) -> ForkResult:
+    """Fork ``source`` into ``target`` at ``offset`` (see the module docstring).
+
+    ``claims``: this process's view of creation claims (the server's log manager keeps it);
+    without one, a claim left by a crashed attempt is never judged expired here.
+    """
     if await load_manifest(store, target_prefix) is not None:  # before judging the source
         raise LogExists(f"a log already exists at {target_prefix!r}")
     current = await _read_current(store, source)
@@ -108,19 +173,37 @@ async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, sou
     if start < source_manifest.oldest_offset:
         raise LogPurged(start, source_manifest.oldest_offset)
 
+    watch = claims if claims is not None else ClaimWatch(claim_ttl_s(0.0))
+    held: list[Claim] = []
+
+    async def acquire() -> Claim | None:
+        # From here on this attempt alone may write the target; what dead ones left is gone
+        # (a stale CURRENT.json among it: with no source version, none may stand).
+        claim = await claim_log(store, target_prefix, purpose="fork", holder=writer_name,
+                                watch=watch, leftovers=[compacted_prefix(target)])
+        held.extend([claim] if claim is not None else [])
+        return claim
+
     async def before_commit(forked: Manifest) -> None:
         # Both before the manifest: a visible target always has its base and is always tracked.
         if current is not None:
-            await _install_copy(store, source, target, current)
-        else:
-            # A crashed attempt from another source may have left a pointer: the target has no
-            # compacted base, so none may stand (a compactor would fold onto foreign rows).
-            await store.delete(current_key(target))
+            await _install_copy(store, source, target, current, held[0])
         if forked.next_offset > cursor:
             await mark_dirty(target, cursor, forked.next_offset - cursor)
 
-    forked = await fork_log(store, source_prefix, target_prefix, from_offset=start,
-                            writer_name=writer_name, compaction_offset=cursor,
-                            before_commit=before_commit)
+    try:
+        forked = await fork_log(store, source_prefix, target_prefix, from_offset=start,
+                                writer_name=writer_name, compaction_offset=cursor,
+                                before_commit=before_commit, acquire=acquire)
+    except LogExists:
+        for claim in held:
+            await claim.finish()  # a manifest exists (not ours): the claim means nothing now
+        raise
+    except Exception as e:
+        for claim in held:
+            await claim.abandon(e)  # kept if our manifest may still land: it expires then
+        raise
+    for claim in held:
+        await claim.finish()
     return ForkResult(forked, forked.oldest_offset, cursor,
                       current["version"] if current is not None else None)

@@ -40,6 +40,7 @@ from host.wal3 import (
     ObjectStore,
     PreconditionFailed,
 )
+from host.wal3.claim import ClaimWatch
 from host.wal3.cursors import COMPACTION, CursorStore
 from host.wal3.errors import LogNotFound
 from host.wal3.layout import join, load_manifest
@@ -48,6 +49,7 @@ from host.wal3.writer import FragmentInfo
 
 from .config import Settings
 from .errors import BackpressureError, NotFound, NotLeader, Unavailable
+from .forks import claim_ttl_s, create_collection_log
 from .leader import LeaderHint
 from .metrics import Metrics
 
@@ -102,6 +104,8 @@ class LogManager:
         self._metrics = metrics
         self._leader = leader
         self._mark_dirty = mark_dirty
+        # Creation claims this process has seen (forks and first writes share them).
+        self.claims = ClaimWatch(claim_ttl_s(settings.gc_grace_s))
         self._open: collections.OrderedDict[UUID, LogHandle] = collections.OrderedDict()
         self._opening: dict[UUID, asyncio.Future[LogHandle]] = {}
         self._closing: dict[UUID, asyncio.Task[None]] = {}
@@ -494,6 +498,9 @@ class LogManager:
             # Inside the try: a refused open (429) must not keep the claim, or other servers
             # would redirect this log here for as long as we renew it.
             await self._make_room()
+            if create:  # under the creation claim: a fork may be creating it (host/forks.py)
+                await create_collection_log(self._store, cid, prefix,
+                                            self._writer_options.writer_name, self.claims)
             writer = await LogWriter.open(self._store, prefix, self._writer_options,
                                           hook=self._hook_for(cid),
                                           authored=self._authored.get(cid))

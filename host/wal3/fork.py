@@ -8,6 +8,10 @@ Nothing is shared afterwards, so collecting one log never touches the other's ob
 
 Order of effects, and why a crash between any two is safe:
 
+0. With a ``claim`` (``host.wal3.claim``, what the server always uses): the target's creation is
+   claimed and what dead attempts left there is cleaned up first; every write below is preceded
+   by ``claim.guard()`` and creates its object (If-None-Match), so no other attempt's objects can
+   be mixed with ours.
 1. Copy every fragment and snapshot the target's root reaches (split snapshots are new objects).
 2. Write the target's compaction cursor, when one is given (``compaction_offset``).  It must lie in
    the target's range: a cursor is never ahead of what the log (or a compacted version) holds.
@@ -16,8 +20,10 @@ Order of effects, and why a crash between any two is safe:
 4. Write the target's manifest, with If-None-Match: the commit point.
 
 Before 4 the target does not exist: a crash leaves only unreferenced objects (and at worst a dirty
-mark of a log with no records, which the roll-up drops), and a retried fork overwrites the cursor
-it left.  After 4 the target is complete: cursor, compacted data and dirty mark came first.
+mark of a log with no records, which the roll-up drops) and the claim, which expires; the next
+claimant — a retried fork or the log's first write — removes those objects before writing its own.
+After 4 the target is complete: cursor, compacted data and dirty mark came first.  Without a claim
+(tools and tests that own the target), a retried fork overwrites the cursor it left.
 """
 
 from __future__ import annotations
@@ -25,27 +31,39 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from .claim import Claim, ClaimLost
 from .cursors import COMPACTION, CursorStore
-from .errors import LogExists, LogNotFound, LogPurged, PreconditionFailed
+from .errors import (
+    CursorConflict,
+    LogExists,
+    LogNotFound,
+    LogPurged,
+    PreconditionFailed,
+)
 from .gc import plan_cut
 from .layout import join, load_manifest
 from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapshot
 from .reader import SnapshotCache
 from .store import ObjectStore, ensure_copy, ensure_object, put_resolving
 
-
 BeforeCommit = Callable[[Manifest], Awaitable[None]]
+# Claims the target (cleaning up dead attempts' leftovers); None when a log exists there.
+AcquireClaim = Callable[[], Awaitable[Claim | None]]
 
 
 async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset: int | None = None,
                    writer_name: str = "wal3-fork", concurrency: int = 16,
                    compaction_offset: int | None = None,
-                   before_commit: BeforeCommit | None = None) -> Manifest:
+                   before_commit: BeforeCommit | None = None,
+                   acquire: AcquireClaim | None = None) -> Manifest:
     """Fork ``source`` into ``target`` from ``from_offset`` (default: its compaction cursor).
 
     ``compaction_offset`` gives the target a compaction cursor there (it must lie within the
     target's records, ``[from_offset, tail]``); ``before_commit`` runs after every object is in
-    place and before the manifest makes the target visible (see the module docstring).
+    place and before the manifest makes the target visible (see the module docstring).  With
+    ``acquire``, the target's creation claim is taken once the source is read, before the first
+    write to the target (``host.wal3.claim``), kept alive while the fork runs and guards every
+    write; the caller finishes or releases it.
     """
     source, target = source.strip("/"), target.strip("/")
     loaded = await load_manifest(store, source)
@@ -60,12 +78,32 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
     if from_offset < m.oldest_offset:
         raise LogPurged(from_offset, m.oldest_offset)
     from_offset = min(from_offset, m.next_offset)
+    if acquire is None:
+        return await _fork_into(store, source, target, m, from_offset, writer_name, concurrency,
+                                compaction_offset, before_commit, None)
+    claim = await acquire()
+    if claim is None:
+        raise LogExists(f"a log already exists at {target!r}")
+    async with claim.kept_alive():  # a live fork keeps the target, however long it takes
+        return await _fork_into(store, source, target, m, from_offset, writer_name, concurrency,
+                                compaction_offset, before_commit, claim)
+
+
+async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, from_offset: int,
+                     writer_name: str, concurrency: int, compaction_offset: int | None,
+                     before_commit: BeforeCommit | None, claim: Claim | None) -> Manifest:
+    """Everything ``fork_log`` writes, from the source's manifest ``m`` (see its docstring)."""
+
+    async def guard() -> None:
+        if claim is not None:
+            await claim.guard()
 
     cache = SnapshotCache(256)
     created: set[str] = set()
 
     async def put_snapshot(s: Snapshot) -> None:
         created.add(s.path)
+        await guard()
         await ensure_object(store, join(target, s.path), s.to_bytes())
 
     garbage = await plan_cut(store, source, m, from_offset, cache, writer_name, put_snapshot)
@@ -93,13 +131,20 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
 
     async def copy(path: str) -> None:
         async with sem:
+            await guard()
             await ensure_copy(store, join(source, path), join(target, path))
 
     await asyncio.gather(*(copy(p) for p in paths))
     if compaction_offset is not None:
-        await _write_compaction_cursor(store, target, writer_name, forked, compaction_offset)
+        await guard()
+        await _write_compaction_cursor(store, target, writer_name, forked, compaction_offset,
+                                       claimed=claim is not None)
     if before_commit is not None:
+        await guard()
         await before_commit(forked)
+    await guard()
+    if claim is not None:
+        claim.commit_sent = True  # from here on the target may appear: the claim must stay
     try:
         await put_resolving(store, join(target, MANIFEST_PATH), forked.to_bytes(),
                             if_none_match="*")
@@ -109,13 +154,21 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
 
 
 async def _write_compaction_cursor(store: ObjectStore, target: str, writer_name: str,
-                                   forked: Manifest, offset: int) -> None:
-    """The target's compaction cursor, replacing one a crashed earlier attempt left behind."""
+                                   forked: Manifest, offset: int, *, claimed: bool) -> None:
+    """The target's compaction cursor: created (under a claim, where dead attempts' cursors were
+    cleaned up), or replacing one a crashed earlier attempt left behind (without one)."""
     if not forked.oldest_offset <= offset <= forked.next_offset:
         # Every record at or above the cursor must be in the log: GC trusts the cursor.
         raise ValueError(f"compaction offset {offset} is outside the fork's records "
                          f"[{forked.oldest_offset}, {forked.next_offset}]")
     cursors = CursorStore(store, target, writer_name)
+    if claimed:
+        try:
+            await cursors.init(COMPACTION, offset)
+        except CursorConflict:
+            # Cleaned up under our claim, yet there: another attempt wrote it after all.
+            raise ClaimLost(f"{target}: a compaction cursor appeared under our claim") from None
+        return
     existing = await cursors.load(COMPACTION)
     if existing is None:
         await cursors.init(COMPACTION, offset)

@@ -11,9 +11,12 @@ from host.forks import current_key, fork_collection
 from host.manager import log_prefix
 from host.wal3 import FaultRule, FaultyStore, LocalStore, LogWriter
 from host.wal3.errors import ObjectNotFound, SimulatedCrash
+from host.wal3.claim import ClaimWatch, CreationInProgress
 from host.wal3.layout import load_manifest
 
 import pytest
+
+from .claimkit import TTL_S, stepped_watch
 
 
 async def _log(store: LocalStore, cid: uuid.UUID, n: int) -> None:
@@ -23,7 +26,8 @@ async def _log(store: LocalStore, cid: uuid.UUID, n: int) -> None:
     await w.close()
 
 
-async def _fork(store: object, src: uuid.UUID, dst: uuid.UUID, offset: int) -> object:
+async def _fork(store: object, src: uuid.UUID, dst: uuid.UUID, offset: int,
+                watch: ClaimWatch) -> object:
     m = (await load_manifest(store, log_prefix(src)))[0]  # type: ignore[arg-type]
 
     async def mark(*_: object) -> None:
@@ -32,7 +36,7 @@ async def _fork(store: object, src: uuid.UUID, dst: uuid.UUID, offset: int) -> o
     return await fork_collection(store, source=src, target=dst,  # type: ignore[arg-type]
                                  source_prefix=log_prefix(src), target_prefix=log_prefix(dst),
                                  source_manifest=m, offset=offset, writer_name="t",
-                                 mark_dirty=mark)
+                                 mark_dirty=mark, claims=watch)
 
 
 async def test_a_retry_from_an_uncompacted_source_drops_a_stale_version_pointer(
@@ -47,8 +51,12 @@ async def test_a_retry_from_an_uncompacted_source_drops_a_stale_version_pointer(
     await _log(store, b, 20)  # never compacted
     faulty = FaultyStore(store, seed=1)
     faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"CURRENT\.json$", times=1))
+    watch, clock = stepped_watch()
     with pytest.raises(SimulatedCrash):
-        await _fork(faulty, a, t, 16)
-    await _fork(store, b, t, 21)
+        await _fork(faulty, a, t, 16, watch)
+    with pytest.raises(CreationInProgress):  # until the dead attempt's claim expires
+        await _fork(store, b, t, 21, watch)
+    clock.advance(TTL_S)
+    await _fork(store, b, t, 21, watch)
     with pytest.raises(ObjectNotFound):
         await store.get(current_key(t))

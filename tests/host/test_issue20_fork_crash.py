@@ -2,7 +2,8 @@
 
 Whatever step it dies at, the retry yields a target whose compaction cursor stands on the copied
 compacted version, whose log holds every record at or above the cursor, and which was marked dirty
-before its manifest made it visible.
+before its manifest made it visible.  The dead attempt's creation claim holds the target until it
+expires (as seen by the retrying process); then the retry takes it over and starts clean.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from host.wal3 import LocalStore, LogWriter
 from host.wal3.cursors import COMPACTION, CursorStore
 from host.wal3.errors import ObjectNotFound, SimulatedCrash
 from host.wal3.faulty import FaultRule, FaultyStore
+from host.wal3.claim import CreationInProgress
 from host.wal3.layout import load_manifest
+
+from .claimkit import TTL_S, stepped_watch
 
 SRC = uuid.UUID(int=1, version=4)
 DST = uuid.UUID(int=2, version=4)
 
 STEPS = [
+    ("crash_after", r"/CLAIM$"),  # claimed, nothing written
     ("crash_before", r"/cursor/compaction\.json$"),  # objects copied, nothing else
     ("crash_after", r"/cursor/compaction\.json$"),  # cursor written
     ("crash_after", r"CURRENT\.json$"),  # compacted base installed
@@ -62,16 +67,24 @@ async def test_a_fork_killed_at_any_step_then_retried_is_whole(tmp_path: Path,
     faulty = FaultyStore(base, seed=1)
     kind, key = step
     rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, times=1))  # type: ignore[arg-type]
+    watch, clock = stepped_watch()
     with pytest.raises(SimulatedCrash):
         await fork_collection(faulty, source=SRC, target=DST, source_prefix=log_prefix(SRC),
                               target_prefix=log_prefix(DST), source_manifest=loaded[0],
-                              offset=11, writer_name="t", mark_dirty=mark)
+                              offset=11, writer_name="t", mark_dirty=mark, claims=watch)
     assert rule.fired == 1
     assert await load_manifest(base, log_prefix(DST)) is None  # a crashed fork is invisible
 
-    result = await fork_collection(base, source=SRC, target=DST, source_prefix=log_prefix(SRC),
-                                   target_prefix=log_prefix(DST), source_manifest=loaded[0],
-                                   offset=11, writer_name="t", mark_dirty=mark)
+    async def retry() -> object:
+        return await fork_collection(base, source=SRC, target=DST,
+                                     source_prefix=log_prefix(SRC), target_prefix=log_prefix(DST),
+                                     source_manifest=loaded[0], offset=11, writer_name="t",
+                                     mark_dirty=mark, claims=watch)
+
+    with pytest.raises(CreationInProgress):  # the dead attempt's claim, first seen now
+        await retry()
+    clock.advance(TTL_S)
+    result = await retry()
     forked = await load_manifest(base, log_prefix(DST))
     assert forked is not None
     m = forked[0]
@@ -81,6 +94,8 @@ async def test_a_fork_killed_at_any_step_then_retried_is_whole(tmp_path: Path,
     assert result.compaction_offset == 6 and m.oldest_offset <= 6 and m.next_offset == 16
     assert await base.head(current["path"]) is not None
     assert marks[-1] == (DST, 6, 10)
+    with pytest.raises(ObjectNotFound):  # the claim is gone with the commit
+        await base.head(f"{log_prefix(DST)}/CLAIM")
 
 
 async def test_a_fork_below_the_compacted_version_keeps_the_cursor_on_it(tmp_path: Path) -> None:

@@ -58,3 +58,29 @@ async def test_a_commit_landing_after_its_mark_settled_stays_dirty(
         assert r.status_code == 200 and r.json()["first_offset"] == 2, r.text
         assert (await _rollup(svc)).get(CID) == (2, 7)
         assert metric(await metrics_text(svc), "loghost_dirty_untracked_collections") == 0
+
+
+async def test_a_forks_mark_stays_while_its_manifest_is_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for a fork: its target is marked before its manifest exists.  While the
+    manifest put is in flight the target has no log (its tail reads 1), but its creation claim
+    stands, so the mark is not settled."""
+    monkeypatch.setattr(host.dirty, "MIN_SETTLE_S", 0.0, raising=False)
+    store = GateStore(LocalStore(tmp_path / "s"))
+    dst = "00000000-0000-4000-8000-0000000000c2"
+    async with live_server(store=store, gc_grace_s=0.0) as live, \
+            live.client("alice-key") as alice, live.client() as svc:
+        for n in range(3):
+            r = await alice.post(PATH + "/records", json={"records": [record(n)] * 5})
+            assert r.status_code == 200, r.text
+        gate = store.hold("put", rf"logs/{dst}/manifest/MANIFEST$")
+        fork = asyncio.create_task(svc.post(PATH + "/fork", json={"target_collection_id": dst}))
+        try:
+            await gate.reached.wait()  # marked [1, 16); the manifest is on its way
+            during = await _rollup(svc)
+        finally:
+            gate.release.set()
+        r = await fork
+        assert r.status_code == 200, r.text
+        assert during.get(dst) == (1, 16), during
+        assert (await _rollup(svc)).get(dst) == (1, 16)
