@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-on-failure", action="store_true",
                         help="stop a range at the first failing seed")
     parser.add_argument("--classify", action="store_true",
-                        help="name which of the six known bugs of 3c61663 each failure shows")
+                        help="name which known bug (the six of 3c61663, two of b25d620's GC "
+                             "review) each failure shows")
     args = parser.parse_args(argv)
 
     from .report import run_range, print_one, write_docs

@@ -8,6 +8,7 @@ model; an outcome no correct engine may give is a violation.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -24,12 +25,13 @@ from host.wal3.errors import (
     LogPurged,
     LogSealed,
     NoCursors,
+    PreconditionFailed,
     StoreUnavailable,
     Wal3Error,
     WriterClosed,
 )
 from host.wal3.fork import fork_log
-from host.wal3.gc import Garbage, GarbageCollector, GcOptions
+from host.wal3.gc import Garbage, GarbageCollector, GcOptions, pin_cursor
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.manifest import Manifest
 from host.wal3.reader import Limits, LogReader
@@ -44,7 +46,12 @@ PREFIX = "log0"
 # Readers are exempt from store faults and slow tails: the design requires a reader to finish
 # writing a cursor well within the grace interval, and a fault storm could stretch that.
 READER_LATENCY = Latency(p_tail=0.0)
+# A pin is a server request: it may pause between its cursor write and its re-check, but (the
+# spec's timing assumption) finishes well within the grace interval (at most 2 s here).
+PIN_LATENCY = Latency(p_tail=0.0, stall=(0.05, 0.3), p_stall=0.05, pause=(0.2, 1.0),
+                      p_pause=0.3, pause_after=("/cursor/",), pause_before=("get",))
 EMERGENCY = ("emergency0", "emergency1", "emergency2")
+PINS = ("pin0", "pin1")  # cursors pinned with pin_cursor
 
 
 class HookFailed(Exception):
@@ -121,6 +128,51 @@ class WriterSlot:
             await asyncio.sleep(delay)
 
 
+class CollectorSlot:
+    """One collector position: a process running passes, crashed and restarted over a run.
+
+    ``fresh``: every pass is a new process (``loghost gc``): nothing it saw survives the pass,
+    so it can only go by what the store says.  ``via_writer``: manifest edits go through the
+    open writer, as the server's do; else they are standalone compare-and-swaps."""
+
+    def __init__(self, world: World, name: str, *, via_writer: bool, fresh: bool) -> None:
+        self.world = world
+        self.name = name
+        self.via_writer = via_writer
+        self.fresh = fresh
+        self.instances = 0
+        self.actor: Actor | None = None
+        self.gc: GarbageCollector | None = None
+        self.task: asyncio.Task[str] | None = None
+        self.last = ""
+
+    @property
+    def busy(self) -> bool:
+        """A pass is running in a live process."""
+        return (self.task is not None and not self.task.done() and self.actor is not None
+                and self.actor.alive)
+
+    def collector(self) -> GarbageCollector:
+        """The collector for the next pass (a new process when the last died, or always when
+        ``fresh``)."""
+        world = self.world
+        if self.fresh or self.gc is None or self.actor is None or not self.actor.alive:
+            self.instances += 1
+            cfg = world.cfg
+            self.actor = world.sim.actor(
+                f"{self.name}.{self.instances}", 0.0 if world.quiet else cfg.gc_crash_p,
+                latency=Latency(p_stall=0.0 if world.quiet else cfg.gc_stall_p / 8,
+                                p_pause=0.0 if world.finishing else cfg.gc_stall_p))
+            opts = GcOptions(grace_s=cfg.grace_s, delete_batch=cfg.delete_batch,
+                             deletes_per_second=float("inf"), writer_name=self.actor.name,
+                             retain_fragments=cfg.window, retain_s=600.0)
+            edit: Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]] | None = (
+                functools.partial(world._edit_via_writer, self) if self.via_writer else None)
+            self.gc = GarbageCollector(world.sim.view(self.actor), PREFIX, opts,
+                                       edit_manifest=edit, clock=lambda: wall_s(world.loop))
+        return self.gc
+
+
 class World:
     """Everything one run drives: the store, the model, the actors, the tasks in flight."""
 
@@ -134,23 +186,36 @@ class World:
         self.trace = trace
         self.clock = VirtualClock(loop)
         self.quiet = False
+        self.finishing = False  # the liveness check has begun: no more pauses, no more loops
         self.writers = [WriterSlot(self, i) for i in range(cfg.writers)]
-        self.gc_actor: Actor | None = None
-        self.gc: GarbageCollector | None = None
-        self.gc_task: asyncio.Task[None] | None = None
-        self.gc_instances = 0
-        self.gc_last: str = ""
+        # The collectors: the first as the server runs it (through the writer when the seed says
+        # so), a second racing it when the seed says so.
+        self.collectors = [CollectorSlot(self, "gc", via_writer=cfg.gc_via_writer, fresh=False)]
+        if cfg.gc2:
+            self.collectors.append(CollectorSlot(self, "gcb", via_writer=False,
+                                                 fresh=cfg.gc2_fresh))
         self.reader = sim.actor("reader", faulty=False, latency=READER_LATENCY)
         self.reader_view = sim.view(self.reader)
         self.cursors = CursorStore(self.reader_view, PREFIX, "reader", clock=self.clock)
+        self.pinner = sim.actor("pinner", faulty=False, latency=PIN_LATENCY)
+        self.pinner_view = sim.view(self.pinner)
+        self.pin_cursors = CursorStore(self.pinner_view, PREFIX, "pinner", clock=self.clock)
         self.forks = 0
         self.opened: list[tuple[Actor, LogWriter]] = []  # every writer process ever opened
         self.tasks: list[tuple[asyncio.Task[Any], bool]] = []  # (task, must finish)
+        self.cursor_tasks: list[asyncio.Task[Any]] = []
         self.stats: dict[str, int] = {"appends": 0, "gc_runs": 0, "forks": 0, "reads": 0,
-                                      "cursor_ops": 0, "reopens": 0, "seals": 0}
+                                      "cursor_ops": 0, "reopens": 0, "seals": 0, "pins": 0}
 
     def spawn(self, coro: Coroutine[Any, Any, Any], must_finish: bool = False) -> None:
         self.tasks.append((self.loop.create_task(coro), must_finish))
+
+    def spawn_cursor(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """A reader's cursor operation: the liveness check waits for all of them before it
+        lets the pins go (a pin landing after that would hold the collector back for ever)."""
+        t = self.loop.create_task(coro)
+        self.tasks.append((t, self.quiet))
+        self.cursor_tasks.append(t)
 
     # ---------------------------------------------------------------------------- appends
 
@@ -235,8 +300,7 @@ class World:
 
     def crash_some(self) -> None:
         victims = [s.actor for s in self.writers if s.actor is not None and s.actor.alive]
-        if self.gc_actor is not None and self.gc_actor.alive:
-            victims.append(self.gc_actor)
+        victims += [c.actor for c in self.collectors if c.actor is not None and c.actor.alive]
         if victims:
             self.sim.crash(self.rng.choice(victims), "killed by the driver")
 
@@ -258,10 +322,11 @@ class World:
 
     # ----------------------------------------------------------------------------- GC
 
-    async def _edit_via_writer(self, fn: Callable[[Manifest], Manifest]) -> Manifest:
+    async def _edit_via_writer(self, slot: CollectorSlot,
+                               fn: Callable[[Manifest], Manifest]) -> Manifest:
         """The server's way: the collector edits the manifest through the log's writer."""
         for s in self.writers:
-            w, actor, gc = s.writer, s.actor, self.gc_actor
+            w, actor, gc = s.writer, s.actor, slot.actor
             if w is not None and actor is not None and actor.alive and not w.closed:
                 # The server runs both in one process: if the writer dies, so does the pass.
                 if gc is not None:
@@ -274,30 +339,48 @@ class World:
         raise WriterClosed("no writer is open for the collector")
 
     def gc_step(self) -> None:
-        if not self.cfg.gc or (self.gc_task is not None and not self.gc_task.done()
-                               and self.gc_actor is not None and self.gc_actor.alive):
+        if not self.cfg.gc:
             return
-        self.gc_task = self.loop.create_task(self.gc_once())
-        self.tasks.append((self.gc_task, self.quiet))
+        slot = self.rng.choice(self.collectors)
+        if slot.busy:
+            return
+        slot.task = self.loop.create_task(self.gc_once(slot))
+        self.tasks.append((slot.task, self.quiet))
 
-    def _collector(self) -> GarbageCollector:
-        if self.gc is None or self.gc_actor is None or not self.gc_actor.alive:
-            self.gc_instances += 1
-            self.gc_actor = self.sim.actor(f"gc.{self.gc_instances}",
-                                           0.0 if self.quiet else self.cfg.gc_crash_p)
-            opts = GcOptions(grace_s=self.cfg.grace_s, delete_batch=self.cfg.delete_batch,
-                             deletes_per_second=float("inf"), writer_name=self.gc_actor.name,
-                             retain_fragments=self.cfg.window, retain_s=600.0)
-            edit: Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]] | None = (
-                self._edit_via_writer if self.cfg.gc_via_writer else None)
-            self.gc = GarbageCollector(self.sim.view(self.gc_actor), PREFIX, opts,
-                                       edit_manifest=edit, clock=lambda: wall_s(self.loop))
-        return self.gc
+    async def gc_loop(self, slot: CollectorSlot) -> None:
+        """A collector that is always on (the server's): a pass, a short rest, another pass,
+        until the end of the run (the liveness check drives every collector itself)."""
+        while not self.finishing:
+            if not slot.busy:
+                slot.task = self.loop.create_task(self.gc_once(slot))
+                self.tasks.append((slot.task, self.quiet))
+            while slot.busy:  # a pass of a process that died is abandoned, never awaited
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(self.rng.uniform(0.05, 0.6))
 
-    async def gc_once(self) -> str:
-        gc = self._collector()
-        assert self.gc_actor is not None
-        name = self.gc_actor.name
+    def gc_all(self) -> None:
+        """Every idle collector starts a pass at once (the server and ``loghost gc`` together)."""
+        if not self.cfg.gc:
+            return
+        for slot in self.collectors:
+            if not slot.busy:
+                slot.task = self.loop.create_task(self.gc_once(slot))
+                self.tasks.append((slot.task, self.quiet))
+
+    @property
+    def gc_actor(self) -> Actor | None:
+        """The first collector's current process (the one liveness is checked with)."""
+        return self.collectors[0].actor
+
+    @property
+    def gc_last(self) -> str:
+        return self.collectors[0].last
+
+    async def gc_once(self, slot: CollectorSlot | None = None) -> str:
+        slot = slot if slot is not None else self.collectors[0]
+        gc = slot.collector()
+        assert slot.actor is not None
+        name = slot.actor.name
         quiet = self.quiet  # a pass that began amid faults may still end in one
         self.model.gc_started[name] = self.loop.time()
         self.stats["gc_runs"] += 1
@@ -308,13 +391,21 @@ class World:
             self.trace(f"{name} failed: {e!r}")
             if quiet and not isinstance(e, NoCursors):
                 self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
-            self.gc_last = "error"
+            slot.last = "error"
+            return "error"
+        except PreconditionFailed as e:
+            # Lost a compare-and-swap to the other collector: the pass ends, the next resumes.
+            self.trace(f"{name} failed: {e!r}")
+            if quiet and len(self.collectors) == 1:
+                self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
+            slot.last = "error"
             return "error"
         except Wal3Error as e:
             self.trace(f"{name} failed: {e!r}")
-            if quiet:
+            # (A log whose first writer has not created it yet is no failure of the collector.)
+            if quiet and self.sim.objects.get(join(PREFIX, "manifest/MANIFEST")) is not None:
                 self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
-            self.gc_last = "error"
+            slot.last = "error"
             return "error"
         except Exception as e:  # noqa: BLE001 - any other failure is a bug
             self.model.violate("error", f"{name}: unexpected {e!r}")
@@ -322,7 +413,7 @@ class World:
         self.trace(f"{name} -> {report.phase} cutoff={report.cutoff} "
                    f"frags={report.fragments_deleted} snaps={report.snapshots_deleted} "
                    f"orphans={report.orphans_deleted} {'; '.join(report.notes)}")
-        self.gc_last = report.phase
+        slot.last = report.phase
         return report.phase
 
     # -------------------------------------------------------------------------- cursors
@@ -332,12 +423,11 @@ class World:
         if r < self.cfg.emergency_p:
             name = self.rng.choice(EMERGENCY)
             if self.rng.random() < 0.4:
-                self.spawn(self.delete_cursor(name), must_finish=self.quiet)
+                self.spawn_cursor(self.delete_cursor(name))
             else:
-                self.spawn(self.set_cursor(name, tail=False), must_finish=self.quiet)
+                self.spawn_cursor(self.set_cursor(name, tail=False))
         else:
-            self.spawn(self.set_cursor(COMPACTION, tail=self.rng.random() < self.cfg.tail_p),
-                       must_finish=self.quiet)
+            self.spawn_cursor(self.set_cursor(COMPACTION, tail=self.rng.random() < self.cfg.tail_p))
 
     async def set_cursor(self, name: str, *, tail: bool, at: int | None = None) -> None:
         """Pin an offset the way the design asks a reader to: read the manifest, write the cursor
@@ -348,7 +438,7 @@ class World:
             return
         m0 = loaded[0]
         if at is not None:
-            c = at
+            c = max(at, m0.oldest_offset)
         elif tail:
             c = m0.next_offset
         else:
@@ -378,12 +468,110 @@ class World:
             return
         m1 = loaded[0]
         cut = pending is not None and pending.first_to_keep > c
+        # A collector between its pending floor and its cut (the manifest names the floor): this
+        # reader does not retract it (pin_cursor does), so it does not count on its pin.
+        floor = getattr(m1, "gc_floor", None)
+        if floor is not None and floor.offset > c:
+            cut = True
         if m1.oldest_offset <= c and not cut:
             self.model.established[name] = (etag, c)
             self.trace(f"cursor {name} @{c} established")
         else:
             self.trace(f"cursor {name} @{c} not established (oldest {m1.oldest_offset}, "
                        f"pending cut {pending.first_to_keep if pending else None})")
+
+    def pin_step(self) -> None:
+        """A reader pins a position with ``pin_cursor`` (the server's PUT of a cursor), or lets a
+        pin go, racing the collectors.  The adversary knows when a plan is in flight (it reads
+        the store's truth) and then likes to pin below it: a cursor that stays (an emergency
+        one, which makes a collector drop the plan), then a pin a moment later."""
+        name = self.rng.choice(PINS)
+        floor = self._pending_cut()
+        if floor is not None and self.rng.random() < 0.6:
+            self.spawn_cursor(self.pin_race(name, floor))
+        elif self.rng.random() < 0.3:
+            self.spawn_cursor(self.delete_cursor(name))
+        else:
+            self.spawn_cursor(self.pin(name))
+
+    def _pending_cut(self) -> int | None:
+        """The first kept offset of a plan pending in gc/GARBAGE right now (the truth)."""
+        obj = self.sim.objects.get(join(PREFIX, GARBAGE_PATH))
+        if obj is None:
+            return None
+        try:
+            g = Garbage.from_bytes(obj.data)
+        except Wal3Error:
+            return None
+        return g.first_to_keep if g is not None and g.applied_us is None else None
+
+    async def adversary(self) -> None:
+        """Watches gc/GARBAGE (the truth) and, when a new plan is pending, races it now and
+        then: a cursor below its cut a moment later, then a pin below it (``pin_race``)."""
+        seen: str | None = None
+        pending: int | None = None
+        chance = min(1.0, self.cfg.pin_w / 3)
+        while not self.finishing:
+            await asyncio.sleep(self.rng.uniform(0.01, 0.05))
+            if self.finishing:
+                return
+            obj = self.sim.objects.get(join(PREFIX, GARBAGE_PATH))
+            if obj is None or obj.etag == seen:
+                continue
+            seen = obj.etag
+            floor = self._pending_cut()
+            mobj = self.sim.objects.get(join(PREFIX, "manifest/MANIFEST"))
+            m = Manifest.from_bytes(mobj.data) if mobj is not None else None
+            if (floor is None and pending is not None and m is not None
+                    and m.oldest_offset < pending and self.rng.random() < chance):
+                # A plan was dropped (a cursor pins below it) and the log is not cut: a pin
+                # below it now is accepted, and must hold against whoever still has the plan.
+                self.trace(f"adversary: pins below the dropped cut at {pending}")
+                self.spawn_cursor(self.pin(self.rng.choice(PINS),
+                                           self.rng.randint(m.oldest_offset, pending - 1)))
+            pending = floor
+            if floor is not None and self.rng.random() < chance:
+                await asyncio.sleep(self.rng.uniform(0.0, 1.0))
+                if self.finishing:
+                    return
+                self.spawn_cursor(self.pin_race(self.rng.choice(PINS), floor))
+
+    async def pin_race(self, name: str, floor: int) -> None:
+        loaded = await load_manifest(self.pinner_view, PREFIX)
+        if loaded is None or loaded[0].oldest_offset >= floor:
+            return
+        oldest = loaded[0].oldest_offset
+        self.trace(f"adversary: pins below the pending cut at {floor}")
+        await self.set_cursor(self.rng.choice(EMERGENCY), tail=False,
+                              at=self.rng.randint(oldest, floor - 1))
+        await asyncio.sleep(self.rng.uniform(0.05, 1.0))
+        await self.pin(name, self.rng.randint(oldest, floor - 1))
+
+    async def pin(self, name: str, at: int | None = None) -> None:
+        """``pin_cursor`` at an offset inside the log as this reader last saw it: a pin it
+        accepts must stay readable while it stands (``cursor-reach``) and nothing at or above it
+        may be deleted (``grace``)."""
+        self.stats["pins"] += 1
+        loaded = await load_manifest(self.pinner_view, PREFIX)
+        if loaded is None:
+            return
+        m0 = loaded[0]
+        # Never below what this reader sees (a cursor below the log pins nothing).
+        c = max(at, m0.oldest_offset) if at is not None else self.rng.randint(m0.oldest_offset,
+                                                                             m0.next_offset)
+        self.model.established.pop(name, None)
+        try:
+            cur = await self.pin_cursors.load(name)
+            w = await pin_cursor(self.pinner_view, PREFIX, self.pin_cursors, name, c,
+                                 cur.etag if cur is not None else None)
+        except LogPurged as e:
+            self.trace(f"pin {name} @{c} refused: {e!r}")
+            return
+        except (CursorConflict, CursorNotFound) as e:
+            self.trace(f"pin {name} @{c} failed: {e!r}")
+            return
+        self.model.established[name] = (w.etag, c)
+        self.trace(f"pin {name} @{c} accepted (oldest was {m0.oldest_offset})")
 
     async def delete_cursor(self, name: str) -> None:
         self.stats["cursor_ops"] += 1

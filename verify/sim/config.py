@@ -37,6 +37,15 @@ class RunConfig:
     fork_p: float
     tail_p: float  # chance a cursor goes to the tail rather than inside the log
     emergency_p: float
+    # A second collector racing the first (the server and ``loghost gc``, or two servers across a
+    # take-over); ``gc2_fresh``: it is a new process every pass, as the CLI is (no memory of what
+    # it saw, standalone manifest edits).
+    gc2: bool
+    gc2_fresh: bool
+    # Chance a collector pauses for seconds right after reading control state (cursors,
+    # gc/GARBAGE); a quarter of it at any other store operation.
+    gc_stall_p: float
+    pin_w: float  # weight of pin_cursor calls (a reader's pin racing the collectors)
 
 
 def make_config(seed: int) -> RunConfig:
@@ -77,4 +86,9 @@ def make_config(seed: int) -> RunConfig:
         fork_p=r.choice((0.0, 0.02)),
         tail_p=r.choice((0.2, 0.5)),
         emergency_p=r.choice((0.1, 0.4)),
+        # Drawn last, so the fields above are what they were before these existed.
+        gc2=r.random() < 0.6,
+        gc2_fresh=r.random() < 0.5,
+        gc_stall_p=r.choice((0.1, 0.3, 0.6)),
+        pin_w=r.choice((0.0, 1.0, 3.0)),
     )

@@ -1,4 +1,5 @@
-"""The six known bugs of 3c61663, recognised from a failing run's violations.
+"""Known bugs, recognised from a failing run's violations: the six of 3c61663, and two of the
+adversarial GC review of b25d620 (7 and 8; tests/wal3/test_gc_adversary.py, findings 2 and 3).
 
 Used to record which seed first finds each (docs/RELIABILITY.md); a signature is deliberately
 narrow, so a seed is only credited with a bug whose symptom it shows exactly.
@@ -22,6 +23,8 @@ BUGS: dict[int, str] = {
     4: "GC deletes data a cursor created while a plan was pending pins",
     5: "sealed logs are never collected through the writer's edit_manifest",
     6: "one transient upload failure fails the pipeline of a single writer as contention",
+    7: "b25d620: a stalled collector cuts past a pin accepted after another discarded the plan",
+    8: "b25d620: the orphan sweep deletes what a cut unlinked within the grace",
 }
 
 
@@ -46,6 +49,10 @@ def classify(r: RunResult) -> set[int]:
         if (v.check == "contention" and "no other writer appended" in d
                 and cfg.writers == 1 and _only_uploads_failed(r)):
             found.add(6)
+        if v.check == "cursor-reach" and cfg.gc2 and _discarded_by_another(r):
+            found.add(7)
+        if v.check == "grace" and "after the manifest stopped referencing it" in d:
+            found.add(8)
     return found
 
 
@@ -61,3 +68,19 @@ def _only_uploads_failed(r: RunResult) -> bool:
         if " put log0/log/" in line and "503 sticky" in line:
             sticky = True
     return sticky
+
+
+def _discarded_by_another(r: RunResult) -> bool:
+    """Before the first violation a collector discarded a plan because of a cursor, and a
+    different collector process then made a cut (the stalled one)."""
+    discarder: str | None = None
+    for line in r.trace:
+        if "VIOLATION" in line:
+            break
+        m = re.search(r" (gcb?\.\d+) -> discarded .*a cursor now pins", line)
+        if m:
+            discarder = m.group(1)
+        m = re.search(r" (gcb?\.\d+) put log0/manifest/MANIFEST -> ok", line)
+        if discarder is not None and m and m.group(1) != discarder:
+            return True
+    return discarder is not None

@@ -19,6 +19,10 @@ Checks (each violation names its check):
   pending plan cutting above it when re-checked) keeps its offset readable: oldest <= offset.
 * ``plan``: a garbage plan never cuts above the highest value that any cursor held throughout the
   collector pass that computed it.
+* ``grace``: no object the log's manifest referenced within the last ``grace_s`` (virtual time) is
+  deleted, and no fragment at or above an accepted pin (``pin_cursor`` answered it) is deleted
+  while the pin stands: a reader that loaded an older manifest may still be reading it.  When
+  each object stopped being reachable from the stored manifest is recorded as manifests land.
 """
 
 from __future__ import annotations
@@ -101,12 +105,18 @@ class Model:
     """Tracks every append attempt and checks the store's truth against it."""
 
     def __init__(self, prefix: str, now: Callable[[], float], trace: Callable[[str], None],
-                 objects: dict[str, Obj], dedup_window: int) -> None:
+                 objects: dict[str, Obj], dedup_window: int, grace_s: float = 0.0) -> None:
         self.prefix = prefix
         self.now = now
         self.trace = trace
         self.objects = objects
         self.dedup_window = dedup_window
+        self.grace_s = grace_s
+        # The primary log's root pointers (by path) -> every object key reachable under each, and
+        # when each key stopped being reachable from the stored manifest.
+        self.roots: dict[str, frozenset[str]] = {}
+        self.left_at: dict[str, float] = {}
+        self._closures: dict[str, frozenset[str]] = {}
         self.violations: list[Violation] = []
         self.attempts: dict[int, Attempt] = {}
         self.logicals: dict[int, list[int]] = {}
@@ -193,6 +203,8 @@ class Model:
             return
         if prefix == self.prefix and not m.entries and m.next_offset > 1:
             self.root_emptied = True
+        if prefix == self.prefix:
+            self._track_reachable(m)
         for f in m.fragments:
             if f.content_md5 is not None:
                 self.linked[(join(prefix, f.path), f.content_md5)] = (f.start, f.limit)
@@ -244,10 +256,78 @@ class Model:
                 self.violate("plan", f"{actor.name} planned to keep only from {cut} although "
                              f"{key} stayed at or below {top} throughout its pass")
 
+    def _closure(self, key: str) -> frozenset[str]:
+        """Every object key reachable through a snapshot (itself included); snapshots are
+        content-addressed and immutable, so their closures are cached by key."""
+        got = self._closures.get(key)
+        if got is not None:
+            return got
+        o = self.objects.get(key)
+        if o is None:
+            return frozenset((key,))  # missing: ``reachable`` reports it
+        snap = self._snaps.get(o.etag)
+        if snap is None:
+            try:
+                snap = Snapshot.from_bytes(o.data)
+            except CorruptManifest:
+                return frozenset((key,))
+            self._snaps[o.etag] = snap
+        keys = {key}
+        for c in snap.children:
+            if isinstance(c, FragmentPointer):
+                keys.add(join(self.prefix, c.path))
+            else:
+                k = join(self.prefix, c.path_to_snapshot)
+                keys |= self._closure(k)
+        out = frozenset(keys)
+        self._closures[key] = out
+        return out
+
+    def _track_reachable(self, m: Manifest) -> None:
+        """Note when objects stop being reachable from the stored manifest (``grace``)."""
+        roots: dict[str, frozenset[str]] = {}
+        for e in m.entries:
+            if isinstance(e, FragmentPointer):
+                k = join(self.prefix, e.path)
+                roots[k] = frozenset((k,))
+            else:
+                k = join(self.prefix, e.path_to_snapshot)
+                roots[k] = self.roots.get(k) or self._closure(k)
+        gone = [k for k in self.roots if k not in roots]
+        if gone:
+            now = self.now()
+            kept: set[str] = set().union(*roots.values()) if roots else set()
+            for k in gone:
+                for key in self.roots[k]:
+                    if key not in kept:
+                        self.left_at[key] = now
+        for keys in roots.values():
+            for key in keys:
+                self.left_at.pop(key, None)
+        self.roots = roots
+
+    def _check_grace(self, actor: Actor, key: str, rng: tuple[int, int] | None) -> None:
+        if any(key in keys for keys in self.roots.values()):
+            self.violate("grace", f"{actor.name} deleted {key}, which the manifest references")
+            return
+        left = self.left_at.get(key)
+        if left is not None and self.now() - left < self.grace_s:
+            self.violate("grace", f"{actor.name} deleted {key} {self.now() - left:.3f}s after "
+                         f"the manifest stopped referencing it (grace {self.grace_s}s)")
+        if rng is None:
+            return
+        for name, (etag, off) in self.established.items():
+            o = self.objects.get(join(self.prefix, f"{CURSOR_PREFIX}{name}.json"))
+            if o is not None and o.etag == etag and rng[1] > off:
+                self.violate("grace", f"{actor.name} deleted {key} holding [{rng[0]},{rng[1]}) "
+                             f"while the accepted pin {name} stands at {off}")
+
     def _on_delete(self, actor: Actor, key: str, old: Obj) -> None:
         if key.startswith(join(self.prefix, CURSOR_PREFIX)):
             self.cursor_hist.setdefault(key, []).append((self.now(), None))
             return
+        if key.startswith((join(self.prefix, "log/"), join(self.prefix, "snapshot/"))):
+            self._check_grace(actor, key, self.linked.get((key, old.etag)))
         rng = self.linked.get((key, old.etag))
         if rng is None:
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hashlib
 import logging
 import random
@@ -18,7 +19,7 @@ from host.wal3.layout import GARBAGE_PATH, join
 from host.wal3.scrub import scrub_log
 
 from . import loop as simloop
-from .actors import EMERGENCY, PREFIX, World
+from .actors import EMERGENCY, PINS, PREFIX, World
 from .config import RunConfig, make_config
 from .model import Model, Violation
 from .store import SimStore
@@ -90,10 +91,12 @@ def _choose(world: World, step: int) -> None:
         world.seal()
         return
     if world.quiet:
-        actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1))
+        actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1), ("pin", cfg.pin_w / 3))
     else:
         actions = (("append", 8), ("append_all", 3 if cfg.writers > 1 else 0), ("retry", 1),
-                   ("cursor", 3), ("gc", 3), ("read", 1),
+                   ("cursor", 3), ("gc", 3), ("gc_all", 2 if len(world.collectors) > 1 else 0),
+                   ("read", 1),
+                   ("pin", cfg.pin_w),
                    ("open", 2), ("close", 1 if cfg.writers > 1 else 0.3), ("crash", 0.4),
                    ("fork", 10 * cfg.fork_p))
     kind = rng.choices([a for a, _ in actions], [w for _, w in actions])[0]
@@ -112,6 +115,10 @@ def _choose(world: World, step: int) -> None:
         world.retry_keyed()
     elif kind == "cursor":
         world.cursor_step()
+    elif kind == "gc_all":
+        world.gc_all()
+    elif kind == "pin":
+        world.pin_step()
     elif kind == "gc":
         world.gc_step()
     elif kind == "read":
@@ -134,8 +141,11 @@ async def _enter_quiet(world: World) -> None:
     for s in world.writers:
         if s.actor is not None:
             s.actor.crash_p = 0.0
-    if world.gc_actor is not None:
-        world.gc_actor.crash_p = 0.0
+    for c in world.collectors:
+        if c.actor is not None:
+            c.actor.crash_p = 0.0
+            if c.actor.latency is not None:  # a stall is a fault; a pause (latency) goes on
+                c.actor.latency = dataclasses.replace(c.actor.latency, p_stall=0.0)
     await asyncio.sleep(QUIET_SETTLE_S)
     # Every surviving writer process, including ones a slot already replaced (still flushing).
     for actor, w in world.opened:
@@ -165,13 +175,19 @@ def _gc_idle(world: World) -> bool:
 
 async def _finish(world: World) -> None:
     """Liveness: settle everything, then GC must reach the cutoff and appends must succeed."""
+    world.finishing = True
+    for c in world.collectors:
+        if c.actor is not None and c.actor.latency is not None:
+            c.actor.latency = dataclasses.replace(c.actor.latency, p_pause=0.0)
     must = [t for t, m in world.tasks if m and not t.done()]
     for t in must:
         await _with_timeout(world, "a task started after the faults stopped", t, 60.0)
-    if (world.gc_task is not None and not world.gc_task.done() and world.gc_actor is not None
-            and world.gc_actor.alive):  # a crashed collector's pass is abandoned, not awaited
-        await _with_timeout(world, "the collector's pass", world.gc_task, 60.0)
-    for name in EMERGENCY:
+    for c in world.collectors:
+        if c.busy and c.task is not None:  # a crashed collector's pass is abandoned, not awaited
+            await _with_timeout(world, f"the collector's pass ({c.name})", c.task, 60.0)
+    for t in [t for t in world.cursor_tasks if not t.done()]:
+        await _with_timeout(world, "a reader's cursor operation", t, 60.0)
+    for name in (*EMERGENCY, *PINS):
         await world.delete_cursor(name)
     first = world.model.walk(PREFIX)
     if first is None:
@@ -184,8 +200,9 @@ async def _finish(world: World) -> None:
         cursor = await world.cursors.load(COMPACTION)
         cut = cursor.cursor.offset if cursor is not None else 1
         done = False
-        for _ in range(GC_PASSES):
-            phase = await world.gc_once()
+        for i in range(GC_PASSES):
+            # Every collector takes its turn (the server and loghost gc both visit the log).
+            phase = await world.gc_once(world.collectors[i % len(world.collectors)])
             world.model.check()
             view = world.model.walk(PREFIX)
             if view is not None and _gc_idle(world):
@@ -220,11 +237,15 @@ async def _main(loop: simloop.SimLoop, cfg: RunConfig, trace: _Trace) -> World:
     model: Model
     sim = SimStore(loop, random.Random(f"wal3-sim-store:{cfg.seed}"), trace, None,
                    rates=cfg.rates)
-    model = Model(PREFIX, loop.time, trace, sim.objects, cfg.window)
+    model = Model(PREFIX, loop.time, trace, sim.objects, cfg.window, cfg.grace_s)
     sim.observer = model
     world = World(loop, cfg, sim, model, rng, trace)
     trace(f"seed {cfg.seed}: {cfg}")
     world.spawn(world.writers[0].open())  # not awaited: the process may die while opening
+    if cfg.gc and len(world.collectors) > 1:
+        world.spawn(world.gc_loop(world.collectors[1]))  # the second collector is always on
+    if cfg.gc and cfg.pin_w:
+        world.spawn(world.adversary())
     for step in range(cfg.steps):
         if step == cfg.quiet_from:
             await _enter_quiet(world)

@@ -60,6 +60,16 @@ class Latency:
     tail: tuple[float, float] = (0.04, 0.25)
     p_slow: float = 0.15
     p_tail: float = 0.04
+    # A stall: the process is paused (GC, a swapped-out host) between two store operations.
+    stall: tuple[float, float] = (0.5, 4.0)
+    p_stall: float = 0.0
+    # The adversary's favourite pause: right after the process read (or wrote) control state,
+    # keys holding one of ``pause_after``, when what it knows is about to be acted on: at the
+    # first operation of a kind in ``pause_before`` on another key after control operations.
+    p_pause: float = 0.0
+    pause: tuple[float, float] = (0.3, 2.5)
+    pause_after: tuple[str, ...] = ("/cursor/", "/gc/GARBAGE")
+    pause_before: tuple[str, ...] = ("put", "delete")
 
 
 class Observer(Protocol):
@@ -82,6 +92,7 @@ class Actor:
     started_at: float = 0.0
     dead: asyncio.Future[None] | None = None
     inflight: dict[int, bool] = field(default_factory=dict)  # op id -> still lands if crashed
+    read_control: bool = False  # its last operation was on control state (see Latency.p_pause)
     # Actors living in the same process (the collector using this writer): they die with it.
     linked: list[Actor] = field(default_factory=list)
 
@@ -140,7 +151,12 @@ class SimStore:
     def _delay(self, actor: Actor) -> float:
         lat = actor.latency or self.latency
         r = self.rng.random()
-        lo, hi = lat.tail if r < lat.p_tail else lat.slow if r < lat.p_tail + lat.p_slow else lat.fast
+        if r < lat.p_stall:
+            lo, hi = lat.stall
+        else:
+            r -= lat.p_stall
+            lo, hi = (lat.tail if r < lat.p_tail else lat.slow if r < lat.p_tail + lat.p_slow
+                      else lat.fast)
         return round(self.rng.uniform(lo, hi), 6)
 
     def _fault(self, actor: Actor, kind: str, key: str) -> str | None:
@@ -182,6 +198,13 @@ class SimStore:
         if fault is not None and fault != "crash_after":
             self.faults[fault] += 1
         d_req, d_resp = self._delay(actor), self._delay(actor)
+        lat = actor.latency
+        if lat is not None and lat.p_pause:
+            control = kind != "delete" and any(k in key for k in lat.pause_after)
+            if actor.read_control and not control and kind in lat.pause_before \
+                    and self.rng.random() < lat.p_pause:
+                d_req += round(self.rng.uniform(*lat.pause), 6)
+            actor.read_control = control or (actor.read_control and kind not in lat.pause_before)
         actor.inflight[op_id] = True
         if conditional:
             self._conditional_inflight[key] += 1
