@@ -28,10 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import CorruptFragment
+from .errors import CorruptFragment, LogFull
 from .setsum import Setsum
 
 BUCKET_SIZE = 4096
+_U64_MAX = (1 << 64) - 1  # Rust's u64: sequence numbers and offset limits end here
 _ITEM_PREFIX = struct.Struct(">QQ")
 _SCHEMA = pa.schema(
     [
@@ -121,6 +122,8 @@ def fragment_path(seq_no: int) -> str:
     """The object path of a fragment, relative to the log's prefix."""
     if seq_no < 1:
         raise ValueError("fragment sequence numbers start at 1")
+    if seq_no > _U64_MAX:
+        raise ValueError(f"fragment sequence numbers end at {_U64_MAX} (u64)")
     bucket = seq_no - seq_no % BUCKET_SIZE
     return f"log/Bucket={bucket:016x}/FragmentSeqNo={seq_no:016x}.parquet"
 
@@ -167,6 +170,8 @@ def encode_fragment(
     if not bodies:
         raise ValueError("a fragment holds at least one record")
     n = len(bodies)
+    if seq_no > _U64_MAX or start + n > _U64_MAX:
+        raise LogFull(f"fragment {seq_no} of {n} records from offset {start} does not fit u64")
     meta: dict[bytes, bytes] = {}
     if prev is not None:
         meta[META_PREV] = prev.hexdigest().encode()

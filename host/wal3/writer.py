@@ -80,6 +80,7 @@ from .errors import (
     Backpressure,
     CorruptFragment,
     LogContention,
+    LogFull,
     LogSealed,
     ObjectNotFound,
     PreconditionFailed,
@@ -100,7 +101,8 @@ from .fragment import (
     request_digest,
 )
 from .layout import join, load_manifest
-from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, plan_snapshot
+from .manifest import (MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, ensure_room,
+                       plan_snapshot)
 from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
 from .setsum import Setsum
 from .store import ObjectStore, content_etag, ensure_object, etag_matches_content, put_resolving
@@ -672,6 +674,17 @@ class LogWriter:
             nbytes += a.nbytes
             nrec += len(a.bodies)
         seq = self._next_seq
+        try:
+            ensure_room(seq, self._next_offset, nrec)
+        except LogFull as e:
+            # Never upload what can never be linked (read repair would meet it at every open);
+            # the appends queued behind fail too.
+            for a in appends:
+                self._reject(a, e)
+            while self._pending:
+                self._reject(self._pending.popleft(), e)
+            self._pending_bytes = 0
+            return
         batch = _Batch(seq, self._next_offset, self._now_us(), appends, self._tail, self._loop,
                        self._dead.pop(seq, None))
         self._next_seq += 1
@@ -1266,6 +1279,11 @@ class LogWriter:
             if not fits:
                 # It follows a fragment that was never linked: nobody can ever link it.
                 self._dead[seq] = got.etag
+                break
+            try:
+                ensure_room(seq, decoded.start, len(decoded.records))
+            except LogFull:
+                self._dead[seq] = got.etag  # past u64::MAX: it can never be linked either
                 break
             ts = decoded.records[0].timestamp_us
             if self._hook is not None:

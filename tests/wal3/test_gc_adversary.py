@@ -249,10 +249,6 @@ async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
 # Finding 4 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: an append past u64::MAX uploads its fragment "
-                   "before ensure_room refuses it; read repair then tries to link that orphan "
-                   "on every open and the writer dies with LogFull, so the record that still "
-                   "fits can never be appended")
 async def test_an_append_past_u64_leaves_nothing_behind(tmp_path: Path) -> None:
     """A (Rust-readable) log whose next offset is u64::MAX - 1 has room for one record.  A batch
     of two is refused with LogFull, as it should be, but only after its fragment (sequence 5,
