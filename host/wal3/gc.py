@@ -4,28 +4,37 @@
    cursor.  Whole root pointers strictly below it become garbage; a snapshot straddling it is split
    (its live children go into a new snapshot, one per level).  The plan, with the setsum of
    everything it drops, is verified and written to ``gc/GARBAGE`` by conditional put.
-2. **Apply**: the writer installs it through its normal fenced manifest write: ``collected`` grows
-   by exactly the discarded setsum and ``initial_offset``/``initial_seq_no`` move; the tail is
-   untouched, so concurrent appends only rebase.
+2. **Apply**: the collector announces the cut in the manifest (a pending floor, ``gc_floor``),
+   re-reads the cursors, and makes the cut by a compare-and-swap from a manifest that still
+   holds its floor, through the writer's normal fenced manifest write: ``collected`` grows by
+   exactly the discarded setsum and ``initial_offset``/``initial_seq_no`` move; the tail is
+   untouched, so concurrent appends only rebase.  ``pin_cursor`` retracts a floor above the
+   offset it pins, so no cut passes a pin it accepted (``GarbageCollector._phase2``).
 3. **Delete**: once the grace interval has passed since the plan was seen applied (readers that
-   loaded an older manifest are done with it), re-verify that nothing to delete is referenced,
-   delete in rate-limited batches, then reset ``gc/GARBAGE``.
+   loaded an older manifest are done with it; timed in-process, or on the store's clock),
+   re-verify that nothing to delete is referenced, delete in rate-limited batches, then reset
+   ``gc/GARBAGE``.
 
 ``gc/GARBAGE`` is the only state: a crash anywhere resumes from it, and deletes are idempotent.
 It is in the Rust wal3 crate's schema, so either implementation resumes the other's plan.  It is
 also data anyone can write, so nothing in it is trusted: phase 2 verifies every plan, tree and
 leaves included, before applying it; phase 3 times the grace interval by its own observation and
 deletes by what the manifest and the stored objects say, not by the plan's claims.
-Orphans (fragments below the live range, unreferenced snapshots) older than the grace interval
-are swept too.  Nothing at or above the live range is ever deleted by the collector.
+Orphans (fragments below the live range, unreferenced snapshots) are swept too, but only below
+an oldest offset the manifest has shown for at least the grace interval (never by an object's
+age: an old object may have been unlinked a moment ago).  Nothing at or above the live range is
+ever deleted by the collector.  No local clock ever shortens a grace: across processes, time is
+the store's (Last-Modified of ``gc/CLOCK``, written to read it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
+import secrets
 import time
 import weakref
 from collections import deque
@@ -46,12 +55,20 @@ from .errors import (
     PreconditionFailed,
 )
 from .fragment import fragment_path, parse_fragment_path
-from .layout import GARBAGE_PATH, LOG_PREFIX, join, load_manifest
+from .layout import (
+    CLOCK_PATH,
+    GARBAGE_PATH,
+    LOG_PREFIX,
+    OLDEST_PATH,
+    join,
+    load_manifest,
+)
 from .manifest import (
     MANIFEST_PATH,
     SNAPSHOT_PREFIX,
     U64_MAX,
     FragmentPointer,
+    GcFloor,
     Manifest,
     Pointer,
     Snapshot,
@@ -69,6 +86,12 @@ _log = logging.getLogger("wal3.gc")
 _SNAPSHOT_NAME = re.compile(re.escape(SNAPSHOT_PREFIX) + r"SNAPSHOT\.[0-9a-f]{64}")
 
 ManifestEditor = Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]]
+
+
+class FloorLost(GarbageRejected):
+    """The manifest no longer holds this collector's pending floor (a reader pinning below it
+    retracted it, another collector replaced it, or a Rust writer dropped it): the cut is not
+    made, and the plan is left for the next pass to decide on."""
 
 
 @dataclass(frozen=True)
@@ -556,16 +579,24 @@ class VerifiedCut:
     # unchanged, else the proof is about another manifest.
     removed: tuple[Pointer, ...]
 
-    def edit(self, g: Garbage, writer: str) -> Callable[[Manifest], Manifest]:
+    def edit(self, g: Garbage, writer: str, floor: GcFloor | None = None
+             ) -> Callable[[Manifest], Manifest]:
         """The manifest edit applying ``g``, refusing a manifest whose oldest pointers changed
-        since the proof (the writer may rebase it onto newer manifests: appends only)."""
+        since the proof (the writer may rebase it onto newer manifests: appends only).
+
+        With ``floor``, the edit is the collector's commit point: it applies only to a manifest
+        that still holds exactly that pending floor (compare-and-swap from it), and the cut
+        removes it; else :class:`FloorLost`."""
         def fn(m: Manifest) -> Manifest:
             if m.oldest_offset >= g.first_to_keep:
-                return m  # applied already (a retry, a rebase, or by Rust)
+                return m  # applied already (a retry, a rebase, another collector, or Rust)
+            if floor is not None and m.gc_floor != floor:
+                raise FloorLost(f"the pending floor at {floor.offset} was retracted or "
+                                "replaced before the cut")
             if m.entries[:len(self.removed)] != self.removed:
                 raise GarbageRejected("the log's oldest pointers changed since the plan was "
                                       "verified")
-            return g.apply(m, writer)
+            return replace(g.apply(m, writer), gc_floor=None)
         return fn
 
 
@@ -685,8 +716,19 @@ _SEEN_APPLIED: weakref.WeakKeyDictionary[
     ObjectStore, dict[tuple[str, int], tuple[tuple[Any, ...], Callable[[], float], float]]
 ] = weakref.WeakKeyDictionary()
 
+# What the orphan sweep saw of each log: (monotonic time, oldest offset, first live sequence
+# number) observations, oldest first.  Both values only grow, so an observation made at least a
+# grace ago says that nothing below them has been reachable from the manifest since then.  Keyed
+# like _SEEN_APPLIED (a new store object, i.e. a new process, has seen nothing).
+_OBSERVED: weakref.WeakKeyDictionary[
+    ObjectStore, dict[tuple[str, int], tuple[Callable[[], float], list[tuple[float, int, int]]]]
+] = weakref.WeakKeyDictionary()
+
 # S3's Last-Modified has whole seconds: a difference of two may be short by up to one.
 _LAST_MODIFIED_SLACK_S = 1.0
+
+# How often pin_cursor tries to retract a pending floor before it gives its pin up.
+_RETRACT_ATTEMPTS = 8
 
 
 def _plan_key(g: Garbage) -> tuple[Any, ...]:
@@ -795,13 +837,23 @@ class GarbageCollector:
     async def run_once(self, *, sweep_orphans: bool = True) -> GcReport:
         """Advance garbage collection as far as it can go now."""
         report = GcReport()
+        try:
+            await self._run(report, sweep_orphans)
+        except PreconditionFailed as e:
+            # Another collector moved gc/GARBAGE on under this pass (it reset, marked or
+            # finished the plan first): what it did stands, and the next pass resumes from it.
+            report.phase = "busy"
+            report.notes.append(f"another collector moved the plan on: {e}")
+        return report
+
+    async def _run(self, report: GcReport, sweep_orphans: bool) -> None:
         garbage, etag = await self._load_garbage()
         if garbage is None:
             garbage, etag = await self._phase1(report, etag)
             if garbage is None:
                 if sweep_orphans and report.phase != "busy":
                     await self._sweep_orphans(report, None)
-                return report
+                return
         if garbage.legacy:
             # A pre-issue-16 plan lacks the pointers to apply it by Rust's rules.  Resetting
             # deletes nothing; what it already unlinked is below the live range, where the
@@ -809,16 +861,15 @@ class GarbageCollector:
             report.notes.append("reset a plan in the pre-issue-16 schema")
             await self._store_garbage(None, etag)
             report.phase = "discarded"
-            return report
+            return
         if garbage.applied_us is None:
             garbage, etag = await self._phase2(report, garbage, etag)
             if garbage is None:
-                return report
+                return
         assert etag is not None
         await self._phase3(report, garbage, etag)
         if sweep_orphans and report.phase == "done":
             await self._sweep_orphans(report, None)
-        return report
 
     async def _phase1(self, report: GcReport, etag: str | None) -> tuple[Garbage | None, str | None]:
         dance = await self.cutoff()
@@ -855,48 +906,119 @@ class GarbageCollector:
         applied.  Every plan is verified, ours included: ``created_us`` is a field anyone can
         write, and an older version of ours may have planned it.
 
-        Crash order: cursors read → snapshots the plan needs installed → manifest edited →
-        ``applied_us`` written.  A crash before the edit leaves a pending plan that is verified
-        again; after it, the next pass finds the plan in the manifest (nothing to verify: the
-        manifest is the truth phase 3 goes by) and marks it.  A rejected plan is reset to
-        ``Garbage::empty()``: nothing of it was applied, so nothing can be lost, and the log
-        stays collectable (an operator is not needed); snapshots its author installed become
-        orphans the sweep reclaims once the log is collected past them.
+        **The commit point is shared with ``pin_cursor``.**  Both sides pass through the
+        manifest by compare-and-swap: (1) the collector announces the cut by writing a pending
+        floor (``gc_floor``: the plan's ``first_to_keep`` and a fresh nonce) into the manifest;
+        (2) *then* it re-reads the cursors, and discards the plan if one pins below the floor;
+        (3) the cut is a compare-and-swap from a manifest that still holds exactly that floor,
+        and removes it.  ``pin_cursor`` writes its cursor, *then* reads the manifest: a floor
+        above its offset is retracted by compare-and-swap before the pin is accepted.  The
+        nonce is written only in (1), and every manifest write is a compare-and-swap on the
+        bytes it was computed from, so the floor, once gone, never comes back; a cut therefore
+        lands only if the floor stood from (1) to (3).  For a pin accepted at ``c`` below the
+        floor: its manifest read came before (1) (then its cursor was written before (2), which
+        sees it: no cut), or between (1) and (3) (it saw the floor and retracted it: no cut), or
+        after (3) (it saw the cut, and answered 410).  So no cut passes an accepted pin, however
+        long the collector stalls anywhere, and whichever collector (or a second one working on
+        the same plan) makes the cut.
+
+        Crash order (collector): verify → floor written → cursors read → snapshots installed →
+        cut (clears the floor) → ``applied_us`` written.  A crash before the cut leaves at most
+        a floor nobody will cut with (the next pass writes its own, a pin retracts it) and a
+        pending plan that is verified again; a crash after it leaves the plan in the manifest,
+        which the next pass marks applied, **never discards** (whatever the cursors say then:
+        the cut is made, and its grace must run before anything it unlinked is deleted).  A
+        discard first clears any floor (so no collector in flight can cut with it), unless the
+        manifest already holds the plan, which is then marked applied instead; then resets the
+        file.  A crash between the two redoes phase 2.  Crash order (reader): a crash after its
+        cursor write leaves a cursor that only pins more; after a retraction, a cursor and no
+        floor: the cut is not made and the next phase 2 sees the cursor.
+
+        A plan that fails verification is reset to ``Garbage::empty()``: nothing of it was
+        applied, so nothing can be lost, and the log stays collectable (an operator is not
+        needed); snapshots its author installed become orphans the sweep reclaims once the log
+        is collected past them.  A floor lost before the cut (retracted, replaced by another
+        collector's, or dropped by a Rust writer) only ends this pass: the plan stays, and the
+        next pass decides again.
         """
-        # Re-read the cursors *after* the plan is in gc/GARBAGE.  A reader pinning an offset writes
-        # its cursor and then reads gc/GARBAGE (``pin_cursor``): of two such write-then-read
-        # sequences at least one sees the other's write, so either this read finds the new cursor
-        # and the plan is dropped, or the reader finds the plan and gives its pin up.
-        pinned = self.pinned_at(await self.cursors.load_all())
-        if pinned < g.first_to_keep:
-            report.notes.append(f"a cursor now pins {pinned}, below the plan's {g.first_to_keep}")
-            await self._store_garbage(None, etag)
-            report.phase = "discarded"
-            return None, None
+        loaded = await load_manifest(self._store, self._prefix)
+        if loaded is None:
+            raise GarbageRejected(f"no log at {self._prefix}")
+        m = loaded[0]
+        if m.oldest_offset >= g.first_to_keep:
+            # Applied already: a crash after the cut, another collector, or Rust.  Never
+            # discarded (the cursors no longer matter: the cut is made): marked, so the grace of
+            # what it unlinked is timed and phase 3 deletes it.
+            report.notes.append("the manifest holds the plan already")
+            return await self._mark_applied(report, g, etag, m)
         try:
-            loaded = await load_manifest(self._store, self._prefix)
-            if loaded is None:
-                raise GarbageRejected(f"no log at {self._prefix}")
-            m = loaded[0]
-            if m.oldest_offset < g.first_to_keep:
-                verify_garbage(g, m, self._opts, pinned_at=pinned)
-                cut = await verify_cut(self._store, self._prefix, g, m)
-                await self._install(cut)
-                await self._edit(cut.edit(g, self._opts.writer_name))
+            verify_garbage(g, m, self._opts)
+            cut = await verify_cut(self._store, self._prefix, g, m)
         except GarbageRejected as e:
             # Stale (the writer snapshotted the prefix meanwhile) or wrong: start over later.
-            _log.warning("%s: discarded garbage plan: %s", self._prefix, e)
-            report.notes.append(f"discarded garbage: {e}")
-            await self._store_garbage(None, etag)
-            report.phase = "discarded"
+            return await self._discard(report, g, etag, f"discarded garbage: {e}")
+        floor = GcFloor(g.first_to_keep, secrets.token_hex(16))
+        writer = self._opts.writer_name
+
+        def announce(cur: Manifest) -> Manifest:
+            if cur.oldest_offset >= floor.offset:
+                return cur  # applied meanwhile
+            return replace(cur, gc_floor=floor, writer=writer)
+
+        announced = await self._edit(announce)
+        if announced.oldest_offset >= g.first_to_keep:
+            return await self._mark_applied(report, g, etag, announced)
+        # Re-read the cursors *after* the floor is in the manifest: a reader that pinned before
+        # this read is seen here; one that pins after it finds the floor and retracts it.
+        pinned = self.pinned_at(await self.cursors.load_all())
+        if pinned < g.first_to_keep:
+            return await self._discard(report, g, etag, f"a cursor now pins {pinned}, below "
+                                       f"the plan's {g.first_to_keep}")
+        try:
+            await self._install(cut)
+            new = await self._edit(cut.edit(g, writer, floor))
+        except FloorLost as e:
+            report.phase = "busy"
+            report.notes.append(f"{e}: the plan is decided again next pass")
             return None, None
-        self._seen_applied(g)  # the manifest holds the plan now: the grace starts here
+        except GarbageRejected as e:
+            return await self._discard(report, g, etag, f"discarded garbage: {e}")
+        return await self._mark_applied(report, g, etag, new)
+
+    async def _mark_applied(self, report: GcReport, g: Garbage, etag: str | None, m: Manifest
+                            ) -> tuple[Garbage | None, str | None]:
+        """``m``, just read or written, holds the plan: the grace starts now (this process's
+        observation), and the file says so (its Last-Modified dates the cut for others)."""
+        self._seen_applied(g)
+        await self._observe(m)
         # applied_us is for older versions of ours, which time the grace from it; this one
         # only reads that it is set.
         applied = replace(g, applied_us=int(self._clock() * 1_000_000))
         etag = await self._store_garbage(applied, etag)
         report.phase = "applied"
         return applied, etag
+
+    async def _discard(self, report: GcReport, g: Garbage, etag: str | None, why: str
+                       ) -> tuple[Garbage | None, str | None]:
+        """Give the plan up: clear any pending floor first (no collector in flight can cut
+        with it any more), unless the manifest holds the plan by then (then it is marked
+        applied, never discarded); then reset the file."""
+        writer = self._opts.writer_name
+
+        def clear(cur: Manifest) -> Manifest:
+            if cur.oldest_offset >= g.first_to_keep or cur.gc_floor is None:
+                return cur
+            return replace(cur, gc_floor=None, writer=writer)
+
+        after = await self._edit(clear)
+        if after.oldest_offset >= g.first_to_keep:
+            report.notes.append(f"not discarded ({why}): the manifest holds the plan")
+            return await self._mark_applied(report, g, etag, after)
+        _log.warning("%s: %s", self._prefix, why)
+        report.notes.append(why)
+        await self._store_garbage(None, etag)
+        report.phase = "discarded"
+        return None, None
 
     async def _install(self, cut: VerifiedCut) -> None:
         """Install the snapshots a verified plan needs, and make sure the store holds exactly
@@ -925,29 +1047,103 @@ class GarbageCollector:
     def _forget_applied(self) -> None:
         _SEEN_APPLIED.get(self._store, {}).pop((self._prefix, id(self._mono)), None)
 
+    async def _store_now(self) -> float:
+        """The store's current time: the Last-Modified of a probe written now (``gc/CLOCK``).
+
+        Any Last-Modified read is at most the store's time when it was read, so this is a lower
+        bound of "now" on the clock that dates every object; no local clock is involved (a
+        collector host with a fast clock cannot shorten a grace)."""
+        key = join(self._prefix, CLOCK_PATH)
+        await self._store.put(key, json.dumps({"writer": self._opts.writer_name},
+                                              separators=(",", ":")).encode())
+        return (await self._store.head(key)).last_modified
+
     async def _store_waited(self, etag: str) -> float:
-        """How long ago, by the store's own clock, the applied plan was written: the manifest's
-        Last-Modified (a lower bound on the store's now) minus the plan file's.  This lets a
-        process that did not apply the plan (a restart, the CLI) finish it without waiting a
-        whole grace again, while no local clock and no time written in a file is involved.  It
-        assumes whoever wrote the applied file had seen the plan in the manifest first, as
-        phase 2 of ours does (phase 3 resets a marker the manifest contradicts)."""
+        """How long ago, by the store's own clock, the applied plan was written: the store's
+        now (:meth:`_store_now`) minus the plan file's Last-Modified, less S3's one-second
+        resolution.  This lets a process that did not apply the plan (a restart, the CLI) finish
+        it without waiting a whole grace again — on an idle log too, where nothing else writes
+        — while no local clock and no time written in a file is involved.  It assumes whoever
+        wrote the applied file had seen the plan in the manifest first, as phase 2 of ours does
+        (phase 3 resets a marker the manifest contradicts)."""
         try:
             plan = await self._store.head(join(self._prefix, GARBAGE_PATH))
-            manifest = await self._store.head(join(self._prefix, MANIFEST_PATH))
         except ObjectNotFound:
             return 0.0
         if plan.etag.strip('"') != etag.strip('"'):
             return 0.0  # the file changed since it was read: measure again next pass
-        return manifest.last_modified - plan.last_modified - _LAST_MODIFIED_SLACK_S
+        return await self._store_now() - plan.last_modified - _LAST_MODIFIED_SLACK_S
+
+    async def _observe(self, m: Manifest) -> tuple[int, int]:
+        """Note that the stored manifest, read (or written) just now, starts at ``m``'s oldest
+        offset and first live sequence number; returns them."""
+        seen = (m.oldest_offset, await min_live_seq(self._store, self._prefix, m, self._cache))
+        per_store = _OBSERVED.setdefault(self._store, {})
+        key = (self._prefix, id(self._mono))
+        got = per_store.get(key)
+        if got is None or got[0] is not self._mono:
+            got = (self._mono, [])
+            per_store[key] = got
+        hist = got[1]
+        if not hist or hist[-1][1:] != seen:
+            hist.append((self._mono(), *seen))
+        return seen
+
+    def _observed_floor(self) -> tuple[int, int] | None:
+        """The oldest offset and first live sequence number this process saw in the manifest at
+        least a grace ago (both only grow, so nothing below them has been reachable since)."""
+        got = _OBSERVED.get(self._store, {}).get((self._prefix, id(self._mono)))
+        if got is None or got[0] is not self._mono:
+            return None
+        hist = got[1]
+        now = self._mono()
+        aged = [i for i, h in enumerate(hist) if now - h[0] >= self._opts.grace_s]
+        if not aged:
+            return None
+        del hist[:aged[-1]]  # keep the newest aged observation and the younger ones
+        return hist[0][1], hist[0][2]
+
+    async def _marked_floor(self, seen: tuple[int, int]) -> tuple[int, int] | None:
+        """The same as :meth:`_observed_floor` across processes (the CLI, a restart): the
+        ``gc/OLDEST`` marker holds an oldest offset and first live sequence number a collector
+        saw in the manifest before writing it, so its Last-Modified, on the store's clock, is
+        after the manifest started there.  Aged past the grace, it is used, and replaced by
+        ``seen`` (which then ages in its turn); absent, it is written.  Its values are capped
+        by ``seen``: a marker claiming more than the manifest shows is not believed."""
+        key = join(self._prefix, OLDEST_PATH)
+        body = json.dumps({"oldest_offset": seen[0], "first_live_seq_no": seen[1]},
+                          separators=(",", ":")).encode()
+        try:
+            meta = await self._store.head(key)
+            got = await self._store.get(key)
+        except ObjectNotFound:
+            await self._store.put(key, body)
+            return None
+        if got.etag.strip('"') != meta.etag.strip('"'):
+            return None  # rewritten in between: try again next pass
+        try:
+            obj = loads(got.data, OLDEST_PATH)
+            if not isinstance(obj, dict):
+                raise GarbageRejected(f"{OLDEST_PATH} is not a JSON object")
+            marked = (_g_int(obj, "oldest_offset"), _g_int(obj, "first_live_seq_no"))
+        except (CorruptManifest, GarbageRejected):
+            await self._store.put(key, body)
+            return None
+        if await self._store_now() - meta.last_modified - _LAST_MODIFIED_SLACK_S \
+                < self._opts.grace_s:
+            return None
+        if marked != seen:
+            await self._store.put(key, body)
+        return min(marked[0], seen[0]), min(marked[1], seen[1])  # type: ignore[type-var]
 
     async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
         """Delete what the applied plan unlinked, once the grace interval has passed.
 
         The grace runs from this process's first sight of the plan in the manifest (monotonic
         time: a wall clock stepped forward does not shorten it), or by the store's clock from
-        when the applied file was written; ``applied_us`` is never read (finding e of issue
-        16: a file from 1970 skipped the grace).  Across a restart the in-process part is lost,
+        when the applied file was written (its Last-Modified against a probe's, so an idle log
+        finishes too); ``applied_us`` is never read (finding e of issue 16: a file from 1970
+        skipped the grace).  Across a restart the in-process part is lost,
         so the grace can only get longer, never shorter.  Crash order: the deletes are
         idempotent and the plan is reset last, so a crash in between redoes them.
         """
@@ -1041,7 +1237,13 @@ class GarbageCollector:
         return len(keys)
 
     async def _sweep_orphans(self, report: GcReport, _g: Garbage | None) -> None:
-        """Delete objects no manifest will ever reference, once older than the grace interval."""
+        """Delete objects no manifest will ever reference, once no reader can still be reading
+        them: only below an oldest offset (and first live sequence number) the manifest has
+        shown for at least the grace interval — by this process's observation, or by the
+        ``gc/OLDEST`` marker on the store's clock — never by an object's age.  An object written
+        long ago may have been unlinked a moment ago (by another collector's cut, by a plan Rust
+        reset after we applied it, by a plan whose marker was lost to a crash), and a reader of
+        the manifest before that cut may still be reading it."""
         garbage, _ = await self._load_garbage()
         if garbage is not None:
             return  # a plan in flight owns the objects around the cut; sweep after it finishes
@@ -1049,14 +1251,30 @@ class GarbageCollector:
         if loaded is None:
             return
         m = loaded[0]
+        # A plan planned, applied and marked between the two reads owns what its cut unlinked
+        # (its phase 3 deletes it after the grace): look again after the manifest read.
+        again, _ = await self._load_garbage(normalize=False)
+        if again is not None:
+            return
         if self.pinned_at(await self.cursors.load_all()) < m.oldest_offset:
             report.notes.append("a cursor pins collected offsets: the sweep waits")
             return
+        seen = await self._observe(m)
+        floor = self._observed_floor()
+        if floor is None or floor != seen:
+            marked = await self._marked_floor(seen)
+            if marked is not None:
+                floor = marked if floor is None else (max(floor[0], marked[0]),
+                                                      max(floor[1], marked[1]))
+        if floor is None:
+            report.notes.append("the live range has not been seen for a grace yet: the sweep "
+                                "waits")
+            return
+        swept_offset, swept_seq = floor
         now = self._clock()
         horizon = now - self._opts.grace_s
         retain_horizon = now - max(self._opts.grace_s, self._opts.retain_s)
         retain_from = m.next_seq_no - self._opts.retain_fragments
-        first_live = await min_live_seq(self._store, self._prefix, m, self._cache)
         doomed: list[str] = []
         scanned = 0
         base = join(self._prefix, LOG_PREFIX)
@@ -1067,8 +1285,8 @@ class GarbageCollector:
             seq = parse_fragment_path(meta.key[len(self._prefix) + 1:] if self._prefix else meta.key)
             if seq is None:
                 continue
-            if seq >= first_live:
-                break  # keys list in sequence order: the rest is live or beyond the tail
+            if seq >= swept_seq:
+                break  # keys list in sequence order: the rest is live, recent or beyond the tail
             if meta.last_modified < horizon and (seq < retain_from
                                                  or meta.last_modified < retain_horizon):
                 doomed.append(meta.key)
@@ -1088,7 +1306,7 @@ class GarbageCollector:
             except CorruptManifest:
                 report.notes.append(f"unreadable snapshot {rel} left in place")
                 continue
-            if snap.children[-1].limit <= m.oldest_offset:
+            if snap.children[-1].limit <= swept_offset:
                 doomed.append(meta.key)
         report.orphans_deleted += await self._delete(doomed)
 
@@ -1099,12 +1317,20 @@ class GarbageCollector:
 async def pin_cursor(store: ObjectStore, prefix: str, cursors: CursorStore, name: str,
                      offset: int, witness: str | None) -> Witness:
     """Create (``witness`` None) or compare-and-swap a cursor to ``offset``, then confirm that no
-    garbage collection has passed it; raises LogPurged (after undoing the write) when one has.
+    garbage collection has passed it or is about to; raises LogPurged (after undoing the write)
+    when one has.
 
     The reader's half of the collection dance: write the cursor, *then* read ``gc/GARBAGE`` and the
-    stored manifest.  The collector writes its plan and then re-reads the cursors (phase 2), so
-    one of the two always sees the other: the collector drops its plan, or this finds it.  The
-    in-memory manifest of a writer is not enough: another process may be collecting.
+    stored manifest.  A plan pending in ``gc/GARBAGE`` above ``offset`` answers 410 (as before the
+    floor existed: a collector of an older version applies it without a floor).  A pending floor
+    above ``offset`` in the manifest (a collector between announcing its cut and making it) is
+    retracted by compare-and-swap, and only then is the pin accepted; a manifest already cut past
+    ``offset`` answers 410.  The collector writes its floor, *then* re-reads the cursors, and cuts
+    only from a manifest still holding its floor: so either it sees this cursor, or this sees
+    its floor and retracts it, or this sees the cut (the argument in full:
+    ``GarbageCollector._phase2``).  The stored manifest is read, never a writer's in-memory one:
+    another process may be collecting.  A retraction that keeps losing its compare-and-swap
+    (a busy log) gives the pin up after a few attempts: 410, the conservative answer.
     """
     prefix = prefix.strip("/")
     before = await cursors.load(name) if witness is not None else None
@@ -1118,9 +1344,25 @@ async def pin_cursor(store: ObjectStore, prefix: str, cursors: CursorStore, name
             floor = pending.first_to_keep
     except ObjectNotFound:
         pass
-    loaded = await load_manifest(store, prefix)
-    if loaded is not None:
-        floor = max(floor, loaded[0].oldest_offset)
+    key = join(prefix, MANIFEST_PATH)
+    for _ in range(_RETRACT_ATTEMPTS):
+        loaded = await load_manifest(store, prefix)
+        if loaded is None:
+            break
+        m, etag = loaded
+        floor = max(floor, m.oldest_offset)
+        announced = m.gc_floor
+        if offset >= floor and announced is not None and announced.offset > offset:
+            # A collector announced a cut above this pin and may be about to make it: retract
+            # its floor, so that cut can never land (it needs this very floor to be there).
+            try:
+                await put_resolving(store, key, replace(m, gc_floor=None).to_bytes(),
+                                    if_match=etag)
+            except PreconditionFailed:
+                continue  # the manifest moved: look again (it may be cut by now)
+        break
+    else:
+        floor = max(floor, offset + 1)  # could not retract: a collection is still in flight
     if offset >= floor:
         return w
     # Undo, so the cursor does not pin what is already gone (which would hold collection back).

@@ -8,6 +8,11 @@ from .store import ObjectStore
 
 CURSOR_PREFIX = "cursor/"
 GARBAGE_PATH = "gc/GARBAGE"
+# The collector's store-clock objects (ours; Rust's collector reads only gc/GARBAGE):
+# CLOCK_PATH is rewritten to read the store's "now" (its Last-Modified), never a local clock;
+# OLDEST_PATH records an oldest offset the collector saw, dated by its own Last-Modified.
+CLOCK_PATH = "gc/CLOCK"
+OLDEST_PATH = "gc/OLDEST"
 LOG_PREFIX = "log/"
 
 

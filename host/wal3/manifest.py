@@ -378,6 +378,33 @@ class Snapshot:
         return snap
 
 
+_NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True, slots=True)
+class GcFloor:
+    """A collector's pending cut, announced in the manifest before it is made (``gc_floor``).
+
+    ``offset`` is the plan's ``first_to_keep``; ``nonce`` names one phase-2 attempt of one
+    collector, so no other attempt (even of the same plan) can ever be mistaken for it.  The cut
+    is made only by a compare-and-swap from a manifest that still holds this exact floor, and a
+    reader pinning below ``offset`` retracts it (``host/wal3/gc.py``, ``pin_cursor``).  An
+    extension Rust's serde ignores and drops on its next manifest write, which retracts it."""
+
+    offset: int
+    nonce: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"offset": self.offset, "nonce": self.nonce}
+
+    @classmethod
+    def from_json(cls, value: Any) -> GcFloor:
+        if not isinstance(value, dict) or not _u64(value.get("offset")) \
+                or not isinstance(value.get("nonce"), str) or not _NONCE.fullmatch(value["nonce"]):
+            raise CorruptManifest(f"gc_floor is not a pending floor: {value!r:.200}")
+        return cls(int(value["offset"]), value["nonce"])
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """The root of a log: everything live, the running setsum, and what was collected."""
@@ -391,6 +418,8 @@ class Manifest:
     initial_offset: int | None = None
     initial_seq_no: int | None = None
     sealed: bool = False
+    # Ours: a collector's pending cut (see GcFloor); written only while one is in flight.
+    gc_floor: GcFloor | None = None
 
     # --------------------------------------------------------------------------- positions
 
@@ -539,7 +568,7 @@ class Manifest:
     # ------------------------------------------------------------------------------ codec
 
     def to_bytes(self) -> bytes:
-        """Compact JSON encoding (Rust field names; ``sealed`` only when set).
+        """Compact JSON encoding (Rust field names; ``sealed`` and ``gc_floor`` only when set).
 
         Assembled from each pointer's cached encoding: byte for byte what ``json.dumps`` of the
         whole object with compact separators gives, without re-encoding every pointer per write.
@@ -558,6 +587,8 @@ class Manifest:
             parts += [b',"initial_seq_no":', str(self.initial_seq_no).encode()]
         if self.sealed:
             parts.append(b',"sealed":true')
+        if self.gc_floor is not None:
+            parts += [b',"gc_floor":', _compact(self.gc_floor.to_json())]
         parts.append(b"}")
         return b"".join(parts)
 
@@ -590,6 +621,7 @@ class Manifest:
             else _unpos(initial_offset, "initial_offset"),
             initial_seq_no=initial_seq_no,
             sealed=sealed,
+            gc_floor=None if obj.get("gc_floor") is None else GcFloor.from_json(obj["gc_floor"]),
         )
         m.check()
         return m

@@ -1,7 +1,7 @@
 """Adversarial review of wal3 GC after c67aa86 (verified phase 2, observed grace, Rust plans).
 
-Each test reproduces one finding and is marked ``xfail(strict=True)`` until it is fixed: it
-asserts what the design promises and fails today for the stated reason.  Interleavings are
+Each test reproduced one finding (marked ``xfail(strict=True)`` until it was fixed): it asserts
+what the design promises, and failed on the reviewed code for the stated reason.  Interleavings are
 forced with ``GateStore`` (events, never sleeps); grace intervals pass on injected clocks;
 "a day ago" on the local store is an mtime moved back (what S3 reports as Last-Modified).
 """
@@ -62,9 +62,6 @@ def _bodies(lo: int, hi: int) -> list[bytes]:
 # Finding 1 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a one-shot collector (loghost gc) never ends "
-                   "the grace on an idle log: the store-clock proof needs a manifest write "
-                   "after the applied marker, and nothing writes an idle log's manifest")
 async def test_cli_collector_finishes_an_idle_log_after_the_grace(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``loghost gc`` is a new process each run, so it has no in-process observation of the
@@ -76,7 +73,7 @@ async def test_cli_collector_finishes_an_idle_log_after_the_grace(
 
     root = tmp_path / "store"
     p = "logs/idle"
-    await _log(root, p, cursor=10)
+    store, _ = await _log(root, p, cursor=10)
     argv = ["gc", str(root), p, "--grace-s", "60", "--retain-fragments", "0"]
 
     async def cli_gc() -> dict[str, object]:
@@ -87,17 +84,14 @@ async def test_cli_collector_finishes_an_idle_log_after_the_grace(
     first = await cli_gc()
     assert first["phase"] == "waiting"  # planned, applied, marked; the grace begins
     _age(root, 86_400)  # a day passes; nobody writes to the log
-    for _ in range(3):
-        last = await cli_gc()
-    assert last["phase"] == "done", last
+    phases = [(await cli_gc())["phase"] for _ in range(3)]
+    assert phases[0] == "done", phases  # the first run after the grace finishes the plan
+    assert (await store.get(join(p, GARBAGE_PATH))).data == EMPTY_GARBAGE
 
 
 # Finding 2 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: a stalled collector applies a plan another "
-                   "collector discarded because of a new cursor, after pin_cursor saw the plan "
-                   "gone and accepted the pin: the cut passes a pinned cursor")
 async def test_a_plan_discarded_for_a_pin_is_not_applied_by_a_stalled_collector(
         tmp_path: Path) -> None:
     """Two collectors (the server and ``loghost gc``, or two servers across a take-over):
@@ -164,10 +158,6 @@ class _NthGet(GateStore):
         return await self.inner.get(key)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: objects a cut unlinked moments ago are swept "
-                   "at once: the sweep ages objects by their creation time (Last-Modified), "
-                   "not by when they stopped being referenced, so no grace protects readers of "
-                   "the old manifest when the cut is not finished by its own phase 3")
 @pytest.mark.parametrize("trigger", ["concurrent_collector_sweeps", "rust_resets_applied_plan",
                                      "crash_then_transient_pin"])
 async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
@@ -221,8 +211,9 @@ async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
         report = await gc.run_once()
     else:
         faulty = FaultyStore(store)
+        # The second manifest write of phase 2 is the cut (the first announces its floor).
         faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"manifest/MANIFEST$",
-                                  times=1))
+                                  after=1, times=1))
         crashed = GarbageCollector(faulty, p, opts, clock=time.time, monotonic=mono)
         with pytest.raises(SimulatedCrash):
             await crashed.run_once()  # the cut landed; the marker was never written
@@ -233,7 +224,9 @@ async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
             pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None))
         await held_check.reached.wait()
         gc = GarbageCollector(store, p, opts, clock=time.time, monotonic=mono)
-        assert (await gc.run_once()).phase == "discarded"
+        # The manifest holds the plan: it is marked applied (its grace starts), never discarded,
+        # whatever cursor is being written meanwhile.
+        assert (await gc.run_once()).phase == "waiting"
         held_check.release.set()
         with pytest.raises(LogPurged):
             await task_r  # the reader learns it lost, and removes its cursor
