@@ -24,6 +24,12 @@ that still break them.  Each is ``xfail(strict=True)`` until fixed.
 5. **Idempotency by JSON spelling.**  Records are stored and hashed as pydantic re-encodes them,
    which keeps the order of ``metadata`` keys: a retry whose JSON object lists the same metadata
    in another order (an unordered collection in RFC 8259) is ``409 idempotency_mismatch``.
+6. **State that no lease covers.**  ``POST …/seal`` answers as soon as its manifest write lands,
+   without waiting for the taker's fence (only appends wait for it): the old holder's lease still
+   says ``sealed: false`` after the seal was acknowledged.  And ``compaction_offset`` is read
+   from the handle's memory, loaded at open and moved only by this host's own requests: after
+   another host acknowledged ``POST …/compaction``, this host's state keeps the old offset for
+   as long as it keeps the log open (no lease, no bound).
 """
 
 from __future__ import annotations
@@ -208,3 +214,41 @@ async def test_a_retry_listing_metadata_in_another_order_is_the_same_request(
             r2 = await c.post(path, content=retry, headers={"content-type": "application/json"})
             assert r2.status_code == 200, r2.text
             assert r2.json() == {**r1.json(), "deduplicated": True}
+
+
+# ------------------------------------------------------ 6: state fields no lease vouches for
+
+
+@pytest.mark.xfail(strict=True, reason="finding 6: /seal is acknowledged without the take-over "
+                   "fence, so the old holder's lease still answers sealed: false")
+async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(
+        tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    path = log_path("alice", uuid.uuid4())
+    async with live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h, \
+            live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as g:
+        async with h.client("ak") as ch, g.client("svc") as operator:
+            assert (await ch.post(path + "/records",
+                                  json={"records": [record("r1")]})).status_code == 200
+            assert (await ch.get(path)).json()["sealed"] is False  # H leases its manifest
+            r = await operator.post(path + "/seal")
+            assert r.status_code == 200 and r.json()["sealed"] is True, r.text
+            assert (await ch.get(path)).json()["sealed"] is True
+
+
+@pytest.mark.xfail(strict=True, reason="finding 6: compaction_offset is the handle's memory, "
+                   "moved only by this host's requests: another host's acknowledged compaction "
+                   "is never seen while the log stays open here")
+async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
+        tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    path = log_path("alice", uuid.uuid4())
+    async with live_server(store, api_keys=KEYS) as h, live_server(store, api_keys=KEYS) as g:
+        async with h.client("ak") as ch, g.client("svc") as compactor:
+            assert (await ch.post(path + "/records", json={"records": [
+                record("r1"), record("r2")]})).status_code == 200
+            assert (await ch.get(path)).json()["compaction_offset"] == 1
+            r = await compactor.post(path + "/compaction", json={"offset": 3})
+            assert r.status_code == 200 and r.json()["compaction_offset"] == 3, r.text
+            assert (await compactor.get(path)).json()["compaction_offset"] == 3
+            assert (await ch.get(path)).json()["compaction_offset"] == 3
