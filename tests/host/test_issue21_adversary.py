@@ -30,6 +30,13 @@ that still break them.  Each is ``xfail(strict=True)`` until fixed.
    from the handle's memory, loaded at open and moved only by this host's own requests: after
    another host acknowledged ``POST …/compaction``, this host's state keeps the old offset for
    as long as it keeps the log open (no lease, no bound).
+7. **One record can be as much work as 380,000.**  Issue 21 item 5 (a body of 381,290 tiny
+   records stalled the event loop for 2.4 s) was fixed by counting records and validating large
+   bodies a slice of 256 records at a time.  Nothing bounds what one record holds: a single
+   record with 600,000 ``metadata`` entries (6.5 MB) or a 4,000,000-element ``embedding`` is
+   validated (and re-encoded) in one pydantic call, which holds the GIL, so the worker thread
+   does not help: measured here, ``/healthz`` took 1.5 s (metadata) and 0.6 s (embedding) while
+   one such append was decoded, against 0.09 s for 5,000 ordinary records of the same size.
 """
 
 from __future__ import annotations
@@ -252,3 +259,50 @@ async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
             assert r.status_code == 200 and r.json()["compaction_offset"] == 3, r.text
             assert (await compactor.get(path)).json()["compaction_offset"] == 3
             assert (await ch.get(path)).json()["compaction_offset"] == 3
+
+
+# ------------------------------------------------- 7: the work of validating a single record
+
+
+@pytest.mark.parametrize("field", ["metadata", "embedding"])
+@pytest.mark.xfail(strict=True, reason="finding 7: a record's metadata and embedding are "
+                   "unbounded, so one record is validated in one GIL-holding pydantic call of "
+                   "hundreds of thousands of values (the event loop stalls for it)")
+async def test_no_single_validation_call_takes_an_unbounded_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str) -> None:
+    import host.api as api
+
+    largest = [0]
+
+    def values(records: Any) -> int:
+        return sum(len(r.metadata or ()) + len(r.embedding or ()) for r in records)
+
+    parse, chunks = api._parse, api._RECORDS
+
+    def spy_parse(model: Any, raw: bytes) -> Any:
+        got = parse(model, raw)
+        if isinstance(got, api.AppendRequest):
+            largest[0] = max(largest[0], values(got.records))
+        return got
+
+    class SpyChunks:
+        def validate_json(self, chunk: Any) -> Any:
+            got = chunks.validate_json(chunk)
+            largest[0] = max(largest[0], values(got))
+            return got
+
+    monkeypatch.setattr(api, "_parse", spy_parse)
+    monkeypatch.setattr(api, "_RECORDS", SpyChunks())
+    n = 600_000 if field == "metadata" else 4_000_000
+    if field == "metadata":
+        inner = b'{' + b",".join(b'"%d":0' % i for i in range(n)) + b'}'
+    else:
+        inner = b'[' + b",".join([b"0"] * n) + b']'
+    body = b'{"records":[{"id":"1","op":"add","%s":%s}]}' % (field.encode(), inner)
+    path = log_path("alice", uuid.uuid4()) + "/records"
+    async with live_server(str(tmp_path / "store"), api_keys=KEYS) as lv:
+        async with lv.client("ak") as c:
+            r = await c.post(path, content=body, headers={"content-type": "application/json"})
+    # Refused (400/413) or accepted: either way no one call may validate a record this large.
+    assert r.status_code in (200, 400, 413), r.text
+    assert largest[0] <= 100_000, f"{largest[0]} values validated in one call ({r.status_code})"
