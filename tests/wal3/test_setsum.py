@@ -70,3 +70,36 @@ def test_parse_rejects(bad: str) -> None:
     # "f"*64 has lanes >= their primes: not a reduced setsum.
     with pytest.raises(ValueError):
         Setsum.from_hexdigest(bad)
+
+
+def test_each_lane_must_be_reduced_below_its_prime() -> None:
+    """A lane equal to its prime is not reduced; Rust never writes one, and neither may we accept
+    it (two encodings of one value would make equal setsums compare unequal)."""
+    from host.wal3.setsum import PRIMES
+
+    for i, p in enumerate(PRIMES):
+        lanes = [0] * 8
+        lanes[i] = p - 1
+        assert Setsum(lanes).digest()  # the largest reduced value is fine
+        lanes[i] = p
+        with pytest.raises(ValueError, match="^a setsum has eight lanes, each reduced modulo "
+                                             "its prime$"):
+            Setsum(lanes)
+        with pytest.raises(ValueError):
+            Setsum.from_hexdigest(b"".join(x.to_bytes(4, "little") for x in lanes).hex())
+    with pytest.raises(ValueError, match="eight lanes"):
+        Setsum([0] * 7)
+
+
+def test_a_bad_hex_digest_is_quoted_in_the_error() -> None:
+    with pytest.raises(ValueError, match=r"^a setsum hex digest is 64 hex digits: 'zz'$"):
+        Setsum.from_hexdigest("zz")
+
+
+def test_distinct_setsums_hash_apart() -> None:
+    """Setsums key dictionaries (the GC's and the simulator's bookkeeping): equal ones hash alike,
+    distinct ones do not all collide."""
+    a, b = Setsum.of(b"a"), Setsum.of(b"b")
+    assert hash(a) == hash(Setsum.from_hexdigest(a.hexdigest()))
+    assert len({hash(Setsum.of(bytes([i]))) for i in range(64)}) == 64
+    assert hash(a) != hash(b)
