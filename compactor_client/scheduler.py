@@ -14,7 +14,11 @@ alive but stuck, or members whose lists disagree delay a collection by a bounded
 forever: with n members, every member takes it after ``(n - 1) × takeover_s``.
 
 The stall clocks outlive the process (``ProgressLedger``: one record per member in the store), so
-a member run from cron (``--once``, a new process every round) still takes over.  A poll that
+a member run from cron (``--once``, a new process every round) still takes over.  They are wall
+time, so a stamp from the future — taken while this member's clock ran ahead (a pod on a node whose
+clock is off, a clock NTP then stepped back) — is clamped to now when loaded and when kept, as
+``Liveness`` does with its ``since``: a fast clock can restart a stall clock, never hold it back
+by the skew.  A poll that
 failed for some host says nothing about progress: collections it may have reported keep their
 clocks, and a start that changed in such a round is not taken as progress (the lower start may
 be the missing host's).  Both err only towards taking over, i.e. towards duplicate (safe) work.
@@ -221,6 +225,11 @@ PROGRESS_PREFIX = "compactors/progress/"
 Progress = dict[tuple[str, str], tuple[int, float]]  # (tenant, cid) -> (dirty start, stalled since)
 
 
+def _clamp(since: float, now: float) -> float:
+    """A stall stamp, never later than ``now`` (a future stamp would hold a take-over back)."""
+    return min(since, now)
+
+
 class ProgressLedger:
     """This member's take-over clocks in the store (a plain put: only this member writes it), so
     that a new process — a restart, or every ``--once`` round — resumes them."""
@@ -235,7 +244,8 @@ class ProgressLedger:
         return f"{PROGRESS_PREFIX}{quote(self.member_id, safe='')}.json"
 
     async def load(self) -> Progress:
-        """The clocks as last saved; empty when there are none (or they are damaged)."""
+        """The clocks as last saved (as stored: the scheduler clamps stamps from the future);
+        empty when there are none (or they are damaged)."""
         try:
             doc = json.loads((await self.store.get(self.key)).data)
             return {(str(t), str(c)): (int(start), float(since))
@@ -307,11 +317,13 @@ class Scheduler:
         for c in merge_candidates(candidates):
             old = self._progress.get(c.key)
             # A moved start is compaction progress (the cursor clips it): the clock restarts.
-            moved = old is None or (old[0] != c.log.start and complete)
-            seen[c.key] = (c.log.start, now) if moved else old  # type: ignore[assignment]
+            if old is None or (old[0] != c.log.start and complete):
+                seen[c.key] = (c.log.start, now)
+            else:  # a stamp from the future (the clock was ahead then) counts from now
+                seen[c.key] = (old[0], _clamp(old[1], now))
         if not complete:
             for key, old in self._progress.items():
-                seen.setdefault(key, old)
+                seen.setdefault(key, (old[0], _clamp(old[1], now)))
         self._progress = seen  # collections no longer dirty (per a complete poll) are forgotten
         return lambda c: now - seen[c.key][1] if c.key in seen else 0.0
 
@@ -319,8 +331,13 @@ class Scheduler:
         if self._loaded or self.ledger is None:
             return
         try:
-            self._progress = {**await self.ledger.load(), **self._progress}
-            self._saved = dict(self._progress)
+            stored = await self.ledger.load()
+            now = self._clock()
+            # A stamp from the future is clamped here, and so differs from the stored one: the
+            # clamped clock is saved this round, and the future stamp is gone for good.
+            self._progress = {**{k: (start, _clamp(since, now))
+                                 for k, (start, since) in stored.items()}, **self._progress}
+            self._saved = stored
             self._loaded = True
         except Exception as e:  # noqa: BLE001 - retried next round; clocks start from now
             log.warning("could not load the take-over clocks: %r", e)

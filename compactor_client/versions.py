@@ -29,6 +29,10 @@ the etag it read) and records it in ``history`` as ``stored_at`` of the version 
 pruner compares those times only with other store times: the newest Last-Modified it lists under
 the collection is its "now" (a lower bound of the store's present), and the pointer's own
 Last-Modified bounds from above every install it has no record of.  Both errors only delay a prune.
+Last-Modified has a resolution of one second (S3 truncates it, and the HTTP date carries whole
+seconds), so the difference of two such values may fall short of the real time between them by up
+to a second: a file goes only once that difference is at least the grace *plus one second*
+(``LAST_MODIFIED_SLACK_S``, as garbage collection allows for the same thing).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ if TYPE_CHECKING:
 COMPACTED_PREFIX = "compacted"
 CURRENT_NAME = "CURRENT.json"
 HISTORY_LIMIT = 32  # installs remembered in CURRENT.json; older supersessions are bounded above
+# Last-Modified is whole seconds: two of them may differ by up to 1 s less than the real interval.
+LAST_MODIFIED_SLACK_S = 1.0
 
 
 class CorruptCurrent(ValueError):
@@ -328,6 +334,8 @@ async def prune_versions(
     compactor's clock, however skewed, shortens the grace; a missing record only lengthens it.
 
     Files of versions newer than ``current`` belong to installs in flight and are never touched.
+    Every comparison is of two Last-Modified values, each truncated to the second, so a file
+    goes only once they are ``grace_s + LAST_MODIFIED_SLACK_S`` apart.
     """
     keep = max(1, keep)
     base = f"{COMPACTED_PREFIX}/{collection_id}/"
@@ -376,7 +384,7 @@ async def prune_versions(
             when = superseded_at(version)
             candidates = [(x, when) for x in files]
         for meta, since in candidates:
-            if since <= store_now - grace_s:
+            if since <= store_now - grace_s - LAST_MODIFIED_SLACK_S:
                 doomed.append(meta.key)
             else:
                 deferred += 1
