@@ -69,10 +69,11 @@ class LogTails(Protocol):
 
     A mark is appended concurrently with its fragment's upload, so a batch that then loses (a
     conflicting writer, a seal, a caller that gives up) leaves a mark past the log's tail.  Once
-    ``settle_s`` has passed since a mark was inserted its fragment's upload has ended either way
-    (the same timing assumption as garbage collection's grace); its *commit* may still be in
-    flight for any time, so a log whose commit may still land is reported as ``None``: "not
-    settled, whatever the marks' age".
+    ``settle_s`` has passed since the roll-up first saw a mark durable (its own monotonic clock,
+    never the mark's insertion time, which is the marking host's wall clock) its fragment's upload
+    has ended either way (the same timing assumption as garbage collection's grace); its *commit*
+    may still be in flight for any time, so a log whose commit may still land is reported as
+    ``None``: "not settled, whatever the marks' age".
     """
 
     settle_s: float

@@ -21,15 +21,23 @@ Coalescing rules (:func:`coalesce`), in dirty-log order:
   log's tail (limit = min(limit, tail)).  A mark of a batch that lost (409, a seal, a caller that
   gave up) covers offsets the log never got; without this it would be carried for ever, its
   reinsert count and score rising, and nothing would ever compact it away.  A mark is settled when
-  (a) it was inserted at least ``settle_s`` before the roll-up, so its fragment's upload has
-  landed or failed (uploads go out with their mark), and (b) the tail read *after* (a) shows no
-  write that may still land: no uploaded fragment continuing the log (a commit in flight, for
-  however long, or an orphan the next writer's read repair will link), no creation in progress.
-  A manifest links only fragments already in the store, so after (a) and (b) nothing can land at
-  or past the tail that was read: clipping there drops no record.  Marks not yet settled are never
-  clipped and are kept apart: they are carried as their own mark stamped with the *newest*
-  insertion time among them, so that once that mark is judged settled, every write it stands for
-  has ended.
+  (a) its fragment's upload has landed or failed (uploads go out with their mark): **this
+  roll-up saw the mark, or the mark it carries on, durable at least ``settle_s`` ago on its own
+  monotonic clock** (:class:`Observations`), and (b) the tail read *after* (a) shows no write
+  that may still land: no uploaded fragment continuing the log (a commit in flight, for however
+  long, or an orphan the next writer's read repair will link), no creation in progress.  A
+  manifest links only fragments already in the store, so after (a) and (b) nothing can land at or
+  past the tail that was read: clipping there drops no record.  (a) never reads a mark's
+  ``initial_insertion_epoch_us``: that is the marking host's wall clock, and a clock stepped
+  forward (NTP, a VM's clock corrected), or a host adopted with a skewed clock, would make the
+  mark of a write still in flight look old.  It is judged the way GC's grace is: a roll-up that
+  read the log's end at monotonic time t knows every record below that end was durable, its
+  mark's upload issued, by t; a record carried by a roll-up of this process is remembered with
+  the time its marks were first seen.  A process that did not see it (a restart, an adoption)
+  starts the wait at its first sight: it can only wait longer.  Marks not yet settled are never
+  clipped and are kept apart: they are carried as their own mark, remembered with the *newest*
+  sighting among them (and stamped with the newest insertion time, informational), so that once
+  that mark is judged settled, every write it stands for has ended.
 * ``purge`` forgets the collection's marks that PRECEDE it in the log.  Marks after a purge (new
   writes) always survive it, so a purge can never hide data written after it.
 * ``clear`` is a no-op.  A roll-up writes one when nothing is left, as a checkpoint operators can see
@@ -44,10 +52,11 @@ and its first insertion time, so the dirty log holds O(dirty collections) record
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -97,34 +106,95 @@ def _widen(old: Coalesced | None, new: Coalesced, *, newest: bool = False) -> Co
                      max(old.reinsert_count, new.reinsert_count))
 
 
+Monotonic = Callable[[], float]
+
+
+class Observations:
+    """When this process first knew each dirty-log record to be durable, on its monotonic clock.
+
+    A roll-up that read the log's end ``end`` at time t (``saw``) knows that every record below
+    ``end`` was durable by t — and so its mark's upload, sent alongside, issued by t.  A record's
+    sighting is therefore the time of the first roll-up whose end lay past it; a record this
+    process re-appended (a carried mark) is remembered with the sighting of the marks it carries
+    on (``carried``), which is older.  Offsets never seen are seen "now": after a restart every
+    mark waits the full settle time from its first sighting.  Bounded by the window: whatever lies
+    below the cursor is forgotten (``forget_below``).
+    """
+
+    def __init__(self) -> None:
+        self._ends: list[int] = []  # ascending
+        self._times: list[float] = []
+        self._carried: dict[int, float] = {}
+
+    def saw(self, end: int, now: float) -> None:
+        """A roll-up read the log's end ``end`` at ``now``."""
+        if not self._ends or end > self._ends[-1]:
+            self._ends.append(end)
+            self._times.append(now)
+
+    def seen_at(self, offset: int, now: float) -> float:
+        """When the record at ``offset`` (or the marks it carries on) was first seen durable."""
+        carried = self._carried.get(offset)
+        if carried is not None:
+            return carried
+        i = bisect.bisect_right(self._ends, offset)  # the first end past the offset
+        return self._times[i] if i < len(self._ends) else now
+
+    def carried(self, first_offset: int, seen: Sequence[float]) -> None:
+        """Records re-appended at ``first_offset``, ... carry marks first seen at ``seen``."""
+        for i, t in enumerate(seen):
+            self._carried[first_offset + i] = t
+
+    def forget_below(self, cursor: int) -> None:
+        """The window starts at ``cursor`` now: nothing below it is read again."""
+        i = bisect.bisect_right(self._ends, cursor)
+        del self._ends[:i], self._times[:i]
+        for offset in [o for o in self._carried if o < cursor]:
+            del self._carried[offset]
+
+
 class Coalescer:
     """Folds dirty-log records one at a time, so a paged read needs O(collections) memory."""
 
     def __init__(self, compacted: Mapping[UUID, int] | None = None,
                  tails: Mapping[UUID, int | None] | None = None,
-                 settled_before_us: int | None = None) -> None:
+                 settle_s: float | None = None,
+                 seen_at: Callable[[int], float] | None = None,
+                 now: float = 0.0) -> None:
         """Fold records; ``compacted`` (read at each ``add``) clips marks to compaction cursors,
-        and ``tails`` clips marks inserted at or before ``settled_before_us`` to the log's tail
-        (a None tail: a write may still land there, nothing is settled)."""
+        and ``tails`` clips marks first seen (``seen_at(offset)``, monotonic) at least
+        ``settle_s`` before ``now`` to the log's tail (a None tail: a write may still land
+        there, nothing is settled)."""
         self._compacted = compacted
         self._tails = tails
-        self._settled_before_us = settled_before_us
+        self._settle_s = settle_s
+        self._seen_at = seen_at
+        self._now = now
         self._spans: dict[UUID, Coalesced] = {}
         self._fresh: dict[UUID, Coalesced] = {}  # unsettled marks, stamped with the newest time
+        self._spans_seen: dict[UUID, float] = {}  # the oldest sighting among settled marks
+        self._fresh_seen: dict[UUID, float] = {}  # the newest sighting among unsettled marks
         self.marks = 0
         self.purges = 0
         self.clears = 0
         self.marks_fully_compacted = 0
         self.marks_beyond_tail = 0
 
-    def aged(self, record: DirtyRecord) -> bool:
-        """Whether a mark is old enough for its upload to have ended (only with tails to clip
-        against); it is settled if its log's tail also shows no write that may still land."""
-        return (self._tails is not None and self._settled_before_us is not None
-                and record.initial_insertion_epoch_us <= self._settled_before_us)
+    def _seen(self, offset: int | None) -> float:
+        if offset is None or self._seen_at is None:
+            return self._now
+        return self._seen_at(offset)
 
-    def add(self, record: DirtyRecord) -> None:
-        """Fold one record (see the module docstring for the rules)."""
+    def aged(self, record: DirtyRecord, offset: int | None = None) -> bool:
+        """Whether the mark at dirty-log ``offset`` is old enough for its upload to have ended
+        (only with tails to clip against): first seen by this process at least ``settle_s``
+        ago.  It is settled if its log's tail also shows no write that may still land."""
+        return (self._tails is not None and self._settle_s is not None
+                and record.kind == RecordKind.MARK_DIRTY
+                and self._now - self._seen(offset) >= self._settle_s)
+
+    def add(self, record: DirtyRecord, offset: int | None = None) -> None:
+        """Fold one record, read at dirty-log ``offset`` (see the module docstring)."""
         cid = record.collection_id
         if record.kind == RecordKind.CLEAR:
             self.clears += 1
@@ -133,6 +203,8 @@ class Coalescer:
             self.purges += 1
             self._spans.pop(cid, None)
             self._fresh.pop(cid, None)
+            self._spans_seen.pop(cid, None)
+            self._fresh_seen.pop(cid, None)
             return
         self.marks += 1
         start, end, reinserts = record.log_position, record.end, record.reinsert_count
@@ -146,17 +218,21 @@ class Coalescer:
         if start >= end:  # an empty mark covers nothing
             return
         span = Coalesced(start, end, record.initial_insertion_epoch_us, reinserts)
+        seen = self._seen(offset)
         tail = None if self._tails is None else self._tails.get(cid, 1)
-        if self._tails is None or self._settled_before_us is None:
+        if self._tails is None or self._settle_s is None:
             self._spans[cid] = _widen(self._spans.get(cid), span)
-        elif self.aged(record) and tail is not None:  # settled
+            self._spans_seen[cid] = min(self._spans_seen.get(cid, seen), seen)
+        elif self.aged(record, offset) and tail is not None:  # settled
             if tail <= start:  # the write never landed: nothing of it is in the log
                 self.marks_beyond_tail += 1
                 return
             self._spans[cid] = _widen(self._spans.get(cid), Coalesced(
                 start, min(end, tail), span.first_insertion_us, reinserts))
+            self._spans_seen[cid] = min(self._spans_seen.get(cid, seen), seen)
         else:
             self._fresh[cid] = _widen(self._fresh.get(cid), span, newest=True)
+            self._fresh_seen[cid] = max(self._fresh_seen.get(cid, seen), seen)
 
     @property
     def saw_changes(self) -> bool:
@@ -173,8 +249,16 @@ class Coalescer:
 
     def carried(self) -> list[tuple[UUID, Coalesced]]:
         """The marks a roll-up re-appends: per collection, its settled span and its unsettled one."""
-        out = list(self._spans.items()) + list(self._fresh.items())
-        return sorted(out, key=lambda kv: (kv[1].first_insertion_us, kv[0].bytes, kv[1].start))
+        return [(cid, span) for cid, span, _ in self.carried_seen()]
+
+    def carried_seen(self) -> list[tuple[UUID, Coalesced, float]]:
+        """``carried()``, each with the sighting it carries on: the oldest of its marks' for a
+        settled span (all of them have ended), the newest for an unsettled one."""
+        out = [(cid, span, self._spans_seen.get(cid, self._now))
+               for cid, span in self._spans.items()]
+        out += [(cid, span, self._fresh_seen.get(cid, self._now))
+                for cid, span in self._fresh.items()]
+        return sorted(out, key=lambda x: (x[1].first_insertion_us, x[0].bytes, x[1].start))
 
 
 def coalesce(
@@ -252,7 +336,8 @@ class _Window:
 
 async def _read_window(
     backend: DirtyLogBackend, compaction: CompactionOffsets, cursor_name: str, max_read: int,
-    tails: LogTails | None = None, clock: Clock = epoch_us,
+    tails: LogTails | None = None, observations: Observations | None = None,
+    monotonic: Monotonic = time.monotonic,
 ) -> _Window:
     """Fold ``[cursor, end)`` of a dirty log, ``end`` being its next offset when we start."""
     # 1. Where the window starts.
@@ -266,25 +351,30 @@ async def _read_window(
     # 2. Where it ends: fixed up front so concurrent writers and our own re-appends (all at or
     # above ``end``) are left for the next run, and a busy log cannot keep us reading forever.
     end = await backend.next_offset()
+    # Everything below ``end`` was durable by now (this process's own, monotonic, observation).
+    now = monotonic()
+    seen = observations if observations is not None else Observations()
+    seen.saw(end, now)
 
     # 3. Read the window page by page, folding as we go.
     compacted: dict[UUID, int] = {}
     known_tails: dict[UUID, int | None] = {}
-    settled_before = None if tails is None else clock() - int(tails.settle_s * 1e6)
-    folder = Coalescer(compacted, known_tails if tails is not None else None, settled_before)
+    folder = Coalescer(compacted, known_tails if tails is not None else None,
+                       None if tails is None else tails.settle_s,
+                       lambda offset: seen.seen_at(offset, now), now)
     pos = cursor
     while pos < end:
         page = await backend.read(pos, min(max_read, end - pos))
         if not page:
             raise RollUpError(f"dirty log returned nothing at {pos}, before its end {end}")
-        records: list[DirtyRecord] = []
+        records: list[tuple[int, DirtyRecord]] = []
         for offset, body in page:
             if offset >= end:
                 break
             if offset != pos:
                 raise RollUpError(f"dirty log read expected offset {pos}, got {offset}")
             try:
-                records.append(DirtyRecord.decode(body))
+                records.append((offset, DirtyRecord.decode(body)))
             except DirtyRecordError as e:
                 # Fail loudly: skipping could drop a dirty collection.  Nothing is lost while
                 # we are stuck (the window stays), and the roll-up failure is visible.
@@ -294,7 +384,7 @@ async def _read_window(
         new_ids = list(
             dict.fromkeys(
                 r.collection_id
-                for r in records
+                for _, r in records
                 if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in compacted
             )
         )
@@ -306,31 +396,30 @@ async def _read_window(
         # (None: a write may still land there, whatever the marks' age).
         if tails is not None:
             tail_ids = list(dict.fromkeys(
-                r.collection_id for r in records
-                if r.kind == RecordKind.MARK_DIRTY and r.collection_id not in known_tails
-                and folder.aged(r)))
+                r.collection_id for o, r in records
+                if r.collection_id not in known_tails and folder.aged(r, o)))
             if tail_ids:
                 found_tails = await tails.log_tails(tail_ids)
                 for cid in tail_ids:
                     known_tails[cid] = found_tails.get(cid, 1)
-        for record in records:
-            folder.add(record)
+        for offset, record in records:
+            folder.add(record, offset)
     return _Window(cursor, witness, end, folder)
 
 
-def _carry(folder: Coalescer) -> list[DirtyRecord]:
+def _carry(folder: Coalescer) -> list[tuple[DirtyRecord, float]]:
     """A mark per still-dirty collection (two when some of its marks are unsettled), re-inserted
-    once more, oldest first."""
+    once more, oldest first; each with the sighting it carries on (``Observations``)."""
     return [
-        DirtyRecord(
+        (DirtyRecord(
             cid,
             span.start,
             span.num_records,
             span.first_insertion_us,
             min(span.reinsert_count + 1, _U32_MAX),
             RecordKind.MARK_DIRTY,
-        )
-        for cid, span in folder.carried()
+        ), seen)
+        for cid, span, seen in folder.carried_seen()
     ]
 
 
@@ -362,13 +451,17 @@ async def hand_over(
     the hand-over (duplicates, which roll-ups coalesce), never loses a collection.  If the source's
     own server is alive after all, this is as safe as two racing roll-ups: one cursor move wins
     and the loser starts over from the new cursor.  ``source`` is only read and its cursor moved.
+
+    Nothing of ``source`` was observed by this process, so every mark is first seen now and none
+    is settled (unless ``settle_s`` is 0): the departed host's insertion times, from its own wall
+    clock, are never trusted.  They settle in ``target``'s roll-ups, which see them afresh.
     """
     if tails is None and isinstance(target, LogTails):
         tails = target
     window = await _read_window(source, compaction, cursor_name, max_records_per_read, tails)
     if not window.folder.saw_changes:
         return HandOverResult(0, window.end - window.cursor, window.cursor, window.cursor)
-    carried = _carry(window.folder)
+    carried = [r for r, _ in _carry(window.folder)]
     bodies = [r.encode() for r in carried]
     for i in range(0, len(bodies), max_records_per_append):
         await target.append_many(bodies[i : i + max_records_per_append])
@@ -396,11 +489,14 @@ class RollUp:
         cursor_name: str = CURSOR_NAME,
         max_attempts: int = 3,
         tails: LogTails | None = None,
+        monotonic: Monotonic = time.monotonic,
     ) -> None:
         """A roll-up over ``backend``; reads and appends are paged by the given maxima.
 
         ``tails`` (default: the backend, when it provides them) clips settled marks to their
-        log's tail; without it marks are clipped to compaction cursors only.
+        log's tail; without it marks are clipped to compaction cursors only.  ``clock`` (wall,
+        epoch microseconds) stamps records and scores; whether a mark has settled is judged on
+        ``monotonic`` alone, by this roll-up's own sightings (``Observations``).
         """
         if max_records_per_read < 1 or max_records_per_append < 1 or max_attempts < 1:
             raise ValueError("max_records_per_read, max_records_per_append, max_attempts must be >= 1")
@@ -413,6 +509,8 @@ class RollUp:
         self._max_attempts = max_attempts
         self._tails = tails if tails is not None else (
             backend if isinstance(backend, LogTails) else None)
+        self._monotonic = monotonic
+        self._observations = Observations()
         self._hook = DirtyLogHook(backend, clock)
         self._entries: dict[UUID, DirtyEntry] = {}
         self._last: RollUpResult | None = None
@@ -513,22 +611,25 @@ class RollUp:
     async def _run_once(self, attempt: _Attempt) -> RollUpResult:
         backend = self._backend
         window = await _read_window(backend, self._compaction, self._cursor_name, self._max_read,
-                                    self._tails, self._clock)
+                                    self._tails, self._observations, self._monotonic)
         cursor, witness, end, folder = window.cursor, window.witness, window.end, window.folder
         if not folder.saw_changes:
             # Nothing but clears (or nothing at all) since the cursor: the set is empty and writing
             # yet another clear every interval would be pure churn on an idle server.
             return self._finish(attempt, {}, cursor, cursor, end - cursor, folder, 0, False, idle=True)
 
-        # 5. Re-append every collection still dirty, or a clear record when none is.
+        # 5. Re-append every collection still dirty, or a clear record when none is; remember
+        # what each carried mark was first seen as (its settle time goes on from there).
         carried = _carry(folder)
         now = self._clock()
-        bodies = [r.encode() for r in carried] if carried else [DirtyRecord.clear(now).encode()]
+        bodies = [r.encode() for r, _ in carried] if carried else [DirtyRecord.clear(now).encode()]
         for i in range(0, len(bodies), self._max_append):
-            await backend.append_many(bodies[i : i + self._max_append])
+            first = await backend.append_many(bodies[i : i + self._max_append])
+            self._observations.carried(first, [t for _, t in carried[i : i + self._max_append]])
 
         # 6. Only now move the cursor past the window: everything in it is re-stated above ``end``.
         await backend.cas_cursor(self._cursor_name, end, witness)
+        self._observations.forget_below(end)
 
         new_entries = {}
         for cid, span in folder.result().items():  # one entry per collection, both marks merged

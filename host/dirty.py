@@ -61,7 +61,8 @@ class WalDirtyBackend(_Cursors):
         self._writer = writer
         self._reader = LogReader(store, prefix)
         self._cursors = CursorStore(store, prefix, writer.options.writer_name)
-        # Creation claims of forks in flight, as these roll-ups see them (see log_tails).
+        # Creation claims of forks in flight, as these roll-ups see them (see log_tails); one is
+        # dead after the longer of this TTL and the one its holder recorded.
         self._claims = ClaimWatch(claim_ttl_s(gc.grace_s))
         # No compactor reads a dirty log: its GC follows the stable_prefix cursor alone.
         gc = dataclasses.replace(gc, intrinsic_cursor=None)
@@ -100,9 +101,9 @@ class WalDirtyBackend(_Cursors):
         committed write is there whichever process wrote it); logs without one are left out.
 
         None when a write may still land: the roll-up calls this for marks whose uploads have
-        ended (``settle_s``), but a commit may be in flight for any time.  A manifest links only
-        fragments already in the store, so the manifest is read first and then the object at its
-        next sequence number: absent, nothing can land at or past this tail (a commit sent later
+        ended (``settle_s`` of the roll-up's own sightings), but a commit may be in flight for
+        any time.  A manifest links only fragments already in the store, so the manifest is read
+        first and then the object at its next sequence number: absent, nothing can land at or past this tail (a commit sent later
         would need an upload sent later, which no settled mark has); present, its commit may
         still land, or the next writer's read repair links it.  A sealed log takes no fragment.
         A log without a manifest may be being created (a fork's mark precedes its manifest):

@@ -21,8 +21,12 @@ go through the target's creation claim (``host.wal3.claim``, ``create_collection
 serialises them and, before anything is written, removes what dead attempts left (cursors, copied
 objects, ``compacted/{target}/``).  A fork that finds the claim held fails with
 ``CreationInProgress`` (409 ``contention``); so does a first write while a fork is in flight.  A
-failed fork releases its claim, unless its manifest put may still land: then the claim expires
-(twice the bound on one operation, ``claim_ttl_s``) and only then may the target be created or forked again.
+failed fork releases its claim only when none of its writes may still land (its copies, cursor and
+``CURRENT.json`` are claimed writes, ``Claim.write``; a copy cancelled after it was issued or
+ended by an ambiguous error may still land, and so may a manifest put that was sent): otherwise
+the claim expires (twice the bound on one operation, ``claim_ttl_s``, or the holder's recorded TTL
+when longer) and only then may the target be created or forked again.  The same holds for a
+first write's claim (``create_collection_log``), including a request cancelled mid-way.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from host.wal3.claim import (
     ClaimWatch,
     CreationInProgress,
     claim_log,
+    copy_claimed,
     create_log,
 )
 from host.wal3.errors import (
@@ -54,7 +59,7 @@ from host.wal3.errors import (
 from host.wal3.fork import fork_log
 from host.wal3.layout import load_manifest
 from host.wal3.manifest import Manifest
-from host.wal3.store import ensure_copy, put_resolving
+from host.wal3.store import put_resolving
 
 MarkDirty = Callable[[UUID, int, int], Awaitable[None]]
 
@@ -80,8 +85,11 @@ _OPERATION_BOUND_S = 60.0
 
 
 def claim_ttl_s(gc_grace_s: float) -> float:
-    """How long a creation claim must stand unchanged before another attempt may take it over:
-    twice the bound on one operation, ``max(60 s, GC grace)`` (see ``host.wal3.claim``)."""
+    """How long a creation claim of this host must stand unchanged before another attempt may
+    take it over: twice the bound on one operation, ``max(60 s, GC grace)`` (see
+    ``host.wal3.claim``).  It is recorded in every claim this host makes, and observers wait for
+    the longer of theirs and the holder's, so hosts whose graces differ (a rolling change of the
+    setting) never take over each other's live claims."""
     return 2 * max(_OPERATION_BOUND_S, gc_grace_s)
 
 
@@ -140,18 +148,21 @@ async def _install_copy(store: ObjectStore, source: UUID, target: UUID,
     if new_path == path:
         raise CorruptCompactedPointer(f"compacted version {path!r} is not under "
                                       f"{compacted_prefix(source)}")
-    await claim.guard()
-    await ensure_copy(store, path, new_path)  # immutable, and ours: the claim cleaned up first
+    # Immutable, and ours (the claim cleaned up first): an object already there must be a copy.
+    await claim.write(lambda: copy_claimed(store, path, new_path))
     now = time.time()
     doc = {**current, "path": new_path, "installed_at": now,
            "history": [{"version": current["version"], "installed_at": now}]}
     body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-    await claim.guard()
-    try:
-        await put_resolving(store, current_key(target), body, if_none_match="*")
-    except PreconditionFailed:
-        # Cleaned up under our claim, yet there: another attempt wrote it after all.
-        raise ClaimLost(f"{current_key(target)} appeared under our claim") from None
+
+    async def put_current() -> None:
+        try:
+            await put_resolving(store, current_key(target), body, if_none_match="*")
+        except PreconditionFailed:
+            # Cleaned up under our claim, yet there: another attempt wrote it after all.
+            raise ClaimLost(f"{current_key(target)} appeared under our claim") from None
+
+    await claim.write(put_current)
 
 
 async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, source_prefix: str,
@@ -199,9 +210,9 @@ async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, sou
         for claim in held:
             await claim.finish()  # a manifest exists (not ours): the claim means nothing now
         raise
-    except Exception as e:
+    except BaseException as e:
         for claim in held:
-            await claim.abandon(e)  # kept if our manifest may still land: it expires then
+            await claim.abandon(e)  # kept if a write of ours may still land: it expires then
         raise
     for claim in held:
         await claim.finish()

@@ -9,10 +9,13 @@ Nothing is shared afterwards, so collecting one log never touches the other's ob
 Order of effects, and why a crash between any two is safe:
 
 0. With a ``claim`` (``host.wal3.claim``, what the server always uses): the target's creation is
-   claimed and what dead attempts left there is cleaned up first; every write below is preceded
-   by ``claim.guard()`` and creates its object (If-None-Match), so no other attempt's objects can
-   be mixed with ours.
-1. Copy every fragment and snapshot the target's root reaches (split snapshots are new objects).
+   claimed and what dead attempts left there is cleaned up first; every write below is a claimed
+   write (``Claim.write``: guarded, and counted until it ends) that creates its object
+   (If-None-Match) and accepts an object already there only if it holds exactly our bytes, so no
+   other attempt's objects can be mixed with ours.
+1. Copy every fragment and snapshot the target's root reaches (split snapshots are new objects),
+   concurrently in one ``run_all`` (a task group: the first failure cancels the other copies and
+   returns only once every one has ended).
 2. Write the target's compaction cursor, when one is given (``compaction_offset``).  It must lie in
    the target's range: a cursor is never ahead of what the log (or a compacted version) holds.
 3. ``before_commit(forked)``: the server copies the compacted version the cursor stands on and
@@ -22,16 +25,21 @@ Order of effects, and why a crash between any two is safe:
 Before 4 the target does not exist: a crash leaves only unreferenced objects (and at worst a dirty
 mark of a log with no records, which the roll-up drops) and the claim, which expires; the next
 claimant — a retried fork or the log's first write — removes those objects before writing its own.
-After 4 the target is complete: cursor, compacted data and dirty mark came first.  Without a claim
-(tools and tests that own the target), a retried fork overwrites the cursor it left.
+A failure is no different: the claim is released at once only when none of the fork's writes may
+still land (none cancelled after it was issued, none ended in an ambiguous error, the manifest
+put not sent); otherwise it expires like a crashed fork's, so no straggling copy lands after the
+next claimant's clean-up.  After 4 the target is complete: cursor, compacted data and dirty mark
+came first.  Without a claim (tools and tests that own the target), a retried fork overwrites the
+cursor it left.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from .claim import Claim, ClaimLost
+from .claim import Claim, ClaimLost, copy_claimed, put_claimed, run_all
 from .cursors import COMPACTION, CursorStore
 from .errors import (
     CursorConflict,
@@ -46,6 +54,7 @@ from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapsho
 from .reader import SnapshotCache
 from .store import ObjectStore, ensure_copy, ensure_object, put_resolving
 
+T = TypeVar("T")
 BeforeCommit = Callable[[Manifest], Awaitable[None]]
 # Claims the target (cleaning up dead attempts' leftovers); None when a log exists there.
 AcquireClaim = Callable[[], Awaitable[Claim | None]]
@@ -98,13 +107,21 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
         if claim is not None:
             await claim.guard()
 
+    async def write(op: Callable[[], Awaitable[T]]) -> T:
+        # Under a claim: guarded, and counted until it ends (the claim is released only when no
+        # write may still land).
+        return await op() if claim is None else await claim.write(op)
+
     cache = SnapshotCache(256)
     created: set[str] = set()
 
     async def put_snapshot(s: Snapshot) -> None:
         created.add(s.path)
-        await guard()
-        await ensure_object(store, join(target, s.path), s.to_bytes())
+        key, body = join(target, s.path), s.to_bytes()
+        if claim is None:
+            await ensure_object(store, key, body)
+        else:
+            await write(lambda: put_claimed(store, key, body))
 
     garbage = await plan_cut(store, source, m, from_offset, cache, writer_name, put_snapshot)
     forked = garbage.apply(m, writer_name) if garbage is not None else m
@@ -130,15 +147,18 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
     sem = asyncio.Semaphore(concurrency)
 
     async def copy(path: str) -> None:
+        src, dst = join(source, path), join(target, path)
         async with sem:
-            await guard()
-            await ensure_copy(store, join(source, path), join(target, path))
+            if claim is None:
+                await ensure_copy(store, src, dst)
+            else:
+                await write(lambda: copy_claimed(store, src, dst))
 
-    await asyncio.gather(*(copy(p) for p in paths))
+    await run_all(copy(p) for p in paths)
     if compaction_offset is not None:
-        await guard()
-        await _write_compaction_cursor(store, target, writer_name, forked, compaction_offset,
-                                       claimed=claim is not None)
+        _check_compaction_offset(forked, compaction_offset)
+        await write(lambda: _write_compaction_cursor(store, target, writer_name, forked,
+                                                     compaction_offset, claimed=claim is not None))
     if before_commit is not None:
         await guard()
         await before_commit(forked)
@@ -153,14 +173,18 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
     return forked
 
 
+def _check_compaction_offset(forked: Manifest, offset: int) -> None:
+    """Every record at or above the cursor must be in the log: GC trusts the cursor."""
+    if not forked.oldest_offset <= offset <= forked.next_offset:
+        raise ValueError(f"compaction offset {offset} is outside the fork's records "
+                         f"[{forked.oldest_offset}, {forked.next_offset}]")
+
+
 async def _write_compaction_cursor(store: ObjectStore, target: str, writer_name: str,
                                    forked: Manifest, offset: int, *, claimed: bool) -> None:
     """The target's compaction cursor: created (under a claim, where dead attempts' cursors were
     cleaned up), or replacing one a crashed earlier attempt left behind (without one)."""
-    if not forked.oldest_offset <= offset <= forked.next_offset:
-        # Every record at or above the cursor must be in the log: GC trusts the cursor.
-        raise ValueError(f"compaction offset {offset} is outside the fork's records "
-                         f"[{forked.oldest_offset}, {forked.next_offset}]")
+    _check_compaction_offset(forked, offset)
     cursors = CursorStore(store, target, writer_name)
     if claimed:
         try:

@@ -1,8 +1,9 @@
 """Issue 20, item 6: a mark of a write that then failed must not live for ever.
 
 The hook marks ``[s, s+n)`` concurrently with the upload; when the batch loses, the log never gets
-those offsets.  Once such a mark has settled (older than ``settle_s``), roll-ups clip it to the
-log's tail; marks that may still belong to a write in flight are never clipped.
+those offsets.  Once such a mark has settled (seen by the roll-up at least ``settle_s`` before, on
+its monotonic clock), roll-ups clip it to the log's tail; marks that may still belong to a write in
+flight are never clipped.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from .helpers import FakeClock, cid, spans
 
 
 class World:
-    """A dirty log, compaction cursors, log tails, a hook and a roll-up on one fake clock."""
+    """A dirty log, compaction cursors, log tails, a hook and a roll-up on one fake clock (its
+    wall time, and the roll-up's monotonic time)."""
 
     def __init__(self, settle_s: float = 30.0) -> None:
         self.clock = FakeClock()
@@ -30,7 +32,8 @@ class World:
         self.compaction = MemoryCompactionOffsets()
         self.tails = MemoryLogTails(settle_s)
         self.hook = DirtyLogHook(self.backend, self.clock)
-        self.rollup = RollUp(self.backend, self.compaction, clock=self.clock, tails=self.tails)
+        self.rollup = RollUp(self.backend, self.compaction, clock=self.clock, tails=self.tails,
+                             monotonic=lambda: self.clock.now_us / 1e6)
 
     async def committed(self, c: uuid.UUID, first: int, n: int) -> None:
         """A write that landed: marked, and the log's tail moved past it."""
@@ -70,6 +73,9 @@ async def test_a_settled_mark_partly_past_the_tail_keeps_the_landed_part() -> No
     await w.committed(a, 1, 3)  # the tail is 4
     await w.lost(a, 3, 5)  # speculative offsets [3, 8): offset 3 is another writer's record
     w.clock.advance_s(31)
+    # First seen now: young, whatever its insertion time says (issue 20 adversary, 3).
+    assert spans((await w.rollup.run()).entries) == {a: (1, 8)}
+    w.clock.advance_s(31)
     result = await w.rollup.run()
     assert spans(result.entries) == {a: (1, 4)}
 
@@ -81,6 +87,7 @@ async def test_unsettled_marks_are_never_clipped_even_when_merged_with_old_ones(
     a = cid(3)
     await w.committed(a, 1, 2)  # tail 3
     await w.lost(a, 3, 4)  # an old failure
+    assert spans((await w.rollup.run()).entries) == {a: (1, 7)}  # first seen: young
     w.clock.advance_s(31)
     await w.lost(a, 3, 2)  # a new write in flight at the same offsets (the tail has not moved)
     first = await w.rollup.run()
@@ -125,3 +132,30 @@ async def test_an_old_mark_whose_commit_may_still_land_is_kept() -> None:
     w.clock.advance_s(31)
     assert spans((await w.rollup.run()).entries) == {a: (3, 7)}
     assert missing_from_dirty_set({a: (7, 3)}, w.rollup.entries()) == set()
+
+
+async def test_a_mark_is_aged_by_the_rollups_sightings_not_its_insertion_time() -> None:
+    """Issue 20 adversary, 3: a mark whose insertion time is far in the past (the marking host's
+    wall clock stepped forward, or a skewed host adopted) is still young when the roll-up first
+    sees it; it settles only ``settle_s`` of the roll-up's monotonic time later, and a restarted
+    roll-up (no sightings) starts the wait afresh."""
+    w = World(settle_s=30)
+    a = cid(6)
+    await w.committed(a, 1, 2)  # tail 3
+    w.compact(a, 3)
+    w.clock.advance_s(3600)
+    await w.hook.mark_dirty(a, 3, 4)  # stamped "now" ...
+    w.clock.now_us -= 3600 * 1_000_000  # ... by a clock an hour fast: the roll-up's is not
+    assert spans((await w.rollup.run()).entries) == {a: (3, 7)}  # young: kept
+    w.clock.advance_s(29)
+    assert spans((await w.rollup.run()).entries) == {a: (3, 7)}  # still inside settle_s
+    # A restart: a new roll-up has seen nothing, so the carried mark is young again.
+    w.rollup = RollUp(w.backend, w.compaction, clock=w.clock, tails=w.tails,
+                      monotonic=lambda: w.clock.now_us / 1e6)
+    w.clock.advance_s(2)
+    assert spans((await w.rollup.run()).entries) == {a: (3, 7)}
+    w.clock.advance_s(29)
+    assert spans((await w.rollup.run()).entries) == {a: (3, 7)}
+    w.clock.advance_s(2)  # 31 s after this process first saw it: settled, past the tail (3)
+    result = await w.rollup.run()
+    assert a not in result.entries and result.marks_beyond_tail == 1, result
