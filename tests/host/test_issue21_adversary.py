@@ -158,34 +158,43 @@ async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
                                   json={"records": [record("r1")]})).status_code == 200
             assert (await ch.get(path)).json()["next_offset"] == 2  # H leases its manifest
             # P takes the log over (r2, answered after its fence: not waited for here) ...
-            r2 = asyncio.create_task(cp.post(path + "/records", json={"records": [record("r2")]}))
-            await wait_until(lambda: _handle(p, cid) is not None
-                             and _handle(p, cid).writer.manifest.next_offset == 3,
-                             "P's take-over write landed", BOUND_S)
-            # ... and its next write (r3) lands with its answer lost, the read-back failing too:
-            # the writer recovers by loading the manifest it wrote without knowing it.
-            lost = faulty.add_rule(FaultRule("lost_response", ops={"put"}, key_regex=manifest,
-                                             times=1))
-            heads = faulty.add_rule(FaultRule("error", ops={"head"}, key_regex=manifest,
-                                              times=2))
-            r3 = asyncio.create_task(cp.post(path + "/records", json={"records": [record("r3")]}))
-            await wait_until(lambda: _handle(p, cid).writer.manifest.next_offset == 4
-                             and not _handle(p, cid).writer.authored,
-                             "P's writer learned r3's manifest by loading it", BOUND_S)
-            assert lost.fired == 1 and heads.fired == 2
-            # An append to another log evicts this one (max_open_logs=1; r2 and r3 wait for
-            # the fence outside the log) ...
-            assert (await cp.post(log_path("alice", other) + "/records",
-                                  json={"records": [record("x")]})).status_code == 200
-            await wait_until(lambda: _handle(p, cid) is None, "the log was evicted", BOUND_S)
-            # ... and its next writer answers r4 ...
-            r = await cp.post(path + "/records", json={"records": [record("r4")]})
-            assert r.status_code == 200, r.text
-            assert r.json()["first_offset"] == 4
-            # ... so every read asked from now on must see it.
-            assert (await ch.get(path)).json()["next_offset"] == 5
-            for t in (r2, r3):
-                t.cancel()
+            tasks: list[asyncio.Task[Any]] = []
+            try:
+                r2 = asyncio.create_task(cp.post(path + "/records",
+                                                 json={"records": [record("r2")]}))
+                tasks.append(r2)
+                await wait_until(lambda: _handle(p, cid) is not None
+                                 and _handle(p, cid).writer.manifest.next_offset == 3,
+                                 "P's take-over write landed", BOUND_S)
+                # ... and its next write (r3) lands with its answer lost, the read-back failing
+                # too: the writer recovers by loading the manifest it wrote without knowing it.
+                lost = faulty.add_rule(FaultRule("lost_response", ops={"put"},
+                                                 key_regex=manifest, times=1))
+                heads = faulty.add_rule(FaultRule("error", ops={"head"}, key_regex=manifest,
+                                                  times=2))
+                r3 = asyncio.create_task(cp.post(path + "/records",
+                                                 json={"records": [record("r3")]}))
+                tasks.append(r3)
+                await wait_until(lambda: _handle(p, cid).writer.manifest.next_offset == 4
+                                 and not _handle(p, cid).writer.authored,
+                                 "P's writer learned r3's manifest by loading it", BOUND_S)
+                assert lost.fired == 1 and heads.fired == 2
+                # An append to another log evicts this one (max_open_logs=1; r2 and r3 wait for
+                # the fence outside the log) ...
+                assert (await cp.post(log_path("alice", other) + "/records",
+                                      json={"records": [record("x")]})).status_code == 200
+                await wait_until(lambda: _handle(p, cid) is None, "the log was evicted",
+                                 BOUND_S)
+                # ... and its next writer answers r4 ...
+                r = await cp.post(path + "/records", json={"records": [record("r4")]})
+                assert r.status_code == 200, r.text
+                assert r.json()["first_offset"] == 4
+                # ... so every read asked from now on must see it.
+                assert (await ch.get(path)).json()["next_offset"] == 5
+            finally:
+                for t in tasks:  # answered after the fence: never waited for here
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ---------------------------------------------------------- 3: monotonic reads across hosts
@@ -219,6 +228,7 @@ async def test_a_record_one_read_returned_is_seen_by_every_later_read(tmp_path: 
                 assert await _ids(ch, path) == ["r1", "r2"]
             finally:
                 append.cancel()
+                await asyncio.gather(append, return_exceptions=True)
 
 
 # --------------------------------------- 4: the streamed answer's bound, compressible records
@@ -321,7 +331,7 @@ async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
                    "hundreds of thousands of values (the event loop stalls for it)")
 async def test_no_single_validation_call_takes_an_unbounded_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str) -> None:
-    import host.api as api
+    from host import api
 
     largest = [0]
 
