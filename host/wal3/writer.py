@@ -186,6 +186,11 @@ class LogWriterOptions:
     # that names it was written here, by this writer or one before it (closed: one writer per
     # log per process), so opening it is no take-over.
     name_is_unique: bool = False
+    # A fragment whose upload is retried this long after its hook ran is marked again before it
+    # is re-sent: whoever consumes the marks (the dirty log's roll-up) may by then have judged the
+    # old mark settled, seen no fragment at its sequence number, and dropped it.  Below the
+    # roll-up's settle time (at least 60 s), so a re-sent upload always has a young mark.
+    remark_after_s: float = 30.0
 
     @property
     def fence_s(self) -> float:
@@ -235,7 +240,7 @@ class _Batch:
 
     __slots__ = ("seq_no", "start", "count", "timestamp_us", "appends", "prev", "encoded",
                  "frag", "md5", "error", "done", "task", "overwrite_etag", "prev_setsum",
-                 "upload", "hooked", "attempts")
+                 "upload", "hooked", "hooked_at", "attempts")
 
     def __init__(self, seq_no: int, start: int, timestamp_us: int, appends: list[_Append],
                  prev: asyncio.Future[Setsum | None], loop: asyncio.AbstractEventLoop,
@@ -258,6 +263,7 @@ class _Batch:
         # land: the condition failed), "unknown" (the store did not say).
         self.upload = "pending"
         self.hooked = False
+        self.hooked_at = 0.0  # monotonic time the last successful hook call was issued
         self.attempts = 0  # retries of this very fragment
 
     @property
@@ -734,6 +740,9 @@ class LogWriter:
         """Finish what an encoded fragment still lacks (its upload, its hook), bytes unchanged."""
         try:
             await asyncio.sleep(delay_s)  # back off from a struggling store or dirty log
+            if (b.hooked and b.upload != "ok" and self._opts.clock.monotonic() - b.hooked_at
+                    >= self._opts.remark_after_s):
+                b.hooked = False  # an old mark may be gone by now: mark again, then re-send
             await self._settle(b)
         except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
             b.error = e
@@ -760,8 +769,10 @@ class LogWriter:
 
     async def _mark(self, b: _Batch, info: FragmentInfo) -> None:
         assert self._hook is not None
+        issued = self._opts.clock.monotonic()  # a mark is as old as its request: judge by that
         await self._hook(info)
         b.hooked = True
+        b.hooked_at = issued
 
     async def _upload(self, b: _Batch, frag: EncodedFragment) -> None:
         key = join(self._prefix, frag.path)
