@@ -144,13 +144,23 @@ class CollectorSlot:
         self.actor: Actor | None = None
         self.gc: GarbageCollector | None = None
         self.task: asyncio.Task[str] | None = None
+        self.running: Actor | None = None  # the process of the pass in ``task``, once started
         self.last = ""
+
+    def start(self) -> asyncio.Task[str]:
+        """Start a pass (the caller checked that none is running)."""
+        world = self.world
+        self.running = None
+        self.task = world.loop.create_task(world.gc_once(self))
+        world.tasks.append((self.task, world.quiet))
+        return self.task
 
     @property
     def busy(self) -> bool:
         """A pass is running in a live process."""
-        return (self.task is not None and not self.task.done() and self.actor is not None
-                and self.actor.alive)
+        # (A pass not started yet has no process yet: it is busy all the same.)
+        return (self.task is not None and not self.task.done()
+                and (self.running is None or self.running.alive))
 
     def collector(self) -> GarbageCollector:
         """The collector for the next pass (a new process when the last died, or always when
@@ -342,18 +352,15 @@ class World:
         if not self.cfg.gc:
             return
         slot = self.rng.choice(self.collectors)
-        if slot.busy:
-            return
-        slot.task = self.loop.create_task(self.gc_once(slot))
-        self.tasks.append((slot.task, self.quiet))
+        if not slot.busy:
+            slot.start()
 
     async def gc_loop(self, slot: CollectorSlot) -> None:
         """A collector that is always on (the server's): a pass, a short rest, another pass,
         until the end of the run (the liveness check drives every collector itself)."""
         while not self.finishing:
             if not slot.busy:
-                slot.task = self.loop.create_task(self.gc_once(slot))
-                self.tasks.append((slot.task, self.quiet))
+                slot.start()
             while slot.busy:  # a pass of a process that died is abandoned, never awaited
                 await asyncio.sleep(0.1)
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
@@ -364,8 +371,7 @@ class World:
             return
         for slot in self.collectors:
             if not slot.busy:
-                slot.task = self.loop.create_task(self.gc_once(slot))
-                self.tasks.append((slot.task, self.quiet))
+                slot.start()
 
     @property
     def gc_actor(self) -> Actor | None:
@@ -380,6 +386,9 @@ class World:
         slot = slot if slot is not None else self.collectors[0]
         gc = slot.collector()
         assert slot.actor is not None
+        slot.running = slot.actor
+        # (A log whose first writer has not created it yet is no failure of the collector.)
+        exists = self.sim.objects.get(join(PREFIX, "manifest/MANIFEST")) is not None
         name = slot.actor.name
         quiet = self.quiet  # a pass that began amid faults may still end in one
         self.model.gc_started[name] = self.loop.time()
@@ -402,8 +411,7 @@ class World:
             return "error"
         except Wal3Error as e:
             self.trace(f"{name} failed: {e!r}")
-            # (A log whose first writer has not created it yet is no failure of the collector.)
-            if quiet and self.sim.objects.get(join(PREFIX, "manifest/MANIFEST")) is not None:
+            if quiet and exists:
                 self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
             slot.last = "error"
             return "error"
