@@ -113,6 +113,14 @@ def _str(obj: dict[str, Any], key: str, what: str) -> str:
     return _text(obj.get(key), f"{what}.{key}")
 
 
+def _lease_ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise CorruptManifest(f"read_lease_ms is not a non-negative integer: {value!r:.200}")
+    return value
+
+
 def _writer(obj: dict[str, Any], what: str) -> str:
     # Rust requires it; our older objects always had it.  Absent reads as "".
     return _text(obj.get("writer", ""), f"{what}.writer")
@@ -420,6 +428,9 @@ class Manifest:
     sealed: bool = False
     # Ours: a collector's pending cut (see GcFloor); written only while one is in flight.
     gc_floor: GcFloor | None = None
+    # Ours (Rust ignores it): the read lease its author may answer from it for, in ms (see
+    # ``LogWriter``: a take-over fences for it).  None: not recorded (Rust, older writers).
+    read_lease_ms: int | None = None
 
     # --------------------------------------------------------------------------- positions
 
@@ -589,6 +600,8 @@ class Manifest:
             parts.append(b',"sealed":true')
         if self.gc_floor is not None:
             parts += [b',"gc_floor":', _compact(self.gc_floor.to_json())]
+        if self.read_lease_ms is not None:
+            parts += [b',"read_lease_ms":', str(self.read_lease_ms).encode()]
         parts.append(b"}")
         return b"".join(parts)
 
@@ -622,6 +635,7 @@ class Manifest:
             initial_seq_no=initial_seq_no,
             sealed=sealed,
             gc_floor=None if obj.get("gc_floor") is None else GcFloor.from_json(obj["gc_floor"]),
+            read_lease_ms=_lease_ms(obj.get("read_lease_ms")),
         )
         m.check()
         return m

@@ -37,9 +37,20 @@ conditional writes are the only fence, so the rule is built on them and on monot
   must be unique per process (the log host's are).
 * **Fence.**  A writer whose manifest write lands on a base it did not write (a take-over: it
   loaded that base, so another writer may hold a lease on it) acknowledges nothing until
-  ``fence_s = 1.25 x read_lease_s`` after that write's answer arrived.  Likewise after every load
+  ``1.25 x`` *the base's lease* after that write's answer arrived.  Likewise after every load
   that shows a manifest it did not write: what it then learns (idempotency keys of others'
   appends) is not answered before the fence either.
+* **Whose lease.**  Every manifest this writer puts records its ``read_lease_s`` (the
+  ``read_lease_ms`` field, which Rust ignores), a writer never leases a manifest for longer than
+  it records (one without the field is not leased at all), and the fence is for the lease
+  recorded in the base, never for the taker's own setting.  So writers configured differently
+  (a rolling change of the setting, a host at 0) stay safe: the bound a holder's lease obeys is
+  written next to the manifest it vouches for, by the holder.  (One fixed cluster-wide fence
+  would also be safe, but would make every take-over pay the largest lease anyone may ever
+  configure, and a host at 0 would still have to know it.)  A base without the field (Rust,
+  a version of this writer before the field) is fenced for this writer's own setting, as
+  before.  The fence a writer raised outlives it: ``open(authored=...)`` hands it to the next
+  writer of the log in this process, whatever that one finds stored.
 
 Why no stale read, case by case (H leases manifest M, another writer G acknowledges X):
 
@@ -74,7 +85,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import (
     Backpressure,
@@ -109,6 +120,11 @@ from .store import ObjectStore, content_etag, ensure_object, etag_matches_conten
 
 _log = logging.getLogger("wal3.writer")
 _INLINE_ENCODE_BYTES = 256 << 10  # smaller batches encode faster than a thread hop
+FENCE_FACTOR = 1.25  # a take-over's fence over the lease it fences (clock-rate margin)
+
+
+def _lease_ms(read_lease_s: float) -> int:
+    return max(0, round(read_lease_s * 1000))
 
 
 def default_writer_name() -> str:
@@ -196,7 +212,7 @@ class LogWriterOptions:
     def fence_s(self) -> float:
         """How long acknowledgements wait after a take-over: the lease and a margin for clock
         rates (see the module docstring)."""
-        return self.read_lease_s * 1.25
+        return self.read_lease_s * FENCE_FACTOR
 
 
 def _bare(etag: str) -> str:
@@ -346,11 +362,13 @@ class LogWriter:
     @classmethod
     async def open(cls, store: ObjectStore, prefix: str, options: LogWriterOptions | None = None,
                    *, hook: FragmentHook | None = None,
-                   authored: tuple[str, float] | None = None) -> LogWriter:
+                   authored: tuple[str | None, float] | None = None) -> LogWriter:
         """Open the log at ``prefix``, creating it (If-None-Match) when it does not exist.
 
-        ``authored``: the etag a writer of this process wrote last (closed since) and its fence;
-        if the stored manifest is still that one, it is this writer's own (leases, no take-over).
+        ``authored``: the etag a writer of this process wrote last (closed since; None when it
+        did not know it wrote the stored one) and its fence; if the stored manifest is still that
+        one, it is this writer's own (leases, no take-over).  The fence is kept whatever is found:
+        the previous writer may have taken the log over, and this one may answer from that.
         """
         opts = options or LogWriterOptions()
         created = False
@@ -359,7 +377,8 @@ class LogWriter:
             loaded = await load_manifest(store, prefix)
             if loaded is not None:
                 break
-            empty = Manifest.empty(opts.writer_name)
+            empty = replace(Manifest.empty(opts.writer_name),
+                            read_lease_ms=_lease_ms(opts.read_lease_s))
             try:
                 etag = await put_resolving(store, join(prefix, MANIFEST_PATH), empty.to_bytes(),
                                            if_none_match="*")
@@ -372,15 +391,19 @@ class LogWriter:
         manifest, etag = loaded
         w = cls(store, prefix, opts, manifest, etag, hook)
         if created:
-            w._landed(None, etag, issued)  # nobody could lease what did not exist
-        elif authored is not None and _bare(authored[0]) == _bare(etag):
+            w._landed(None, etag, issued, None)  # nobody could lease what did not exist
+        elif authored is not None and authored[0] and _bare(authored[0]) == _bare(etag):
             w._authored, w._lease_from = etag, issued
-            w._fence_until = authored[1]
         elif opts.name_is_unique and manifest.writer == opts.writer_name:
             # Written by this process (e.g. created before this writer opened): ours.
             w._authored, w._lease_from = etag, issued
         else:
-            w._note_load(etag)
+            w._note_load(manifest, etag)
+        if authored is not None:
+            # The fence the log's previous writer in this process raised (a take-over it made,
+            # a manifest it loaded) is this writer's too, whatever it finds: it may be about to
+            # answer from that take-over's manifest.
+            w._fence_until = max(w._fence_until, authored[1])
         return w
 
     # ---------------------------------------------------------------------------- properties
@@ -436,10 +459,11 @@ class LogWriter:
 
     def lease_remaining(self) -> float:
         """Seconds the read lease has left (0 when there is none)."""
-        if (self._opts.read_lease_s <= 0 or self._lease_from is None or not self.authored
+        lease = self._lease_s()
+        if (lease <= 0 or self._lease_from is None or not self.authored
                 or self._failure is not None or self._recovering or self._stale):
             return 0.0
-        return max(0.0, self._lease_from + self._opts.read_lease_s - self._opts.clock.monotonic())
+        return max(0.0, self._lease_from + lease - self._opts.clock.monotonic())
 
     async def confirm_lease(self) -> bool:
         """Renew the read lease with a HEAD of the manifest: True if it is still the one this
@@ -468,21 +492,47 @@ class LogWriter:
         self._lease_from = max(self._lease_from or issued, issued)
         return True
 
-    def _landed(self, base: str | None, etag: str, issued: float) -> None:
-        """Our manifest write, issued at ``issued`` on top of ``base``, landed as ``etag``."""
+    def _landed(self, base: str | None, etag: str, issued: float,
+                base_manifest: Manifest | None) -> None:
+        """Our manifest write, issued at ``issued`` on top of ``base`` (``base_manifest``),
+        landed as ``etag``."""
         if base is not None and (self._authored is None or _bare(base) != _bare(self._authored)):
-            self._raise_fence()  # a take-over: whoever wrote ``base`` may hold a lease on it
+            # A take-over: whoever wrote ``base`` may hold a lease on it, as long as it says.
+            self._raise_fence(base_manifest)
         self._authored, self._lease_from = etag, issued
 
-    def _note_load(self, etag: str) -> None:
+    def _note_load(self, manifest: Manifest, etag: str) -> None:
         """We read a manifest from the store: what it shows of others waits for the fence."""
         if self._authored is None or _bare(etag) != _bare(self._authored):
-            self._raise_fence()
+            self._raise_fence(manifest)
 
-    def _raise_fence(self) -> None:
-        if self._opts.read_lease_s > 0:
+    def _base_lease_s(self, manifest: Manifest | None) -> float:
+        """How long the author of ``manifest`` may answer reads from it: the lease it recorded
+        in it, whatever this host's own setting; a manifest without one (Rust, a version of this
+        host before the field) is fenced for this host's own setting and a margin (``fence_s``:
+        older versions fenced by their own settings, assumed equal)."""
+        if manifest is None:
+            return self._opts.read_lease_s
+        if manifest.read_lease_ms is None:
+            return self._opts.read_lease_s
+        return manifest.read_lease_ms / 1000.0
+
+    def _stamped(self, new: Manifest) -> Manifest:
+        """``new`` as this writer puts it: recording the lease it may answer from it for."""
+        ms = _lease_ms(self._opts.read_lease_s)
+        return new if new.read_lease_ms == ms else replace(new, read_lease_ms=ms)
+
+    def _lease_s(self) -> float:
+        """The lease on the manifest in memory: ours, never longer than it records (so a
+        take-over, fencing for the recorded one, always outlasts it)."""
+        recorded = self._manifest.read_lease_ms
+        return min(self._opts.read_lease_s, 0.0 if recorded is None else recorded / 1000.0)
+
+    def _raise_fence(self, manifest: Manifest | None) -> None:
+        lease = self._base_lease_s(manifest)
+        if lease > 0:
             self._fence_until = max(self._fence_until,
-                                    self._opts.clock.monotonic() + self._opts.fence_s)
+                                    self._opts.clock.monotonic() + FENCE_FACTOR * lease)
 
     async def wait_fence(self) -> None:
         """Return once the fence (a take-over) has passed: an acknowledgement of anything this
@@ -902,6 +952,7 @@ class LogWriter:
                     if not e.future.done():
                         e.future.set_exception(err)
             edits = applied
+            new = self._stamped(new)
             new.check()
             base_etag = self._etag
             issued = self._opts.clock.monotonic()
@@ -926,7 +977,7 @@ class LogWriter:
                 _log.warning("manifest write for %s failed: %r; recovering", self._prefix, e)
                 await self._recover()
                 return
-            self._landed(base_etag, etag, issued)  # before _installed acknowledges anything
+            self._landed(base_etag, etag, issued, base)  # before _installed acknowledges
             self._installed(new, etag, ready)
             if snapshot is not None:
                 self._snapshot = None
@@ -1309,12 +1360,12 @@ class LogWriter:
                     break
             pointer = FragmentPointer(fragment_path(seq), seq, decoded.start, decoded.limit,
                                       len(got.data), decoded.setsum, content_etag(got.data))
-            new = manifest.with_fragments([pointer], self._opts.writer_name)
+            new = self._stamped(manifest.with_fragments([pointer], self._opts.writer_name))
             base_etag, issued = etag, self._opts.clock.monotonic()
             try:
                 etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
                                            new.to_bytes(), if_match=base_etag)
-                self._landed(base_etag, etag, issued)
+                self._landed(base_etag, etag, issued, manifest)
                 manifest = new
                 self.stats["repaired"] += 1
                 _log.info("read-repaired fragment %s of %s", seq, self._prefix)
@@ -1329,7 +1380,7 @@ class LogWriter:
         """Load the stored manifest (what it shows of others waits for the fence)."""
         loaded = await load_manifest(self._store, self._prefix)
         if loaded is not None:
-            self._note_load(loaded[1])
+            self._note_load(*loaded)
         return loaded
 
     # ------------------------------------------------------------------------- snapshots
