@@ -112,7 +112,8 @@ class LogManager:
         self._bindings: collections.OrderedDict[UUID, str] = collections.OrderedDict()
         # The manifest (etag and fence) a closed writer of this process wrote last, per log: a
         # reopen that finds it still stored is no take-over (no fence, leases at once).
-        self._authored: collections.OrderedDict[UUID, tuple[str, float]] = \
+        # Kept for every close (failed writers too; the etag then None): the fence always carries.
+        self._authored: collections.OrderedDict[UUID, tuple[str | None, float]] = \
             collections.OrderedDict()
         self._buffered = 0
         self._closed = False
@@ -555,13 +556,13 @@ class LogManager:
         async def finish() -> None:
             try:
                 await h.writer.close()
-                authored = h.writer.authored_etag
-                if authored is not None and h.writer.failed is None:
-                    self._authored[h.collection_id] = authored
-                    self._authored.move_to_end(h.collection_id)
-                    while len(self._authored) > 100_000:
-                        self._authored.popitem(last=False)
             finally:
+                # Every close leaves its fence for the log's next writer here (a failed writer
+                # and one that learned its own manifest by a load included: either may have
+                # taken the log over, and the next one, finding a manifest naming this process,
+                # would otherwise answer at once).  The etag only when the writer knows it wrote
+                # the stored manifest and did not fail.
+                self._remember_fence(h.writer)
                 await self._leader.release(str(h.collection_id))
 
         cid = h.collection_id
@@ -576,6 +577,28 @@ class LogManager:
 
         task.add_done_callback(forget)
         await asyncio.shield(task)
+
+    def _remember_fence(self, writer: LogWriter) -> None:
+        cid = UUID(writer.prefix.rsplit("/", 1)[-1])
+        authored = writer.authored_etag if writer.failed is None else None
+        etag = authored[0] if authored is not None else None
+        fence = writer.fence_until
+        old = self._authored.get(cid)
+        if old is not None:
+            fence = max(fence, old[1])
+        if etag is None and fence <= writer.options.clock.monotonic():
+            self._authored.pop(cid, None)  # nothing to hand on
+            return
+        self._authored[cid] = (etag, fence)
+        self._authored.move_to_end(cid)
+        while len(self._authored) > 100_000:
+            # Drop the oldest entry whose fence has passed (an etag only saves a fence-free
+            # reopen); a fence still running is never dropped.
+            now = writer.options.clock.monotonic()
+            victim = next((k for k, (_e, f) in self._authored.items() if f <= now), None)
+            if victim is None:
+                break
+            del self._authored[victim]
 
     async def lost_leadership(self, collection_id: str) -> None:
         """The hint says another server took this log over: stop serving it here.

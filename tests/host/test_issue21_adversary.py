@@ -107,10 +107,6 @@ async def test_hosts_with_different_lease_settings_never_read_stale(
 # ------------------------------------------------- 2: a failed writer's fence is not carried
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: a writer that failed after taking the log over "
-                   "is replaced by one that treats the manifest naming this process as its own "
-                   "(name_is_unique) with no fence: it acknowledges at once while the old "
-                   "holder's lease still answers without the record")
 async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
         tmp_path: Path) -> None:
     root = tmp_path / "store"
@@ -119,8 +115,8 @@ async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
     # Host P's store: its first take-over manifest write lands, and the writer dies right after
     # (SimulatedCrash: the writer fails; the process and its host live on).
     faulty = FaultyStore(LocalStore(root), seed=1)
-    async with live_server(str(root), api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h, \
-            live_server(store=faulty, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as p:
+    async with live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
+            live_server(store=faulty, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as p:
         async with h.client("ak") as ch, p.client("ak") as cp:
             assert (await ch.post(path + "/records",
                                   json={"records": [record("r1")]})).status_code == 200
@@ -141,9 +137,6 @@ async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
             assert (await ch.get(path)).json()["next_offset"] == 4
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: a take-over writer that learned its own "
-                   "manifest by a load (a lost answer) leaves no authored etag at close, so the "
-                   "next writer after an eviction fences nothing and acknowledges at once")
 async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
         tmp_path: Path) -> None:
     root = tmp_path / "store"
@@ -151,8 +144,8 @@ async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
     path = log_path("alice", cid)
     faulty = FaultyStore(LocalStore(root), seed=1)
     manifest = rf"logs/{cid}/manifest/MANIFEST$"
-    async with live_server(str(root), api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h, \
-            live_server(store=faulty, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS,
+    async with live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
+            live_server(store=faulty, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS,
                         max_open_logs=1, shutdown_grace_s=0) as p:
         async with h.client("ak") as ch, p.client("ak") as cp:
             assert (await ch.post(path + "/records",
