@@ -42,7 +42,10 @@ TARGETS: dict[str, list[str]] = {
     "host/auth.py": ["tests/host/test_authz.py", "tests/host/test_auth_keys.py",
                      "tests/host/test_auth_contract.py"],
     "compactor_client/fold.py": ["tests/compactor_client/test_fold.py"],
-    "compactor_client/versions.py": ["tests/compactor_client/test_versions.py"],
+    "compactor_client/versions.py": ["tests/compactor_client/test_versions.py",
+                                     "tests/compactor_client/test_current_contract.py",
+                                     "tests/compactor_client/test_issue20_prune_store_time.py",
+                                     "tests/compactor_client/test_issue20_adversary.py"],
 }
 
 
