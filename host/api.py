@@ -554,12 +554,22 @@ def create_app(server: Server) -> FastAPI:
 
     # ------------------------------------------------------------------------ state & co
 
+    async def _compaction_offset(h: LogHandle) -> int:
+        """The compaction cursor as stored: another host (or the compactor through another
+        path) may have advanced it, and no lease covers the handle's memory of it.  The cursor
+        only moves forward, so the memory is a floor."""
+        w = await h.cursors.load("compaction")
+        if w is not None:
+            h.note_compaction(w.cursor.offset)
+        return h.compaction_offset
+
     async def _state(h: LogHandle) -> LogState:
         m = await server.manager.view(h)
+        compaction = await _compaction_offset(h)
         first_seq = m.initial_seq_no if m.initial_seq_no is not None else 1
         return LogState(collection_id=str(h.collection_id), tenant=h.tenant,
                         oldest_offset=m.oldest_offset, next_offset=m.next_offset,
-                        compaction_offset=h.compaction_offset, setsum=m.setsum.hexdigest(),
+                        compaction_offset=compaction, setsum=m.setsum.hexdigest(),
                         sealed=m.sealed, fragments=max(0, m.next_seq_no - first_seq),
                         bytes=m.live_bytes)
 
@@ -577,7 +587,7 @@ def create_app(server: Server) -> FastAPI:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             m = await server.manager.view(h)
-            start = from_ if from_ is not None else h.compaction_offset
+            start = from_ if from_ is not None else await _compaction_offset(h)
             start = max(start, m.oldest_offset) if from_ is None else start
             ptrs = await h.reader.scan(start, Limits(max_files=limit), manifest=m)
         return FragmentsResponse(fragments=[
@@ -650,8 +660,13 @@ def create_app(server: Server) -> FastAPI:
     async def seal(scope: tuple[str, UUID] = Depends(service_scope)) -> LogState:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
-            await h.writer.seal()
-            return await _state(h)
+            writer = h.writer
+            await writer.seal()
+            state = await _state(h)
+        # Like an append: no read anywhere may miss what this answer acknowledges (a take-over's
+        # fence), waited for outside use() so it pins no open-log slot.
+        await writer.wait_fence()
+        return state
 
     @v1.post(base + "/fork", response_model=LogState, openapi_extra=_body(ForkRequest),
              summary="Fork the log (default: from its compaction cursor) into a new collection")
@@ -663,7 +678,7 @@ def create_app(server: Server) -> FastAPI:
         if target == cid:
             raise BadRequest("target_collection_id: must differ from the source")
         async with server.manager.use(cid, tenant) as h:
-            offset = req.offset if req.offset is not None else h.compaction_offset
+            offset = req.offset if req.offset is not None else await _compaction_offset(h)
             m = await server.manager.view(h)  # another host may have written the log
             if offset > m.next_offset:
                 raise BadRequest(f"offset: {offset} is past the log's tail {m.next_offset}")
@@ -688,7 +703,9 @@ def create_app(server: Server) -> FastAPI:
     async def gc(scope: tuple[str, UUID] = Depends(service_scope)) -> dict[str, Any]:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
+            writer = h.writer
             report = await server.collect(h)
+        await writer.wait_fence()  # its manifest edit is acknowledged: as for an append
         return {"phase": report.phase, "cutoff": report.cutoff,
                 "fragments_deleted": report.fragments_deleted,
                 "snapshots_deleted": report.snapshots_deleted,

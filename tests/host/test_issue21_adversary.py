@@ -281,14 +281,12 @@ async def test_a_retry_listing_metadata_in_another_order_is_the_same_request(
 # ------------------------------------------------------ 6: state fields no lease vouches for
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: /seal is acknowledged without the take-over "
-                   "fence, so the old holder's lease still answers sealed: false")
 async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(
         tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     path = log_path("alice", uuid.uuid4())
-    async with live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h, \
-            live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as g:
+    async with live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
+            live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as g:
         async with h.client("ak") as ch, g.client("svc") as operator:
             assert (await ch.post(path + "/records",
                                   json={"records": [record("r1")]})).status_code == 200
@@ -298,9 +296,6 @@ async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(
             assert (await ch.get(path)).json()["sealed"] is True
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: compaction_offset is the handle's memory, "
-                   "moved only by this host's requests: another host's acknowledged compaction "
-                   "is never seen while the log stays open here")
 async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
         tmp_path: Path) -> None:
     store = str(tmp_path / "store")
