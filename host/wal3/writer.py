@@ -192,6 +192,11 @@ class LogWriterOptions:
     snapshot_max_age_s: float = 60.0
     dedup_window_fragments: int = 256
     dedup_window_keys: int = 10_000
+    # Keys pushed out of ``dedup_window_keys`` while their fragment is still within
+    # ``dedup_window_fragments``: kept as a hash -> sequence number each (about 100 bytes), and a
+    # retry that matches one is answered from that fragment's footer.  Past this many, the
+    # oldest go (the window then ends there).
+    dedup_spill_keys: int = 100_000
     max_append_attempts: int = 3
     max_rebases: int = 64
     clock: Clock = SYSTEM_CLOCK  # wall time for record timestamps, monotonic for ages
@@ -349,6 +354,8 @@ class LogWriter:
         self._committed = asyncio.Event()
         self._keys: collections.OrderedDict[str, AppendResult] = collections.OrderedDict()
         self._key_seq: dict[str, int] = {}  # the fragment each key is in, to expire the window
+        # hash(key) -> fragment, for keys past dedup_window_keys still in the fragment window.
+        self._spill: dict[int, int] = {}
         self._keys_loaded = False
         self._unlearned: set[int] = set()  # sequence numbers whose footers we still must read
         self._keys_lock = asyncio.Lock()
@@ -581,6 +588,9 @@ class LogWriter:
             await self._ensure_keys_loaded()
             self._check_open()
             known = self._keys.get(idempotency_key)
+            if known is None:
+                known = await self._spilled_key(idempotency_key)
+                self._check_open()
             if known is not None:
                 return known.as_duplicate()
             waiter = self._key_waiters.get(idempotency_key)
@@ -1415,7 +1425,28 @@ class LogWriter:
         self._keys.move_to_end(key)
         self._key_seq[key] = seq_no
         while len(self._keys) > self._opts.dedup_window_keys:
-            self._key_seq.pop(self._keys.popitem(last=False)[0], None)
+            old = self._keys.popitem(last=False)[0]
+            seq = self._key_seq.pop(old, None)
+            if seq is not None and self._opts.dedup_spill_keys > 0:
+                # Still within the fragment window: keep a pointer to its footer.
+                self._spill[hash(old)] = seq
+                while len(self._spill) > self._opts.dedup_spill_keys:
+                    del self._spill[next(iter(self._spill))]
+
+    async def _spilled_key(self, key: str) -> AppendResult | None:
+        """A key pushed out of memory but still within the fragment window: from its footer."""
+        seq = self._spill.get(hash(key))
+        if seq is None or seq < self._manifest.next_seq_no - self._opts.dedup_window_fragments:
+            return None
+        try:
+            got = await self._store.get(join(self._prefix, fragment_path(seq)))
+            entry = (await asyncio.to_thread(read_footer, got.data))[1].get(key)
+        except (ObjectNotFound, CorruptFragment):
+            return None
+        if entry is None:
+            return None  # another key with the same hash
+        self.stats["dedup_footer_hits"] += 1
+        return AppendResult(entry[0], entry[1], 0, digest=key_digest(entry))
 
     def _expire_keys(self) -> None:
         """Forget keys whose fragment left the window: memory stays bounded by the window, which
@@ -1424,9 +1455,14 @@ class LogWriter:
         while self._keys:
             key = next(iter(self._keys))
             if self._key_seq.get(key, horizon) >= horizon:
-                return
+                break
             del self._keys[key]
             self._key_seq.pop(key, None)
+        while self._spill:
+            h = next(iter(self._spill))
+            if self._spill[h] >= horizon:
+                break
+            del self._spill[h]
 
     def _drop_known_keys(self) -> None:
         """Resolve queued appends whose key turned out to be in the log already (read repair)."""

@@ -89,8 +89,6 @@ async def test_a_lease_renewal_racing_our_own_write_does_not_fence_us(tmp_path: 
     await w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: keys past dedup_window_keys (10,000) are "
-                   "forgotten inside the documented 256-fragment window: the retry appends again")
 async def test_a_retry_within_the_last_256_fragments_is_deduplicated(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     opts = LogWriterOptions(writer_name="w")  # the defaults the log host uses
