@@ -2,7 +2,9 @@
 
 An answer may reach ``max_request_bytes`` (8 MiB).  Built whole, it sits in memory until the
 client has taken it, and a client that never reads would pin it for as long as the connection
-lives.  So a large answer is streamed a group of fragments at a time (about 1 MiB of objects),
+lives.  So a large answer is streamed a group of fragments at a time (about 1 MiB of decoded
+records: groups and the decision to stream go by decoded bytes, never by the stored, compressed
+size, so compressible records cannot make one group hold the whole page),
 and the next group is fetched only once the socket has taken the previous one (an empty chunk
 waits for the transport to drain): a slow reader holds one group, not the whole answer, and the
 send timeout of ``host.httpserver`` ends it.  A small answer, the usual one, is one body with a
@@ -109,38 +111,83 @@ def empty_answer(from_offset: int) -> Response:
     return Response(HEAD + RecordPage(from_offset, 1, 1).tail(), media_type="application/json")
 
 
+def _decoded_bytes(frags: Sequence[DecodedFragment]) -> int:
+    return sum(len(r.body) for f in frags for r in f.records)
+
+
+async def _groups(reader: LogReader, pointers: Sequence[FragmentPointer]
+                  ) -> AsyncIterator[list[DecodedFragment]]:
+    """The fragments, fetched a group at a time; a group is about ``GROUP_BYTES`` *decoded*.
+
+    Only stored sizes are known before a fetch, so the first group is one fragment, and each
+    later group takes as many stored bytes as the largest decoded/stored ratio seen so far says
+    make ``GROUP_BYTES`` decoded (compressible records: few fragments at a time)."""
+    ratio = 1.0
+    i = 0
+    while i < len(pointers):
+        budget = GROUP_BYTES / ratio if i else 0
+        group = [pointers[i]]
+        size = pointers[i].num_bytes
+        i += 1
+        while i < len(pointers) and size + pointers[i].num_bytes <= budget:
+            group.append(pointers[i])
+            size += pointers[i].num_bytes
+            i += 1
+        frags = await fetch_group(reader, group)
+        ratio = max(ratio, _decoded_bytes(frags) / max(1, size))
+        yield frags
+
+
 async def records_answer(reader: LogReader, pointers: Sequence[FragmentPointer],
                          from_offset: int, limit: int, max_bytes: int) -> Response:
     """The answer for ``pointers`` (from ``LogReader.scan``), whole or streamed.
 
-    The first group is fetched before anything is sent, so its failures (a corrupt or missing
-    fragment, a store outage) are the request's error status.  A later group that fails ends the
-    answer early, well-formed, with ``next_offset`` where it stopped: the client reads on from
-    there and meets the error itself.
+    Groups, and whether to stream, go by decoded bytes (what the answer holds), never by the
+    stored (compressed) size.  The first group is fetched before anything is sent, so its
+    failures (a corrupt or missing fragment, a store outage) are the request's error status.  A
+    later group that fails ends the answer early, well-formed, with ``next_offset`` where it
+    stopped: the client reads on from there and meets the error itself.
     """
     page = RecordPage(from_offset, limit, max_bytes)
-    groups = fragment_groups(pointers)
-    if not groups:
+    if not pointers:
         return empty_answer(from_offset)
-    first = page.take(await fetch_group(reader, groups[0]))
-    if len(groups) == 1 or page.full:
+    groups = _groups(reader, pointers)
+    first = page.take(await anext(groups))
+    done = False
+    # Small so far: take more groups while the body stays within about one group (one body if
+    # the answer ends there: the usual small answer keeps its Content-Length).
+    while not page.full and len(first) <= GROUP_BYTES:
+        try:
+            frags = await anext(groups)
+        except StopAsyncIteration:
+            done = True
+            break
+        first += page.take(frags)
+        del frags
+    if done or page.full:
+        await groups.aclose()
         return Response(HEAD + first + page.tail(), media_type="application/json")
 
     async def stream() -> AsyncIterator[bytes]:
-        yield HEAD + first
-        for group in groups[1:]:
-            if page.full:
-                break
-            # Sending nothing waits until the socket took what was sent before: hold one group.
-            yield b""
-            try:
-                frags = await fetch_group(reader, group)
-            except (Wal3Error, OSError) as e:
-                _log.warning("records answer cut short at offset %d: %r", page.next_offset, e)
-                break
-            chunk = page.take(frags)
-            del frags
-            yield chunk
-        yield page.tail()
+        try:
+            yield HEAD + first
+            while not page.full:
+                # Sending nothing waits until the socket took what was sent before: hold one
+                # group.
+                yield b""
+                try:
+                    frags = await anext(groups)
+                except StopAsyncIteration:
+                    break
+                except (Wal3Error, OSError) as e:
+                    _log.warning("records answer cut short at offset %d: %r",
+                                 page.next_offset, e)
+                    break
+                chunk = page.take(frags)
+                del frags
+                yield chunk
+            yield page.tail()
+        finally:
+            await groups.aclose()
 
     return StreamingResponse(stream(), media_type="application/json")

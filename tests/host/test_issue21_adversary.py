@@ -228,9 +228,6 @@ async def test_a_record_one_read_returned_is_seen_by_every_later_read(tmp_path: 
 # --------------------------------------- 4: the streamed answer's bound, compressible records
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: groups are sized by stored (compressed) bytes; "
-                   "compressible records fill the 8 MiB page from the first group, so the whole "
-                   "answer is one body again, pinned by a reader that never reads")
 async def test_an_answer_of_compressible_records_is_not_built_whole(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     cid = str(uuid.uuid4())
