@@ -105,6 +105,9 @@ async def test_a_plan_discarded_for_a_pin_is_not_applied_by_a_stalled_collector(
        applies P.  The manifest now starts at 10 while ``reader`` stands at 3: the pinned
        records are unlinked (invariant 10), and the next sweep is free to delete them (without
        a grace: see finding 3) as soon as the cursor is moved or deleted.
+
+    Since the fix A's first manifest write is the announcement of its floor, which B replaces
+    and clears; ``test_gc_floor.py`` holds A at the cut itself.
     """
     root = tmp_path / "store"
     p = "logs/race"
