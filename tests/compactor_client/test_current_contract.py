@@ -7,6 +7,7 @@ named), and what the history keeps.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from typing import Any
@@ -108,3 +109,74 @@ def test_versions_are_snappy_parquet() -> None:
     meta = pq.ParquetFile(io.BytesIO(data)).metadata
     assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {
         "SNAPPY"}
+
+
+# ------------------------------------------------------------------------- installs, end to end
+
+
+async def test_an_install_answers_the_pointer_it_stored(tmp_path: Any) -> None:
+    """What ``install_version`` returns is what the next reader of CURRENT.json gets (the
+    compactor advances the cursor and prunes from it), the history newest first."""
+    from compactor_client.versions import (
+        allocate_version,
+        install_version,
+        read_current,
+        write_rows,
+    )
+    from host.wal3.localstore import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    base = None
+    for i, now in enumerate((100.0, 200.0, 300.0)):
+        pending = allocate_version(CID, base, token=f"t{i}")
+        await write_rows(store, pending, [Row(id=str(i))])
+        out = await install_version(store, pending, offset=10 * (i + 1), rows=i + 1, now=now)
+        assert out.installed is True and out.current is not None
+        read = await read_current(store, CID)
+        assert read is not None
+        assert dataclasses.replace(read, stored_at=None) == out.current
+        base = read
+    got = await store.get(KEY)
+    doc = json.loads(got.data)
+    assert [h["version"] for h in doc["history"]] == [3, 2, 1]  # newest first, itself too
+    assert doc["installed_at"] == 300.0 and doc["offset"] == 30 and doc["rows"] == 3
+
+
+async def test_an_install_may_fold_nothing_but_never_go_back(tmp_path: Any) -> None:
+    from compactor_client.versions import (
+        allocate_version,
+        install_version,
+        read_current,
+        write_rows,
+    )
+    from host.wal3.localstore import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    first = allocate_version(CID, None, token="a")
+    await write_rows(store, first, [])
+    assert (await install_version(store, first, offset=5, rows=0, now=1.0)).installed
+    base = await read_current(store, CID)
+    again = allocate_version(CID, base, token="b")
+    await write_rows(store, again, [])
+    with pytest.raises(ValueError, match=r"^offset 4 is behind the base version's 5$"):
+        await install_version(store, again, offset=4, rows=0, now=2.0)
+    assert (await install_version(store, again, offset=5, rows=0, now=2.0)).installed
+
+
+async def test_a_version_file_is_never_overwritten(tmp_path: Any) -> None:
+    from compactor_client.versions import allocate_version, write_rows
+    from host.wal3.errors import PreconditionFailed
+    from host.wal3.localstore import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    pending = allocate_version(CID, None, token="same")
+    await write_rows(store, pending, [Row(id="a")])
+    with pytest.raises(PreconditionFailed):
+        await write_rows(store, pending, [Row(id="b")])
+
+
+def test_etags_compare_with_or_without_quotes() -> None:
+    from compactor_client.versions import _same_etag
+
+    assert _same_etag('"abc"', "abc") and _same_etag("abc", '"abc"')
+    assert not _same_etag('"abc"', '"abd"')
