@@ -17,6 +17,7 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -44,6 +45,7 @@ from .errors import (
     BackpressureError,
     BadRequest,
     Conflict,
+    RecordTooLarge,
     NotFound,
     NotLeader,
     TooLarge,
@@ -174,20 +176,89 @@ def _count_records(raw: bytes, limit: int) -> Any:
 
 
 _CHUNK_RECORDS = 256
+# Metadata entries and embedding elements one validation call may take at most (a slice of
+# records is cut short when its records carry more): pydantic holds the GIL for the whole call.
+_CHUNK_VALUES = 65536
+# The smallest embedding element or metadata entry in JSON ("0,"): a shorter body holds fewer
+# than _CHUNK_VALUES values and is validated in one call.
+_MIN_VALUE_BYTES = 2
 _RECORDS: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
 
 
-def _decode_in_chunks(doc: dict[str, Any]) -> tuple[AppendRequest, list[bytes]]:
+@dataclass(frozen=True)
+class RecordLimits:
+    """What one append may carry: records, and per record metadata keys and embedding length."""
+
+    records: int
+    metadata_keys: int
+    embedding_dims: int
+
+
+def _record_values(records: list[Any], limits: RecordLimits) -> list[int]:
+    """Each record's metadata entries plus embedding elements, read off the parsed JSON (one
+    ``len`` each); a record over ``limits`` is refused here, before anything is validated."""
+    sizes = []
+    for i, rec in enumerate(records):
+        n = 0
+        if isinstance(rec, dict):
+            meta, emb = rec.get("metadata"), rec.get("embedding")
+            if isinstance(meta, dict):
+                if len(meta) > limits.metadata_keys:
+                    raise RecordTooLarge(f"records.{i}.metadata: {len(meta)} keys, at most "
+                                         f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)")
+                n += len(meta)
+            if isinstance(emb, list):
+                if len(emb) > limits.embedding_dims:
+                    raise RecordTooLarge(f"records.{i}.embedding: {len(emb)} elements, at most "
+                                         f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)")
+                n += len(emb)
+        sizes.append(n)
+    return sizes
+
+
+def _check_record_sizes(records: list[Record], limits: RecordLimits) -> None:
+    """The same limits on records validated already (small bodies, bounded by their size)."""
+    for i, rec in enumerate(records):
+        if rec.metadata is not None and len(rec.metadata) > limits.metadata_keys:
+            raise RecordTooLarge(f"records.{i}.metadata: {len(rec.metadata)} keys, at most "
+                                 f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)")
+        if rec.embedding is not None and len(rec.embedding) > limits.embedding_dims:
+            raise RecordTooLarge(f"records.{i}.embedding: {len(rec.embedding)} elements, at most "
+                                 f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)")
+
+
+def _slices(sizes: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` slices of at most ``_CHUNK_RECORDS`` records and (unless one record is
+    alone) ``_CHUNK_VALUES`` values."""
+    out: list[tuple[int, int]] = []
+    start, values = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and (i - start >= _CHUNK_RECORDS or values + n > _CHUNK_VALUES):
+            out.append((start, i))
+            start, values = i, 0
+        values += n
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def _stored(records: list[Record]) -> list[bytes]:
+    """The records as stored: compact JSON."""
+    return [r.model_dump_json().encode() for r in records]
+
+
+def _decode_in_chunks(doc: dict[str, Any], sizes: list[int]) -> tuple[AppendRequest, list[bytes]]:
     """Validate a large append a slice of records at a time.
 
-    Pydantic holds the GIL while it validates: in one call over thousands of records the decoding
-    thread would stall the event loop as surely as decoding on it.  Between slices the loop gets
-    its turn.  Each slice is validated from JSON again, so the rules are exactly the body's.
+    Pydantic holds the GIL while it validates: in one call over thousands of records (or values)
+    the decoding thread would stall the event loop as surely as decoding on it.  Between slices
+    the loop gets its turn.  Each slice is validated from JSON again, so the rules are exactly
+    the body's.
     """
     records = doc["records"]
     parsed: list[Record] = []
-    for i in range(0, len(records), _CHUNK_RECORDS):
-        chunk = json.dumps(records[i:i + _CHUNK_RECORDS])
+    for i, end in _slices(sizes):
+        chunk = json.dumps(records[i:end])
         try:
             parsed.extend(_RECORDS.validate_json(chunk))
         except ValidationError as e:
@@ -202,20 +273,25 @@ def _decode_in_chunks(doc: dict[str, Any]) -> tuple[AppendRequest, list[bytes]]:
     envelope["records"] = [{"id": "-", "op": "add"}]
     req = _parse(AppendRequest, json.dumps(envelope).encode())
     req = req.model_copy(update={"records": parsed})
-    return req, [r.model_dump_json().encode() for r in parsed]
+    return req, _stored(parsed)
 
 
-def _decode_append(raw: bytes, limit: int) -> tuple[AppendRequest, list[bytes]]:
+def _decode_append(raw: bytes, limits: RecordLimits) -> tuple[AppendRequest, list[bytes]]:
     """Validate an append body; the records as stored (compact JSON)."""
-    if len(raw) > _MIN_RECORD_BYTES * limit:
+    limit = limits.records
+    if len(raw) > min(_MIN_RECORD_BYTES * limit, _MIN_VALUE_BYTES * _CHUNK_VALUES):
+        # Large enough to hold too many records or values: counted on the parsed JSON before
+        # any validation.
         doc = _count_records(raw, limit)
-        if isinstance(doc, dict) and isinstance(doc.get("records"), list) and \
-                len(doc["records"]) > _CHUNK_RECORDS:
-            return _decode_in_chunks(doc)
+        if isinstance(doc, dict) and isinstance(doc.get("records"), list):
+            sizes = _record_values(doc["records"], limits)
+            if len(sizes) > _CHUNK_RECORDS or sum(sizes) > _CHUNK_VALUES:
+                return _decode_in_chunks(doc, sizes)
     req = _parse(AppendRequest, raw)
     if len(req.records) > limit:
         raise BadRequest(f"records: at most {limit} per request")
-    return req, [r.model_dump_json().encode() for r in req.records]
+    _check_record_sizes(req.records, limits)
+    return req, _stored(req.records)
 
 
 def _mismatch() -> Conflict:
@@ -422,14 +498,15 @@ def create_app(server: Server) -> FastAPI:
         tenant, cid = scope
         started = time.monotonic()
         raw = await _read_body(request, settings.max_request_bytes)
-        limit = min(settings.max_records_per_request, MAX_RECORDS_PER_REQUEST)
+        limits = RecordLimits(min(settings.max_records_per_request, MAX_RECORDS_PER_REQUEST),
+                              settings.max_metadata_keys, settings.max_embedding_dims)
         if len(raw) > _DECODE_OFF_LOOP_BYTES:
             # Large bodies are decoded in a worker thread; the record count is checked before
             # any record is validated, so the work per request is bounded.
             req, bodies = await asyncio.get_running_loop().run_in_executor(
-                _DECODER, _decode_append, raw, limit)
+                _DECODER, _decode_append, raw, limits)
         else:
-            req, bodies = _decode_append(raw, limit)
+            req, bodies = _decode_append(raw, limits)
         nbytes = sum(len(b) for b in bodies)
         server.manager.reserve(nbytes)
         try:

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     max_buffered_bytes: int = Field(256 << 20, ge=1024)
     max_request_bytes: int = Field(8 << 20, ge=1024)
     max_records_per_request: int = Field(10_000, ge=1)
+    # One record's metadata keys and embedding length at most: checked on the parsed JSON before
+    # any validation, so no single validation call holds the GIL for an unbounded record.
+    max_metadata_keys: int = Field(1024, ge=1)
+    max_embedding_dims: int = Field(65536, ge=1)
     max_read_records: int = Field(10_000, ge=1)
     max_wait_ms: int = Field(30_000, ge=0)
     batch_interval_ms: float = Field(2.0, ge=0)

@@ -38,6 +38,12 @@ class BadRequest(ApiError):
     status, code = 400, "invalid_request"
 
 
+class RecordTooLarge(ApiError):
+    """A record with more metadata keys or embedding dimensions than the host allows."""
+
+    status, code = 400, "record_too_large"
+
+
 class Unauthorized(ApiError):
     """Missing or unknown API key."""
 

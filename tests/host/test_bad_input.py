@@ -299,6 +299,14 @@ CASES: list[Bad] = [
     # OverflowError on it (a poison record that would stall the log's compaction for good).
     Bad("embedding integer too large for a float", "POST", APPENDS,
         b'{"records": [{"id": "a", "op": "add", "embedding": [1' + b"0" * 400 + b"]}]}"),
+    # One record's size is bounded (LOGHOST_MAX_METADATA_KEYS / _EMBEDDING_DIMS, 1024 / 65536).
+    Bad("metadata over 1024 keys", "POST", APPENDS,
+        rec(metadata={str(i): 0 for i in range(1025)}), code="record_too_large"),
+    Bad("embedding over 65536 elements", "POST", APPENDS, rec(embedding=[0] * 65537),
+        code="record_too_large"),
+    Bad("a later record's metadata over 1024 keys", "POST", APPENDS,
+        json.dumps({"records": [record("a"), {"id": "b", "op": "add", "metadata": {
+            str(i): i for i in range(5000)}}]}).encode(), code="record_too_large"),
     Bad("unknown top-level field", "POST", APPENDS,
         json.dumps({"records": [record("a")], "force": True}).encode()),
     Bad("unknown record field", "POST", APPENDS, rec(vector=[1.0])),

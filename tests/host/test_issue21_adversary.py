@@ -312,9 +312,6 @@ async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
 
 
 @pytest.mark.parametrize("field", ["metadata", "embedding"])
-@pytest.mark.xfail(strict=True, reason="finding 7: a record's metadata and embedding are "
-                   "unbounded, so one record is validated in one GIL-holding pydantic call of "
-                   "hundreds of thousands of values (the event loop stalls for it)")
 async def test_no_single_validation_call_takes_an_unbounded_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str) -> None:
     from host import api
