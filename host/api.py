@@ -243,7 +243,8 @@ def _slices(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 def _stored(records: list[Record]) -> list[bytes]:
-    """The records as stored: compact JSON."""
+    """The records as stored: compact JSON, metadata keys sorted (``Record`` sorts them: JSON
+    objects are unordered, so the same request always stores, and hashes, the same bytes)."""
     return [r.model_dump_json().encode() for r in records]
 
 

@@ -54,6 +54,14 @@ def _finite_float32(values: list[float | int] | None) -> list[float | int] | Non
     return values
 
 
+def _sorted_keys(metadata: dict[str, MetadataValue] | None) -> dict[str, MetadataValue] | None:
+    # JSON objects are unordered: a record is stored (and its request hashed) with its metadata
+    # keys sorted, so the same request in any key order is the same bytes.
+    if not metadata:
+        return metadata
+    return dict(sorted(metadata.items()))
+
+
 class Record(BaseModel):
     """One operation on a collection; stored as its compact UTF-8 JSON."""
 
@@ -62,7 +70,8 @@ class Record(BaseModel):
     id: StrictStr = Field(min_length=1, max_length=256)
     op: Op
     document: StrictStr | None = None
-    metadata: dict[StrictStr, MetadataValue] | None = None
+    metadata: Annotated[dict[StrictStr, MetadataValue] | None,
+                        AfterValidator(_sorted_keys)] = None
     embedding: Annotated[list[StrictFloat | StrictInt] | None,
                          AfterValidator(_finite_float32)] = None
 

@@ -255,9 +255,6 @@ async def test_an_answer_of_compressible_records_is_not_built_whole(tmp_path: Pa
 # -------------------------------------------------- 5: idempotency and JSON object key order
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: metadata key order is kept in the stored "
-                   "record and its hash, so the same JSON request (objects are unordered) is "
-                   "refused as a different one")
 async def test_a_retry_listing_metadata_in_another_order_is_the_same_request(
         tmp_path: Path) -> None:
     store = str(tmp_path / "store")
