@@ -29,8 +29,12 @@ conditional writes are the only fence, so the rule is built on them and on monot
   (its etag is one our own put returned) and a store interaction *issued* less than
   ``read_lease_s`` ago proved it was still the stored one: our write (issued at ``i``, so the
   manifest was ours at some moment after ``i``) or a HEAD that found its etag
-  (``confirm_lease``).  The manifest is read before the clock is, so a pause in between can only
-  shorten the lease.  A manifest this writer merely loaded is never leased: its author may still
+  (``confirm_lease``).  A HEAD that finds another etag while one of our own manifest puts is
+  in flight (or was issued during the HEAD) gives no lease but keeps authorship: the etag may be
+  our own next manifest, its answer not back yet, and dropping authorship would make that write
+  look like a take-over (the writer fencing itself).  If it is another writer's, our put's
+  If-Match fails and recovery loads and fences it.  The manifest is read before the clock is, so
+  a pause in between can only shorten the lease.  A manifest this writer merely loaded is never leased: its author may still
   write on top of it without fencing (its base is its own), and we would not know.  Etags are
   content hashes (S3, the local store), so "an etag our put returned" names our bytes only if no
   other writer can write byte-identical ones: every manifest names its writer, and writer names
@@ -327,6 +331,10 @@ class LogWriter:
         self._lease_from: float | None = None
         self._fence_until = float("-inf")
         self._confirming: asyncio.Task[bool] | None = None
+        # Our manifest puts: in flight now, and issued ever.  A lease-renewing HEAD overlapping
+        # one may see our own next manifest before its answer reaches us (confirm_lease).
+        self._manifest_puts_in_flight = 0
+        self._manifest_puts_issued = 0
         # Speculative allocation: where the next batch goes.
         self._next_seq = manifest.next_seq_no
         self._next_offset = manifest.next_offset
@@ -487,6 +495,7 @@ class LogWriter:
     async def _confirm(self) -> bool:
         etag = self._etag
         issued = self._opts.clock.monotonic()
+        puts_before = self._manifest_puts_issued
         try:
             held = await self._store.head(join(self._prefix, MANIFEST_PATH))
         except (StoreUnavailable, ObjectNotFound, OSError):
@@ -494,10 +503,26 @@ class LogWriter:
         if self._etag != etag or not self.authored:
             return self.lease_remaining() > 0  # we wrote again meanwhile: that write proves it
         if _bare(held.etag) != _bare(etag):
+            if self._manifest_puts_in_flight or self._manifest_puts_issued != puts_before:
+                # Maybe our own next manifest, its answer not back yet: no lease now, but
+                # authorship stays (dropping it would make that write look like a take-over
+                # and fence us against ourselves).  If another writer's it is, our put's
+                # If-Match fails and recovery loads (and fences) what it wrote.
+                return False
             self._authored, self._lease_from = None, None  # someone else wrote the log
             return False
         self._lease_from = max(self._lease_from or issued, issued)
         return True
+
+    async def _put_manifest(self, new: Manifest, base_etag: str) -> str:
+        """Put ``new`` over ``base_etag``, counted in flight for ``_confirm``."""
+        self._manifest_puts_in_flight += 1
+        self._manifest_puts_issued += 1
+        try:
+            return await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
+                                       new.to_bytes(), if_match=base_etag)
+        finally:
+            self._manifest_puts_in_flight -= 1
 
     def _landed(self, base: str | None, etag: str, issued: float,
                 base_manifest: Manifest | None) -> None:
@@ -967,8 +992,7 @@ class LogWriter:
             base_etag = self._etag
             issued = self._opts.clock.monotonic()
             try:
-                etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
-                                           new.to_bytes(), if_match=base_etag)
+                etag = await self._put_manifest(new, base_etag)
             except PreconditionFailed:
                 self.stats["manifest_conflicts"] += 1
                 loaded = await self._load()
@@ -1373,8 +1397,7 @@ class LogWriter:
             new = self._stamped(manifest.with_fragments([pointer], self._opts.writer_name))
             base_etag, issued = etag, self._opts.clock.monotonic()
             try:
-                etag = await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
-                                           new.to_bytes(), if_match=base_etag)
+                etag = await self._put_manifest(new, base_etag)
                 self._landed(base_etag, etag, issued, manifest)
                 manifest = new
                 self.stats["repaired"] += 1

@@ -65,9 +65,6 @@ class GatedStore(ObjectStore):
         return self.inner.url_for(key)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a lease-renewing HEAD that sees the writer's "
-                   "own next manifest (its answer still on the way) drops authorship, and the "
-                   "write then counts as a take-over: the lone writer fences itself")
 async def test_a_lease_renewal_racing_our_own_write_does_not_fence_us(tmp_path: Path) -> None:
     clock = ManualClock()
     store = GatedStore(LocalStore(tmp_path / "store"))
