@@ -1085,6 +1085,10 @@ class GarbageCollector:
             got = (self._mono, [])
             per_store[key] = got
         hist = got[1]
+        if hist and (seen[0] < hist[-1][1] or seen[1] < hist[-1][2]):
+            # The live range only grows in one log's life: a smaller one is another log at this
+            # prefix (deleted and created again), and nothing seen of the old one says anything.
+            hist.clear()
         if not hist or hist[-1][1:] != seen:
             hist.append((self._mono(), *seen))
         return seen
@@ -1270,7 +1274,8 @@ class GarbageCollector:
             report.notes.append("the live range has not been seen for a grace yet: the sweep "
                                 "waits")
             return
-        swept_offset, swept_seq = floor
+        # Never past what the manifest shows now, whatever was observed or marked before.
+        swept_offset, swept_seq = min(floor[0], seen[0]), min(floor[1], seen[1])
         now = self._clock()
         horizon = now - self._opts.grace_s
         retain_horizon = now - max(self._opts.grace_s, self._opts.retain_s)

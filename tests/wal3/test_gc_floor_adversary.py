@@ -51,11 +51,6 @@ async def test_a_steady_rust_writer_starves_the_collector(tmp_path: Path) -> Non
     assert loaded[0].oldest_offset == 10, f"never cut after {len(phases)} passes: {phases}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "safety (b): the sweep's in-process observations (_OBSERVED) are keyed by store and prefix "
-    "only and assume the oldest offset never goes down; a log deleted and created again at the "
-    "same prefix in a long-lived process is swept below the OLD log's aged observation, and "
-    "fragments the new manifest references are deleted"))
 async def test_a_log_recreated_at_the_same_prefix_is_swept_by_the_old_logs_observation(
         tmp_path: Path) -> None:
     root = tmp_path / "store"
