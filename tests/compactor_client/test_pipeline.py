@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import io
 import json
+import os
 import random
 import socket
 import threading
@@ -277,6 +278,12 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     # ---- round 3: version 3 of alpha pushes version 1 out of the kept window (2 by default);
     # with no grace it is deleted right after the install, version 2 stays for its readers.
     v2_alpha = (await read_current(store, "alpha")).path  # type: ignore[union-attr]
+    # Prune dates supersession on the store's clock, whole seconds with one second of slack:
+    # make version 2's install a minute old (Last-Modified is the file's mtime here).
+    for f in (tmp_path / "store").rglob("*"):
+        if f.is_file():
+            st = f.stat()
+            os.utime(f, (st.st_atime - 60, st.st_mtime - 60))
     await logs["alpha"].append_fragment(random_records(rng, 5))
     pruning = CompactionPipeline(spark, store, {HOST: api}, prune_grace_s=0.0)
     r3 = await pruning.run_round([candidate(logs["alpha"], start=api.cursors["alpha"])])
