@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Literal
 
-from host.wal3 import LogReader, LogWriter, Manifest, ObjectStore, Setsum
+from host.wal3 import (
+    LocalStore,
+    LogReader,
+    LogWriter,
+    LogWriterOptions,
+    Manifest,
+    ObjectStore,
+    Setsum,
+)
+from host.wal3.cursors import CursorStore
 from host.wal3.fragment import LogRecord, decode_fragment
 from host.wal3.layout import join
-from host.wal3.reader import SnapshotCache, resolve_fragments
-from host.wal3.reader import Limits
+from host.wal3.reader import Limits, SnapshotCache, resolve_fragments
 from host.wal3.store import GetResult, ObjectMeta
 
 
@@ -132,3 +142,35 @@ class GateStore(ObjectStore):
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
+
+
+async def twelve_record_log(root: Path, prefix: str, cursor: int) -> tuple[LocalStore, Manifest]:
+    """The GC tests' log: twelve records, one per fragment (offset i holds ``r{i}``), the first
+    eight in two depth-1 snapshots of four, and a compaction cursor at ``cursor`` (our own
+    planner cuts it at 10 for a cursor at 10: both snapshots and fragment 9 go)."""
+    store = LocalStore(root)
+    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100,
+                            writer_name="w")
+    w = await LogWriter.open(store, prefix, opts)
+    for i in range(12):
+        await w.append(f"r{i + 1}".encode())
+    await w.compact_manifest()
+    m = w.manifest
+    await w.close()
+    await CursorStore(store, prefix, "t").init("compaction", cursor)
+    return store, m
+
+
+def age_objects(root: Path, seconds: float) -> None:
+    """Move every object's Last-Modified back by ``seconds`` (as if written that long ago: the
+    local store's Last-Modified is the file's mtime)."""
+    for d, _, files in os.walk(root):
+        for f in files:
+            path = os.path.join(d, f)
+            st = os.stat(path)
+            os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def record_bodies(lo: int, hi: int) -> list[bytes]:
+    """The bodies ``r{lo}`` … ``r{hi - 1}`` of :func:`twelve_record_log`."""
+    return [f"r{i}".encode() for i in range(lo, hi)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -26,37 +25,9 @@ from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, pin_cursor
 from host.wal3.layout import GARBAGE_PATH, join, load_manifest
 from host.wal3.manifest import MANIFEST_PATH, Manifest
 
-from .helpers import Clock, GateStore
+from .helpers import Clock, GateStore, age_objects, record_bodies, twelve_record_log
 
-
-async def _log(root: Path, prefix: str, cursor: int) -> tuple[LocalStore, Manifest]:
-    """Twelve records, one per fragment (offset i holds ``r{i}``), the first eight in two
-    depth-1 snapshots of four, and a compaction cursor at ``cursor``.  Our own planner cuts
-    such a log at 10 for a cursor at 10: S1 [1,5), S2 [5,9) and fragment 9 go."""
-    store = LocalStore(root)
-    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100,
-                            writer_name="w")
-    w = await LogWriter.open(store, prefix, opts)
-    for i in range(12):
-        await w.append(f"r{i + 1}".encode())
-    await w.compact_manifest()
-    m = w.manifest
-    await w.close()
-    await CursorStore(store, prefix, "t").init("compaction", cursor)
-    return store, m
-
-
-def _age(root: Path, seconds: float) -> None:
-    """Move every object's Last-Modified back by ``seconds`` (as if written that long ago)."""
-    for d, _, files in os.walk(root):
-        for f in files:
-            path = os.path.join(d, f)
-            st = os.stat(path)
-            os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
-
-
-def _bodies(lo: int, hi: int) -> list[bytes]:
-    return [f"r{i}".encode() for i in range(lo, hi)]
+_log, _age, _bodies = twelve_record_log, age_objects, record_bodies
 
 
 # Finding 1 ------------------------------------------------------------------------------------

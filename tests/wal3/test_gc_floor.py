@@ -40,35 +40,15 @@ from host.wal3.layout import CLOCK_PATH, GARBAGE_PATH, OLDEST_PATH, join, load_m
 from host.wal3.manifest import MANIFEST_PATH, U64_MAX, GcFloor, Manifest
 from host.wal3.store import ObjectStore
 
-from .helpers import Clock, GateStore
+from .helpers import Clock, GateStore, age_objects, record_bodies, twelve_record_log
 
 
 async def _log(root: Path, prefix: str, cursor: int) -> LocalStore:
-    """Twelve records, one per fragment, the first eight in two depth-1 snapshots of four, and
-    a compaction cursor at ``cursor`` (a cursor at 10 cuts at 10)."""
-    store = LocalStore(root)
-    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100,
-                            writer_name="w")
-    w = await LogWriter.open(store, prefix, opts)
-    for i in range(12):
-        await w.append(f"r{i + 1}".encode())
-    await w.compact_manifest()
-    await w.close()
-    await CursorStore(store, prefix, "t").init("compaction", cursor)
-    return store
+    """:func:`twelve_record_log`'s store (a cursor at 10 cuts at 10)."""
+    return (await twelve_record_log(root, prefix, cursor))[0]
 
 
-def _age(root: Path, seconds: float) -> None:
-    """Move every object's Last-Modified back by ``seconds``."""
-    for d, _, files in os.walk(root):
-        for f in files:
-            path = os.path.join(d, f)
-            st = os.stat(path)
-            os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
-
-
-def _bodies(lo: int, hi: int) -> list[bytes]:
-    return [f"r{i}".encode() for i in range(lo, hi)]
+_age, _bodies = age_objects, record_bodies
 
 
 class NthGate(GateStore):

@@ -23,7 +23,6 @@ from host.wal3 import (
     LogWriter,
     LogWriterOptions,
 )
-from host.wal3.cursors import CursorStore
 from host.wal3.errors import CorruptManifest, LogFull, ObjectNotFound
 from host.wal3.fragment import fragment_path
 from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, plan_cut
@@ -40,7 +39,7 @@ from host.wal3.reader import SnapshotCache
 from host.wal3.scrub import scrub_log
 from host.wal3.setsum import Setsum
 
-from .helpers import assert_dense, read_all
+from .helpers import assert_dense, read_all, twelve_record_log
 
 
 class Clock:
@@ -54,19 +53,8 @@ class Clock:
 
 
 async def _log(tmp_path: Path, prefix: str, cursor: int) -> tuple[LocalStore, Manifest]:
-    """Twelve records, one per fragment (offset i holds ``r{i}``); the first eight in two
-    depth-1 snapshots of four; a compaction cursor at ``cursor``."""
-    store = LocalStore(tmp_path / "store")
-    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100,
-                            writer_name="w")
-    w = await LogWriter.open(store, prefix, opts)
-    for i in range(12):
-        await w.append(f"r{i + 1}".encode())
-    await w.compact_manifest()
-    m = w.manifest
-    await w.close()
-    await CursorStore(store, prefix, "t").init("compaction", cursor)
-    return store, m
+    """:func:`twelve_record_log` in ``tmp_path / "store"``."""
+    return await twelve_record_log(tmp_path / "store", prefix, cursor)
 
 
 def _rust_plan(drop: list[SnapshotPointer], make: list[Snapshot], root: SnapshotPointer | None,
