@@ -1353,9 +1353,18 @@ class LogWriter:
         self._loop.call_later(0.1, self._wake.set)
 
     async def _repair(self, manifest: Manifest, etag: str) -> tuple[Manifest, str]:
-        """Link every orphan fragment that follows the tail exactly (zero-action recovery)."""
+        """Link the orphan fragments that follow the tail exactly (zero-action recovery).
+
+        Orphans are what a writer left between its upload and its manifest write.  A live
+        writer always has one there while it appends, so repair must not chase it: once another
+        writer links the fragment being repaired, it is alive and links its own (stop), and no
+        repair links more than ``max_rebases`` fragments (the next recovery goes on).  Either
+        way the tail returned is a stored manifest, which is all recovery needs.
+        """
         self._repair_blocked = None
-        while not manifest.sealed:
+        for _ in range(self._opts.max_rebases):
+            if manifest.sealed:
+                break
             seq = manifest.next_seq_no
             key = join(self._prefix, fragment_path(seq))
             try:
@@ -1407,6 +1416,8 @@ class LogWriter:
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 manifest, etag = loaded
+                if manifest.next_seq_no > seq:
+                    break  # a live writer linked it: its next fragments are its own to link
         return manifest, etag
 
     async def _load(self) -> tuple[Manifest, str] | None:

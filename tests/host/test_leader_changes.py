@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from host.wal3 import LocalStore, StoreUnavailable
 from host.wal3.store import GetResult
@@ -130,10 +129,6 @@ async def test_redis_outage_and_restart_never_serve_stale_logs(tmp_path: Path,
                                  BOUND_S)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open regression since read leases (cf9978a), issue 21: with two hosts hammering one log "
-    "after Redis restarts empty, some appends hang past the client's 30 s timeout (ReadTimeout) "
-    "in about half the runs; at 4f89404 it passed in 2 s every time"))
 async def test_busy_log_split_by_a_redis_restart_ends_up_on_one_host(
         tmp_path: Path, redis_server: Any) -> None:
     store = str(tmp_path / "store")
