@@ -356,6 +356,12 @@ class LogWriter:
         self._recovering = False
         self._stale = False  # the last recovery could not reload the manifest
         self._repair_blocked: Exception | None = None  # why read repair last stopped early
+        # What the last read repair met: another writer linking the fragment it was linking (a
+        # live writer), how many fragments it linked that are not ours, and whether it stopped
+        # at max_rebases with more to link (a backlog, not a writer outpacing it).
+        self._repair_met_writer = False
+        self._repaired_foreign = 0
+        self._repair_capped = False
         self._closing = False
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
@@ -877,12 +883,16 @@ class LogWriter:
             else:
                 await put_resolving(self._store, key, frag.data, if_none_match="*")
         except PreconditionFailed:
-            # An earlier attempt of ours may be what holds the key (its answer was lost).
+            # An earlier attempt of ours may be what holds the key (its answer was lost).  Only
+            # other bytes there prove ours absent; a HEAD that fails, or finds the key gone
+            # (collected since?), tells nothing, and "absent" would let linked bytes of ours be
+            # answered "not written" or written again.
             try:
                 held = (await self._store.head(key)).etag
             except (ObjectNotFound, StoreUnavailable, OSError):
-                held = None
-            if held is None or not etag_matches_content(held, frag.data):
+                b.upload = "unknown"
+                raise
+            if not etag_matches_content(held, frag.data):
                 b.upload = "absent"
                 raise
         except BaseException:
@@ -1149,7 +1159,13 @@ class LogWriter:
                         f"fragment {b.seq_no} of {self._prefix} may have been written"))
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
-            progress = manifest.next_seq_no > base.next_seq_no
+            # A recovery that moved the log on frees a retry, unless others moved it: a writer
+            # that linked what our repair was linking, or orphans our repair linked to the end
+            # (not a backlog cut at max_rebases).  That writer may be alive, one fragment ahead
+            # of every retry; charging attempts is what stops chasing it.
+            others = self._repair_met_writer or (bool(self._repaired_foreign)
+                                                 and not self._repair_capped)
+            progress = manifest.next_seq_no > base.next_seq_no and not others
             for seq in [s for s in self._dead if s < manifest.next_seq_no]:
                 del self._dead[seq]
             # Learn the keys of fragments others linked before deciding anything: a keyed append
@@ -1187,7 +1203,9 @@ class LogWriter:
                         self._reject(a, LogContention(
                             f"another writer appended to {self._prefix}; not written"))
                     elif a.attempts >= self._opts.max_append_attempts:
-                        self._reject(a, self._give_up_error(b))
+                        self._reject(a, LogContention(
+                            f"another writer kept appending to {self._prefix}; not written")
+                            if self._repair_met_writer else self._give_up_error(b))
                     else:
                         retry.append(a)
             keep = self._retry_kept(keep)
@@ -1362,6 +1380,8 @@ class LogWriter:
         way the tail returned is a stored manifest, which is all recovery needs.
         """
         self._repair_blocked = None
+        self._repair_met_writer, self._repaired_foreign = False, 0
+        self._repair_capped = False
         for _ in range(self._opts.max_rebases):
             if manifest.sealed:
                 break
@@ -1410,6 +1430,9 @@ class LogWriter:
                 self._landed(base_etag, etag, issued, manifest)
                 manifest = new
                 self.stats["repaired"] += 1
+                if not self._is_ours(pointer) and decoded.writer != self._opts.writer_name:
+                    # (An earlier attempt of ours, re-encoded since, is named ours: not foreign.)
+                    self._repaired_foreign += 1
                 _log.info("read-repaired fragment %s of %s", seq, self._prefix)
             except PreconditionFailed:
                 loaded = await self._load()
@@ -1417,7 +1440,11 @@ class LogWriter:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 manifest, etag = loaded
                 if manifest.next_seq_no > seq:
-                    break  # a live writer linked it: its next fragments are its own to link
+                    # A live writer linked it: its next fragments are its own to link.
+                    self._repair_met_writer = True
+                    break
+        else:
+            self._repair_capped = True
         return manifest, etag
 
     async def _load(self) -> tuple[Manifest, str] | None:
