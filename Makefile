@@ -39,8 +39,10 @@ promtool: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/loghost serve --dev --store $(STORE) --listen $(LISTEN)
 
+# Two workers, one per core (CI has 2); a test file stays on one worker (its module fixtures,
+# its servers).  `pytest -q` alone runs the same suite in one process.
 test: $(STAMP) redis promtool
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP) redis
 	$(PY) -m bench

@@ -674,9 +674,13 @@ async def settle_gc(run: Run) -> None:
     await asyncio.gather(*(one(c) for c in run.collections))
 
 
-async def read_log(run: Run, coll: Collection, host: str, start: int, end: int
-                   ) -> list[tuple[int, str]] | None:
-    """Every record of ``coll`` in [start, end) through ``host``; None if it could not."""
+async def read_log(run: Run, coll: Collection, host: str, start: int, end: int, *,
+                   purged_to: list[int] | None = None) -> list[tuple[int, str]] | None:
+    """Every record of ``coll`` in [start, end) through ``host``; None if it could not.
+
+    With ``purged_to``, a read that finds its position collected meanwhile (410: compaction
+    passed it and GC ran, while the load still runs) goes on from the oldest offset, and
+    records it there; without, that is a failure like any other."""
     out: list[tuple[int, str]] = []
     pos = start
     tries = 0
@@ -687,6 +691,12 @@ async def read_log(run: Run, coll: Collection, host: str, start: int, end: int
                                headers={"Authorization": f"Bearer {SERVICE_KEY}"})
         except httpx.HTTPError:
             r = None
+        if r is not None and r.status_code == 410 and purged_to is not None:
+            oldest = int(r.json()["error"].get("oldest_offset", pos))
+            if oldest > pos:
+                purged_to.append(oldest)
+                pos = oldest
+                continue
         if r is None or r.status_code != 200:
             tries += 1
             if tries > 50:
