@@ -226,8 +226,8 @@ def memory_store() -> Any:
     """
     import hashlib
 
-    from host.wal3 import ObjectMeta, ObjectNotFound, ObjectStore, PreconditionFailed
-    from host.wal3.store import GetResult
+    from wal3 import ObjectMeta, ObjectNotFound, ObjectStore, PreconditionFailed
+    from wal3.store import GetResult
 
     class MemoryStore(ObjectStore):
         def __init__(self) -> None:

@@ -74,7 +74,7 @@ async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duratio
     """
     import random
 
-    from host.wal3 import Wal3Error
+    from wal3 import Wal3Error
 
     bodies = [os.urandom(size) for _ in range(appenders)]  # incompressible, one per appender
     latencies: list[float] = []
@@ -138,7 +138,7 @@ def encode_only_rate(size: int, batch: float, min_time_s: float = 0.25, blocks: 
                      ) -> dict[str, float]:
     """Appends/s allowed by encoding + hashing alone, on batches of ``batch`` records (the median
     of ``blocks`` timed blocks, so one noisy moment does not set the reference)."""
-    from host.wal3.fragment import encode_fragment
+    from wal3.fragment import encode_fragment
 
     batch = max(1, int(round(batch)))
     bodies = [os.urandom(size) for _ in range(batch)]
@@ -189,7 +189,7 @@ def fsync_floor(directory: os.PathLike[str], size: int, duration_s: float) -> di
 
 async def run_case(store_kind: str, make_store: Any, size: int, appenders: int, warmup_s: float,
                    duration_s: float, encode_s: float = 0.25) -> dict[str, Any]:
-    from host.wal3 import LogWriter, LogWriterOptions
+    from wal3 import LogWriter, LogWriterOptions
 
     store = make_store()
     try:
@@ -233,7 +233,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup: float,
                duration: float, quick: bool) -> dict[str, Any]:
-    from host.wal3 import FaultyStore, LocalStore, S3Store
+    from wal3 import FaultyStore, LocalStore, S3Store
 
     rows: list[dict[str, Any]] = []
     floors: list[dict[str, Any]] = []

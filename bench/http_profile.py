@@ -162,7 +162,7 @@ def _install_timers() -> dict[str, list[float]]:
     from uvicorn.protocols.http import h11_impl
 
     import host.api
-    import host.wal3.writer
+    import wal3.writer
 
     timers: dict[str, list[float]] = {}
 
@@ -206,8 +206,8 @@ def _install_timers() -> dict[str, list[float]]:
     proto = h11_impl.H11Protocol
     proto.data_received = timed("h11 parse + dispatch (H11Protocol.data_received)",
                                 proto.data_received)
-    host.wal3.writer.encode_fragment = timed("encode_fragment (on the loop thread)",
-                                             host.wal3.writer.encode_fragment)
+    wal3.writer.encode_fragment = timed("encode_fragment (on the loop thread)",
+                                             wal3.writer.encode_fragment)
     return timers
 
 
@@ -518,7 +518,7 @@ def prototypes(quick: bool) -> dict[str, Any]:
     )
 
     from host.models import _FLOAT32_MAX, _STRICT, AppendRequest, MetadataValue, Op
-    from host.wal3.fragment import encode_fragment
+    from wal3.fragment import encode_fragment
 
     t = 0.3 if quick else 1.5
     out: dict[str, Any] = {}

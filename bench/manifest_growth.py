@@ -42,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _counting_store(inner: Any) -> Any:
-    from host.wal3 import ObjectStore
-    from host.wal3.manifest import MANIFEST_PATH, SNAPSHOT_PREFIX
+    from wal3 import ObjectStore
+    from wal3.manifest import MANIFEST_PATH, SNAPSHOT_PREFIX
 
     class CountingStore(ObjectStore):
         """Delegates to ``inner``; records the size of every successful manifest/snapshot put."""
@@ -103,7 +103,7 @@ def checkpoints(n: int) -> list[int]:
 
 
 async def grow(directory: os.PathLike[str], n: int) -> dict[str, Any]:
-    from host.wal3 import LocalStore, LogWriter, LogWriterOptions
+    from wal3 import LocalStore, LogWriter, LogWriterOptions
 
     store = _counting_store(LocalStore(directory, fsync=False))
     writer = await LogWriter.open(store, "growth", LogWriterOptions(writer_name="bench"))

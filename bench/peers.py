@@ -137,7 +137,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         def engine_case(kind: str, n: int, make: Any) -> dict[str, Any]:
             return asyncio.run(engine.run_case(kind, make, 1024, n, warm, dur, 0.05))
 
-        from host.wal3 import LocalStore, S3Store
+        from wal3 import LocalStore, S3Store
 
         # ---------------------------------------------------------------- SlateDB vs engine
         slate: list[dict[str, Any]] = []

@@ -108,7 +108,7 @@ def top_self(root: Any, n: int = 15) -> list[tuple[str, float]]:
 async def profile_store(kind: str, seconds: float, appenders: int = 256) -> dict[str, Any]:
     from pyinstrument import Profiler
 
-    from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+    from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
     with common.scratch_dir(f"profile-{kind}") as d:
         inner = LocalStore(d)
@@ -149,7 +149,7 @@ async def profile_store(kind: str, seconds: float, appenders: int = 256) -> dict
 
 
 def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag: str) -> Any:
-    from host.wal3 import ObjectStore
+    from wal3 import ObjectStore
 
     class Timing(ObjectStore):
         async def get(self, key: str) -> Any:
@@ -192,7 +192,7 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
                    ) -> dict[str, Any]:
     """``inner_fsync=None`` puts the bench-only MemoryStore under the fault injector."""
     """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle."""
-    from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+    from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
     log: list[tuple[str, str, float, float, Any]] = []
     with common.scratch_dir("timeline") as d:
@@ -277,9 +277,9 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
 
 def _synthetic_manifest(root_frags: int, snaps_per_depth: list[int]) -> tuple[Any, list[Any]]:
     """A manifest shaped like the writer's: snapshot pointers (deepest first), then fragments."""
-    from host.wal3.manifest import FragmentPointer, Manifest, SnapshotPointer, snapshot_path
-    from host.wal3.setsum import Setsum
-    from host.wal3.fragment import fragment_path
+    from wal3.manifest import FragmentPointer, Manifest, SnapshotPointer, snapshot_path
+    from wal3.setsum import Setsum
+    from wal3.fragment import fragment_path
 
     rng = os.urandom
     off, seq = 1, 1
@@ -344,7 +344,7 @@ class FastCodec:
 
     @staticmethod
     def balanced(m: Any) -> bool:
-        from host.wal3.setsum import PRIMES
+        from wal3.setsum import PRIMES
 
         lanes = [e.setsum._lanes for e in m.entries] + [m.collected._lanes]
         total = tuple(sum(col) % p for col, p in zip(zip(*lanes), PRIMES))
@@ -372,7 +372,7 @@ def _median_us(fns: dict[str, Any], min_time_s: float, blocks: int = 7) -> dict[
 
 
 def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
-    from host.wal3.manifest import _check_run
+    from wal3.manifest import _check_run
 
     shapes = [("mean root at 10^3 frags", 50, [10]),
               ("mean root at 10^5 frags", 50, [10, 10, 2]),

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def counting_store(inner: Any) -> Any:
     """An ObjectStore wrapper counting requests and bytes per op and key class."""
-    from host.wal3 import ObjectStore
+    from wal3 import ObjectStore
 
     class CountingStore(ObjectStore):
         def __init__(self) -> None:
@@ -268,7 +268,7 @@ async def untracked_part(counts: list[int]) -> list[dict[str, Any]]:
     the manager) so that N can grow without opening N logs; the function is the server's own."""
     from host.manager import LogHandle
     from host.server import Server
-    from host.wal3 import LocalStore
+    from wal3 import LocalStore
 
     shm = common.tmpfs_dir()
     root = Path(tempfile.mkdtemp(prefix="scale-untracked-", dir=shm))
@@ -302,7 +302,7 @@ async def untracked_part(counts: list[int]) -> list[dict[str, Any]]:
 
 async def open_close_part(n: int, work: Path) -> dict[str, Any]:
     from host.server import Server
-    from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+    from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
     out: dict[str, Any] = {}
     root = work / "openclose"
@@ -372,7 +372,7 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
     from dirtylog import DirtyRecord
     from host.dirty import dirty_prefix
     from host.server import Server
-    from host.wal3 import LocalStore
+    from wal3 import LocalStore
 
     shm = common.tmpfs_dir()
     root = Path(tempfile.mkdtemp(prefix="scale-dirty-", dir=shm or work))
@@ -447,8 +447,8 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
 
 def _make_logs(root: Path, cids: list[uuid.UUID]) -> float:
     """Write each collection log's TENANT, empty manifest and compaction cursor as plain files."""
-    from host.wal3.cursors import Cursor
-    from host.wal3.manifest import MANIFEST_PATH, Manifest
+    from wal3.cursors import Cursor
+    from wal3.manifest import MANIFEST_PATH, Manifest
 
     t0 = time.perf_counter()
     manifest = Manifest.empty("bench").to_bytes()
@@ -498,8 +498,8 @@ class _RollupEnv:
     async def __aenter__(self) -> _RollupEnv:
         from dirtylog import RollUp
         from host.dirty import WalDirtyBackend, dirty_prefix
-        from host.wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
-        from host.wal3.gc import GcOptions
+        from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+        from wal3.gc import GcOptions
 
         self.store = FaultyStore(LocalStore(self.root), seed=0)
         prefix = dirty_prefix("bench")
@@ -593,7 +593,7 @@ async def rollup_part(total: int, dirty: int, counts: list[int], repeats: int,
 async def _drain(env: _RollupEnv) -> None:
     """Make every collection clean (compaction cursor past the marks), then roll up once, so the
     dirty log's window holds nothing but what the next ``mark`` writes; restore the cursors."""
-    from host.wal3.cursors import Cursor
+    from wal3.cursors import Cursor
 
     # Marks cover offsets [1, 11): a cursor at 11 makes them fully compacted.
     past = Cursor(offset=11, epoch_us=time.time_ns() // 1000, writer="bench").to_bytes()

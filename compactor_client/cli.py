@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from pyspark.sql import SparkSession
 
-    from host.wal3.store import ObjectStore
+    from wal3.store import ObjectStore
 
     from .membership import Liveness
     from .metrics import CompactorMetrics

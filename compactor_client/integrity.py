@@ -13,7 +13,7 @@ import hashlib
 import struct
 from collections.abc import Iterable
 
-# The setsum crate's primes (host/wal3/setsum.py); lane i is summed modulo PRIMES[i].
+# The setsum crate's primes (wal3/setsum.py); lane i is summed modulo PRIMES[i].
 PRIMES: tuple[int, ...] = (
     4294967291, 4294967279, 4294967231, 4294967197,
     4294967189, 4294967161, 4294967143, 4294967111,

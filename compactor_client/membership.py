@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-from host.wal3.errors import ObjectNotFound
+from wal3.errors import ObjectNotFound
 
 if TYPE_CHECKING:
-    from host.wal3.store import ObjectStore
+    from wal3.store import ObjectStore
 
 LIVE_PREFIX = "compactors/live/"
 

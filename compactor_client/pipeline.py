@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from host.wal3.store import ObjectStore
+    from wal3.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

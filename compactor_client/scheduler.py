@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote
 
-from host.wal3.errors import ObjectNotFound
+from wal3.errors import ObjectNotFound
 
 from .models import DirtyLog, DirtyResult
 
 if TYPE_CHECKING:
-    from host.wal3.store import ObjectStore
+    from wal3.store import ObjectStore
 
     from .membership import Liveness
 

@@ -49,14 +49,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from host.wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
-from host.wal3.store import put_resolving
+from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
+from wal3.store import put_resolving
 
 from .fold import Row
 from .parquet_io import rows_to_table
 
 if TYPE_CHECKING:
-    from host.wal3.store import ObjectMeta, ObjectStore
+    from wal3.store import ObjectMeta, ObjectStore
 
 COMPACTED_PREFIX = "compacted"
 CURRENT_NAME = "CURRENT.json"

@@ -15,7 +15,7 @@ from uuid import UUID
 class DirtyLogBackend(Protocol):
     """The part of one wal3 log (the server's ``dirty/{server_id}/`` log) the dirty log uses.
 
-    Offsets start at 1 and are dense.  Errors are the typed ones of ``host.wal3.errors``.
+    Offsets start at 1 and are dense.  Errors are the typed ones of ``wal3.errors``.
     """
 
     async def append_many(self, bodies: list[bytes]) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-from host.wal3.errors import (
+from wal3.errors import (
     CursorConflict,
     CursorNotFound,
     InvalidCursorName,

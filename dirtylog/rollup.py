@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from host.wal3.errors import CursorConflict, LogPurged
+from wal3.errors import CursorConflict, LogPurged
 
 from .backend import CompactionOffsets, DirtyLogBackend, LogTails
 from .hook import Clock, DirtyLogHook, epoch_us

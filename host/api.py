@@ -30,11 +30,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from dirtylog import inspect_records
-from host.wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
-from host.wal3.fragment import request_digest
-from host.wal3.gc import pin_cursor
-from host.wal3.layout import join
-from host.wal3.scrub import scrub_log
+from wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
+from wal3.fragment import request_digest
+from wal3.gc import pin_cursor
+from wal3.layout import join
+from wal3.scrub import scrub_log
 
 from . import jsonlog
 from .auth import Principal, Role, check_cursor_name

@@ -86,8 +86,8 @@ async def _scrub(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from host.wal3 import open_store
-    from host.wal3.scrub import find_logs, scrub_log
+    from wal3 import open_store
+    from wal3.scrub import find_logs, scrub_log
 
     console = Console(stderr=True)
     store = open_store(args.store)
@@ -117,8 +117,8 @@ async def _scrub(args: argparse.Namespace) -> int:
 
 
 async def _gc(args: argparse.Namespace) -> int:
-    from host.wal3 import open_store
-    from host.wal3.gc import GarbageCollector, GcOptions
+    from wal3 import open_store
+    from wal3.gc import GarbageCollector, GcOptions
 
     store = open_store(args.store)
     try:
@@ -136,10 +136,10 @@ async def _gc(args: argparse.Namespace) -> int:
 
 async def _dirty_logs(args: argparse.Namespace) -> int:
     from dirtylog import CURSOR_NAME
-    from host.wal3 import open_store
-    from host.wal3.cursors import CursorStore
-    from host.wal3.layout import load_manifest
-    from host.wal3.scrub import find_logs
+    from wal3 import open_store
+    from wal3.cursors import CursorStore
+    from wal3.layout import load_manifest
+    from wal3.scrub import find_logs
 
     store = open_store(args.store)
     try:
@@ -161,9 +161,9 @@ async def _dirty_logs(args: argparse.Namespace) -> int:
 
 async def _inspect(args: argparse.Namespace) -> int:
     from dirtylog import DirtyRecord, DirtyRecordError
-    from host.wal3 import Limits, LogReader, ObjectNotFound, open_store
-    from host.wal3.cursors import CursorStore
-    from host.wal3.layout import GARBAGE_PATH, join, load_manifest
+    from wal3 import Limits, LogReader, ObjectNotFound, open_store
+    from wal3.cursors import CursorStore
+    from wal3.layout import GARBAGE_PATH, join, load_manifest
 
     store = open_store(args.store)
     try:

@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from uuid import UUID
 
 from dirtylog import DirtyLogHook, RollUp, RollUpResult
-from host.wal3 import Limits, LogReader, LogWriter, ObjectStore
-from host.wal3.claim import CLAIM_PATH, ClaimWatch, release_if_dead
-from host.wal3.cursors import CursorStore
-from host.wal3.errors import ObjectNotFound
-from host.wal3.fragment import fragment_path
-from host.wal3.gc import GarbageCollector, GcOptions
-from host.wal3.layout import join, load_manifest
-from host.wal3.manifest import Manifest
+from wal3 import Limits, LogReader, LogWriter, ObjectStore
+from wal3.claim import CLAIM_PATH, ClaimWatch, release_if_dead
+from wal3.cursors import CursorStore
+from wal3.errors import ObjectNotFound
+from wal3.fragment import fragment_path
+from wal3.gc import GarbageCollector, GcOptions
+from wal3.layout import join, load_manifest
+from wal3.manifest import Manifest
 
 from .forks import claim_ttl_s
 
@@ -139,7 +139,7 @@ class WalDirtyBackend(_Cursors):
         return out
 
     async def _creating(self, prefix: str) -> bool:
-        """Whether a creation claim stands on the log (host.wal3.claim): a fork in flight.  One
+        """Whether a creation claim stands on the log (wal3.claim): a fork in flight.  One
         seen unchanged for the claim TTL is dead (a live holder renews): it is released, which
         fences its holder off, so a crashed fork's mark does not stay for ever."""
         return not await release_if_dead(self._store, join(prefix, CLAIM_PATH), self._claims)

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from host.wal3 import errors as w
+from wal3 import errors as w
 
 _log = logging.getLogger("loghost.errors")
 

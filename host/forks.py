@@ -1,4 +1,4 @@
-"""Forking a collection: its log (``host.wal3.fork``), its compacted version and its dirty mark.
+"""Forking a collection: its log (``wal3.fork``), its compacted version and its dirty mark.
 
 The invariant a fork keeps: **the target's compaction cursor stands exactly on the compacted
 version it copies (or at 1 with none), and every record at or above the cursor is in the target's
@@ -17,7 +17,7 @@ backlog is compacted (and backpressure on it lifts) without waiting for a write 
 
 **One creator per target.**  The target's cursor and ``CURRENT.json`` are written before its
 manifest exists, so whoever creates the log must own them: a fork and the log's first write both
-go through the target's creation claim (``host.wal3.claim``, ``create_collection_log``), which
+go through the target's creation claim (``wal3.claim``, ``create_collection_log``), which
 serialises them and, before anything is written, removes what dead attempts left (cursors, copied
 objects, ``compacted/{target}/``).  A fork that finds the claim held fails with
 ``CreationInProgress`` (409 ``contention``); so does a first write while a fork is in flight.  A
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from host.wal3 import ObjectStore
-from host.wal3.claim import (
+from wal3 import ObjectStore
+from wal3.claim import (
     Claim,
     ClaimLost,
     ClaimWatch,
@@ -49,17 +49,17 @@ from host.wal3.claim import (
     copy_claimed,
     create_log,
 )
-from host.wal3.errors import (
+from wal3.errors import (
     LogExists,
     LogPurged,
     ObjectNotFound,
     PreconditionFailed,
     Wal3Error,
 )
-from host.wal3.fork import fork_log
-from host.wal3.layout import load_manifest
-from host.wal3.manifest import Manifest
-from host.wal3.store import put_resolving
+from wal3.fork import fork_log
+from wal3.layout import load_manifest
+from wal3.manifest import Manifest
+from wal3.store import put_resolving
 
 MarkDirty = Callable[[UUID, int, int], Awaitable[None]]
 
@@ -87,7 +87,7 @@ _OPERATION_BOUND_S = 60.0
 def claim_ttl_s(gc_grace_s: float) -> float:
     """How long a creation claim of this host must stand unchanged before another attempt may
     take it over: twice the bound on one operation, ``max(60 s, GC grace)`` (see
-    ``host.wal3.claim``).  It is recorded in every claim this host makes, and observers wait for
+    ``wal3.claim``).  It is recorded in every claim this host makes, and observers wait for
     the longer of theirs and the holder's, so hosts whose graces differ (a rolling change of the
     setting) never take over each other's live claims."""
     return 2 * max(_OPERATION_BOUND_S, gc_grace_s)

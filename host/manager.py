@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from host.wal3 import (
+from wal3 import (
     LogReader,
     LogSealed,
     LogWriter,
@@ -40,12 +40,12 @@ from host.wal3 import (
     ObjectStore,
     PreconditionFailed,
 )
-from host.wal3.claim import ClaimWatch
-from host.wal3.cursors import COMPACTION, CursorStore
-from host.wal3.errors import LogNotFound
-from host.wal3.layout import join, load_manifest
-from host.wal3.manifest import Manifest
-from host.wal3.writer import FragmentInfo
+from wal3.claim import ClaimWatch
+from wal3.cursors import COMPACTION, CursorStore
+from wal3.errors import LogNotFound
+from wal3.layout import join, load_manifest
+from wal3.manifest import Manifest
+from wal3.writer import FragmentInfo
 
 from .config import Settings
 from .errors import BackpressureError, NotFound, NotLeader, Unavailable

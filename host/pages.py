@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Sequence
 
 from starlette.responses import Response, StreamingResponse
 
-from host.wal3 import LogReader
-from host.wal3.errors import Wal3Error
-from host.wal3.fragment import DecodedFragment
-from host.wal3.manifest import FragmentPointer
+from wal3 import LogReader
+from wal3.errors import Wal3Error
+from wal3.fragment import DecodedFragment
+from wal3.manifest import FragmentPointer
 
 _log = logging.getLogger("loghost.api")
 

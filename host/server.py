@@ -19,8 +19,8 @@ from dirtylog import (
     hand_over,
     missing_from_dirty_set,
 )
-from host.wal3 import LogWriter, LogWriterOptions, ObjectStore, open_store
-from host.wal3.gc import GarbageCollector, GcOptions, GcReport
+from wal3 import LogWriter, LogWriterOptions, ObjectStore, open_store
+from wal3.gc import GarbageCollector, GcOptions, GcReport
 
 from .auth import Authenticator
 from .config import Settings

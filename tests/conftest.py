@@ -49,7 +49,7 @@ def s3_bucket(moto_endpoint: str) -> str:
 
 
 def _open_test_store(request: pytest.FixtureRequest, kind: str, tmp_path) -> object:  # type: ignore[no-untyped-def]
-    from host.wal3 import LocalStore, S3Store
+    from wal3 import LocalStore, S3Store
 
     if kind == "local":
         return LocalStore(tmp_path / "store")

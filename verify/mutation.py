@@ -32,11 +32,11 @@ PACKAGES = ["host/", "dirtylog/", "compactor_client/", "verify/"]
 
 # module -> its fast test subset (what ``make mutation`` runs against each mutant)
 TARGETS: dict[str, list[str]] = {
-    "host/wal3/writer.py": ["tests/wal3", "tests/verify/test_sim.py"],
-    "host/wal3/manifest.py": ["tests/wal3", "tests/verify/test_sim.py"],
-    "host/wal3/gc.py": ["tests/wal3", "tests/verify/test_sim.py"],
-    "host/wal3/cursors.py": ["tests/wal3", "tests/verify/test_sim.py"],
-    "host/wal3/setsum.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/writer.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/manifest.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/gc.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/cursors.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/setsum.py": ["tests/wal3", "tests/verify/test_sim.py"],
     "dirtylog/rollup.py": ["tests/dirtylog"],
     "dirtylog/record.py": ["tests/dirtylog"],
     "host/auth.py": ["tests/host/test_authz.py", "tests/host/test_auth_keys.py",

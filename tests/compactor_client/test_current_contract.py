@@ -123,7 +123,7 @@ async def test_an_install_answers_the_pointer_it_stored(tmp_path: Any) -> None:
         read_current,
         write_rows,
     )
-    from host.wal3.localstore import LocalStore
+    from wal3.localstore import LocalStore
 
     store = LocalStore(tmp_path / "store")
     base = None
@@ -149,7 +149,7 @@ async def test_an_install_may_fold_nothing_but_never_go_back(tmp_path: Any) -> N
         read_current,
         write_rows,
     )
-    from host.wal3.localstore import LocalStore
+    from wal3.localstore import LocalStore
 
     store = LocalStore(tmp_path / "store")
     first = allocate_version(CID, None, token="a")
@@ -165,8 +165,8 @@ async def test_an_install_may_fold_nothing_but_never_go_back(tmp_path: Any) -> N
 
 async def test_a_version_file_is_never_overwritten(tmp_path: Any) -> None:
     from compactor_client.versions import allocate_version, write_rows
-    from host.wal3.errors import PreconditionFailed
-    from host.wal3.localstore import LocalStore
+    from wal3.errors import PreconditionFailed
+    from wal3.localstore import LocalStore
 
     store = LocalStore(tmp_path / "store")
     pending = allocate_version(CID, None, token="same")

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 from verify.oracle import reference_fold
 
 from ..host.live import SERVICE_KEY, live_server

@@ -38,8 +38,8 @@ from compactor_client.versions import (
     read_current,
     write_rows,
 )
-from host.wal3.localstore import LocalStore
-from host.wal3.store import ObjectMeta
+from wal3.localstore import LocalStore
+from wal3.store import ObjectMeta
 
 CID = "00000000-0000-4000-8000-0000000000b1"
 ROWS = [Row(id="a", document="x", metadata={}, embedding=None)]

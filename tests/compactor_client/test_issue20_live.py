@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from compactor_client import cli
 from compactor_client.scheduler import owner_of
 from compactor_client.sparkutil import build_session, ship_package
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from ..host.live import SERVICE_KEY, Live, assert_error, live_server, log_path, metric, \
     metrics_text, record

@@ -23,7 +23,7 @@ from compactor_client.versions import (
     read_current,
     write_rows,
 )
-from host.wal3.localstore import LocalStore
+from wal3.localstore import LocalStore
 
 CID = "00000000-0000-4000-8000-0000000000aa"
 ROWS = [Row(id="a", document="x", metadata={}, embedding=None)]

@@ -18,7 +18,7 @@ from compactor_client.cli import Settings, make_scheduler
 from compactor_client.membership import Liveness
 from compactor_client.models import DirtyLog, DirtyResult
 from compactor_client.scheduler import Scheduler, owner_of
-from host.wal3.localstore import LocalStore
+from wal3.localstore import LocalStore
 
 MEMBERS = ["c1", "c2"]
 

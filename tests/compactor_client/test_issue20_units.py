@@ -25,9 +25,9 @@ from compactor_client.versions import (
     read_current,
     write_rows,
 )
-from host.wal3.fragment import record_item
-from host.wal3.localstore import LocalStore
-from host.wal3.setsum import Setsum
+from wal3.fragment import record_item
+from wal3.localstore import LocalStore
+from wal3.setsum import Setsum
 
 # ------------------------------------------------------------------- item 4: prune grace
 

@@ -42,7 +42,7 @@ from compactor_client.pipeline import (
 from compactor_client.scheduler import Candidate
 from compactor_client.sparkutil import build_session, ship_package
 from compactor_client.versions import current_key, read_current
-from host.wal3.localstore import LocalStore
+from wal3.localstore import LocalStore
 
 HOST = "http://host-a"
 

@@ -21,8 +21,8 @@ from compactor_client.versions import (
     read_current,
     write_rows,
 )
-from host.wal3.errors import ObjectNotFound, StoreUnavailable
-from host.wal3.localstore import LocalStore
+from wal3.errors import ObjectNotFound, StoreUnavailable
+from wal3.localstore import LocalStore
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from dirtylog import (
     RollUp,
     RollUpResult,
 )
-from host.wal3.errors import LogPurged, SimulatedCrash
+from wal3.errors import LogPurged, SimulatedCrash
 
 from .helpers import FakeClock, cid, spans
 

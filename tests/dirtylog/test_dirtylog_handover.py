@@ -12,7 +12,7 @@ from dirtylog import (
     RollUp,
     hand_over,
 )
-from host.wal3.errors import SimulatedCrash
+from wal3.errors import SimulatedCrash
 
 from .helpers import FakeClock, cid, spans
 

@@ -17,7 +17,7 @@ from dirtylog import (
     MemoryLogBackend,
     RecordKind,
 )
-from host.wal3.errors import (
+from wal3.errors import (
     CursorConflict,
     CursorNotFound,
     InvalidCursorName,
@@ -157,7 +157,7 @@ async def test_compaction_offsets_memory() -> None:
 
 
 def test_package_imports_nothing_of_the_server() -> None:
-    """dirtylog may only import host.wal3.errors from the server tree; never FastAPI or Redis."""
+    """dirtylog may only import wal3.errors from the server tree; never FastAPI or Redis."""
     root = pathlib.Path(__file__).resolve().parents[2] / "dirtylog"
     files = sorted(root.glob("*.py"))
     assert files
@@ -172,7 +172,7 @@ def test_package_imports_nothing_of_the_server() -> None:
                 top = name.split(".")[0]
                 assert top not in {"fastapi", "redis", "starlette", "uvicorn"}, (path, name)
                 if top == "host":
-                    assert name == "host.wal3.errors", (path, name)
+                    assert name == "wal3.errors", (path, name)
 
 
 def test_uuid_helper_is_stable() -> None:

@@ -23,7 +23,7 @@ from dirtylog import (
     score,
     select_entries,
 )
-from host.wal3.errors import LogPurged, SimulatedCrash
+from wal3.errors import LogPurged, SimulatedCrash
 
 from .helpers import T0_US, FakeClock, cid, decoded_from, spans
 

@@ -22,7 +22,7 @@ from dirtylog import (
     RollUpResult,
     missing_from_dirty_set,
 )
-from host.wal3.errors import CursorConflict, SimulatedCrash
+from wal3.errors import CursorConflict, SimulatedCrash
 
 from .helpers import FakeClock, cid
 

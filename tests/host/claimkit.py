@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from host.wal3.claim import ClaimWatch
-from host.wal3.clock import Clock
+from wal3.claim import ClaimWatch
+from wal3.clock import Clock
 
 TTL_S = 120.0
 

@@ -19,7 +19,7 @@ import httpx
 from host.api import create_app, uvicorn_config
 from host.config import Settings
 from host.server import Server
-from host.wal3 import ObjectStore
+from wal3 import ObjectStore
 
 from verify.testkit import QuietUvicorn, free_port
 from verify.testkit import wait_until as wait_until  # re-exported for the API tests

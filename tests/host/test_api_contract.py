@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import pytest_asyncio
 
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from .live import (
     CID,
@@ -471,7 +471,7 @@ async def test_health_ready_docs(live: Live) -> None:
 
 
 async def test_readyz_is_503_while_the_store_fails(s3_fault_proxy: Any, s3_bucket: str) -> None:
-    from host.wal3 import S3Store
+    from wal3 import S3Store
 
     store = S3Store(bucket=s3_bucket, prefix="ready", endpoint_url=s3_fault_proxy.endpoint,
                     region="us-east-1", max_attempts=2, base_backoff_s=0.01, max_backoff_s=0.02)
@@ -777,7 +777,7 @@ async def test_fragment_urls_on_s3_are_readable_by_a_bulk_reader(moto_endpoint: 
                                                                  s3_bucket: str) -> None:
     import boto3
 
-    from host.wal3 import S3Store
+    from wal3 import S3Store
 
     store = S3Store(bucket=s3_bucket, prefix="root", endpoint_url=moto_endpoint,
                     region="us-east-1")

@@ -31,7 +31,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from starlette.routing import Mount, Route
 
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from .live import KEYS, Live, assert_error, live_server, log_path, record
 

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from .live import CID, Live, assert_error, live_server, log_path, record
 

@@ -12,10 +12,10 @@ import pytest
 from dirtylog import DirtyLogHook, DirtyRecord, RecordKind, RollUp
 from host.dirty import WalDirtyBackend, dirty_prefix
 from host.manager import log_prefix
-from host.wal3 import FaultRule, FaultyStore, LocalStore, LogReader, LogWriter
-from host.wal3.cursors import CursorStore
-from host.wal3.gc import GcOptions
-from host.wal3.layout import load_manifest
+from wal3 import FaultRule, FaultyStore, LocalStore, LogReader, LogWriter
+from wal3.cursors import CursorStore
+from wal3.gc import GcOptions
+from wal3.layout import load_manifest
 
 from .live import live_server, record
 

@@ -1,4 +1,4 @@
-"""The creation claim (``host.wal3.claim``) under crashes and races: expiry only after the same
+"""The creation claim (``wal3.claim``) under crashes and races: expiry only after the same
 claim was seen unchanged for its TTL, one winner among takers, a taken-over claimant fenced off,
 and a claim that is released or finished frees the target at once.  (Issue 20, r1/r2 follow-up.)
 """
@@ -14,8 +14,8 @@ import pytest
 
 from host.forks import create_collection_log
 from host.manager import log_prefix
-from host.wal3 import LocalStore
-from host.wal3.claim import (
+from wal3 import LocalStore
+from wal3.claim import (
     CLAIM_PATH,
     ClaimLost,
     ClaimWatch,
@@ -23,9 +23,9 @@ from host.wal3.claim import (
     claim_log,
     release_if_dead,
 )
-from host.wal3.errors import ObjectNotFound
-from host.wal3.layout import join, load_manifest
-from host.wal3.manifest import Manifest
+from wal3.errors import ObjectNotFound
+from wal3.layout import join, load_manifest
+from wal3.manifest import Manifest
 
 from .claimkit import TTL_S, StepClock, stepped_watch
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from host.forks import current_key, fork_collection
 from host.manager import log_prefix
-from host.wal3 import FaultRule, FaultyStore, LocalStore, LogWriter
-from host.wal3.errors import ObjectNotFound, SimulatedCrash
-from host.wal3.claim import ClaimWatch, CreationInProgress
-from host.wal3.layout import load_manifest
+from wal3 import FaultRule, FaultyStore, LocalStore, LogWriter
+from wal3.errors import ObjectNotFound, SimulatedCrash
+from wal3.claim import ClaimWatch, CreationInProgress
+from wal3.layout import load_manifest
 
 import pytest
 

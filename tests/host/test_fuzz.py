@@ -55,7 +55,7 @@ from starlette.routing import compile_path
 from host.api import create_app
 from host.config import Settings
 from host.server import Server
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from .live import CID, KEYS, SERVICE_KEY, Live, live_server, log_path, record
 
@@ -183,7 +183,7 @@ async def _departed_dirty_log(root: Path) -> None:
     """A dirty log left by another server: one mark for alice's log."""
     from dirtylog import DirtyRecord, RecordKind
     from host.dirty import dirty_prefix
-    from host.wal3 import LogWriter
+    from wal3 import LogWriter
 
     store = LocalStore(root)
     w = await LogWriter.open(store, dirty_prefix(DEPARTED))

@@ -11,9 +11,9 @@ from pathlib import Path
 from uuid import UUID
 
 from host.manager import log_prefix
-from host.wal3 import LocalStore
-from host.wal3.cursors import CursorStore
-from host.wal3.gc import GarbageCollector, GcOptions
+from wal3 import LocalStore
+from wal3.cursors import CursorStore
+from wal3.gc import GarbageCollector, GcOptions
 
 from .live import CID, assert_error, live_server, log_path, record
 

@@ -17,8 +17,8 @@ import pytest
 
 from compactor_client import LogHostClient
 from compactor_client.errors import NotLeader as ClientNotLeader
-from host.wal3 import LocalStore, StoreUnavailable
-from host.wal3.store import ObjectMeta
+from wal3 import LocalStore, StoreUnavailable
+from wal3.store import ObjectMeta
 
 from ..conftest import free_port
 from .live import (

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from host.jsonlog import JsonFormatter
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from .live import CID, KEYS, Live, assert_error, live_server, log_path, read_all, record
 

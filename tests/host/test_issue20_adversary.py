@@ -44,8 +44,8 @@ import pytest
 
 import dirtylog.hook
 from host.forks import claim_ttl_s, current_key
-from host.wal3 import FaultRule, FaultyStore, LocalStore, ObjectStore
-from host.wal3.claim import (
+from wal3 import FaultRule, FaultyStore, LocalStore, ObjectStore
+from wal3.claim import (
     CLAIM_PATH,
     Claim,
     ClaimLost,
@@ -57,8 +57,8 @@ from host.wal3.claim import (
     release_if_dead,
     run_all,
 )
-from host.wal3.errors import ObjectNotFound, StoreUnavailable
-from host.wal3.store import GetResult
+from wal3.errors import ObjectNotFound, StoreUnavailable
+from wal3.store import GetResult
 
 from ..wal3.helpers import GateStore
 from .claimkit import TTL_S, StepClock, stepped_watch

@@ -30,10 +30,10 @@ import httpx
 
 from host.forks import current_key, fork_collection
 from host.manager import log_prefix
-from host.wal3 import FaultRule, FaultyStore, LocalStore, LogWriter, ObjectStore
-from host.wal3.cursors import COMPACTION, CursorStore
-from host.wal3.errors import LogContention, LogExists, ObjectNotFound
-from host.wal3.layout import load_manifest
+from wal3 import FaultRule, FaultyStore, LocalStore, LogWriter, ObjectStore
+from wal3.cursors import COMPACTION, CursorStore
+from wal3.errors import LogContention, LogExists, ObjectNotFound
+from wal3.layout import load_manifest
 
 from ..wal3.helpers import GateStore
 from .claimkit import TTL_S, stepped_watch

@@ -16,12 +16,12 @@ import pytest
 
 from host.forks import current_key, fork_collection
 from host.manager import log_prefix
-from host.wal3 import LocalStore, LogWriter
-from host.wal3.cursors import COMPACTION, CursorStore
-from host.wal3.errors import ObjectNotFound, SimulatedCrash
-from host.wal3.faulty import FaultRule, FaultyStore
-from host.wal3.claim import CreationInProgress
-from host.wal3.layout import load_manifest
+from wal3 import LocalStore, LogWriter
+from wal3.cursors import COMPACTION, CursorStore
+from wal3.errors import ObjectNotFound, SimulatedCrash
+from wal3.faulty import FaultRule, FaultyStore
+from wal3.claim import CreationInProgress
+from wal3.layout import load_manifest
 
 from .claimkit import TTL_S, stepped_watch
 

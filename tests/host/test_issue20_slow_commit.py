@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import host.dirty
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from ..wal3.helpers import GateStore
 from .live import live_server, log_path, metric, metrics_text, record

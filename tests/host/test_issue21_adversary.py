@@ -54,8 +54,8 @@ import pytest
 from starlette.responses import StreamingResponse
 
 from host.pages import GROUP_BYTES, records_answer
-from host.wal3 import FaultRule, FaultyStore, Limits, LocalStore, LogReader
-from host.wal3.layout import load_manifest
+from wal3 import FaultRule, FaultyStore, Limits, LocalStore, LogReader
+from wal3.layout import load_manifest
 
 from .live import Live, live_server, log_path, record, wait_until
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from host.wal3 import Limits, LogReader
+from wal3 import Limits, LogReader
 from verify.testkit import free_port
 
 from .live import Live, assert_error, live_server, log_path, record, wait_until

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from host.wal3 import LocalStore, StoreUnavailable
-from host.wal3.store import GetResult
+from wal3 import LocalStore, StoreUnavailable
+from wal3.store import GetResult
 
 from ..conftest import free_port
 from .test_leader_server import holder

@@ -12,7 +12,7 @@ from host.config import Settings
 from host.leader import NullLeaderHint
 from host.manager import LogManager
 from host.metrics import Metrics
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 
 @pytest.mark.timeout(20)  # the bug spins the event loop: only the signal timeout ends it

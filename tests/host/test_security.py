@@ -30,7 +30,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from host import jsonlog
-from host.wal3 import LocalStore
+from wal3 import LocalStore
 
 from .live import CID, KEYS, Live, assert_error, live_server, log_path, record
 

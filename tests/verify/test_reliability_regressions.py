@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     FaultRule,
     FaultyStore,
     GarbageRejected,
@@ -20,11 +20,11 @@ from host.wal3 import (
     LogWriterOptions,
     StoreUnavailable,
 )
-from host.wal3.cursors import CursorStore
-from host.wal3.fork import fork_log
-from host.wal3.gc import GarbageCollector, GcOptions
-from host.wal3.layout import load_manifest
-from host.wal3.scrub import scrub_log
+from wal3.cursors import CursorStore
+from wal3.fork import fork_log
+from wal3.gc import GarbageCollector, GcOptions
+from wal3.layout import load_manifest
+from wal3.scrub import scrub_log
 
 SNAPSHOT = r"/snapshot/SNAPSHOT\."
 
@@ -336,9 +336,9 @@ async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped
     of the append that wrote the orphan is appended again."""
     import asyncio
 
-    from host.wal3 import SimulatedCrash, WriterClosed
-    from host.wal3.fragment import fragment_path
-    from host.wal3.layout import join
+    from wal3 import SimulatedCrash, WriterClosed
+    from wal3.fragment import fragment_path
+    from wal3.layout import join
 
     base = LocalStore(tmp_path)
     w0 = await LogWriter.open(base, "logs/c")

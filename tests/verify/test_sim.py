@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from host.wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
+from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
 from verify.sim import loop as simloop
 from verify.sim.report import run_range
 from verify.sim.run import run_seed

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
-from host.wal3 import (
+from wal3 import (
     LocalStore,
     LogReader,
     LogWriter,
@@ -18,11 +18,11 @@ from host.wal3 import (
     ObjectStore,
     Setsum,
 )
-from host.wal3.cursors import CursorStore
-from host.wal3.fragment import LogRecord, decode_fragment
-from host.wal3.layout import join
-from host.wal3.reader import Limits, SnapshotCache, resolve_fragments
-from host.wal3.store import GetResult, ObjectMeta
+from wal3.cursors import CursorStore
+from wal3.fragment import LogRecord, decode_fragment
+from wal3.layout import join
+from wal3.reader import Limits, SnapshotCache, resolve_fragments
+from wal3.store import GetResult, ObjectMeta
 
 
 async def read_all(store: ObjectStore, prefix: str) -> tuple[Manifest, list[LogRecord]]:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     CorruptFragment,
     CorruptManifest,
     FaultRule,
@@ -28,15 +28,15 @@ from host.wal3 import (
     Setsum,
     StoreUnavailable,
 )
-from host.wal3.clock import Clock as WallClock
-from host.wal3.cursors import CursorStore
-from host.wal3.errors import SimulatedCrash
-from host.wal3.fragment import decode_fragment, encode_fragment, fragment_path
-from host.wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, pin_cursor
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH, Manifest, Snapshot
-from host.wal3.reader import SnapshotCache
-from host.wal3.scrub import scrub_log
+from wal3.clock import Clock as WallClock
+from wal3.cursors import CursorStore
+from wal3.errors import SimulatedCrash
+from wal3.fragment import decode_fragment, encode_fragment, fragment_path
+from wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, pin_cursor
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.manifest import MANIFEST_PATH, Manifest, Snapshot
+from wal3.reader import SnapshotCache
+from wal3.scrub import scrub_log
 
 from .helpers import Clock, GateStore, fill, read_all
 
@@ -230,8 +230,8 @@ async def test_one_transient_upload_failure_is_retried_not_reported_as_contentio
 @pytest.mark.parametrize("name", ["compaction\n", "a\n", "\ncompaction", "a b", "", "é"])
 def test_cursor_names_are_matched_whole(name: str) -> None:
     """``$`` matches before a trailing newline: ``compaction\\n`` used to be a second, valid name."""
-    from host.wal3.cursors import check_cursor_name
-    from host.wal3.errors import InvalidCursorName
+    from wal3.cursors import check_cursor_name
+    from wal3.errors import InvalidCursorName
 
     with pytest.raises(InvalidCursorName):
         check_cursor_name(name)

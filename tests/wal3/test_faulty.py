@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3.errors import ObjectNotFound, PreconditionFailed, SimulatedCrash, StoreUnavailable, Wal3Error
-from host.wal3.faulty import FaultRule, FaultyStore, InjectedFault
-from host.wal3.localstore import LocalStore
-from host.wal3.store import content_etag, put_resolving
+from wal3.errors import ObjectNotFound, PreconditionFailed, SimulatedCrash, StoreUnavailable, Wal3Error
+from wal3.faulty import FaultRule, FaultyStore, InjectedFault
+from wal3.localstore import LocalStore
+from wal3.store import content_etag, put_resolving
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from host.wal3.cursors import Cursor
-from host.wal3.errors import CorruptManifest, GarbageRejected
-from host.wal3.gc import EMPTY_GARBAGE, Garbage, GcOptions, verify_garbage
-from host.wal3.manifest import Manifest, Snapshot
+from wal3.cursors import Cursor
+from wal3.errors import CorruptManifest, GarbageRejected
+from wal3.gc import EMPTY_GARBAGE, Garbage, GcOptions, verify_garbage
+from wal3.manifest import Manifest, Snapshot
 
 RUST = Path(__file__).parent / "fixtures" / "rust_wal3"
 MANIFEST = json.loads((RUST / "bad_manifest1.json").read_text())

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from host.wal3 import CorruptFragment, Setsum
-from host.wal3.fragment import (
+from wal3 import CorruptFragment, Setsum
+from wal3.fragment import (
     decode_fragment,
     encode_fragment,
     fragment_path,

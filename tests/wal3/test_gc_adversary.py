@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3 import LocalStore, LogReader, LogWriter, LogWriterOptions
-from host.wal3.cursors import CursorStore
-from host.wal3.errors import LogPurged, SimulatedCrash
-from host.wal3.faulty import FaultRule, FaultyStore
-from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, pin_cursor
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH, Manifest
+from wal3 import LocalStore, LogReader, LogWriter, LogWriterOptions
+from wal3.cursors import CursorStore
+from wal3.errors import LogPurged, SimulatedCrash
+from wal3.faulty import FaultRule, FaultyStore
+from wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, pin_cursor
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.manifest import MANIFEST_PATH, Manifest
 
 from .helpers import Clock, GateStore, age_objects, record_bodies, twelve_record_log
 
@@ -223,9 +223,9 @@ async def test_an_append_past_u64_leaves_nothing_behind(tmp_path: Path) -> None:
     ``Manifest.with_fragments``, not before the upload as its docstring asks.  The orphan's
     ``prev`` is the tail, so every writer that opens the log repairs by linking it, gets LogFull
     in its committer and dies: the one record that fits is refused for ever (WriterClosed)."""
-    from host.wal3.errors import LogFull, ObjectNotFound
-    from host.wal3.fragment import fragment_path
-    from host.wal3.manifest import U64_MAX
+    from wal3.errors import LogFull, ObjectNotFound
+    from wal3.fragment import fragment_path
+    from wal3.manifest import U64_MAX
 
     store = LocalStore(tmp_path / "store")
     p = "logs/full"

@@ -24,21 +24,21 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3 import LocalStore, LogReader, LogWriter, LogWriterOptions
-from host.wal3.cursors import CursorStore
-from host.wal3.errors import (
+from wal3 import LocalStore, LogReader, LogWriter, LogWriterOptions
+from wal3.cursors import CursorStore
+from wal3.errors import (
     CorruptManifest,
     LogFull,
     LogPurged,
     ObjectNotFound,
     SimulatedCrash,
 )
-from host.wal3.faulty import FaultRule, FaultyStore
-from host.wal3.fragment import encode_fragment, fragment_path
-from host.wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, pin_cursor
-from host.wal3.layout import CLOCK_PATH, GARBAGE_PATH, OLDEST_PATH, join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH, U64_MAX, GcFloor, Manifest
-from host.wal3.store import ObjectStore
+from wal3.faulty import FaultRule, FaultyStore
+from wal3.fragment import encode_fragment, fragment_path
+from wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, pin_cursor
+from wal3.layout import CLOCK_PATH, GARBAGE_PATH, OLDEST_PATH, join, load_manifest
+from wal3.manifest import MANIFEST_PATH, U64_MAX, GcFloor, Manifest
+from wal3.store import ObjectStore
 
 from .helpers import Clock, GateStore, age_objects, record_bodies, twelve_record_log
 
@@ -295,7 +295,7 @@ async def test_read_repair_steps_over_an_orphan_past_u64(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """An orphan an older version left past u64::MAX (it can never be linked) is dead to read
     repair, not the end of the writer: the record that fits is appended over it."""
-    from host.wal3 import fragment as fragment_mod
+    from wal3 import fragment as fragment_mod
 
     store = LocalStore(tmp_path / "store")
     p = "logs/full"

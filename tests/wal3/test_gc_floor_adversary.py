@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3 import LogWriter, LogWriterOptions
-from host.wal3.cursors import CursorStore
-from host.wal3.errors import ObjectNotFound
-from host.wal3.fragment import fragment_path
-from host.wal3.gc import GarbageCollector, GcOptions
-from host.wal3.layout import join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH
+from wal3 import LogWriter, LogWriterOptions
+from wal3.cursors import CursorStore
+from wal3.errors import ObjectNotFound
+from wal3.fragment import fragment_path
+from wal3.gc import GarbageCollector, GcOptions
+from wal3.layout import join, load_manifest
+from wal3.manifest import MANIFEST_PATH
 
 from .helpers import Clock
 from .test_gc_floor import _age, _log, _stall_before_the_cut

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     CorruptFragment,
     LocalStore,
     LogReader,
     LogWriter,
     LogWriterOptions,
 )
-from host.wal3.errors import CorruptManifest, LogFull, ObjectNotFound
-from host.wal3.fragment import fragment_path
-from host.wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, plan_cut
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.manifest import (
+from wal3.errors import CorruptManifest, LogFull, ObjectNotFound
+from wal3.fragment import fragment_path
+from wal3.gc import EMPTY_GARBAGE, GarbageCollector, GcOptions, plan_cut
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.manifest import (
     MANIFEST_PATH,
     U64_MAX,
     FragmentPointer,
@@ -35,9 +35,9 @@ from host.wal3.manifest import (
     Snapshot,
     SnapshotPointer,
 )
-from host.wal3.reader import SnapshotCache
-from host.wal3.scrub import scrub_log
-from host.wal3.setsum import Setsum
+from wal3.reader import SnapshotCache
+from wal3.scrub import scrub_log
+from wal3.setsum import Setsum
 
 from .helpers import assert_dense, read_all, twelve_record_log
 

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from host.wal3 import CorruptFragment, LogWriter, LogWriterOptions, ObjectStore
-from host.wal3.fragment import (
+from wal3 import CorruptFragment, LogWriter, LogWriterOptions, ObjectStore
+from wal3.fragment import (
     META_KEYS,
     decode_fragment,
     encode_fragment,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from host.wal3 import (
+from wal3 import (
     CursorConflict,
     CursorNotFound,
     FaultRule,
@@ -28,14 +28,14 @@ from host.wal3 import (
     ObjectStore,
     SimulatedCrash,
 )
-from host.wal3.cursors import CursorStore
-from host.wal3.fork import fork_log
-from host.wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, plan_cut, verify_garbage
-from host.wal3.manifest import Snapshot
-from host.wal3.reader import SnapshotCache
-from host.wal3.fragment import fragment_path
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.scrub import find_logs, scrub_log
+from wal3.cursors import CursorStore
+from wal3.fork import fork_log
+from wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, plan_cut, verify_garbage
+from wal3.manifest import Snapshot
+from wal3.reader import SnapshotCache
+from wal3.fragment import fragment_path
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.scrub import find_logs, scrub_log
 
 from .helpers import Clock, assert_dense, fill, read_all
 
@@ -419,7 +419,7 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
     """Appenders, a cursor mover and the collector at once; no sleeps: the mover and the collector
     take a round whenever the others made progress, and halfway the appenders wait (bounded) until
     the collector has really collected, so collection provably interleaves with appends."""
-    from host.wal3 import S3Store
+    from wal3 import S3Store
 
     store = S3Store(bucket=s3_bucket, prefix="soak", endpoint_url=moto_endpoint, region="us-east-1")
     clock = Clock()

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.wal3 import CorruptManifest, FragmentPointer, Manifest, Setsum, Snapshot
-from host.wal3.fragment import fragment_path
-from host.wal3.manifest import plan_snapshot
+from wal3 import CorruptManifest, FragmentPointer, Manifest, Setsum, Snapshot
+from wal3.fragment import fragment_path
+from wal3.manifest import plan_snapshot
 
 
 def frag(seq: int, start: int, n: int) -> FragmentPointer:

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from host.wal3 import LogSealed, LogWriter, LogWriterOptions, ObjectStore, Setsum
-from host.wal3.cursors import CursorStore
-from host.wal3.fragment import fragment_path
-from host.wal3.gc import (
+from wal3 import LogSealed, LogWriter, LogWriterOptions, ObjectStore, Setsum
+from wal3.cursors import CursorStore
+from wal3.fragment import fragment_path
+from wal3.gc import (
     Garbage,
     GarbageCollector,
     GarbageRejected,
@@ -23,10 +23,10 @@ from host.wal3.gc import (
     plan_cut,
     verify_garbage,
 )
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.manifest import Snapshot
-from host.wal3.reader import SnapshotCache
-from host.wal3.scrub import scrub_log
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.manifest import Snapshot
+from wal3.reader import SnapshotCache
+from wal3.scrub import scrub_log
 
 from .helpers import Clock, GateStore, read_all
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from host.wal3 import LogWriter, LogWriterOptions, ObjectStore
-from host.wal3.clock import Clock
-from host.wal3.layout import load_manifest
+from wal3 import LogWriter, LogWriterOptions, ObjectStore
+from wal3.clock import Clock
+from wal3.layout import load_manifest
 
 
 class ManualClock(Clock):

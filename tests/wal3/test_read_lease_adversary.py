@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import pytest
 
-from host.wal3 import LocalStore, LogWriter, LogWriterOptions, ObjectStore
-from host.wal3.store import GetResult, ObjectMeta
+from wal3 import LocalStore, LogWriter, LogWriterOptions, ObjectStore
+from wal3.store import GetResult, ObjectMeta
 
 from .test_read_lease import ManualClock, _settle
 

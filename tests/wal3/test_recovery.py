@@ -9,7 +9,7 @@ from typing import Literal
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     FaultRule,
     FaultyStore,
     LogContention,
@@ -22,10 +22,10 @@ from host.wal3 import (
     Wal3Error,
     WriterClosed,
 )
-from host.wal3.fragment import decode_fragment, encode_fragment, fragment_path
-from host.wal3.layout import join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH, FragmentPointer
-from host.wal3.store import GetResult, ObjectMeta, content_etag
+from wal3.fragment import decode_fragment, encode_fragment, fragment_path
+from wal3.layout import join, load_manifest
+from wal3.manifest import MANIFEST_PATH, FragmentPointer
+from wal3.store import GetResult, ObjectMeta, content_etag
 
 from .helpers import assert_dense, read_all, recomputed_setsum
 

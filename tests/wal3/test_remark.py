@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from host.wal3 import LocalStore, LogWriter, LogWriterOptions
-from host.wal3.clock import Clock
-from host.wal3.faulty import FaultRule, FaultyStore
-from host.wal3.writer import FragmentInfo
+from wal3 import LocalStore, LogWriter, LogWriterOptions
+from wal3.clock import Clock
+from wal3.faulty import FaultRule, FaultyStore
+from wal3.writer import FragmentInfo
 
 
 class _Steps(Clock):

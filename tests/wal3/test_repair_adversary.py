@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     LocalStore,
     LogContention,
     LogSealed,
@@ -34,11 +34,11 @@ from host.wal3 import (
     StoreUnavailable,
     Wal3Error,
 )
-from host.wal3.fragment import decode_fragment, encode_fragment, fragment_path
-from host.wal3.layout import join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH, FragmentPointer
-from host.wal3.store import GetResult, ObjectMeta, content_etag
-from host.wal3.writer import FragmentInfo
+from wal3.fragment import decode_fragment, encode_fragment, fragment_path
+from wal3.layout import join, load_manifest
+from wal3.manifest import MANIFEST_PATH, FragmentPointer
+from wal3.store import GetResult, ObjectMeta, content_etag
+from wal3.writer import FragmentInfo
 
 from .helpers import assert_dense, read_all, recomputed_setsum
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     FaultRule,
     FaultyStore,
     GarbageRejected,
@@ -28,9 +28,9 @@ from host.wal3 import (
     ObjectStore,
     SimulatedCrash,
 )
-from host.wal3.cursors import CursorStore
-from host.wal3.errors import CorruptManifest
-from host.wal3.gc import (
+from wal3.cursors import CursorStore
+from wal3.errors import CorruptManifest
+from wal3.gc import (
     EMPTY_GARBAGE,
     Garbage,
     GarbageCollector,
@@ -38,12 +38,12 @@ from host.wal3.gc import (
     live_snapshot_paths,
     plan_cut,
 )
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot
-from host.wal3.reader import SnapshotCache
-from host.wal3.scrub import scrub_log
-from host.wal3.setsum import Setsum
-from host.wal3.store import put_resolving
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot
+from wal3.reader import SnapshotCache
+from wal3.scrub import scrub_log
+from wal3.setsum import Setsum
+from wal3.store import put_resolving
 
 from .helpers import assert_dense, read_all
 
@@ -327,7 +327,7 @@ def rust_apply(man: dict[str, Any], g: dict[str, Any]) -> dict[str, Any] | None:
 def rust_phase3_paths(g: dict[str, Any]) -> list[str]:
     """What Rust's phase 3 deletes, unconditionally: every snapshot in ``snapshots_to_drop`` and
     the fragments numbered ``[start, limit)``."""
-    from host.wal3.fragment import fragment_path
+    from wal3.fragment import fragment_path
 
     return ([p["path_to_snapshot"] for p in g["snapshots_to_drop"]]
             + [fragment_path(s) for s in range(g["fragments_to_drop_start"],
@@ -556,7 +556,7 @@ async def test_our_plan_is_resumed_by_rust_and_handed_back(tmp_path: Path, cut: 
 
 
 async def _leaves(store: ObjectStore, prefix: str, m: Manifest) -> list[FragmentPointer]:
-    from host.wal3.reader import Limits, resolve_fragments
+    from wal3.reader import Limits, resolve_fragments
 
     return await resolve_fragments(store, prefix, m.entries, m.oldest_offset, Limits(),
                                    SnapshotCache())

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from host.wal3 import Setsum
+from wal3 import Setsum
 
 WORDS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh"]
 VECTOR = "c5b3fd4d01f2b8040f54ab7412ca53bbfc990e272a40add1c4ceba6b2fe472d5"
@@ -75,7 +75,7 @@ def test_parse_rejects(bad: str) -> None:
 def test_each_lane_must_be_reduced_below_its_prime() -> None:
     """A lane equal to its prime is not reduced; Rust never writes one, and neither may we accept
     it (two encodings of one value would make equal setsums compare unequal)."""
-    from host.wal3.setsum import PRIMES
+    from wal3.setsum import PRIMES
 
     for i, p in enumerate(PRIMES):
         lanes = [0] * 8

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from host.wal3.errors import ObjectNotFound, PreconditionFailed, StoreError, StoreUnavailable
-from host.wal3.localstore import LocalStore
-from host.wal3.s3store import S3Store
-from host.wal3.store import GetResult, ObjectStore, content_etag, etag_matches_content
-from host.wal3.storeurl import open_store, store_url_parts
+from wal3.errors import ObjectNotFound, PreconditionFailed, StoreError, StoreUnavailable
+from wal3.localstore import LocalStore
+from wal3.s3store import S3Store
+from wal3.store import GetResult, ObjectStore, content_etag, etag_matches_content
+from wal3.storeurl import open_store, store_url_parts
 
 from ..conftest import S3FaultProxy
 

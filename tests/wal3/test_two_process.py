@@ -7,7 +7,7 @@ import collections
 import multiprocessing as mp
 from pathlib import Path
 
-from host.wal3 import LocalStore, LogContention, LogWriter, LogWriterOptions
+from wal3 import LocalStore, LogContention, LogWriter, LogWriterOptions
 
 from .helpers import assert_dense, read_all, recomputed_setsum
 

@@ -7,7 +7,7 @@ import collections
 
 import pytest
 
-from host.wal3 import (
+from wal3 import (
     Backpressure,
     Limits,
     LogContention,
@@ -18,7 +18,7 @@ from host.wal3 import (
     LogWriterOptions,
     ObjectStore,
 )
-from host.wal3.layout import load_manifest
+from wal3.layout import load_manifest
 
 from .helpers import assert_dense, read_all, recomputed_setsum
 

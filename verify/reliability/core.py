@@ -761,8 +761,8 @@ async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[
 
 async def scrub_store(store_root: Path) -> list[str]:
     """Scrub every log in a LocalStore directory from the objects; the problems found."""
-    from host.wal3 import LocalStore
-    from host.wal3.scrub import find_logs, scrub_log
+    from wal3 import LocalStore
+    from wal3.scrub import find_logs, scrub_log
 
     store = LocalStore(store_root)
     problems: list[str] = []

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from host.api import create_app, uvicorn_config
     from host.config import Settings
     from host.server import Server
-    from host.wal3 import FaultyStore, LocalStore
+    from wal3 import FaultyStore, LocalStore
 
     settings = Settings(store=args.store, listen=args.listen, server_id=args.server_id)
     jsonlog.configure(settings.log_level)

@@ -1,5 +1,5 @@
 """Real parts for the reliability verifier: log hosts in-process and as processes, redis-server,
-and the "process died here" latch over a :class:`~host.wal3.faulty.FaultyStore`.
+and the "process died here" latch over a :class:`~wal3.faulty.FaultyStore`.
 
 Everything listens on 127.0.0.1 only.  Nothing here waits by sleeping: readiness and exits are
 polled with deadlines.
@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import httpx
 
-from host.wal3 import ObjectStore, SimulatedCrash
-from host.wal3.store import GetResult, ObjectMeta
+from wal3 import ObjectStore, SimulatedCrash
+from wal3.store import GetResult, ObjectMeta
 from verify.testkit import QuietUvicorn, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 
-from host.wal3 import FaultRule, FaultyStore, LocalStore
-from host.wal3.gc import Garbage, GarbageRejected
+from wal3 import FaultRule, FaultyStore, LocalStore
+from wal3.gc import Garbage, GarbageRejected
 
 from .core import (
     Collection,

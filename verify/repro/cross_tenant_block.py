@@ -5,7 +5,7 @@ large object) and the caps are scaled down so the run stays small; at the defaul
 import asyncio, sys, tempfile, uuid
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import httpx
-from host.wal3.localstore import LocalStore
+from wal3.localstore import LocalStore
 from tests.host.live import live_server
 
 class SlowStore(LocalStore):

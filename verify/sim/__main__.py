@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from .report import run_range, print_one, write_docs
-    import host
+    import wal3
 
-    print(f"engine: {os.path.dirname(host.__file__)}", file=sys.stderr)
+    print(f"engine: {os.path.dirname(wal3.__file__)}", file=sys.stderr)
     if args.seed is not None:
         return print_one(args.seed, verbose=args.verbose)
     a, _, b = args.seeds.partition(":")

@@ -13,8 +13,8 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from host.wal3.cursors import COMPACTION, CursorStore
-from host.wal3.errors import (
+from wal3.cursors import COMPACTION, CursorStore
+from wal3.errors import (
     Backpressure,
     CorruptFragment,
     CursorConflict,
@@ -30,12 +30,12 @@ from host.wal3.errors import (
     Wal3Error,
     WriterClosed,
 )
-from host.wal3.fork import fork_log
-from host.wal3.gc import Garbage, GarbageCollector, GcOptions, pin_cursor
-from host.wal3.layout import GARBAGE_PATH, join, load_manifest
-from host.wal3.manifest import Manifest
-from host.wal3.reader import Limits, LogReader
-from host.wal3.writer import FragmentInfo, LogWriter, LogWriterOptions
+from wal3.fork import fork_log
+from wal3.gc import Garbage, GarbageCollector, GcOptions, pin_cursor
+from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.manifest import Manifest
+from wal3.reader import Limits, LogReader
+from wal3.writer import FragmentInfo, LogWriter, LogWriterOptions
 
 from .config import RunConfig
 from .loop import SimLoop, VirtualClock, wall_s

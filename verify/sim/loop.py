@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from host.wal3.clock import Clock
+from wal3.clock import Clock
 
 T = TypeVar("T")
 

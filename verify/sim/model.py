@@ -31,13 +31,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from host.wal3.cursors import Cursor
-from host.wal3.errors import CorruptFragment, CorruptManifest, GarbageRejected
-from host.wal3.fragment import DecodedFragment, decode_fragment, parse_fragment_path
-from host.wal3.gc import Garbage
-from host.wal3.layout import CURSOR_PREFIX, GARBAGE_PATH, join
-from host.wal3.manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot
-from host.wal3.writer import AppendResult
+from wal3.cursors import Cursor
+from wal3.errors import CorruptFragment, CorruptManifest, GarbageRejected
+from wal3.fragment import DecodedFragment, decode_fragment, parse_fragment_path
+from wal3.gc import Garbage
+from wal3.layout import CURSOR_PREFIX, GARBAGE_PATH, join
+from wal3.manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot
+from wal3.writer import AppendResult
 
 from .store import Actor, Obj
 

@@ -180,7 +180,7 @@ def source_commit() -> str:
                               check=False).stdout.strip()
 
     head = git("rev-parse", "--short=12", "HEAD")
-    dirty = git("status", "--porcelain", "--", "host", "verify/sim")
+    dirty = git("status", "--porcelain", "--", "wal3", "host", "verify/sim")
     return f"{head}+modified" if dirty else head
 
 

@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from host.wal3.cursors import COMPACTION
-from host.wal3.errors import GarbageRejected
-from host.wal3.gc import Garbage
-from host.wal3.layout import GARBAGE_PATH, join
-from host.wal3.scrub import scrub_log
+from wal3.cursors import COMPACTION
+from wal3.errors import GarbageRejected
+from wal3.gc import Garbage
+from wal3.layout import GARBAGE_PATH, join
+from wal3.scrub import scrub_log
 
 from . import loop as simloop
 from .actors import EMERGENCY, PINS, PREFIX, World

@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
-from host.wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable, Wal3Error
-from host.wal3.store import GetResult, ObjectMeta, ObjectStore, check_condition, content_etag
+from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable, Wal3Error
+from wal3.store import GetResult, ObjectMeta, ObjectStore, check_condition, content_etag
 
 from .loop import SimLoop, wall_s
 

@@ -4,7 +4,7 @@ One long-lived aiobotocore client per store, with botocore's own retries switche
 class alone decides what may be retried: every idempotent request is retried with full-jitter
 exponential backoff on throttling, 5xx and connection failures, but a conditional put is never
 retried blindly after an ambiguous failure.  A conditional put that may have landed is settled by
-reading the key back, the same decision :func:`host.wal3.store.put_resolving` makes: our exact bytes
+reading the key back, the same decision :func:`wal3.store.put_resolving` makes: our exact bytes
 there means it succeeded, the condition still holding means it is safe to try again, anything else
 means the condition failed.
 

@@ -8,7 +8,7 @@ Nothing is shared afterwards, so collecting one log never touches the other's ob
 
 Order of effects, and why a crash between any two is safe:
 
-0. With a ``claim`` (``host.wal3.claim``, what the server always uses): the target's creation is
+0. With a ``claim`` (``wal3.claim``, what the server always uses): the target's creation is
    claimed and what dead attempts left there is cleaned up first; every write below is a claimed
    write (``Claim.write``: guarded, and counted until it ends) that creates its object
    (If-None-Match) and accepts an object already there only if it holds exactly our bytes, so no
@@ -71,7 +71,7 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
     target's records, ``[from_offset, tail]``); ``before_commit`` runs after every object is in
     place and before the manifest makes the target visible (see the module docstring).  With
     ``acquire``, the target's creation claim is taken once the source is read, before the first
-    write to the target (``host.wal3.claim``), kept alive while the fork runs and guards every
+    write to the target (``wal3.claim``), kept alive while the fork runs and guards every
     write; the caller finishes or releases it.
     """
     source, target = source.strip("/"), target.strip("/")

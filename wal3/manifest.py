@@ -396,7 +396,7 @@ class GcFloor:
     ``offset`` is the plan's ``first_to_keep``; ``nonce`` names one phase-2 attempt of one
     collector, so no other attempt (even of the same plan) can ever be mistaken for it.  The cut
     is made only by a compare-and-swap from a manifest that still holds this exact floor, and a
-    reader pinning below ``offset`` retracts it (``host/wal3/gc.py``, ``pin_cursor``).  An
+    reader pinning below ``offset`` retracts it (``wal3/gc.py``, ``pin_cursor``).  An
     extension Rust's serde ignores and drops on its next manifest write, which retracts it."""
 
     offset: int
