@@ -95,6 +95,11 @@ class ObjectStore(abc.ABC):
         """Release connections and pools."""
 
 
+class ResolvedPreconditionFailed(PreconditionFailed):
+    """A condition ``put_resolving`` found failed only after an ambiguous attempt: the key no
+    longer holds our bytes, but one of our attempts may have landed before someone replaced it."""
+
+
 async def put_resolving(
     store: ObjectStore,
     key: str,
@@ -122,27 +127,27 @@ async def put_resolving(
             try:
                 meta = await store.head(key)
             except ObjectNotFound:
-                raise PreconditionFailed(key, "object vanished") from None
+                raise ResolvedPreconditionFailed(key, "object vanished") from None
             if etag_matches_content(meta.etag, data):
                 return meta.etag
-            raise
+            raise ResolvedPreconditionFailed(key, "replaced after an ambiguous put") from last
         except StoreUnavailable as e:
             last = e
             try:
                 meta = await store.head(key)
             except ObjectNotFound:
                 if if_match is not None:
-                    raise PreconditionFailed(key, "object missing after ambiguous put") from e
+                    raise ResolvedPreconditionFailed(key, "object missing after ambiguous put") from e
                 continue
             except StoreUnavailable:
                 continue
             if etag_matches_content(meta.etag, data):
                 return meta.etag
             if if_none_match is not None:
-                raise PreconditionFailed(key, "another object exists") from e
+                raise ResolvedPreconditionFailed(key, "another object exists") from e
             # S3 quotes its etags and callers may pass either form: compare them bare.
             if if_match is not None and meta.etag.strip('"') != if_match.strip('"'):
-                raise PreconditionFailed(key, "etag moved") from e
+                raise ResolvedPreconditionFailed(key, "etag moved") from e
     assert last is not None
     raise last
 

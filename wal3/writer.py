@@ -120,7 +120,14 @@ from .manifest import (MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, ensur
                        plan_snapshot)
 from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
 from .setsum import Setsum
-from .store import ObjectStore, content_etag, ensure_object, etag_matches_content, put_resolving
+from .store import (
+    ObjectStore,
+    ResolvedPreconditionFailed,
+    content_etag,
+    ensure_object,
+    etag_matches_content,
+    put_resolving,
+)
 
 _log = logging.getLogger("wal3.writer")
 _INLINE_ENCODE_BYTES = 256 << 10  # smaller batches encode faster than a thread hop
@@ -357,11 +364,13 @@ class LogWriter:
         self._stale = False  # the last recovery could not reload the manifest
         self._repair_blocked: Exception | None = None  # why read repair last stopped early
         # What the last read repair met: another writer linking the fragment it was linking (a
-        # live writer), how many fragments it linked that are not ours, and whether it stopped
-        # at max_rebases with more to link (a backlog, not a writer outpacing it).
+        # live writer), and how many fragments it linked that this writer did not encode.
         self._repair_met_writer = False
         self._repaired_foreign = 0
-        self._repair_capped = False
+        # MD5 of every fragment this writer encoded lately, earlier attempts at a slot included
+        # (``_mine`` keeps only the latest per slot): bytes repair links that are not in here
+        # are someone else's, whatever name their footer carries.
+        self._encoded: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._closing = False
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
@@ -817,6 +826,9 @@ class LogWriter:
             self._mine.move_to_end(b.seq_no)
             while len(self._mine) > 4 * self._opts.dedup_window_fragments:
                 self._mine.popitem(last=False)
+            self._encoded[b.md5] = None
+            while len(self._encoded) > 4 * self._opts.dedup_window_fragments:
+                self._encoded.popitem(last=False)
             await self._settle(b)
         except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
             b.error = e
@@ -1160,11 +1172,11 @@ class LogWriter:
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
             # A recovery that moved the log on frees a retry, unless others moved it: a writer
-            # that linked what our repair was linking, or orphans our repair linked to the end
-            # (not a backlog cut at max_rebases).  That writer may be alive, one fragment ahead
-            # of every retry; charging attempts is what stops chasing it.
-            others = self._repair_met_writer or (bool(self._repaired_foreign)
-                                                 and not self._repair_capped)
+            # that linked what our repair was linking, or orphans of others our repair linked.
+            # That writer may be alive and ahead of every retry (by more than max_rebases
+            # fragments, too); charging attempts is what stops chasing it.  A dead writer's
+            # backlog is one pipeline deep, so it costs one attempt.
+            others = self._repair_met_writer or bool(self._repaired_foreign)
             progress = manifest.next_seq_no > base.next_seq_no and not others
             for seq in [s for s in self._dead if s < manifest.next_seq_no]:
                 del self._dead[seq]
@@ -1381,7 +1393,6 @@ class LogWriter:
         """
         self._repair_blocked = None
         self._repair_met_writer, self._repaired_foreign = False, 0
-        self._repair_capped = False
         for _ in range(self._opts.max_rebases):
             if manifest.sealed:
                 break
@@ -1430,21 +1441,20 @@ class LogWriter:
                 self._landed(base_etag, etag, issued, manifest)
                 manifest = new
                 self.stats["repaired"] += 1
-                if not self._is_ours(pointer) and decoded.writer != self._opts.writer_name:
-                    # (An earlier attempt of ours, re-encoded since, is named ours: not foreign.)
+                if pointer.content_md5 not in self._encoded:
                     self._repaired_foreign += 1
                 _log.info("read-repaired fragment %s of %s", seq, self._prefix)
-            except PreconditionFailed:
+            except PreconditionFailed as e:
                 loaded = await self._load()
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 manifest, etag = loaded
                 if manifest.next_seq_no > seq:
-                    # A live writer linked it: its next fragments are its own to link.
-                    self._repair_met_writer = True
+                    # Linked: by a live writer (its next fragments are its own to link), or by
+                    # our own put whose answer was lost before someone else's edit (then we
+                    # cannot say a writer was met: no contention is claimed on it).
+                    self._repair_met_writer = not isinstance(e, ResolvedPreconditionFailed)
                     break
-        else:
-            self._repair_capped = True
         return manifest, etag
 
     async def _load(self) -> tuple[Manifest, str] | None:

@@ -582,7 +582,7 @@ async def test_open_on_more_orphans_than_the_cap(tmp_path: Path) -> None:
     """Attack (b) on the open path: a writer opens a log whose previous writer crashed with more
     orphans than one repair may link (``max_rebases=3``, seven orphans).  Opening does not
     repair; the first append collides, and recoveries must go on until every orphan is linked
-    (hooked first) and the append lands after them, without spending the append's attempts.
+    (hooked first) and the append lands after them.
     Found nothing."""
     inner = LocalStore(tmp_path / "s", fsync=False)
     crashed = _Other(inner, name="crashed")
@@ -591,8 +591,12 @@ async def test_open_on_more_orphans_than_the_cap(tmp_path: Path) -> None:
     await w0.close()
     await crashed.upload_chain(7)
     hook = _Hooked()
+    # Each recovery linking others' orphans costs an attempt (since adversary round 2: a cut at
+    # the cap cannot tell a backlog from a live writer staying ahead), so seven orphans at cap 3
+    # take three recoveries and need four attempts; with the defaults (cap 64, a pipeline of
+    # 8) a dead writer's backlog costs one.
     w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=2), hook=hook)
+        writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=4), hook=hook)
     pos = await w.append(b"after")
     await w.close()
     assert pos.offset == 9

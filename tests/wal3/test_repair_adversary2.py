@@ -9,49 +9,43 @@ Every interleaving is forced by a scripted store (no sleeps as synchronisation):
 runs ``script(op, key, kwargs)`` before each request, which may act as another writer on the
 inner store and says whether the request fails or loses its answer.  The other writer is
 scripted too (``_Other``): plain conditional puts, as any writer of the format would.
-Findings are strict xfails (the reason says what breaks and whether it fails on 7bc4187).
+The first three tests are the round's findings; each failed on 1cec3ff and passes since the fix
+that followed: a repair cut at ``max_rebases`` is charged like any linking of others' orphans;
+"ours" is bytes this writer encoded (their MD5), never a name in a footer; and a repair put whose
+condition was found failed only after an ambiguous attempt (``ResolvedPreconditionFailed``) does
+not count as meeting a writer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-import pytest
+from wal3 import (
+    LocalStore,
+    LogContention,
+    LogWriter,
+    LogWriterOptions,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+    StoreUnavailable,
+)
+from wal3.fragment import (
+    decode_fragment,
+    encode_fragment,
+    fragment_path,
+    request_digest,
+)
+from wal3.layout import join, load_manifest
+from wal3.manifest import MANIFEST_PATH, FragmentPointer
+from wal3.store import content_etag
 
 from .helpers import assert_dense, read_all, recomputed_setsum
-
-# The engine is ``host.wal3`` (or ``wal3`` once it moves out of ``host``).
-_PKG = "host.wal3" if importlib.util.find_spec("host.wal3") is not None else "wal3"
-_w = importlib.import_module(_PKG)
-_fragment = importlib.import_module(f"{_PKG}.fragment")
-_layout = importlib.import_module(f"{_PKG}.layout")
-_manifest = importlib.import_module(f"{_PKG}.manifest")
-_store = importlib.import_module(f"{_PKG}.store")
-_writer = importlib.import_module(f"{_PKG}.writer")
-
-LocalStore = _w.LocalStore
-LogContention = _w.LogContention
-LogWriter = _w.LogWriter
-LogWriterOptions = _w.LogWriterOptions
-ObjectStore = _w.ObjectStore
-StoreUnavailable = _w.StoreUnavailable
-Wal3Error = _w.Wal3Error
-decode_fragment = _fragment.decode_fragment
-encode_fragment = _fragment.encode_fragment
-fragment_path = _fragment.fragment_path
-join = _layout.join
-load_manifest = _layout.load_manifest
-MANIFEST_PATH = _manifest.MANIFEST_PATH
-FragmentPointer = _manifest.FragmentPointer
-content_etag = _store.content_etag
-FragmentInfo = _writer.FragmentInfo
 
 PREFIX = "logs/adv2"
 MANIFEST_KEY = join(PREFIX, MANIFEST_PATH)
@@ -135,7 +129,7 @@ class _Other:
         key = join(self.prefix, frag.path)
         try:
             await self.store.put(key, frag.data, if_none_match="*")
-        except _w.PreconditionFailed:
+        except PreconditionFailed:
             got = await self.store.get(key)
             d = decode_fragment(got.data)
             if d.start == off and d.prev == prev:
@@ -159,7 +153,7 @@ class _Other:
             key = join(self.prefix, fragment_path(seq))
             try:
                 d = decode_fragment((await self.store.get(key)).data)
-            except _w.ObjectNotFound:
+            except ObjectNotFound:
                 frag = await self._put_frag(seq, off, prev)
                 seq, off, prev = seq + 1, frag.limit, frag.setsum
                 continue
@@ -226,10 +220,6 @@ def _is_fragment(key: str) -> bool:
 # ------------------------------------------------------------------------------------ findings
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 1 (liveness; 1cec3ff's charge is waived for a repair cut at max_rebases, and a "
-    "writer keeping more than max_rebases fragments in flight is always cut there: every "
-    "recovery frees the retry; also fails on 7bc4187 and 0058483, which chased any live writer)"))
 async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Path) -> None:
     """Attack: the "our repair keeps committing" live writer of the first round, with a pipeline
     deeper than ``max_rebases`` (here 3 in flight, ``max_rebases=2``; the default pipeline is 8
@@ -269,10 +259,6 @@ async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Pa
         f"the append was retried into {used} of the other writer's pipelines")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 2 (liveness; 1cec3ff trusts the footer's writer name as ours although names are "
-    "not unique (name_is_unique=False; the log host's dirty-log writer is named "
-    "loghost:<server_id> in every process of that server id); also fails on 7bc4187)"))
 async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) -> None:
     """Attack: finding 5 of the first round (a live writer whose uploads always reach our slot
     just before ours, and whose commits lose to our repair) when that writer has our name.
@@ -309,11 +295,6 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
         f"the append waited for {used} of the other writer's fragments")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 3 (introduced by 1cec3ff; passes on 7bc4187 and 0058483): a repair put of ours "
-    "that landed with its answer lost, then a collector's same-tail manifest edit, looks like "
-    "'another writer linked it' (rule (a)): the append is answered LogContention ('another "
-    "writer kept appending') though no other writer appended"))
 async def test_gc_edit_over_our_lost_repair_put_answers_contention(tmp_path: Path) -> None:
     """Attack: rule (a) decides "a live writer linked it" from a failed put plus a reload that
     shows the slot linked.  Our own put, landed with its answer lost, gives the same picture
@@ -382,7 +363,7 @@ async def test_keyed_retry_whose_first_attempt_lies_beyond_the_cap(tmp_path: Pat
     seq, off, prev = m.next_seq_no, m.next_offset, m.tail_setsum
     for i in range(4):
         bodies = [f"crashed{i}".encode()] if i < 3 else [b"keyed"]
-        keys = {"k": (off, 1, _fragment.request_digest([b"keyed"]))} if i == 3 else {}
+        keys = {"k": (off, 1, request_digest([b"keyed"]))} if i == 3 else {}
         frag = encode_fragment(seq, off, 1_000 + i, bodies, prev=prev, keys=keys,
                                writer="crashed")
         await inner.put(join(PREFIX, frag.path), frag.data, if_none_match="*")
@@ -422,8 +403,10 @@ async def test_backlog_past_the_cap_with_a_hook_fault_midway(tmp_path: Path) -> 
                 raise RuntimeError("dirty log briefly down")
             marked.append(info.seq_no)
 
+    # Every recovery that links others' orphans is charged (a cut at the cap too, since the
+    # fix for finding 1): five orphans at cap 2 with a hook fault take four recoveries.
     w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us", batch_size_bytes=1, max_rebases=2), hook=hook)
+        writer_name="us", batch_size_bytes=1, max_rebases=2, max_append_attempts=5), hook=hook)
     pos = await w.append(b"after")
     await w.close()
     assert pos.offset == 7
