@@ -67,7 +67,8 @@ def assert_dense(records: list[LogRecord], first: int) -> None:
 
 class Gate:
     """One request the ``GateStore`` holds: ``reached`` is set when it arrives, and it proceeds
-    once ``release`` is set.  ``landed`` is set when a request matching it has completed."""
+    once ``release`` is set.  ``landed`` is set when a request matching it has completed;
+    ``cancelled`` when it was cancelled while held (it then never reaches the store)."""
 
     def __init__(self, op: str, regex: str, hold: bool) -> None:
         self.op, self.rx, self.hold = op, re.compile(regex), hold
@@ -75,6 +76,7 @@ class Gate:
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
         self.landed = asyncio.Event()
+        self.cancelled = asyncio.Event()
 
 
 class GateStore(ObjectStore):
@@ -103,7 +105,11 @@ class GateStore(ObjectStore):
             g.armed = False
             g.reached.set()
             if g.hold:
-                await g.release.wait()
+                try:
+                    await g.release.wait()
+                except asyncio.CancelledError:
+                    g.cancelled.set()
+                    raise
         return hit
 
     @staticmethod
