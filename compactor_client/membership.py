@@ -19,14 +19,14 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote
 
 from wal3.errors import ObjectNotFound
+from wal3.paths import COMPACTORS_LIVE_PREFIX, live_key, parse_live_key
 
 if TYPE_CHECKING:
     from wal3.store import ObjectStore
 
-LIVE_PREFIX = "compactors/live/"
+LIVE_PREFIX = COMPACTORS_LIVE_PREFIX
 
 
 class Liveness:
@@ -48,7 +48,7 @@ class Liveness:
     @staticmethod
     def key(member_id: str) -> str:
         """Where a member's liveness record lives (the id quoted: it is a key, not a path)."""
-        return f"{LIVE_PREFIX}{quote(member_id, safe='')}.json"
+        return live_key(member_id)
 
     async def beat(self) -> None:
         """Record that this member is alive now (a plain put: only this member writes it).
@@ -78,11 +78,11 @@ class Liveness:
         out: dict[str, float] = {}
         keys = [meta.key async for meta in self.store.list(LIVE_PREFIX)]
         for key in keys:
-            name = key[len(LIVE_PREFIX):]
-            if not name.endswith(".json") or "/" in name:
+            member = parse_live_key(key)
+            if member is None:
                 continue
             try:
-                out[unquote(name[: -len(".json")])] = float(
+                out[member] = float(
                     json.loads((await self.store.get(key)).data)["at"])
             except (ObjectNotFound, ValueError, KeyError, TypeError):
                 continue  # gone meanwhile, or damaged: it proves nothing about its member

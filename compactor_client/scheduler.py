@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import quote
 
 from wal3.errors import ObjectNotFound
+from wal3.paths import COMPACTORS_PROGRESS_PREFIX, progress_key
 
 from .models import DirtyLog, DirtyResult
 
@@ -221,7 +221,7 @@ def select(
     )
 
 
-PROGRESS_PREFIX = "compactors/progress/"
+PROGRESS_PREFIX = COMPACTORS_PROGRESS_PREFIX
 Progress = dict[tuple[str, str], tuple[int, float]]  # (tenant, cid) -> (dirty start, stalled since)
 
 
@@ -241,7 +241,7 @@ class ProgressLedger:
     @property
     def key(self) -> str:
         """Where this member's clocks live (the id quoted: it is a key, not a path)."""
-        return f"{PROGRESS_PREFIX}{quote(self.member_id, safe='')}.json"
+        return progress_key(self.member_id)
 
     async def load(self) -> Progress:
         """The clocks as last saved (as stored: the scheduler clamps stamps from the future);

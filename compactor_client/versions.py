@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 import uuid
 from collections.abc import Iterable
@@ -50,6 +49,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
+from wal3.paths import (  # the layout above; current_key and friends are re-exported from here
+    CURRENT_NAME,  # noqa: F401 - re-exported
+    compacted_prefix,
+    current_key,
+    data_key,
+    parse_data_key,
+    version_prefix,  # noqa: F401 - re-exported
+)
 from wal3.store import put_resolving
 
 from .fold import Row
@@ -58,8 +65,6 @@ from .parquet_io import rows_to_table
 if TYPE_CHECKING:
     from wal3.store import ObjectMeta, ObjectStore
 
-COMPACTED_PREFIX = "compacted"
-CURRENT_NAME = "CURRENT.json"
 HISTORY_LIMIT = 32  # installs remembered in CURRENT.json; older supersessions are bounded above
 # Last-Modified is whole seconds: two of them may differ by up to 1 s less than the real interval.
 LAST_MODIFIED_SLACK_S = 1.0
@@ -67,21 +72,6 @@ LAST_MODIFIED_SLACK_S = 1.0
 
 class CorruptCurrent(ValueError):
     """``CURRENT.json`` exists but is not a valid pointer; it is never overwritten blindly."""
-
-
-def current_key(collection_id: str) -> str:
-    """Key of a collection's ``CURRENT.json``."""
-    return f"{COMPACTED_PREFIX}/{collection_id}/{CURRENT_NAME}"
-
-
-def version_prefix(collection_id: str, version: int) -> str:
-    """Key prefix (directory) of one version of a collection."""
-    return f"{COMPACTED_PREFIX}/{collection_id}/v{version:016d}/"
-
-
-def data_key(collection_id: str, version: int, token: str) -> str:
-    """Key of the Parquet file one install attempt writes for a version."""
-    return f"{version_prefix(collection_id, version)}part-{token}.parquet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,9 +294,6 @@ async def discard_version(store: ObjectStore, pending: PendingVersion) -> None:
     await store.delete(pending.data_key)
 
 
-_DATA_KEY = re.compile(r"^v(\d{16})/part-[^/]+\.parquet$")
-
-
 @dataclass(frozen=True, slots=True)
 class PruneReport:
     """What a prune deleted and what it left for later (still inside the grace period)."""
@@ -338,7 +325,7 @@ async def prune_versions(
     goes only once they are ``grace_s + LAST_MODIFIED_SLACK_S`` apart.
     """
     keep = max(1, keep)
-    base = f"{COMPACTED_PREFIX}/{collection_id}/"
+    base = compacted_prefix(collection_id)
     by_version: dict[int, list[ObjectMeta]] = {}
     pointer_written: float | None = None
     store_now: float | None = None
@@ -347,9 +334,9 @@ async def prune_versions(
                                                                      meta.last_modified)
         if meta.key == current_key(collection_id):
             pointer_written = meta.last_modified
-        m = _DATA_KEY.match(meta.key[len(base):])
-        if m is not None:
-            by_version.setdefault(int(m.group(1)), []).append(meta)
+        of = parse_data_key(collection_id, meta.key)
+        if of is not None:
+            by_version.setdefault(of, []).append(meta)
     current_meta = next((x for x in by_version.get(current.version, ()) if x.key == current.path),
                         None)
     if current_meta is None or pointer_written is None or store_now is None:

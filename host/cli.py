@@ -139,18 +139,20 @@ async def _dirty_logs(args: argparse.Namespace) -> int:
     from wal3 import open_store
     from wal3.cursors import CursorStore
     from wal3.layout import load_manifest
+    from wal3.paths import DIRTY_PREFIX, dirty_server_id
     from wal3.scrub import find_logs
 
     store = open_store(args.store)
     try:
-        async for prefix in find_logs(store, "dirty/"):
-            loaded = await load_manifest(store, prefix)
+        async for prefix in find_logs(store, DIRTY_PREFIX):
+            server_id = dirty_server_id(prefix)
+            loaded = await load_manifest(store, prefix) if server_id is not None else None
             if loaded is None:
                 continue
             m = loaded[0]
             w = await CursorStore(store, prefix, "inspect").load(CURSOR_NAME)
             cursor = w.cursor.offset if w is not None else m.oldest_offset
-            print(json.dumps({"server_id": prefix.split("/", 1)[1], "log": prefix,
+            print(json.dumps({"server_id": server_id, "log": prefix,
                               "next_offset": m.next_offset, "stable_prefix": cursor,
                               "records_above_cursor": max(0, m.next_offset - cursor),
                               "writer": m.writer}))
@@ -163,7 +165,8 @@ async def _inspect(args: argparse.Namespace) -> int:
     from dirtylog import DirtyRecord, DirtyRecordError
     from wal3 import Limits, LogReader, ObjectNotFound, open_store
     from wal3.cursors import CursorStore
-    from wal3.layout import GARBAGE_PATH, join, load_manifest
+    from wal3.layout import load_manifest
+    from wal3.paths import GARBAGE_PATH, join
 
     store = open_store(args.store)
     try:

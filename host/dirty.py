@@ -10,13 +10,19 @@ from uuid import UUID
 
 from dirtylog import DirtyLogHook, RollUp, RollUpResult
 from wal3 import Limits, LogReader, LogWriter, ObjectStore
-from wal3.claim import CLAIM_PATH, ClaimWatch, release_if_dead
+from wal3.claim import ClaimWatch, release_if_dead
 from wal3.cursors import CursorStore
 from wal3.errors import ObjectNotFound
-from wal3.fragment import fragment_path
 from wal3.gc import GarbageCollector, GcOptions
-from wal3.layout import join, load_manifest
+from wal3.layout import load_manifest
 from wal3.manifest import Manifest
+from wal3.paths import (
+    CLAIM_PATH,
+    dirty_prefix,  # noqa: F401 - re-exported: the server and tools import it from here
+    fragment_path,
+    join,
+    log_prefix,
+)
 
 from .forks import claim_ttl_s
 
@@ -24,11 +30,6 @@ _log = logging.getLogger("loghost.dirty")
 # A mark this young may belong to a write still in flight, whatever the configured GC grace
 # (tests and fault drills run with grace 0 and stall writes for seconds).
 MIN_SETTLE_S = 60.0
-
-
-def dirty_prefix(server_id: str) -> str:
-    """Where a server's dirty log lives in the store."""
-    return f"dirty/{server_id}"
 
 
 class _Cursors:
@@ -110,10 +111,6 @@ class WalDirtyBackend(_Cursors):
         a creation claim that stands means None; with none, the manifest is read once more, since
         a creation may have committed and dropped its claim between the two reads.
         """
-        from .manager import (
-            log_prefix,  # the server's layout; imported late, manager is heavier
-        )
-
         out: dict[UUID, int | None] = {}
         sem = asyncio.Semaphore(concurrency)
 

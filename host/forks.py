@@ -59,6 +59,10 @@ from wal3.errors import (
 from wal3.fork import fork_log
 from wal3.layout import load_manifest
 from wal3.manifest import Manifest
+from wal3.paths import (  # the compactor's layout (compactor_client.versions writes it)
+    compacted_prefix,
+    current_key,
+)
 from wal3.store import put_resolving
 
 MarkDirty = Callable[[UUID, int, int], Awaitable[None]]
@@ -68,16 +72,6 @@ class CorruptCompactedPointer(Wal3Error):
     """The source's ``CURRENT.json`` is not a valid pointer: the fork refuses to guess a base."""
 
     kind = "corrupt_compacted_pointer"
-
-
-def current_key(collection_id: UUID) -> str:
-    """``compacted/{cid}/CURRENT.json`` (the compactor's layout, see compactor_client.versions)."""
-    return f"compacted/{collection_id}/CURRENT.json"
-
-
-def compacted_prefix(collection_id: UUID) -> str:
-    """Everything the compactors keep of a collection: its versions and ``CURRENT.json``."""
-    return f"compacted/{collection_id}/"
 
 
 # The spec's bound on one operation, as the dirty log's settle time uses it, whatever the grace.

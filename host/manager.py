@@ -43,8 +43,13 @@ from wal3 import (
 from wal3.claim import ClaimWatch
 from wal3.cursors import COMPACTION, CursorStore
 from wal3.errors import LogNotFound
-from wal3.layout import join, load_manifest
+from wal3.layout import load_manifest
 from wal3.manifest import Manifest
+from wal3.paths import (
+    TENANT_PATH,
+    join,
+    log_prefix,  # also imported from here (the server, the API, tools)
+)
 from wal3.writer import FragmentInfo
 
 from .config import Settings
@@ -54,10 +59,6 @@ from .leader import LeaderHint
 from .metrics import Metrics
 
 _log = logging.getLogger("loghost.manager")
-
-def log_prefix(collection_id: UUID) -> str:
-    """Where a collection's log lives in the store."""
-    return f"logs/{collection_id}"
 
 
 @dataclass(eq=False)
@@ -207,7 +208,7 @@ class LogManager:
             self._bindings.move_to_end(cid)
             return cached
         try:
-            got = await self._store.get(join(log_prefix(cid), "TENANT"))
+            got = await self._store.get(join(log_prefix(cid), TENANT_PATH))
         except ObjectNotFound:
             return None
         tenant = str(json.loads(got.data)["tenant"])
@@ -226,7 +227,7 @@ class LogManager:
             return owner
         body = json.dumps({"tenant": tenant}).encode()
         try:
-            await self._store.put(join(log_prefix(cid), "TENANT"), body, if_none_match="*")
+            await self._store.put(join(log_prefix(cid), TENANT_PATH), body, if_none_match="*")
         except PreconditionFailed:
             self._bindings.pop(cid, None)
             owner = await self.binding(cid)

@@ -85,15 +85,23 @@ from .errors import (
     SimulatedCrash,
     StoreUnavailable,
 )
-from .layout import CURSOR_PREFIX, LOG_PREFIX, join, load_manifest
-from .manifest import MANIFEST_PATH, Manifest
+from .layout import load_manifest
+from .manifest import Manifest
+from .paths import (
+    CLAIM_PATH,  # re-exported: callers name the claim through this module
+    CURSOR_PREFIX,
+    GC_PREFIX,
+    LOG_PREFIX,
+    MANIFEST_PATH,
+    SNAPSHOT_PREFIX,
+    join,
+)
 from .store import ObjectStore, etag_matches_content, put_resolving
 
 T = TypeVar("T")
 
-CLAIM_PATH = "CLAIM"
 # What a dead attempt may have left of a log that does not exist (its manifest never landed).
-_LEFTOVER_DIRS = (CURSOR_PREFIX, LOG_PREFIX, "snapshot/", "gc/")
+_LEFTOVER_DIRS = (CURSOR_PREFIX, LOG_PREFIX, SNAPSHOT_PREFIX, GC_PREFIX)
 # Releases started by a cancelled attempt, kept referenced until they end.
 _RELEASING: set[asyncio.Task[None]] = set()
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import CorruptManifest, CursorConflict, CursorNotFound, InvalidCursorName, ObjectNotFound, PreconditionFailed
-from .layout import CURSOR_PREFIX, join
 from .manifest import U64_MAX, loads, parse_position
+from .paths import CURSOR_PREFIX, cursor_name, cursor_path, join
 from .store import ObjectStore, put_resolving
 
 COMPACTION = "compaction"
@@ -82,7 +82,7 @@ class CursorStore:
         self._writer = writer
 
     def _key(self, name: str) -> str:
-        return join(self._prefix, f"{CURSOR_PREFIX}{check_cursor_name(name)}.json")
+        return join(self._prefix, cursor_path(check_cursor_name(name)))
 
     def _new(self, offset: int) -> Cursor:
         if offset < 1:
@@ -146,9 +146,9 @@ class CursorStore:
         base = join(self._prefix, CURSOR_PREFIX)
         names = []
         async for meta in self._store.list(base):
-            rest = meta.key[len(base):]
-            if rest.endswith(".json") and "/" not in rest:
-                names.append(rest[: -len(".json")])
+            name = cursor_name(meta.key[len(base):])
+            if name is not None:
+                names.append(name)
         return names
 
     async def load_all(self) -> dict[str, Witness]:

@@ -49,8 +49,9 @@ from .errors import (
     PreconditionFailed,
 )
 from .gc import plan_cut
-from .layout import join, load_manifest
-from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapshot
+from .layout import load_manifest
+from .manifest import FragmentPointer, Manifest, Pointer, Snapshot
+from .paths import MANIFEST_PATH, join
 from .reader import SnapshotCache
 from .store import ObjectStore, ensure_copy, ensure_object, put_resolving
 

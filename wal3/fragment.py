@@ -29,9 +29,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import CorruptFragment, LogFull
+from .paths import (  # re-exported: the key layout lives in wal3.paths
+    BUCKET_SIZE,  # noqa: F401 - re-exported
+    fragment_path,
+    parse_fragment_path,  # noqa: F401 - re-exported
+)
 from .setsum import Setsum
 
-BUCKET_SIZE = 4096
 _U64_MAX = (1 << 64) - 1  # Rust's u64: sequence numbers and offset limits end here
 _ITEM_PREFIX = struct.Struct(">QQ")
 _SCHEMA = pa.schema(
@@ -41,7 +45,6 @@ _SCHEMA = pa.schema(
         pa.field("body", pa.binary(), nullable=False),
     ]
 )
-_PATH_RE = re.compile(r"^log/Bucket=([0-9a-f]{16})/FragmentSeqNo=([0-9a-f]{16})\.parquet$")
 META_PREV = b"wal3.prev"
 META_KEYS = b"wal3.keys"
 META_WRITER = b"wal3.writer"
@@ -117,27 +120,6 @@ class DecodedFragment:
     def limit(self) -> int:
         """First offset after the fragment."""
         return self.records[-1].offset + 1
-
-
-def fragment_path(seq_no: int) -> str:
-    """The object path of a fragment, relative to the log's prefix."""
-    if seq_no < 1:
-        raise ValueError("fragment sequence numbers start at 1")
-    if seq_no > _U64_MAX:
-        raise ValueError(f"fragment sequence numbers end at {_U64_MAX} (u64)")
-    bucket = seq_no - seq_no % BUCKET_SIZE
-    return f"log/Bucket={bucket:016x}/FragmentSeqNo={seq_no:016x}.parquet"
-
-
-def parse_fragment_path(path: str) -> int | None:
-    """The sequence number named by a fragment path, or None if it is not one."""
-    m = _PATH_RE.match(path)
-    if m is None:
-        return None
-    bucket, seq = int(m.group(1), 16), int(m.group(2), 16)
-    if bucket != seq - seq % BUCKET_SIZE:
-        return None
-    return seq
 
 
 def record_item(offset: int, timestamp_us: int, body: bytes) -> bytes:

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import secrets
 import time
 import weakref
@@ -54,18 +53,8 @@ from .errors import (
     ObjectNotFound,
     PreconditionFailed,
 )
-from .fragment import fragment_path, parse_fragment_path
-from .layout import (
-    CLOCK_PATH,
-    GARBAGE_PATH,
-    LOG_PREFIX,
-    OLDEST_PATH,
-    join,
-    load_manifest,
-)
+from .layout import load_manifest
 from .manifest import (
-    MANIFEST_PATH,
-    SNAPSHOT_PREFIX,
     U64_MAX,
     FragmentPointer,
     GcFloor,
@@ -77,13 +66,23 @@ from .manifest import (
     parse_position as _unpos,
     parse_setsum as _setsum,
 )
+from .paths import (
+    CLOCK_PATH,
+    GARBAGE_PATH,
+    LOG_PREFIX,
+    MANIFEST_PATH,
+    OLDEST_PATH,
+    SNAPSHOT_PREFIX,
+    fragment_path,
+    is_snapshot_path,
+    join,
+    parse_fragment_path,
+)
 from .reader import SnapshotCache
 from .setsum import Setsum
 from .store import ObjectStore, ensure_object, put_resolving
 
 _log = logging.getLogger("wal3.gc")
-
-_SNAPSHOT_NAME = re.compile(re.escape(SNAPSHOT_PREFIX) + r"SNAPSHOT\.[0-9a-f]{64}")
 
 ManifestEditor = Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]]
 
@@ -1199,7 +1198,7 @@ class GarbageCollector:
         # only snapshots whose stored object starts below the cut (dropped whole, or split), by
         # what the object holds, not by the range the plan claims for it: one at or above the
         # cut may be a writer's upload about to be linked.
-        names = [p for p in g.snapshots_to_delete if p not in live and _SNAPSHOT_NAME.fullmatch(p)]
+        names = [p for p in g.snapshots_to_delete if p not in live and is_snapshot_path(p)]
         report.snapshots_deleted = await self._delete(
             [join(self._prefix, p) for p in await self._starting_below(names, g.first_to_keep,
                                                                       report)])
@@ -1300,7 +1299,7 @@ class GarbageCollector:
         live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
         async for meta in self._store.list(join(self._prefix, SNAPSHOT_PREFIX)):
             rel = meta.key[len(self._prefix) + 1:] if self._prefix else meta.key
-            if not _SNAPSHOT_NAME.fullmatch(rel):
+            if not is_snapshot_path(rel):
                 continue  # not this log's snapshot (another log nested under this prefix)
             if rel in live or meta.last_modified >= horizon:
                 continue

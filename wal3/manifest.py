@@ -21,17 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import CorruptManifest, LogFull
-from .fragment import fragment_path
+from .paths import (  # re-exported: the key layout lives in wal3.paths
+    MANIFEST_PATH,  # noqa: F401 - re-exported
+    SNAPSHOT_PREFIX,  # noqa: F401 - re-exported
+    fragment_path,
+    snapshot_path,
+)
 from .setsum import Setsum
-
-MANIFEST_PATH = "manifest/MANIFEST"
-SNAPSHOT_PREFIX = "snapshot/"
-
-
-def snapshot_path(setsum: Setsum) -> str:
-    """The content-addressed path of a snapshot."""
-    return f"{SNAPSHOT_PREFIX}SNAPSHOT.{setsum.hexdigest()}"
-
 
 # Rust's integers are u64 (positions, sequence numbers, sizes) and u8 (depths); serde rejects
 # anything outside, so do we: a value Rust cannot read must never be written.

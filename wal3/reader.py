@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 
 from .errors import CorruptFragment, LogNotFound, LogPurged, ObjectNotFound
 from .fragment import DecodedFragment, LogRecord, decode_fragment
-from .layout import join, load_manifest
+from .layout import load_manifest
 from .manifest import FragmentPointer, Manifest, Pointer, Snapshot, SnapshotPointer
+from .paths import join
 from .store import ObjectStore, content_etag
 
 _DECODE_INLINE_BYTES = 256 << 10

@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from .errors import CorruptFragment, CorruptManifest, ObjectNotFound
-from .fragment import decode_fragment, parse_fragment_path
-from .layout import join, load_manifest
-from .manifest import MANIFEST_PATH, FragmentPointer, Manifest, Pointer, Snapshot
+from .fragment import decode_fragment
+from .layout import load_manifest
+from .manifest import FragmentPointer, Manifest, Pointer, Snapshot
+from .paths import MANIFEST_PATH, join, parse_fragment_path
 from .setsum import Setsum
 from .store import ObjectStore, content_etag
 
