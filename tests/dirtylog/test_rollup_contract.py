@@ -99,6 +99,10 @@ def test_without_tails_settle_time_changes_nothing() -> None:
     folder.add(mark(cid(1), 1, 3, T0_US + 10))
     folder.add(mark(cid(1), 4, 3, T0_US))
     assert folder.result()[cid(1)].first_insertion_us == T0_US  # min, as for any settled fold
+    sighted = Coalescer(seen_at={1: 3.0, 2: 1.0, 3: 2.0}.__getitem__, now=9.0)
+    for offset in (1, 2, 3):
+        sighted.add(mark(cid(1), offset, 1), offset)
+    assert [t for _, _, t in sighted.carried_seen()] == [1.0]  # all settled: the oldest sighting
     folder = Coalescer(tails={cid(1): 2}, settle_s=None)
     folder.add(mark(cid(1), 1, 3), 7)
     assert folder.result()[cid(1)].limit == 4  # no settle time: never clipped
