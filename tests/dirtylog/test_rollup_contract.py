@@ -376,7 +376,7 @@ async def test_an_idle_run_reports_nothing_moved() -> None:
     w = World()
     await w.backend.append_many([DirtyRecord.clear(T0_US).encode()] * 3)
     result = await w.rollup.run()
-    assert result.idle and not result.wrote_clear and result.reinserted == 0
+    assert result.idle is True and result.wrote_clear is False and result.reinserted == 0
     assert (result.cursor_from, result.cursor_to, result.records_read) == (1, 1, 3)
 
 
