@@ -11,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "LogHostClient": "client",
+    "CompactorError": "errors",
     "LogHostError": "errors",
     "Record": "models",
     "Row": "fold",

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .errors import CompactorError
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from pyspark.sql import SparkSession
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("compactor")
 
 
-class SettingsError(ValueError):
+class SettingsError(CompactorError, ValueError):
     """The configuration is incomplete or invalid."""
 
 

@@ -1,9 +1,21 @@
-"""Typed exceptions of the log host client, one per error code of the REST API."""
+"""The compactor's errors: :class:`CompactorError`, the root of every error class the package
+defines, and the log host client's typed exceptions, one per error code of the REST API.
+
+Every error class of ``compactor_client`` derives from :class:`CompactorError` (the client's
+:class:`LogHostError` family, and the compaction errors: ``SettingsError``, ``PlanError``,
+``FoldError``, ``GapError``, ``InvalidRecord``, ``CorruptCurrent``, ``CorruptFragmentError``,
+``UnverifiableFragmentError``).  Those that were ``ValueError``s stay ``ValueError``s as well, so
+existing handlers catch what they caught.
+"""
 
 from __future__ import annotations
 
 
-class LogHostError(Exception):
+class CompactorError(Exception):
+    """Base class of every error ``compactor_client`` defines (client answers and compaction)."""
+
+
+class LogHostError(CompactorError):
     """An error answer (or no answer) from a log host."""
 
     status: int = 0
@@ -147,7 +159,6 @@ _BY_STATUS: dict[int, type[LogHostError]] = {
     404: NotFound,
     409: Conflict,
     410: Purged,
-    422: InvalidRequest,  # FastAPI's own validation errors
     429: Backpressure,
     307: NotLeader,
 }

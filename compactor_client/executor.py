@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .errors import CompactorError
 from .fold import fold, parse_body
 from .integrity import CorruptFragmentError, check_md5, check_setsum
 from .parquet_io import S3Options, read_bytes, read_version, rows_to_table, write_version
@@ -35,13 +36,13 @@ MARKER_OFFSET = 0
 Keyed = tuple[tuple[int, int], tuple[Any, ...]]
 
 
-class GapError(ValueError):
+class GapError(CompactorError, ValueError):
     """The records of a collection's window are not exactly the dense offsets [start, end)."""
 
     kind = "gap"
 
 
-class FoldError(Exception):
+class FoldError(CompactorError):
     """A collection's fold failed; ``kind`` is the typed cause (``corrupt_fragment``, ``gap``...)."""
 
     def __init__(self, message: str, kind: str) -> None:

@@ -20,11 +20,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import CompactorError
+
 Scalar = str | int | float | bool | None
 OPS = frozenset({"add", "update", "upsert", "delete"})
 
 
-class InvalidRecord(ValueError):
+class InvalidRecord(CompactorError, ValueError):
     """A record that is not a well-formed Record (bad id, op or field types)."""
 
 

@@ -13,6 +13,8 @@ import hashlib
 import struct
 from collections.abc import Iterable
 
+from .errors import CompactorError
+
 # The setsum crate's primes (wal3/setsum.py); lane i is summed modulo PRIMES[i].
 PRIMES: tuple[int, ...] = (
     4294967291, 4294967279, 4294967231, 4294967197,
@@ -22,13 +24,13 @@ _LANES = struct.Struct("<8I")
 _U64 = struct.Struct(">QQ")
 
 
-class CorruptFragmentError(ValueError):
+class CorruptFragmentError(CompactorError, ValueError):
     """A fragment does not match the checksum its pointer records (``kind`` names the error)."""
 
     kind = "corrupt_fragment"
 
 
-class UnverifiableFragmentError(ValueError):
+class UnverifiableFragmentError(CompactorError, ValueError):
     """The host reported a fragment with no checksum: it cannot be verified, so it is not used."""
 
     kind = "unverifiable_fragment"

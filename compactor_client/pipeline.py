@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .errors import LogHostError
+from .errors import CompactorError, LogHostError
 from .executor import (
     MARKER_OFFSET,
     CollectionStats,
@@ -86,7 +86,7 @@ class LogApi(Protocol):
         ...
 
 
-class PlanError(Exception):
+class PlanError(CompactorError):
     """A collection cannot be compacted as planned (gap in the log, corrupt pointer...)."""
 
 

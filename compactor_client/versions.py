@@ -59,6 +59,7 @@ from wal3.paths import (  # the layout above; current_key and friends are re-exp
 )
 from wal3.store import put_resolving
 
+from .errors import CompactorError
 from .fold import Row
 from .parquet_io import rows_to_table
 
@@ -70,7 +71,7 @@ HISTORY_LIMIT = 32  # installs remembered in CURRENT.json; older supersessions a
 LAST_MODIFIED_SLACK_S = 1.0
 
 
-class CorruptCurrent(ValueError):
+class CorruptCurrent(CompactorError, ValueError):
     """``CURRENT.json`` exists but is not a valid pointer; it is never overwritten blindly."""
 
 

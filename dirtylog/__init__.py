@@ -7,6 +7,7 @@ written against the abstract :class:`DirtyLogBackend` / :class:`CompactionOffset
 """
 
 from .backend import CompactionOffsets, DirtyLogBackend, LogTails
+from .errors import DirtyLogError
 from .hook import DirtyLogHook, epoch_us
 from .memory import MemoryCompactionOffsets, MemoryLogBackend, MemoryLogTails
 from .record import RECORD_SIZE, DirtyRecord, DirtyRecordError, RecordKind
@@ -33,6 +34,7 @@ __all__ = [
     "CompactionOffsets",
     "DirtyEntry",
     "DirtyLogBackend",
+    "DirtyLogError",
     "DirtyLogHook",
     "DirtyRecord",
     "DirtyRecordError",

@@ -23,6 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import DirtyLogError
+
 RECORD_SIZE = 48
 RECORD_VERSION = 1
 
@@ -36,7 +38,7 @@ _U32_MAX = (1 << 32) - 1
 NIL_UUID = uuid.UUID(int=0)
 
 
-class DirtyRecordError(ValueError):
+class DirtyRecordError(DirtyLogError, ValueError):
     """A dirty-log record cannot be encoded or decoded."""
 
 

@@ -64,6 +64,7 @@ from uuid import UUID
 from wal3.errors import CursorConflict, LogPurged
 
 from .backend import CompactionOffsets, DirtyLogBackend, LogTails
+from .errors import DirtyLogError
 from .hook import Clock, DirtyLogHook, epoch_us
 from .record import DirtyRecord, DirtyRecordError, RecordKind
 from .selection import DirtyEntry, score, select_entries
@@ -75,7 +76,7 @@ DEFAULT_ROLLUP_INTERVAL_S = 10.0
 _U32_MAX = (1 << 32) - 1
 
 
-class RollUpError(Exception):
+class RollUpError(DirtyLogError):
     """The dirty log violated its contract (gap or short read before the end)."""
 
 

@@ -1,12 +1,21 @@
 """API errors and the one place every failure is mapped to an HTTP answer.
 
 Every error body is ``{"error": {"code": "<word>", "message": "..."}}``.
+
+Every error has a *kind*: an engine error's :class:`wal3.errors.ErrorKind`, or one of the host's
+own :class:`HostKind`.  :data:`ANSWERS` maps each kind to its HTTP status and error code (the codes
+are a contract clients are built against; README.md lists them), and nothing else here decides
+a status or a code.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, TypeAlias
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,64 +23,152 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from wal3 import errors as w
+from wal3.errors import ErrorKind
 
 _log = logging.getLogger("loghost.errors")
 
 
-class ApiError(Exception):
-    """An error with a status, a code word and optional headers."""
+class HostKind(str, enum.Enum):
+    """The kinds of the host's own errors (what the engine never raises)."""
 
-    status = 400
-    code = "bad_request"
+    BAD_REQUEST = "bad_request"  # an ApiError that names no more precise kind
+    RECORD_TOO_LARGE = "record_too_large"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    TOO_LARGE = "too_large"
+    NOT_LEADER = "not_leader"
+    IDEMPOTENCY_MISMATCH = "idempotency_mismatch"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+
+
+Kind: TypeAlias = ErrorKind | HostKind
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The HTTP answer of one kind of error."""
+
+    status: int
+    code: str
+    retry_after_s: float | None = None  # a Retry-After the answer carries unless the error sets one
+    fields: tuple[str, ...] = ()  # attributes of an engine error copied into the error body
+
+
+# The one table.  Every ErrorKind and HostKind has a row (tests/host/test_error_table.py).
+ANSWERS: Mapping[Kind, Answer] = MappingProxyType({
+    # engine kinds
+    ErrorKind.CONTENTION: Answer(409, "contention", retry_after_s=1),
+    ErrorKind.SEALED: Answer(409, "sealed"),
+    ErrorKind.FULL: Answer(409, "sealed"),  # a full log takes no appends, as a sealed one
+    ErrorKind.EXISTS: Answer(409, "exists"),
+    ErrorKind.CURSOR_CONFLICT: Answer(409, "cursor_conflict"),
+    ErrorKind.NO_CURSORS: Answer(409, "no_cursors"),
+    ErrorKind.GC_REJECTED: Answer(409, "gc_rejected"),
+    ErrorKind.NOT_FOUND: Answer(404, "not_found"),
+    ErrorKind.PURGED: Answer(410, "purged", fields=("oldest_offset",)),
+    ErrorKind.INVALID: Answer(400, "invalid_request"),
+    ErrorKind.BACKPRESSURE: Answer(429, "backpressure", retry_after_s=1, fields=("reason",)),
+    ErrorKind.UNAVAILABLE: Answer(503, "unavailable", retry_after_s=1),
+    ErrorKind.CLOSED: Answer(503, "unavailable", retry_after_s=1),
+    ErrorKind.DATA_LOSS: Answer(500, "data_loss"),
+    ErrorKind.CORRUPT_FRAGMENT: Answer(500, "corrupt_fragment"),
+    # An object the engine did not expect to be missing, a process death, a bug: nothing the
+    # client can act on.
+    ErrorKind.OBJECT_NOT_FOUND: Answer(500, "internal"),
+    ErrorKind.PROCESS_DEATH: Answer(500, "internal"),
+    ErrorKind.INTERNAL: Answer(500, "internal"),
+    # the host's own kinds
+    HostKind.BAD_REQUEST: Answer(400, "bad_request"),
+    HostKind.RECORD_TOO_LARGE: Answer(400, "record_too_large"),
+    HostKind.UNAUTHORIZED: Answer(401, "unauthorized"),
+    HostKind.FORBIDDEN: Answer(403, "forbidden"),
+    HostKind.TOO_LARGE: Answer(413, "too_large"),
+    HostKind.NOT_LEADER: Answer(307, "not_leader"),
+    HostKind.IDEMPOTENCY_MISMATCH: Answer(409, "idempotency_mismatch"),
+    HostKind.METHOD_NOT_ALLOWED: Answer(405, "method_not_allowed"),
+})
+
+# A 409's code names its kind (``sealed`` is the sealed kind; ``full`` answers the same).
+_CONFLICT_KINDS: Mapping[str, Kind] = MappingProxyType(
+    {a.code: k for k, a in reversed(ANSWERS.items()) if a.status == 409})
+
+
+def answer_for(kind: Kind) -> Answer:
+    """The HTTP answer of a kind (a kind outside the table answers as internal)."""
+    return ANSWERS.get(kind, ANSWERS[ErrorKind.INTERNAL])
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, round(seconds)))}
+
+
+class _FromTable:
+    """``status`` and ``code`` of an ApiError (class or instance): its kind's row of ANSWERS."""
+
+    def __init__(self, field: str) -> None:
+        self._field = field
+
+    def __get__(self, obj: ApiError | None, cls: type[ApiError]) -> Any:
+        return getattr(answer_for((obj if obj is not None else cls).kind), self._field)
+
+
+class ApiError(Exception):
+    """An error with a kind (hence a status and a code word) and optional headers."""
+
+    kind: Kind = HostKind.BAD_REQUEST
+    status = _FromTable("status")
+    code = _FromTable("code")
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, kind: Kind | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
         self.extra = extra or {}
+        if kind is not None:
+            self.kind = kind
 
 
 class BadRequest(ApiError):
     """Malformed or invalid input (naming the field)."""
 
-    status, code = 400, "invalid_request"
+    kind = ErrorKind.INVALID
 
 
 class RecordTooLarge(ApiError):
     """A record with more metadata keys or embedding dimensions than the host allows."""
 
-    status, code = 400, "record_too_large"
+    kind = HostKind.RECORD_TOO_LARGE
 
 
 class Unauthorized(ApiError):
     """Missing or unknown API key."""
 
-    status, code = 401, "unauthorized"
+    kind = HostKind.UNAUTHORIZED
 
 
 class Forbidden(ApiError):
     """A tenant key used on another tenant's path, or a tenant key on a service endpoint."""
 
-    status, code = 403, "forbidden"
+    kind = HostKind.FORBIDDEN
 
 
 class NotFound(ApiError):
     """No such log (or it belongs to another tenant: existence is not leaked)."""
 
-    status, code = 404, "not_found"
+    kind = ErrorKind.NOT_FOUND
 
 
 class TooLarge(ApiError):
     """The request body is over the configured size."""
 
-    status, code = 413, "too_large"
+    kind = HostKind.TOO_LARGE
 
 
 class NotLeader(ApiError):
     """Another live server holds this log; the client should go there."""
 
-    status, code = 307, "not_leader"
+    kind = HostKind.NOT_LEADER
 
     def __init__(self, location: str) -> None:
         super().__init__(f"another server holds this log: {location}",
@@ -81,71 +178,57 @@ class NotLeader(ApiError):
 class BackpressureError(ApiError):
     """Too much outstanding work; retry after a while."""
 
-    status, code = 429, "backpressure"
+    kind = ErrorKind.BACKPRESSURE
 
     def __init__(self, message: str, reason: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message, headers={"Retry-After": str(max(1, round(retry_after_s)))},
-                         extra={"reason": reason})
+        super().__init__(message, headers=_retry_after(retry_after_s), extra={"reason": reason})
 
 
 class Conflict(ApiError):
-    """A conflicting state (contention, sealed, cursor CAS lost, existing target)."""
+    """A conflicting state (contention, sealed, cursor CAS lost, existing target...): ``code`` is
+    one of the 409 codes of :data:`ANSWERS` and names the kind."""
 
-    status, code = 409, "conflict"
+    kind = ErrorKind.CONTENTION
 
     def __init__(self, message: str, code: str, retry_after_s: float | None = None) -> None:
-        headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s else None
-        super().__init__(message, headers=headers)
-        self.code = code
+        if code not in _CONFLICT_KINDS:
+            raise ValueError(f"{code!r} is not a 409 code; expected one of {sorted(_CONFLICT_KINDS)}")
+        super().__init__(message, headers=_retry_after(retry_after_s) if retry_after_s else None,
+                         kind=_CONFLICT_KINDS[code])
 
 
 class Unavailable(ApiError):
     """The store (or this server) cannot serve right now."""
 
-    status, code = 503, "unavailable"
+    kind = ErrorKind.UNAVAILABLE
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message, headers={"Retry-After": str(max(1, round(retry_after_s)))})
+        super().__init__(message, headers=_retry_after(retry_after_s))
 
 
 def to_api_error(exc: BaseException) -> ApiError | None:
-    """The API error a wal3 error means, or None if it is a bug."""
+    """The API error an engine error means (by its kind), or None if it is neither an engine
+    error nor an API error."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, w.LogPurged):
-        e = ApiError(str(exc), extra={"oldest_offset": exc.oldest_offset})
-        e.status, e.code = 410, "purged"
-        return e
-    if isinstance(exc, w.LogSealed):
-        return Conflict(str(exc), "sealed")
-    if isinstance(exc, w.PreconditionFailed):
-        # Another process changed what we were about to replace (e.g. two collectors).
-        return Conflict(str(exc), "contention", retry_after_s=1)
-    if isinstance(exc, w.LogContention):
-        return Conflict(str(exc), "contention", retry_after_s=1)
-    if isinstance(exc, w.CursorConflict):
-        return Conflict(str(exc), "cursor_conflict")
-    if isinstance(exc, w.LogExists):
-        return Conflict(str(exc), "exists")
-    if isinstance(exc, w.NoCursors):
-        return Conflict(str(exc), "no_cursors")
-    if isinstance(exc, w.GarbageRejected):
-        return Conflict(str(exc), "gc_rejected")
-    if isinstance(exc, w.Backpressure):
-        return BackpressureError(str(exc), exc.reason, exc.retry_after_s)
-    if isinstance(exc, (w.CursorNotFound, w.LogNotFound)):
-        return NotFound(str(exc))
-    if isinstance(exc, w.InvalidCursorName):
-        return BadRequest(str(exc))
-    if isinstance(exc, (w.StoreUnavailable, w.WriterClosed)):
-        return Unavailable(str(exc))
-    if isinstance(exc, w.CorruptFragment):
-        # Data at rest failed its checksum: not a bug here, and no retry will make it pass.
-        _log.error("corrupt fragment: %s", exc)
-        e = ApiError(str(exc))
-        e.status, e.code = 500, "corrupt_fragment"
-        return e
-    return None
+    if not isinstance(exc, w.Wal3Error):
+        return None
+    kind = exc.kind
+    answer = answer_for(kind)
+    message = str(exc)
+    if answer.code == "internal":
+        # Not the client's doing, and nothing it can act on: a bug, or a failure to look into.
+        _log.error("unexpected engine error: %r", exc)
+        message = f"{type(exc).__name__}: {exc}"
+    elif kind.is_data_loss:
+        # Data at rest is corrupt or gone: not a bug here, and no retry will make it pass.
+        _log.error("%s: %s", kind.value, exc)
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is None:
+        retry = answer.retry_after_s
+    return ApiError(message, kind=kind,
+                    headers=_retry_after(retry) if retry is not None else None,
+                    extra={f: getattr(exc, f) for f in answer.fields if hasattr(exc, f)})
 
 
 def _body(code: str, message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -166,6 +249,11 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+# Framework errors (no route, wrong method) by status; others keep their status as ``http_error``.
+_HTTP_KINDS: Mapping[int, Kind] = MappingProxyType({
+    404: ErrorKind.NOT_FOUND, 405: HostKind.METHOD_NOT_ALLOWED})
+
+
 def install_handlers(app: FastAPI) -> None:
     """Register the exception handlers that produce the error shape."""
 
@@ -182,14 +270,13 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        kind = _HTTP_KINDS.get(exc.status_code)
+        code = answer_for(kind).code if kind is not None else "http_error"
         return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(w.Wal3Error)
     async def _wal3(_: Request, exc: w.Wal3Error) -> Response:
         mapped = to_api_error(exc)
-        if mapped is not None:
-            return error_response(mapped)
-        _log.error("unexpected engine error: %r", exc)
-        return JSONResponse(_body("internal", f"{type(exc).__name__}: {exc}"), status_code=500)
+        assert mapped is not None  # every engine error has a kind, every kind an answer
+        return error_response(mapped)

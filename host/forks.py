@@ -50,6 +50,7 @@ from wal3.claim import (
     create_log,
 )
 from wal3.errors import (
+    ErrorKind,
     LogExists,
     LogPurged,
     ObjectNotFound,
@@ -71,7 +72,7 @@ MarkDirty = Callable[[UUID, int, int], Awaitable[None]]
 class CorruptCompactedPointer(Wal3Error):
     """The source's ``CURRENT.json`` is not a valid pointer: the fork refuses to guess a base."""
 
-    kind = "corrupt_compacted_pointer"
+    kind = ErrorKind.DATA_LOSS  # a corrupt object in the store: 500 data_loss
 
 
 # The spec's bound on one operation, as the dirty log's settle time uses it, whatever the grace.

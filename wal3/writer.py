@@ -99,7 +99,7 @@ from .errors import (
     LogSealed,
     ObjectNotFound,
     PreconditionFailed,
-    SimulatedCrash,
+    ProcessDeath,
     StoreUnavailable,
     Wal3Error,
     WriterClosed,
@@ -928,7 +928,7 @@ class LogWriter:
                     continue
                 if self._closing and not self._pending and not self._inflight and not self._edits:
                     return
-        except SimulatedCrash as e:
+        except ProcessDeath as e:
             self._fail_everything(e)
         except asyncio.CancelledError:
             self._fail_everything(WriterClosed(f"writer for {self._prefix} was cancelled"))
@@ -953,7 +953,7 @@ class LogWriter:
             b = self._inflight[seq]
             if not b.done:
                 break
-            if isinstance(b.error, SimulatedCrash):
+            if isinstance(b.error, ProcessDeath):
                 raise b.error
             if b.error is not None:
                 failed = True
@@ -1426,7 +1426,7 @@ class LogWriter:
                 try:
                     await self._hook(FragmentInfo(seq, decoded.start, len(decoded.records), ts,
                                                   True))
-                except (SimulatedCrash, asyncio.CancelledError):
+                except (ProcessDeath, asyncio.CancelledError):
                     raise
                 except Exception as e:  # noqa: BLE001 - retried by the next recovery
                     _log.warning("hook failed repairing %s of %s: %r", seq, self._prefix, e)
@@ -1484,7 +1484,7 @@ class LogWriter:
             self._wake.set()
         except (StoreUnavailable, OSError) as e:
             _log.warning("snapshot upload for %s failed: %r", self._prefix, e)
-        except SimulatedCrash as e:
+        except ProcessDeath as e:
             self._fail_everything(e)
         finally:
             self._snapshot_task = None
