@@ -237,7 +237,8 @@ def _bare(etag: str) -> str:
 
 
 class _Append:
-    __slots__ = ("bodies", "nbytes", "key", "digest", "future", "shared", "attempts")
+    __slots__ = ("bodies", "nbytes", "key", "digest", "future", "shared", "attempts",
+                 "others_rounds", "met_writer")
 
     def __init__(self, bodies: list[bytes], key: str | None, loop: asyncio.AbstractEventLoop):
         self.bodies = bodies
@@ -252,6 +253,10 @@ class _Append:
         self.shared: asyncio.Future[AppendResult] | None = (
             loop.create_future() if key is not None else None)
         self.attempts = 0
+        # Recoveries that freed this append because others' orphans were linked, and whether
+        # one met a writer linking what our repair was linking (see ``_recover``).
+        self.others_rounds = 0
+        self.met_writer = False
 
     def settle(self, result: AppendResult | None, err: BaseException | None) -> None:
         """Answer the caller (unless it gave up) and any duplicate waiting on the same key."""
@@ -1171,13 +1176,14 @@ class LogWriter:
                         f"fragment {b.seq_no} of {self._prefix} may have been written"))
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
-            # A recovery that moved the log on frees a retry, unless others moved it: a writer
-            # that linked what our repair was linking, or orphans of others our repair linked.
-            # That writer may be alive and ahead of every retry (by more than max_rebases
-            # fragments, too); charging attempts is what stops chasing it.  A dead writer's
-            # backlog is one pipeline deep, so it costs one attempt.
-            others = self._repair_met_writer or bool(self._repaired_foreign)
-            progress = manifest.next_seq_no > base.next_seq_no and not others
+            # A recovery that moved the log on frees a retry, unless others moved it.  A writer
+            # that linked what our repair was linking is alive: that costs an attempt.  Orphans
+            # of others that our repair linked are free ``max_append_attempts`` times per
+            # append: a dead writer's backlog is one pipeline deep (a few rounds when cut at
+            # max_rebases), while a writer that keeps its fragments ahead of every retry would
+            # be chased for as long as it writes; after that, each such round costs an attempt.
+            moved = manifest.next_seq_no > base.next_seq_no
+            met, linked_others = self._repair_met_writer, bool(self._repaired_foreign)
             for seq in [s for s in self._dead if s < manifest.next_seq_no]:
                 del self._dead[seq]
             # Learn the keys of fragments others linked before deciding anything: a keyed append
@@ -1203,7 +1209,14 @@ class LogWriter:
                     if known is not None:
                         self._resolve(a, known.as_duplicate(), None)
                         continue
-                    if not progress:  # a recovery that moved the log on costs no attempt
+                    if met:
+                        a.met_writer = True
+                        a.attempts += 1
+                    elif moved and linked_others:
+                        a.others_rounds += 1
+                        if a.others_rounds > self._opts.max_append_attempts:
+                            a.attempts += 1
+                    elif not moved:
                         a.attempts += 1
                     if manifest.sealed:
                         self._reject(a, LogSealed(f"log {self._prefix} is sealed"))
@@ -1215,9 +1228,10 @@ class LogWriter:
                         self._reject(a, LogContention(
                             f"another writer appended to {self._prefix}; not written"))
                     elif a.attempts >= self._opts.max_append_attempts:
+                        kept_ahead = a.others_rounds > self._opts.max_append_attempts
                         self._reject(a, LogContention(
                             f"another writer kept appending to {self._prefix}; not written")
-                            if self._repair_met_writer else self._give_up_error(b))
+                            if a.met_writer or kept_ahead else self._give_up_error(b))
                     else:
                         retry.append(a)
             keep = self._retry_kept(keep)

@@ -375,15 +375,16 @@ async def test_append_chases_a_live_writer_that_our_repair_keeps_committing(
     w = await _open(_Scripted(inner, script))
     await w.append(b"ours")
     budget["left"] = 40
-    # Its orphans look like a dead writer's backlog (nobody else links them), so the answer
-    # is "not written after N attempts" (StoreUnavailable), never a wait as long as it writes.
+    # Its orphans look like a dead writer's backlog (nobody else links them): linking them is
+    # free max_append_attempts rounds, then charged; out of attempts the answer is "another
+    # writer kept appending" (LogContention), never a wait as long as it writes.
     with contextlib.suppress(LogContention, StoreUnavailable):
         await w.append(b"collides")
     used = budget["used"]
     budget["left"] = 0
     await w.close()
     assert (await _bodies(inner))[:1] == [b"ours"]
-    assert used <= 4, f"the append waited for {used} of the other writer's fragments"
+    assert used <= 2 * 3 + 1, f"the append waited for {used} of the other writer's fragments"
 
 
 # ------------------------------------------------------------------ attacks that found nothing
@@ -591,12 +592,10 @@ async def test_open_on_more_orphans_than_the_cap(tmp_path: Path) -> None:
     await w0.close()
     await crashed.upload_chain(7)
     hook = _Hooked()
-    # Each recovery linking others' orphans costs an attempt (since adversary round 2: a cut at
-    # the cap cannot tell a backlog from a live writer staying ahead), so seven orphans at cap 3
-    # take three recoveries and need four attempts; with the defaults (cap 64, a pipeline of
-    # 8) a dead writer's backlog costs one.
+    # Linking others' orphans is free max_append_attempts rounds per append (then charged): a
+    # backlog cut at the cap takes a few rounds (three here), a writer staying ahead more.
     w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=4), hook=hook)
+        writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=2), hook=hook)
     pos = await w.append(b"after")
     await w.close()
     assert pos.offset == 9

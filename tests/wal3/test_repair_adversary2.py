@@ -255,7 +255,7 @@ async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Pa
     await w.close()
     bodies = await _bodies(inner)
     assert bodies[0] == b"ours" and bodies.count(b"collides") <= 1, bodies
-    assert used <= w.options.max_append_attempts + 1, (
+    assert used <= 2 * w.options.max_append_attempts + 1, (  # free rounds, then charged
         f"the append was retried into {used} of the other writer's pipelines")
 
 
@@ -291,7 +291,7 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
     await w.close()
     bodies = await _bodies(inner)
     assert bodies[0] == b"ours" and bodies.count(b"collides") <= 1, bodies
-    assert used <= w.options.max_append_attempts + 1, (
+    assert used <= 2 * w.options.max_append_attempts + 1, (  # free rounds, then charged
         f"the append waited for {used} of the other writer's fragments")
 
 
@@ -403,10 +403,8 @@ async def test_backlog_past_the_cap_with_a_hook_fault_midway(tmp_path: Path) -> 
                 raise RuntimeError("dirty log briefly down")
             marked.append(info.seq_no)
 
-    # Every recovery that links others' orphans is charged (a cut at the cap too, since the
-    # fix for finding 1): five orphans at cap 2 with a hook fault take four recoveries.
     w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us", batch_size_bytes=1, max_rebases=2, max_append_attempts=5), hook=hook)
+        writer_name="us", batch_size_bytes=1, max_rebases=2), hook=hook)
     pos = await w.append(b"after")
     await w.close()
     assert pos.offset == 7
