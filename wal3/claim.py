@@ -82,7 +82,7 @@ from .errors import (
     LogContention,
     ObjectNotFound,
     PreconditionFailed,
-    SimulatedCrash,
+    ProcessDeath,
     StoreUnavailable,
 )
 from .layout import load_manifest
@@ -299,7 +299,7 @@ class Claim:
         and the process is not to be taken as dead (a simulated crash, an interpreter exit).  A
         cancelled attempt releases shielded from further cancellation."""
         self._close(f"the attempt failed: {type(error).__name__}")
-        if isinstance(error, SimulatedCrash) or self._lost or self.may_still_land:
+        if isinstance(error, ProcessDeath) or self._lost or self.may_still_land:
             return
         if isinstance(error, asyncio.CancelledError):
             task = asyncio.get_running_loop().create_task(self.release(),

@@ -110,14 +110,13 @@ from .fragment import (
     KeyEntry,
     decode_fragment,
     encode_fragment,
-    fragment_path,
     key_digest,
     read_footer,
     request_digest,
 )
-from .layout import join, load_manifest
-from .manifest import (MANIFEST_PATH, FragmentPointer, Manifest, Snapshot, ensure_room,
-                       plan_snapshot)
+from .layout import load_manifest
+from .manifest import FragmentPointer, Manifest, Snapshot, ensure_room, plan_snapshot
+from .paths import MANIFEST_PATH, fragment_path, join
 from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
 from .setsum import Setsum
 from .store import (
