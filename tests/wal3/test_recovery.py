@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
-from typing import Literal
+from typing import Any
 
 import pytest
 
@@ -22,12 +21,12 @@ from wal3 import (
     Wal3Error,
     WriterClosed,
 )
-from wal3.fragment import decode_fragment, encode_fragment, fragment_path
+from wal3.fragment import encode_fragment
 from wal3.layout import join, load_manifest
-from wal3.manifest import MANIFEST_PATH, FragmentPointer
-from wal3.store import GetResult, ObjectMeta, content_etag
+from wal3.manifest import MANIFEST_PATH
 
 from .helpers import assert_dense, read_all, recomputed_setsum
+from .scripted import OtherWriter, ScriptedStore, Verdict
 
 FRAGMENT = r"/log/Bucket="
 MANIFEST = r"manifest/MANIFEST$"
@@ -180,60 +179,6 @@ async def test_hook_failure_fails_the_write_and_is_retried_by_repair(store: Obje
     assert (1, True) in calls
 
 
-class _LiveWriterAhead(ObjectStore):
-    """A second writer that is always one fragment ahead: every manifest put of the writer
-    under test first lets it link its orphan (the fragment it uploaded last) and upload the next
-    one, so that put fails and the next orphan is already there (at most ``rounds`` times)."""
-
-    def __init__(self, inner: ObjectStore, prefix: str, rounds: int) -> None:
-        self.inner, self.prefix, self.rounds = inner, prefix, rounds
-        self.interfered = 0
-        self.n = 0
-
-    async def upload_next(self) -> None:
-        """Upload the fragment that follows the stored tail, unlinked (in flight)."""
-        m, _ = await load_manifest(self.inner, self.prefix)  # type: ignore[misc]
-        self.n += 1
-        frag = encode_fragment(m.next_seq_no, m.next_offset, 1_000 + self.n,
-                               [f"live{self.n}".encode()], prev=m.tail_setsum, writer="live")
-        await self.inner.put(join(self.prefix, frag.path), frag.data, if_none_match="*")
-
-    async def _link_and_go_on(self) -> None:
-        m, etag = await load_manifest(self.inner, self.prefix)  # type: ignore[misc]
-        key = join(self.prefix, fragment_path(m.next_seq_no))
-        got = await self.inner.get(key)
-        d = decode_fragment(got.data)
-        ptr = FragmentPointer(fragment_path(m.next_seq_no), m.next_seq_no, d.start, d.limit,
-                              len(got.data), d.setsum, content_etag(got.data))
-        await self.inner.put(join(self.prefix, MANIFEST_PATH),
-                             m.with_fragments([ptr], "live").to_bytes(), if_match=etag)
-        await self.upload_next()
-
-    async def get(self, key: str) -> GetResult:
-        return await self.inner.get(key)
-
-    async def head(self, key: str) -> ObjectMeta:
-        return await self.inner.head(key)
-
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
-        if key.endswith(MANIFEST_PATH) and if_match is not None and self.interfered < self.rounds:
-            self.interfered += 1
-            await self._link_and_go_on()
-        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
-        async for m in self.inner.list(prefix, start_after=start_after):
-            yield m
-
-    def url_for(self, key: str) -> str:
-        return self.inner.url_for(key)
-
-
 async def test_repair_does_not_chase_a_live_writer(store: ObjectStore) -> None:
     """Issue 21 (regression of cf9978a's test, the cause was here): a writer whose append
     collided repaired orphans until none followed the tail.  With another writer appending
@@ -243,13 +188,25 @@ async def test_repair_does_not_chase_a_live_writer(store: ObjectStore) -> None:
     prefix = "logs/chase"
     w = await LogWriter.open(store, prefix, LogWriterOptions(writer_name="us"))
     await w.append(b"ours")
-    live = _LiveWriterAhead(store, prefix, rounds=40)
-    w._store = live  # the same writer, now racing the live one through the store
-    await live.upload_next()  # it appends one record, and its next is in flight
-    await live._link_and_go_on()
+    live = OtherWriter(store, prefix, "live")
+    rounds = {"left": 40, "used": 0}
+
+    async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
+        # Before each of our manifest puts, the live writer links its in-flight fragment and
+        # uploads its next one: always one fragment ahead.
+        if op == "put" and key.endswith(MANIFEST_PATH) and kw["if_match"] and rounds["left"]:
+            rounds["left"] -= 1
+            rounds["used"] += 1
+            await live.link_tail_orphan()
+            await live.upload_next()
+        return None
+
+    w._store = ScriptedStore(store, script)  # the same writer, now racing the live one
+    await live.append()  # it appends one record, and its next is in flight
+    await live.upload_next()
     with pytest.raises(LogContention):
         await w.append(b"collides")  # its upload collides with the live writer's in flight
     # Without the fix the repair lost all 40 races to the live writer (and would go on).
-    assert live.interfered <= 2, live.interfered
+    assert rounds["used"] <= 2, rounds
     await w.close()
     assert (await _verify(store, prefix))[:1] == [b"ours"]

@@ -1,10 +1,10 @@
 """Adversarial tests of read repair's stop rule (0058483: ``LogWriter._repair`` stops once another
 writer links the fragment it is linking, and after ``max_rebases`` links per call).
 
-Every interleaving is forced by a scripted store (no sleeps as synchronisation): ``_Scripted``
+Every interleaving is forced by a scripted store (no sleeps as synchronisation): ``ScriptedStore``
 lets a test hold a request until an event, lose a put's answer after it landed, fail a HEAD, or
 let "another writer" act on the inner store right before one of our requests.  The other writer
-is scripted too (``_Other``): it uploads and links fragments with plain conditional puts, as any
+is scripted too (``OtherWriter``): it uploads and links fragments with plain conditional puts, as any
 writer of the format would.
 
 The first five tests are the review's findings; each failed on 0058483 and passes since the fix
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -34,13 +34,19 @@ from wal3 import (
     StoreUnavailable,
     Wal3Error,
 )
-from wal3.fragment import decode_fragment, encode_fragment, fragment_path
+from wal3.fragment import fragment_path
 from wal3.layout import join, load_manifest
-from wal3.manifest import MANIFEST_PATH, FragmentPointer
-from wal3.store import GetResult, ObjectMeta, content_etag
+from wal3.manifest import MANIFEST_PATH
 from wal3.writer import FragmentInfo
 
-from .helpers import assert_dense, read_all, recomputed_setsum
+from .scripted import (
+    Hooked,
+    OtherWriter,
+    Script,
+    ScriptedStore,
+    Verdict,
+    verified_bodies,
+)
 
 PREFIX = "logs/adv"
 
@@ -53,117 +59,7 @@ MANIFEST_KEY = join(PREFIX, MANIFEST_PATH)
 
 
 async def _bodies(store: ObjectStore, prefix: str = PREFIX) -> list[bytes]:
-    """The log's records, verified dense and against the manifest's setsum."""
-    manifest, records = await read_all(store, prefix)
-    assert_dense(records, manifest.oldest_offset)
-    assert manifest.setsum == await recomputed_setsum(store, prefix, manifest)
-    return [r.body for r in records]
-
-
-# A verdict for one request: None (pass through), "fail" (StoreUnavailable, nothing done) or
-# "lose" (done, then StoreUnavailable: the answer was lost).
-Verdict = Literal["fail", "lose"] | None
-Script = Callable[[str, str, dict[str, Any]], Awaitable[Verdict]]
-
-
-class _Scripted(ObjectStore):
-    """Delegates to ``inner``; before each request ``script(op, key, kwargs)`` runs (it may wait
-    on events or act as another writer on ``inner``) and says what becomes of the request."""
-
-    def __init__(self, inner: ObjectStore, script: Script) -> None:
-        self.inner, self.script = inner, script
-
-    async def _run(self, op: str, key: str, kw: dict[str, Any], call: Callable[[], Awaitable[Any]]
-                   ) -> Any:
-        verdict = await self.script(op, key, kw)
-        if verdict == "fail":
-            raise StoreUnavailable(f"scripted {op} failure of {key}")
-        r = await call()
-        if verdict == "lose":
-            raise StoreUnavailable(f"scripted lost answer of {op} {key}")
-        return r
-
-    async def get(self, key: str) -> GetResult:
-        return await self._run("get", key, {}, lambda: self.inner.get(key))  # type: ignore[no-any-return]
-
-    async def head(self, key: str) -> ObjectMeta:
-        return await self._run("head", key, {}, lambda: self.inner.head(key))  # type: ignore[no-any-return]
-
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
-        kw = {"if_none_match": if_none_match, "if_match": if_match, "data": data}
-        return await self._run(  # type: ignore[no-any-return]
-            "put", key, kw,
-            lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match))
-
-    async def delete(self, key: str) -> None:
-        await self._run("delete", key, {}, lambda: self.inner.delete(key))
-
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
-        async for m in self.inner.list(prefix, start_after=start_after):
-            yield m
-
-    def url_for(self, key: str) -> str:
-        return self.inner.url_for(key)
-
-
-class _Other:
-    """Another writer of the log, acting directly on the (inner) store."""
-
-    def __init__(self, store: ObjectStore, prefix: str = PREFIX, name: str = "other") -> None:
-        self.store, self.prefix, self.name = store, prefix, name
-        self.n = 0
-        self.links = 0
-
-    async def upload_next(self, body: bytes | None = None) -> int:
-        """Upload a fragment following the stored tail, unlinked (in flight); its seq."""
-        m, _ = await load_manifest(self.store, self.prefix)  # type: ignore[misc]
-        self.n += 1
-        frag = encode_fragment(m.next_seq_no, m.next_offset, 1_000 + self.n,
-                               [body or f"{self.name}{self.n}".encode()], prev=m.tail_setsum,
-                               writer=self.name)
-        await self.store.put(join(self.prefix, frag.path), frag.data, if_none_match="*")
-        return m.next_seq_no
-
-    async def link_tail_orphan(self) -> int:
-        """Link whatever fragment sits at the stored tail's next slot (its own, or anyone's: a
-        read repair); its seq."""
-        m, etag = await load_manifest(self.store, self.prefix)  # type: ignore[misc]
-        seq = m.next_seq_no
-        got = await self.store.get(join(self.prefix, fragment_path(seq)))
-        d = decode_fragment(got.data)
-        ptr = FragmentPointer(fragment_path(seq), seq, d.start, d.limit, len(got.data), d.setsum,
-                              content_etag(got.data))
-        await self.store.put(join(self.prefix, MANIFEST_PATH),
-                             m.with_fragments([ptr], self.name).to_bytes(), if_match=etag)
-        self.links += 1
-        return seq
-
-    async def append(self, body: bytes | None = None) -> int:
-        seq = await self.upload_next(body)
-        await self.link_tail_orphan()
-        return seq
-
-    async def upload_chain(self, n: int) -> list[int]:
-        """Upload ``n`` fragments, each following the one before (a pipelining writer that then
-        crashed: none linked); their seqs."""
-        m, _ = await load_manifest(self.store, self.prefix)  # type: ignore[misc]
-        seq, off, prev = m.next_seq_no, m.next_offset, m.tail_setsum
-        seqs = []
-        for _ in range(n):
-            self.n += 1
-            frag = encode_fragment(seq, off, 1_000 + self.n, [f"{self.name}{self.n}".encode()],
-                                   prev=prev, writer=self.name)
-            await self.store.put(join(self.prefix, frag.path), frag.data, if_none_match="*")
-            seqs.append(seq)
-            seq, off, prev = seq + 1, frag.limit, frag.setsum
-        return seqs
-
-    async def seal(self) -> None:
-        m, etag = await load_manifest(self.store, self.prefix)  # type: ignore[misc]
-        await self.store.put(join(self.prefix, MANIFEST_PATH),
-                             m.with_sealed(self.name).to_bytes(), if_match=etag)
+    return await verified_bodies(store, prefix)
 
 
 async def _open(store: ObjectStore, **kw: Any) -> LogWriter:
@@ -185,7 +81,7 @@ async def test_append_chases_a_live_writer_whose_orphan_it_met_unlinked(tmp_path
     next in-flight fragment.  The append is answered only once the other writer stops: here
     after all 40 of its rounds, in production never while it keeps writing (issue 21's hang)."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     rounds = {"left": 40, "used": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -197,7 +93,7 @@ async def test_append_chases_a_live_writer_whose_orphan_it_met_unlinked(tmp_path
             await other.upload_next()
         return None
 
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     rounds["left"] = 0
     await w.append(b"ours")
     await other.upload_next()  # its fragment is in flight when we append
@@ -266,9 +162,9 @@ async def test_rule_a_stop_then_failed_head_duplicates_an_append(tmp_path: Path)
     recovery's repair links our bytes at 3, ``_linked_as_ours`` says no (an "absent" upload
     never counts), and "b" is re-encoded as fragment 4: one append, two copies, acknowledged."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     script, ev = _two_batches_with_lost_answers({2: 2, 3: 3}, {}, other.link_tail_orphan)
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
     ta = asyncio.create_task(w.append(b"a"))
     await ev["reached2"].wait()
@@ -291,7 +187,7 @@ async def test_rule_a_stop_then_failed_head_answers_contention_for_a_written_app
     foreign fragment, refuses fragment 3 as ours ("absent"), and answers "b" with
     ``LogContention`` ("not written") although "b" is in the log at fragment 3."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
 
     async def other_links_ours_and_appends() -> None:
         await other.link_tail_orphan()  # our fragment 3, by its read repair
@@ -299,7 +195,7 @@ async def test_rule_a_stop_then_failed_head_answers_contention_for_a_written_app
 
     script, ev = _two_batches_with_lost_answers({2: 2, 3: 3}, {3: other_links_ours_and_appends},
                                                 other.link_tail_orphan)
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
     ta = asyncio.create_task(w.append(b"a"))
     await ev["reached2"].wait()
@@ -344,7 +240,7 @@ async def test_repair_hook_failure_then_failed_head_duplicates_an_append(tmp_pat
                 raise RuntimeError("dirty log briefly down")
 
     opts = LogWriterOptions(writer_name="us", batch_size_bytes=1)
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX, opts, hook=hook)
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX, opts, hook=hook)
     await w.append(b"ours")
     with contextlib.suppress(Wal3Error):
         await w.append(b"a")
@@ -362,7 +258,7 @@ async def test_append_chases_a_live_writer_that_our_repair_keeps_committing(
     fragment, so ``progress`` waives the append's attempt: it chases the other writer for as long
     as it uploads (40 rounds here)."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     budget = {"left": 0, "used": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -372,7 +268,7 @@ async def test_append_chases_a_live_writer_that_our_repair_keeps_committing(
             await other.upload_next()  # its in-flight fragment reaches the slot first
         return None
 
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
     budget["left"] = 40
     # Its orphans look like a dead writer's backlog (nobody else links them): linking them is
@@ -410,17 +306,6 @@ def _count_manifest_puts(fail_first: int, before_nth: dict[int, Callable[[], Awa
     return script
 
 
-class _Hooked:
-    """A fragment hook that records every call (seq, repaired)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, bool]] = []
-
-    async def __call__(self, info: FragmentInfo) -> None:
-        self.calls.append((info.seq_no, info.repaired))
-
-    def seqs(self) -> set[int]:
-        return {s for s, _ in self.calls}
 
 
 async def _linked_seqs(store: ObjectStore) -> list[int]:
@@ -453,10 +338,10 @@ async def test_cap_reached_with_our_own_batches_beyond_it(tmp_path: Path) -> Non
     cap must be kept (bytes unchanged) and committed, every append acknowledged exactly once, in
     order, and every linked fragment marked by the hook first.  Found nothing: they are."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    hook = _Hooked()
+    hook = Hooked()
     script, _ = _hold_first_fragment_until(5, _count_manifest_puts(4, {}))
     opts = LogWriterOptions(writer_name="us", batch_size_bytes=1, max_rebases=2)
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX, opts, hook=hook)
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX, opts, hook=hook)
     bodies = [f"b{i}".encode() for i in range(5)]
     results = await asyncio.gather(*(w.append(b) for b in bodies))
     await w.close()
@@ -474,12 +359,12 @@ async def test_rule_a_with_our_settled_batches_behind_the_linked_one(tmp_path: P
     ours stops with fragments 2..4 (ours, settled) unlinked behind it.  They must be kept and
     committed, not re-encoded (a duplicate) nor failed.  Found nothing: acknowledged once each."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
-    hook = _Hooked()
+    other = OtherWriter(inner, PREFIX)
+    hook = Hooked()
     # Puts 1-4: the commit of 1..k fails; put 5 is repair's: the other writer links first.
     script, _ = _hold_first_fragment_until(4, _count_manifest_puts(4, {5: other.link_tail_orphan}))
     opts = LogWriterOptions(writer_name="us", batch_size_bytes=1)
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX, opts, hook=hook)
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX, opts, hook=hook)
     bodies = [f"b{i}".encode() for i in range(4)]
     results = await asyncio.gather(*(w.append(b) for b in bodies), return_exceptions=True)
     await w.close()
@@ -498,14 +383,14 @@ async def test_rule_a_when_the_other_writer_also_seals(tmp_path: Path) -> None:
     ours (acknowledged); fragment 2 gets ``LogSealed`` and must never appear (no later repair may
     link it: a sealed log takes no fragment).  Found nothing."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
 
     async def link_and_seal() -> None:
         await other.link_tail_orphan()
         await other.seal()
 
     script, _ = _hold_first_fragment_until(2, _count_manifest_puts(4, {5: link_and_seal}))
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     r1, r2 = await asyncio.gather(w.append(b"one"), w.append(b"two"), return_exceptions=True)
     await w.close()
     assert not isinstance(r1, BaseException), r1
@@ -527,11 +412,11 @@ async def test_rule_a_stop_leaves_a_crashed_writers_orphans_for_the_next_round(
     repair links must be marked by the hook first.  Found nothing: the retry collides with 3,
     the next recovery links 3 and 4 (hooked), and the append lands after them."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    crashed = _Other(inner, name="crashed")
-    repairer = _Other(inner, name="repairer")
-    hook = _Hooked()
+    crashed = OtherWriter(inner, PREFIX, name="crashed")
+    repairer = OtherWriter(inner, PREFIX, name="repairer")
+    hook = Hooked()
     script = _count_manifest_puts(0, {2: repairer.link_tail_orphan})
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX,
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
                              LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
     await w.append(b"ours")  # manifest put 1
     assert await crashed.upload_chain(3) == [2, 3, 4]
@@ -550,8 +435,8 @@ async def test_rule_a_after_our_repair_put_landed_unseen(tmp_path: Path) -> None
     else did).  Our append must land once, after both, and nothing may be linked twice.  Found
     nothing."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    crashed = _Other(inner, name="crashed")
-    other = _Other(inner)
+    crashed = OtherWriter(inner, PREFIX, name="crashed")
+    other = OtherWriter(inner, PREFIX)
     state = {"armed": False, "lost": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -565,8 +450,8 @@ async def test_rule_a_after_our_repair_put_landed_unseen(tmp_path: Path) -> None
             await other.append(b"theirs")
         return None
 
-    hook = _Hooked()
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX,
+    hook = Hooked()
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
                              LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
     await w.append(b"ours")
     await crashed.upload_chain(1)
@@ -586,12 +471,12 @@ async def test_open_on_more_orphans_than_the_cap(tmp_path: Path) -> None:
     (hooked first) and the append lands after them.
     Found nothing."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    crashed = _Other(inner, name="crashed")
+    crashed = OtherWriter(inner, PREFIX, name="crashed")
     w0 = await _open(inner)
     await w0.append(b"ours")
     await w0.close()
     await crashed.upload_chain(7)
-    hook = _Hooked()
+    hook = Hooked()
     # Linking others' orphans is free max_append_attempts rounds per append (then charged): a
     # backlog cut at the cap takes a few rounds (three here), a writer staying ahead more.
     w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
@@ -615,8 +500,8 @@ async def test_our_batch_kept_behind_an_orphan_rule_a_left_then_its_writer_dies(
     its re-send fails, the next recovery links the dead writer's orphan (hooked first), and "b"
     is re-encoded at 3.  Found nothing: every append lands once, after the other's record."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
-    hook = _Hooked()
+    other = OtherWriter(inner, PREFIX)
+    hook = Hooked()
 
     async def link_ours_and_upload_its_own() -> None:
         await other.link_tail_orphan()  # our fragment 1, by its read repair
@@ -632,7 +517,7 @@ async def test_our_batch_kept_behind_an_orphan_rule_a_left_then_its_writer_dies(
 
     manifest_script = _count_manifest_puts(4, {5: link_ours_and_upload_its_own})
     script, _ = _hold_first_fragment_until(2, refuse_fragment_2)
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX,
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
                              LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
     ra, rb = await asyncio.gather(w.append(b"a"), w.append(b"b"), return_exceptions=True)
     await w.close()

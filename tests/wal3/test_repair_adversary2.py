@@ -5,10 +5,10 @@ attempts the append is answered ``LogContention`` if a writer was met, else ``St
 ``_repaired_foreign`` does not count fragments whose footer names our writer; a failed or empty
 HEAD after a failed create-only put leaves the upload "unknown").
 
-Every interleaving is forced by a scripted store (no sleeps as synchronisation): ``_Scripted``
+Every interleaving is forced by a scripted store (no sleeps as synchronisation): ``ScriptedStore``
 runs ``script(op, key, kwargs)`` before each request, which may act as another writer on the
 inner store and says whether the request fails or loses its answer.  The other writer is
-scripted too (``_Other``): plain conditional puts, as any writer of the format would.
+scripted too (``OtherWriter``): plain conditional puts, as any writer of the format would.
 The first three tests are the round's findings; each failed on 1cec3ff and passes since the fix
 that followed: a repair cut at ``max_rebases`` is charged like any linking of others' orphans;
 "ours" is bytes this writer encoded (their MD5), never a name in a footer; and a repair put whose
@@ -20,32 +20,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from wal3 import (
     LocalStore,
     LogContention,
     LogWriter,
     LogWriterOptions,
-    ObjectNotFound,
     ObjectStore,
-    PreconditionFailed,
     StoreUnavailable,
 )
 from wal3.fragment import (
-    decode_fragment,
     encode_fragment,
     fragment_path,
     request_digest,
 )
 from wal3.layout import join, load_manifest
-from wal3.manifest import MANIFEST_PATH, FragmentPointer
-from wal3.store import content_etag
+from wal3.manifest import MANIFEST_PATH
 
-from .helpers import assert_dense, read_all, recomputed_setsum
+from .scripted import (
+    Hooked,
+    OtherWriter,
+    ScriptedStore,
+    Verdict,
+    verified_bodies,
+)
 
 PREFIX = "logs/adv2"
 MANIFEST_KEY = join(PREFIX, MANIFEST_PATH)
@@ -55,140 +56,8 @@ def _frag_key(seq: int) -> str:
     return join(PREFIX, fragment_path(seq))
 
 
-async def _bodies(store: Any, prefix: str = PREFIX) -> list[bytes]:
-    """The log's records, verified dense and against the manifest's setsum."""
-    manifest, records = await read_all(store, prefix)
-    assert_dense(records, manifest.oldest_offset)
-    assert manifest.setsum == await recomputed_setsum(store, prefix, manifest)
-    return [r.body for r in records]
-
-
-# A verdict for one request: None (pass through), "fail" (StoreUnavailable, nothing done) or
-# "lose" (done, then StoreUnavailable: the answer was lost).
-Verdict = Literal["fail", "lose"] | None
-Script = Callable[[str, str, dict[str, Any]], Awaitable[Verdict]]
-
-
-class _Scripted(ObjectStore):  # type: ignore[misc,valid-type]
-    """Delegates to ``inner``; before each request ``script(op, key, kwargs)`` runs (it may act
-    as another writer on ``inner``) and says what becomes of the request."""
-
-    def __init__(self, inner: Any, script: Script) -> None:
-        self.inner, self.script = inner, script
-
-    async def _run(self, op: str, key: str, kw: dict[str, Any],
-                   call: Callable[[], Awaitable[Any]]) -> Any:
-        verdict = await self.script(op, key, kw)
-        if verdict == "fail":
-            raise StoreUnavailable(f"scripted {op} failure of {key}")
-        r = await call()
-        if verdict == "lose":
-            raise StoreUnavailable(f"scripted lost answer of {op} {key}")
-        return r
-
-    async def get(self, key: str) -> Any:
-        return await self._run("get", key, {}, lambda: self.inner.get(key))
-
-    async def head(self, key: str) -> Any:
-        return await self._run("head", key, {}, lambda: self.inner.head(key))
-
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
-        kw = {"if_none_match": if_none_match, "if_match": if_match, "data": data}
-        return await self._run(  # type: ignore[no-any-return]
-            "put", key, kw,
-            lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match))
-
-    async def delete(self, key: str) -> None:
-        await self._run("delete", key, {}, lambda: self.inner.delete(key))
-
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[Any]:
-        async for m in self.inner.list(prefix, start_after=start_after):
-            yield m
-
-    def url_for(self, key: str) -> str:
-        return self.inner.url_for(key)  # type: ignore[no-any-return]
-
-
-class _Other:
-    """Another writer of the log (or a dead one's leftovers), acting directly on the store."""
-
-    def __init__(self, store: Any, prefix: str = PREFIX, name: str = "other") -> None:
-        self.store, self.prefix, self.name = store, prefix, name
-        self.n = 0
-        self.links = 0
-        self.uploads = 0
-
-    async def _put_frag(self, seq: int, off: int, prev: Any) -> Any:
-        """Upload its fragment at ``seq``; a dead object there (one that does not follow the
-        tail it follows) is overwritten with If-Match on its etag, as a writer does."""
-        self.n += 1
-        frag = encode_fragment(seq, off, 1_000 + self.n, [f"{self.name}{self.n}".encode()],
-                               prev=prev, writer=self.name)
-        key = join(self.prefix, frag.path)
-        try:
-            await self.store.put(key, frag.data, if_none_match="*")
-        except PreconditionFailed:
-            got = await self.store.get(key)
-            d = decode_fragment(got.data)
-            if d.start == off and d.prev == prev:
-                raise  # a live fragment in its slot: it lost the race
-            await self.store.put(key, frag.data, if_match=got.etag)
-        self.uploads += 1
-        return frag
-
-    async def upload_next(self) -> int:
-        """Upload a fragment following the stored tail, unlinked (in flight); its seq."""
-        m, _ = await load_manifest(self.store, self.prefix)
-        await self._put_frag(m.next_seq_no, m.next_offset, m.tail_setsum)
-        return m.next_seq_no  # type: ignore[no-any-return]
-
-    async def top_up(self, depth: int) -> None:
-        """Keep ``depth`` fragments of a pipeline in flight past the stored tail (its own
-        unlinked uploads there are kept, the missing ones uploaded, each following the last)."""
-        m, _ = await load_manifest(self.store, self.prefix)
-        seq, off, prev = m.next_seq_no, m.next_offset, m.tail_setsum
-        for _ in range(depth):
-            key = join(self.prefix, fragment_path(seq))
-            try:
-                d = decode_fragment((await self.store.get(key)).data)
-            except ObjectNotFound:
-                frag = await self._put_frag(seq, off, prev)
-                seq, off, prev = seq + 1, frag.limit, frag.setsum
-                continue
-            seq, off, prev = seq + 1, d.limit, d.setsum
-
-    async def link_tail_orphan(self) -> int:
-        """Link whatever fragment sits at the stored tail's next slot; its seq."""
-        m, etag = await load_manifest(self.store, self.prefix)
-        seq = m.next_seq_no
-        got = await self.store.get(join(self.prefix, fragment_path(seq)))
-        d = decode_fragment(got.data)
-        ptr = FragmentPointer(fragment_path(seq), seq, d.start, d.limit, len(got.data), d.setsum,
-                              content_etag(got.data))
-        await self.store.put(join(self.prefix, MANIFEST_PATH),
-                             m.with_fragments([ptr], self.name).to_bytes(), if_match=etag)
-        self.links += 1
-        return seq  # type: ignore[no-any-return]
-
-    async def append_one(self) -> int:
-        """Upload a fragment after the stored tail and link it; its seq."""
-        seq = await self.upload_next()
-        await self.link_tail_orphan()
-        return seq
-
-    async def upload_chain(self, n: int) -> list[int]:
-        """Upload ``n`` fragments, each following the one before (a pipelining writer that then
-        crashed: none linked); their seqs."""
-        m, _ = await load_manifest(self.store, self.prefix)
-        seq, off, prev = m.next_seq_no, m.next_offset, m.tail_setsum
-        seqs = []
-        for _ in range(n):
-            frag = await self._put_frag(seq, off, prev)
-            seqs.append(seq)
-            seq, off, prev = seq + 1, frag.limit, frag.setsum
-        return seqs
+async def _bodies(store: ObjectStore, prefix: str = PREFIX) -> list[bytes]:
+    return await verified_bodies(store, prefix)
 
 
 async def _gc_touches_manifest(store: Any) -> None:
@@ -198,14 +67,6 @@ async def _gc_touches_manifest(store: Any) -> None:
     await store.put(MANIFEST_KEY, replace(m, writer="gc").to_bytes(), if_match=etag)
 
 
-class _Hooked:
-    """A fragment hook that records every call (seq, repaired)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, bool]] = []
-
-    async def __call__(self, info: Any) -> None:
-        self.calls.append((info.seq_no, info.repaired))
 
 
 async def _open(store: Any, name: str = "us", **kw: Any) -> Any:
@@ -235,7 +96,7 @@ async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Pa
     enough; it takes a ``max_rebases`` below another writer's pipeline (or several writers, or
     same-tail edits during the repair: every failed put uses up one of its iterations)."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     rounds = {"left": 0, "used": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -245,7 +106,7 @@ async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Pa
             await other.top_up(3)  # its pipeline reaches our slot first, three deep
         return None
 
-    w = await _open(_Scripted(inner, script), max_rebases=2)
+    w = await _open(ScriptedStore(inner, script), max_rebases=2)
     await w.append(b"ours")
     rounds["left"] = 20
     with contextlib.suppress(LogContention, StoreUnavailable):
@@ -271,7 +132,7 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
     ``host:pid`` is shared by two containers with the host's network namespace and pid 1."""
     inner = LocalStore(tmp_path / "s", fsync=False)
     name = "loghost:s1"
-    other = _Other(inner, name=name)  # the predecessor process, still writing the dirty log
+    other = OtherWriter(inner, PREFIX, name=name)  # the predecessor process, still writing the dirty log
     rounds = {"left": 0, "used": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -281,7 +142,7 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
             await other.upload_next()  # its in-flight fragment reaches the slot first
         return None
 
-    w = await _open(_Scripted(inner, script), name=name)
+    w = await _open(ScriptedStore(inner, script), name=name)
     await w.append(b"ours")
     rounds["left"] = 40
     with contextlib.suppress(LogContention, StoreUnavailable):
@@ -313,7 +174,7 @@ async def test_gc_edit_over_our_lost_repair_put_answers_contention(tmp_path: Pat
     (e.g. after two other dead writers' orphans, each linked to the end and charged).  Before
     1cec3ff the recovery was progress and the append landed after the orphan."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    crashed = _Other(inner, name="crashed")
+    crashed = OtherWriter(inner, PREFIX, name="crashed")
     state = {"armed": False, "lost": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -327,8 +188,8 @@ async def test_gc_edit_over_our_lost_repair_put_answers_contention(tmp_path: Pat
             await _gc_touches_manifest(inner)  # a collector writes before our HEAD
         return None
 
-    hook = _Hooked()
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX,
+    hook = Hooked()
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
                              LogWriterOptions(writer_name="us", batch_size_bytes=1,
                                               max_append_attempts=1), hook=hook)
     await w.append(b"ours")
@@ -368,7 +229,7 @@ async def test_keyed_retry_whose_first_attempt_lies_beyond_the_cap(tmp_path: Pat
                                writer="crashed")
         await inner.put(join(PREFIX, frag.path), frag.data, if_none_match="*")
         seq, off, prev = seq + 1, frag.limit, frag.setsum
-    hook = _Hooked()
+    hook = Hooked()
     w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
         writer_name="us", batch_size_bytes=1, max_rebases=2), hook=hook)
     r = await w.append_many([b"keyed"], idempotency_key="k")
@@ -391,7 +252,7 @@ async def test_backlog_past_the_cap_with_a_hook_fault_midway(tmp_path: Path) -> 
     w0 = await _open(inner, name="w0")
     await w0.append(b"ours")
     await w0.close()
-    crashed = _Other(inner, name="crashed")
+    crashed = OtherWriter(inner, PREFIX, name="crashed")
     await crashed.upload_chain(5)
     marked: list[int] = []
     fail = {"at": 2}
@@ -425,7 +286,7 @@ async def test_appends_answered_not_written_after_meeting_a_live_writer_stay_out
     and reads the log.  Found nothing: none of them is in the log.  (On 7bc4187 and 0058483 it
     fails at the bound on rounds, the first round's finding 1, not at the safety checks.)"""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     rounds = {"left": 0, "used": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -436,7 +297,7 @@ async def test_appends_answered_not_written_after_meeting_a_live_writer_stay_out
             await other.upload_next()
         return None
 
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
     await other.upload_next()
     rounds["left"] = 40
@@ -467,7 +328,7 @@ async def test_unknown_upload_marked_dead_over_another_writers_orphan(tmp_path: 
     other's orphan at its slot, marked dead.  The retry at 3 must not replace the other's bytes
     (If-Match on ours fails), and must land after it.  Found nothing."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     arrived = asyncio.Event()
     state = {"armed": False, "head3": 1}
 
@@ -492,7 +353,7 @@ async def test_unknown_upload_marked_dead_over_another_writers_orphan(tmp_path: 
             if info.seq_no == 3 and repaired.count(3) == 1:
                 raise RuntimeError("dirty log briefly down")
 
-    w = await LogWriter.open(_Scripted(inner, script), PREFIX,
+    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
                              LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
     await w.append(b"ours")
     held = (await inner.head(_frag_key(1))).etag
@@ -540,7 +401,7 @@ async def test_our_fragment_linked_and_collected_while_its_put_was_resolved(
     contention: ``LogContention`` for a linked append).  Found nothing on 1cec3ff: the upload is
     "unknown" and the answer is "may have been written"."""
     inner = LocalStore(tmp_path / "s", fsync=False)
-    other = _Other(inner)
+    other = OtherWriter(inner, PREFIX)
     state = {"puts": 0, "heads": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -555,11 +416,11 @@ async def test_our_fragment_linked_and_collected_while_its_put_was_resolved(
                 return "fail"
             if state["heads"] == 2:
                 await other.link_tail_orphan()  # our fragment 2, by its read repair
-                await other.append_one()
+                await other.append()
                 await _collect_through(inner, 2)
         return None
 
-    w = await _open(_Scripted(inner, script))
+    w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
     r = await asyncio.gather(w.append(b"a"), return_exceptions=True)
     await w.close()
