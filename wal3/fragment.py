@@ -109,7 +109,6 @@ class DecodedFragment:
     setsum: Setsum
     prev: Setsum | None = None
     keys: dict[str, KeyEntry] = field(default_factory=dict)
-    writer: str | None = None  # the footer's wal3.writer (another implementation's: None)
 
     @property
     def start(self) -> int:
@@ -246,8 +245,5 @@ def decode_fragment(data: bytes, *, compute_setsum: bool = True) -> DecodedFragm
         setsum = Setsum.of_digests(b"".join(
             hashlib.sha3_256(record_item(r.offset, r.timestamp_us, r.body)).digest()
             for r in records))
-    meta = table.schema.metadata or {}
-    prev, keys = _footer(meta)
-    named = meta.get(META_WRITER)
-    writer = named.decode(errors="replace") if named is not None else None
-    return DecodedFragment(records=records, setsum=setsum, prev=prev, keys=keys, writer=writer)
+    prev, keys = _footer(table.schema.metadata or {})
+    return DecodedFragment(records=records, setsum=setsum, prev=prev, keys=keys)

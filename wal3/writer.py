@@ -235,6 +235,18 @@ def _bare(etag: str) -> str:
     return etag.strip('"')
 
 
+@dataclass(frozen=True, slots=True)
+class _Repaired:
+    """What a read repair left: the stored manifest and its etag, whether another writer linked
+    the fragment it was linking (a live writer), and whether it linked bytes this writer did not
+    encode (others' orphans)."""
+
+    manifest: Manifest
+    etag: str
+    met_writer: bool
+    linked_others: bool
+
+
 class _Append:
     __slots__ = ("bodies", "nbytes", "key", "digest", "future", "shared", "attempts",
                  "others_rounds", "met_writer")
@@ -367,10 +379,6 @@ class LogWriter:
         self._recovering = False
         self._stale = False  # the last recovery could not reload the manifest
         self._repair_blocked: Exception | None = None  # why read repair last stopped early
-        # What the last read repair met: another writer linking the fragment it was linking (a
-        # live writer), and how many fragments it linked that this writer did not encode.
-        self._repair_met_writer = False
-        self._repaired_foreign = 0
         # MD5 of every fragment this writer encoded lately, earlier attempts at a slot included
         # (``_mine`` keeps only the latest per slot): bytes repair links that are not in here
         # are someone else's, whatever name their footer carries.
@@ -1144,7 +1152,8 @@ class LogWriter:
                     reloaded = await self._load()
                     if reloaded is None:
                         raise WriterClosed(f"manifest of {self._prefix} vanished")
-                manifest, etag = await self._repair(*reloaded)
+                repaired = await self._repair(*reloaded)
+                manifest, etag = repaired.manifest, repaired.etag
                 linked: list[_Batch] = []
                 unsure: list[_Batch] = []
                 for b in self._inflight.values():
@@ -1182,7 +1191,7 @@ class LogWriter:
             # max_rebases), while a writer that keeps its fragments ahead of every retry would
             # be chased for as long as it writes; after that, each such round costs an attempt.
             moved = manifest.next_seq_no > base.next_seq_no
-            met, linked_others = self._repair_met_writer, bool(self._repaired_foreign)
+            met, linked_others = repaired.met_writer, repaired.linked_others
             for seq in [s for s in self._dead if s < manifest.next_seq_no]:
                 del self._dead[seq]
             # Learn the keys of fragments others linked before deciding anything: a keyed append
@@ -1395,7 +1404,7 @@ class LogWriter:
         self._recovering = False
         self._loop.call_later(0.1, self._wake.set)
 
-    async def _repair(self, manifest: Manifest, etag: str) -> tuple[Manifest, str]:
+    async def _repair(self, manifest: Manifest, etag: str) -> _Repaired:
         """Link the orphan fragments that follow the tail exactly (zero-action recovery).
 
         Orphans are what a writer left between its upload and its manifest write.  A live
@@ -1405,7 +1414,7 @@ class LogWriter:
         way the tail returned is a stored manifest, which is all recovery needs.
         """
         self._repair_blocked = None
-        self._repair_met_writer, self._repaired_foreign = False, 0
+        met_writer = linked_others = False
         for _ in range(self._opts.max_rebases):
             if manifest.sealed:
                 break
@@ -1454,8 +1463,7 @@ class LogWriter:
                 self._landed(base_etag, etag, issued, manifest)
                 manifest = new
                 self.stats["repaired"] += 1
-                if pointer.content_md5 not in self._encoded:
-                    self._repaired_foreign += 1
+                linked_others = linked_others or pointer.content_md5 not in self._encoded
                 _log.info("read-repaired fragment %s of %s", seq, self._prefix)
             except PreconditionFailed as e:
                 loaded = await self._load()
@@ -1466,9 +1474,9 @@ class LogWriter:
                     # Linked: by a live writer (its next fragments are its own to link), or by
                     # our own put whose answer was lost before someone else's edit (then we
                     # cannot say a writer was met: no contention is claimed on it).
-                    self._repair_met_writer = not isinstance(e, ResolvedPreconditionFailed)
+                    met_writer = not isinstance(e, ResolvedPreconditionFailed)
                     break
-        return manifest, etag
+        return _Repaired(manifest, etag, met_writer, linked_others)
 
     async def _load(self) -> tuple[Manifest, str] | None:
         """Load the stored manifest (what it shows of others waits for the fence)."""

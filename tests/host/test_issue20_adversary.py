@@ -61,7 +61,7 @@ from wal3.errors import ObjectNotFound, StoreUnavailable
 from wal3.store import GetResult
 
 from ..wal3.helpers import GateStore
-from .claimkit import TTL_S, StepClock, stepped_watch
+from .claimkit import TTL_S, StepClock, source_with_version, stepped_watch
 from .live import live_server, log_path, read_all, record
 
 SRC = "00000000-0000-4000-8000-0000000000a1"
@@ -194,21 +194,6 @@ async def test_a_straggling_fork_copy_becomes_the_first_written_logs_records(
 # ------------------------------------------------------------------ 2. the TTL is each host's own
 
 
-async def _source_with_version(base: ObjectStore, alice: httpx.AsyncClient,
-                               svc: httpx.AsyncClient) -> None:
-    """SRC holds [1, 7) in three fragments; a compacted version of it at 5, its cursor there."""
-    for n in range(3):
-        r = await alice.post(log_path("alice", SRC) + "/records",
-                             json={"records": [record(f"s{n}-{i}") for i in range(2)]})
-        assert r.status_code == 200, r.text
-    path = f"compacted/{SRC}/v{1:016d}/part-x.parquet"
-    await base.put(path, b"parquet bytes of the source's [1, 5)")
-    await base.put(current_key(uuid.UUID(SRC)), json.dumps(
-        {"version": 1, "offset": 5, "rows": 4, "path": path}).encode())
-    r = await svc.post(log_path("alice", SRC) + "/compaction", json={"offset": 5})
-    assert r.status_code == 200, r.text
-
-
 async def test_a_shorter_local_ttl_takes_over_a_live_fork(tmp_path: Path) -> None:
     """Before the fix: host B (GC grace 0: claim TTL 120 s) took over a live fork of host A
     (grace 600: TTL 1200 s, renewing every 300 s) after 120 s, and A's next guarded write (no
@@ -223,7 +208,7 @@ async def test_a_shorter_local_ttl_takes_over_a_live_fork(tmp_path: Path) -> Non
             b.client("alice-key") as alice_b:
         a.server.manager.claims = ClaimWatch(claim_ttl_s(600.0), clock=clock)
         b.server.manager.claims = ClaimWatch(claim_ttl_s(0.0), clock=clock)
-        await _source_with_version(base, alice_a, svc_a)
+        await source_with_version(base, alice_a, svc_a, SRC, 2)
 
         # A forks SRC into DST; it is reading the source's compacted file (a large object).
         reading = store.hold("get", rf"compacted/{SRC}/v.*part-x\.parquet$")

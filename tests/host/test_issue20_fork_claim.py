@@ -36,26 +36,11 @@ from wal3.errors import LogContention, LogExists, ObjectNotFound
 from wal3.layout import load_manifest
 
 from ..wal3.helpers import GateStore
-from .claimkit import TTL_S, stepped_watch
+from .claimkit import TTL_S, source_with_version, stepped_watch
 from .live import Live, live_server, log_path, read_all, record
 
 SRC = "00000000-0000-4000-8000-000000000001"
 DST = "00000000-0000-4000-8000-000000000002"
-
-
-async def _source_with_version(base: ObjectStore, alice: httpx.AsyncClient,
-                               svc: httpx.AsyncClient) -> None:
-    """SRC holds [1, 16); a compacted version of it at 11 and its cursor there."""
-    for n in range(3):
-        r = await alice.post(log_path("alice", SRC) + "/records",
-                             json={"records": [record(f"s{n}-{i}") for i in range(5)]})
-        assert r.status_code == 200, r.text
-    path = f"compacted/{SRC}/v{1:016d}/part-x.parquet"
-    await base.put(path, b"parquet bytes of the source's [1, 11)")
-    await base.put(current_key(uuid.UUID(SRC)), json.dumps(
-        {"version": 1, "offset": 11, "rows": 10, "path": path}).encode())
-    r = await svc.post(log_path("alice", SRC) + "/compaction", json={"offset": 11})
-    assert r.status_code == 200, r.text
 
 
 async def _append_to_target(live: Live, alice: httpx.AsyncClient, n: int, tag: str,
@@ -81,7 +66,7 @@ async def test_r1_a_failed_forks_cursor_and_base_are_not_inherited(tmp_path: Pat
             live.client("alice-key") as alice, live.client() as svc:
         watch, clock = stepped_watch()
         live.server.manager.claims = watch  # (an attribute the fix adds; harmless before)
-        await _source_with_version(base, alice, svc)
+        await source_with_version(base, alice, svc, SRC, 5)
         # The fork hits a store outage on the target's manifest (its commit point).
         rule = faulty.add_rule(FaultRule("error", ops={"put"},
                                          key_regex=rf"{DST}/manifest/MANIFEST$", times=4))
@@ -116,7 +101,7 @@ async def test_r1b_a_first_append_during_a_fork_does_not_create_the_target(
     store = GateStore(base)
     async with live_server(store=store, gc_grace_s=0.0) as live, \
             live.client("alice-key") as alice, live.client() as svc:
-        await _source_with_version(base, alice, svc)
+        await source_with_version(base, alice, svc, SRC, 5)
         gate = store.hold("put", rf"logs/{DST}/manifest/MANIFEST$")
         fork = asyncio.create_task(svc.post(log_path("alice", SRC) + "/fork",
                                             json={"target_collection_id": DST}))

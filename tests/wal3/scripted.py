@@ -159,6 +159,23 @@ class OtherWriter:
                              m.with_sealed(self.name).to_bytes(), if_match=etag)
 
 
+def stays_ahead(other: OtherWriter, rounds: dict[str, int]) -> Script:
+    """A script: before each of our manifest puts (If-Match), while ``rounds["left"]``, the other
+    writer links its in-flight fragment and uploads its next one, so it is always one fragment
+    ahead (a live writer); ``rounds["used"]`` counts the times it did."""
+    manifest_key = join(other.prefix, MANIFEST_PATH)
+
+    async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
+        if op == "put" and key == manifest_key and kw["if_match"] and rounds["left"] > 0:
+            rounds["left"] -= 1
+            rounds["used"] += 1
+            await other.link_tail_orphan()
+            await other.upload_next()
+        return None
+
+    return script
+
+
 class Hooked:
     """A fragment hook that records every call (seq, repaired)."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
 
 import pytest
 
@@ -23,10 +22,9 @@ from wal3 import (
 )
 from wal3.fragment import encode_fragment
 from wal3.layout import join, load_manifest
-from wal3.manifest import MANIFEST_PATH
 
 from .helpers import assert_dense, read_all, recomputed_setsum
-from .scripted import OtherWriter, ScriptedStore, Verdict
+from .scripted import OtherWriter, ScriptedStore, stays_ahead
 
 FRAGMENT = r"/log/Bucket="
 MANIFEST = r"manifest/MANIFEST$"
@@ -190,16 +188,7 @@ async def test_repair_does_not_chase_a_live_writer(store: ObjectStore) -> None:
     await w.append(b"ours")
     live = OtherWriter(store, prefix, "live")
     rounds = {"left": 40, "used": 0}
-
-    async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
-        # Before each of our manifest puts, the live writer links its in-flight fragment and
-        # uploads its next one: always one fragment ahead.
-        if op == "put" and key.endswith(MANIFEST_PATH) and kw["if_match"] and rounds["left"]:
-            rounds["left"] -= 1
-            rounds["used"] += 1
-            await live.link_tail_orphan()
-            await live.upload_next()
-        return None
+    script = stays_ahead(live, rounds)  # a live writer, one fragment ahead
 
     w._store = ScriptedStore(store, script)  # the same writer, now racing the live one
     await live.append()  # it appends one record, and its next is in flight

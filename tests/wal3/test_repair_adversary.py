@@ -45,6 +45,7 @@ from .scripted import (
     Script,
     ScriptedStore,
     Verdict,
+    stays_ahead,
     verified_bodies,
 )
 
@@ -83,15 +84,7 @@ async def test_append_chases_a_live_writer_whose_orphan_it_met_unlinked(tmp_path
     inner = LocalStore(tmp_path / "s", fsync=False)
     other = OtherWriter(inner, PREFIX)
     rounds = {"left": 40, "used": 0}
-
-    async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
-        if op == "put" and key == MANIFEST_KEY and kw["if_match"] and rounds["left"] > 0:
-            # The live writer links its in-flight fragment and uploads its next one.
-            rounds["left"] -= 1
-            rounds["used"] += 1
-            await other.link_tail_orphan()
-            await other.upload_next()
-        return None
+    script = stays_ahead(other, rounds)  # a live writer, one fragment ahead
 
     w = await _open(ScriptedStore(inner, script))
     rounds["left"] = 0

@@ -45,6 +45,7 @@ from .scripted import (
     OtherWriter,
     ScriptedStore,
     Verdict,
+    stays_ahead,
     verified_bodies,
 )
 
@@ -288,14 +289,7 @@ async def test_appends_answered_not_written_after_meeting_a_live_writer_stay_out
     inner = LocalStore(tmp_path / "s", fsync=False)
     other = OtherWriter(inner, PREFIX)
     rounds = {"left": 0, "used": 0}
-
-    async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
-        if op == "put" and key == MANIFEST_KEY and kw["if_match"] and rounds["left"] > 0:
-            rounds["left"] -= 1
-            rounds["used"] += 1
-            await other.link_tail_orphan()
-            await other.upload_next()
-        return None
+    script = stays_ahead(other, rounds)  # a live writer, one fragment ahead
 
     w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
