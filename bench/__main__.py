@@ -16,19 +16,33 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description="wal3 / loghost benchmarks.  Prints Markdown tables, writes JSON to "
-                    "bench/out/ and plots to docs/img/.")
-    p.add_argument("--quick", action="store_true",
-                   help="short smoke form (seconds); results go to bench/out/*.quick.*")
-    p.add_argument("--only", default=None,
-                   help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
-    p.add_argument("--profile", action="store_true",
-                   help="also profile the engine's append path and the host's HTTP append path "
-                        "(pyinstrument; bench/out/profile-*, bench/out/http-profile-*)")
-    p.add_argument("--report", action="store_true",
-                   help="do not run: re-render the tables from the JSON in bench/out/")
-    p.add_argument("--write-docs", action="store_true",
-                   help="with --report: replace the generated blocks of docs/PERFORMANCE.md "
-                        "(between <!-- bench:NAME --> and <!-- /bench:NAME -->)")
+        "bench/out/ and plots to docs/img/.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short smoke form (seconds); results go to bench/out/*.quick.*",
+    )
+    p.add_argument(
+        "--only", default=None, help=f"comma-separated subset of {', '.join(BENCHMARKS)}"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the engine's append path and the host's HTTP append path "
+        "(pyinstrument; bench/out/profile-*, bench/out/http-profile-*)",
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="do not run: re-render the tables from the JSON in bench/out/",
+    )
+    p.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="with --report: replace the generated blocks of docs/PERFORMANCE.md "
+        "(between <!-- bench:NAME --> and <!-- /bench:NAME -->)",
+    )
     for name in BENCHMARKS:
         mod = importlib.import_module(BENCHMARKS[name])
         if hasattr(mod, "add_arguments"):
@@ -40,16 +54,18 @@ def _header(name: str, data: dict[str, Any]) -> str:
     m = data["machine"]
     # Runs before 2026-11-22 16:40 recorded the machine when the benchmark ended.
     when = "at start" if m.get("recorded_at") == "start" else "at the end of the run"
-    return "\n".join([
-        f"## {name}{' (quick)' if data.get('quick') else ''}",
-        "",
-        f"Command: `{data['command']}`",
-        "",
-        f"Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}.  Recorded {when}: "
-        f"{m['date_utc']}, load average {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, "
-        f"commit {m['git_head']}.",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"## {name}{' (quick)' if data.get('quick') else ''}",
+            "",
+            f"Command: `{data['command']}`",
+            "",
+            f"Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}.  Recorded {when}: "
+            f"{m['date_utc']}, load average {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, "
+            f"commit {m['git_head']}.",
+            "",
+        ]
+    )
 
 
 DOCS = common.ROOT / "docs" / "PERFORMANCE.md"
@@ -61,8 +77,7 @@ def _write_docs(blocks: dict[str, str]) -> None:
 
     text = DOCS.read_text()
     for name, body in blocks.items():
-        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)",
-                             re.S)
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
         if not pattern.search(text):
             print(f"(docs: no block for {name})")
             continue
@@ -77,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in BENCHMARKS]
         if unknown:
-            print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}",
-                  file=sys.stderr)
+            print(
+                f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}",
+                file=sys.stderr,
+            )
             return 2
     else:
         names = list(DEFAULT)
@@ -111,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     for name in names:
         mod = importlib.import_module(BENCHMARKS[name])
-        print(f"# running {name}{' (quick)' if args.quick else ''}: {common.command_line()}",
-              flush=True)
+        print(
+            f"# running {name}{' (quick)' if args.quick else ''}: {common.command_line()}",
+            flush=True,
+        )
         machine = {**common.machine_info(), "recorded_at": "start"}
         t0 = time.perf_counter()
         data = mod.run(args.quick, args)
@@ -124,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         print(_header(name, data))
         print(mod.render(data))
         print()
-        print(f"(results: {common.rel(path)}"
-              + (f"; plot: {common.rel(common.Path(data['plot']))}" if data.get("plot") else "")
-              + f"; {data['elapsed_s']:.1f} s)")
+        print(
+            f"(results: {common.rel(path)}"
+            + (f"; plot: {common.rel(common.Path(data['plot']))}" if data.get("plot") else "")
+            + f"; {data['elapsed_s']:.1f} s)"
+        )
         print(flush=True)
     print(f"# done in {time.perf_counter() - t_all:.1f} s")
     return 0

@@ -172,8 +172,12 @@ class MotoServer:
         env = dict(os.environ)
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _MOTO_CHILD, str(self.port)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, env=env, cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
@@ -182,8 +186,10 @@ class MotoServer:
             raise RuntimeError("moto server did not start")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port),
-                                                                        timeout=0.5):
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
+            ):
                 return self
             time.sleep(0.05)
         self.__exit__(None, None, None)
@@ -247,8 +253,9 @@ def memory_store() -> Any:
                 raise ObjectNotFound(key) from None
             return ObjectMeta(key=key, etag=etag, size=len(data), last_modified=mtime)
 
-        async def put(self, key: str, data: bytes, *, if_none_match: Any = None,
-                      if_match: str | None = None) -> str:
+        async def put(
+            self, key: str, data: bytes, *, if_none_match: Any = None, if_match: str | None = None
+        ) -> str:
             cur = self.objects.get(key)
             if if_none_match == "*" and cur is not None:
                 raise PreconditionFailed(key, "object exists")

@@ -31,14 +31,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compactor_client.executor import (  # noqa: E402
+from compactor_client.executor import (
     FoldTask,
     FragmentTask,
     fold_collection,
     read_fragment_task,
 )
-from compactor_client.pipeline import run_compaction_job  # noqa: E402
-from compactor_client.sparkutil import build_session, ship_package  # noqa: E402
+from compactor_client.pipeline import run_compaction_job
+from compactor_client.sparkutil import build_session, ship_package
 
 
 def make_records(rng: random.Random, n: int, ids: int, dim: int) -> list[bytes]:
@@ -57,18 +57,21 @@ def make_records(rng: random.Random, n: int, ids: int, dim: int) -> list[bytes]:
     return out
 
 
-def write_collection(root: Path, cid: str, bodies: list[bytes], per_fragment: int
-                     ) -> list[tuple[str, int, int]]:
+def write_collection(
+    root: Path, cid: str, bodies: list[bytes], per_fragment: int
+) -> list[tuple[str, int, int]]:
     """Write one collection's fragments; returns (url, start, limit) per fragment."""
     frags = []
     for i in range(0, len(bodies), per_fragment):
-        chunk = bodies[i:i + per_fragment]
+        chunk = bodies[i : i + per_fragment]
         start = i + 1
-        table = pa.table({
-            "offset": pa.array(range(start, start + len(chunk)), pa.uint64()),
-            "timestamp_us": pa.array([0] * len(chunk), pa.uint64()),
-            "body": pa.array(chunk, pa.binary()),
-        })
+        table = pa.table(
+            {
+                "offset": pa.array(range(start, start + len(chunk)), pa.uint64()),
+                "timestamp_us": pa.array([0] * len(chunk), pa.uint64()),
+                "body": pa.array(chunk, pa.binary()),
+            }
+        )
         path = root / "logs" / cid / f"{start:012d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, path, compression="snappy")
@@ -76,8 +79,9 @@ def write_collection(root: Path, cid: str, bodies: list[bytes], per_fragment: in
     return frags
 
 
-def tasks_for(root: Path, cids: list[str], frags: dict[str, list[tuple[str, int, int]]],
-              run: str) -> tuple[list[FoldTask], list[FragmentTask]]:
+def tasks_for(
+    root: Path, cids: list[str], frags: dict[str, list[tuple[str, int, int]]], run: str
+) -> tuple[list[FoldTask], list[FragmentTask]]:
     fold_tasks, frag_tasks = [], []
     for cidx, cid in enumerate(cids):
         end = frags[cid][-1][2]
@@ -93,8 +97,11 @@ def pyarrow_fold(fold_tasks: list[FoldTask], frag_tasks: list[FragmentTask]) -> 
     for t in frag_tasks:
         by_cidx.setdefault(t.cidx, []).append(t)
     for ft in fold_tasks:
-        items = [kv for t in sorted(by_cidx[ft.cidx], key=lambda t: t.start)
-                 for kv in read_fragment_task(t)]
+        items = [
+            kv
+            for t in sorted(by_cidx[ft.cidx], key=lambda t: t.start)
+            for kv in read_fragment_task(t)
+        ]
         stats = fold_collection(ft, items)
         if stats.error:
             raise RuntimeError(stats.error)
@@ -107,29 +114,45 @@ FULL = {"collections": [1, 4, 16], "records": 5000}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's flags on the suite's parser."""
     g = p.add_argument_group("compaction")
-    g.add_argument("--compaction-collections", default=None,
-                   help="k values, comma-separated (default 1,4,16; quick 1,4)")
-    g.add_argument("--compaction-records", type=int, default=None,
-                   help="records per collection (default 5000; quick 1000)")
+    g.add_argument(
+        "--compaction-collections",
+        default=None,
+        help="k values, comma-separated (default 1,4,16; quick 1,4)",
+    )
+    g.add_argument(
+        "--compaction-records",
+        type=int,
+        default=None,
+        help="records per collection (default 5000; quick 1000)",
+    )
     g.add_argument("--compaction-master", default="local[*]")
 
 
 def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     """Spark job vs single-process pyarrow fold, same data, same run."""
     cfg = QUICK if quick else FULL
-    ks = ([int(k) for k in args.compaction_collections.split(",")]
-          if getattr(args, "compaction_collections", None) else cfg["collections"])
+    ks = (
+        [int(k) for k in args.compaction_collections.split(",")]
+        if getattr(args, "compaction_collections", None)
+        else cfg["collections"]
+    )
     records = getattr(args, "compaction_records", None) or cfg["records"]
     master = getattr(args, "compaction_master", None) or "local[*]"
     from bench import common
 
-    return {"benchmark": "compaction", "quick": quick, "command": common.command_line(),
-            "master": master, "records_per_collection": records,
-            "results": measure(ks, records, 1000, 1000, 16, master)}
+    return {
+        "benchmark": "compaction",
+        "quick": quick,
+        "command": common.command_line(),
+        "master": master,
+        "records_per_collection": records,
+        "results": measure(ks, records, 1000, 1000, 16, master),
+    }
 
 
-def measure(ks: list[int], records: int, per_fragment: int, ids: int, dim: int,
-            master: str) -> list[dict[str, Any]]:
+def measure(
+    ks: list[int], records: int, per_fragment: int, ids: int, dim: int, master: str
+) -> list[dict[str, Any]]:
     """Records/s in for one Spark job over k collections and for the pyarrow baseline."""
     rng = random.Random(42)
     spark = build_session(master, app_name="compaction-bench", ui=False)
@@ -139,8 +162,10 @@ def measure(ks: list[int], records: int, per_fragment: int, ids: int, dim: int,
         with tempfile.TemporaryDirectory(prefix="compaction-bench-") as tmp:
             root = Path(tmp)
             cids = [f"c{i:04d}" for i in range(max(ks))]
-            frags = {cid: write_collection(root, cid, make_records(rng, records, ids, dim),
-                                           per_fragment) for cid in cids}
+            frags = {
+                cid: write_collection(root, cid, make_records(rng, records, ids, dim), per_fragment)
+                for cid in cids
+            }
             # A warm-up job first, so JVM and worker start-up are not charged to the first k.
             run_compaction_job(spark.sparkContext, *tasks_for(root, cids[:1], frags, "warmup"))
             for k in ks:
@@ -156,13 +181,17 @@ def measure(ks: list[int], records: int, per_fragment: int, ids: int, dim: int,
                 pyarrow_fold(fold_tasks, frag_tasks)
                 arrow_s = time.perf_counter() - t0
                 n = k * records
-                results.append({
-                    "collections": k, "records": n,
-                    "spark_seconds": round(spark_s, 3), "spark_records_per_s": round(n / spark_s),
-                    "pyarrow_seconds": round(arrow_s, 3),
-                    "pyarrow_records_per_s": round(n / arrow_s),
-                    "spark_over_pyarrow": round(arrow_s / spark_s, 3),
-                })
+                results.append(
+                    {
+                        "collections": k,
+                        "records": n,
+                        "spark_seconds": round(spark_s, 3),
+                        "spark_records_per_s": round(n / spark_s),
+                        "pyarrow_seconds": round(arrow_s, 3),
+                        "pyarrow_records_per_s": round(n / arrow_s),
+                        "spark_over_pyarrow": round(arrow_s / spark_s, 3),
+                    }
+                )
     finally:
         spark.stop()
     return results
@@ -178,8 +207,10 @@ def render(data: dict[str, Any]) -> str:
         "| ------------------: | ------: | ----------: | -----------------: | --------------: |",
     ]
     for r in data["results"]:
-        lines.append(f"| {r['collections']} | {r['records']:,} | {r['spark_records_per_s']:,} | "
-                     f"{r['pyarrow_records_per_s']:,} | {r['spark_over_pyarrow']:.2f} |")
+        lines.append(
+            f"| {r['collections']} | {r['records']:,} | {r['spark_records_per_s']:,} | "
+            f"{r['pyarrow_records_per_s']:,} | {r['spark_over_pyarrow']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -223,20 +254,30 @@ def main(argv: list[str] | None = None) -> int:
             pyarrow_fold(fold_tasks, frag_tasks)
             arrow_s = time.perf_counter() - t0
             n = k * args.records
-            results.append({
-                "collections": k, "records": n,
-                "spark_seconds": round(spark_s, 3), "spark_records_per_s": round(n / spark_s),
-                "pyarrow_seconds": round(arrow_s, 3), "pyarrow_records_per_s": round(n / arrow_s),
-            })
+            results.append(
+                {
+                    "collections": k,
+                    "records": n,
+                    "spark_seconds": round(spark_s, 3),
+                    "spark_records_per_s": round(n / spark_s),
+                    "pyarrow_seconds": round(arrow_s, 3),
+                    "pyarrow_records_per_s": round(n / arrow_s),
+                }
+            )
     spark.stop()
 
     table = Table(title=f"compaction throughput ({args.master}, {args.records} records/collection)")
     for col in ("collections", "records", "spark rec/s", "pyarrow rec/s", "spark s", "pyarrow s"):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(str(r["collections"]), str(r["records"]), f"{r['spark_records_per_s']:,}",
-                      f"{r['pyarrow_records_per_s']:,}", f"{r['spark_seconds']:.2f}",
-                      f"{r['pyarrow_seconds']:.2f}")
+        table.add_row(
+            str(r["collections"]),
+            str(r["records"]),
+            f"{r['spark_records_per_s']:,}",
+            f"{r['pyarrow_records_per_s']:,}",
+            f"{r['spark_seconds']:.2f}",
+            f"{r['pyarrow_seconds']:.2f}",
+        )
     console.print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

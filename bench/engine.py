@@ -45,29 +45,53 @@ LATENCY_S = 0.020
 TARGET_RATIO = 0.80  # "at least 80% of its bound at 256 appenders"
 HEADLINE_REPEATS = 2  # extra runs of the headline case (full mode), for its spread
 
-FULL = {"sizes": [1024, 4096], "appenders": [1, 16, 64, 256], "warmup_s": 0.75,
-        "duration_s": 3.0, "stores": ["local", "faulty", "s3", "memory"]}
-QUICK = {"sizes": [1024], "appenders": [1, 256], "warmup_s": 0.15, "duration_s": 0.4,
-         "stores": ["local", "faulty", "s3"]}
+FULL = {
+    "sizes": [1024, 4096],
+    "appenders": [1, 16, 64, 256],
+    "warmup_s": 0.75,
+    "duration_s": 3.0,
+    "stores": ["local", "faulty", "s3", "memory"],
+}
+QUICK = {
+    "sizes": [1024],
+    "appenders": [1, 256],
+    "warmup_s": 0.15,
+    "duration_s": 0.4,
+    "stores": ["local", "faulty", "s3"],
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--engine-stores", default=None,
-                   help="comma-separated subset of local,faulty,s3,memory (default: all; quick: no memory)")
-    g.add_argument("--engine-duration", type=float, default=None,
-                   help="measured seconds per case (default 3, quick 0.4)")
-    g.add_argument("--engine-appenders", default=None,
-                   help="comma-separated appender counts (default 1,16,64,256)")
-    g.add_argument("--engine-sizes", default=None,
-                   help="comma-separated record sizes in bytes (default 1024,4096)")
+    g.add_argument(
+        "--engine-stores",
+        default=None,
+        help="comma-separated subset of local,faulty,s3,memory (default: all; quick: no memory)",
+    )
+    g.add_argument(
+        "--engine-duration",
+        type=float,
+        default=None,
+        help="measured seconds per case (default 3, quick 0.4)",
+    )
+    g.add_argument(
+        "--engine-appenders",
+        default=None,
+        help="comma-separated appender counts (default 1,16,64,256)",
+    )
+    g.add_argument(
+        "--engine-sizes",
+        default=None,
+        help="comma-separated record sizes in bytes (default 1024,4096)",
+    )
 
 
 # ------------------------------------------------------------------------------- measuring
 
 
-async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duration_s: float,
-                think_s: float = 0.0) -> dict[str, Any]:
+async def drive(
+    writer: Any, size: int, appenders: int, warmup_s: float, duration_s: float, think_s: float = 0.0
+) -> dict[str, Any]:
     """Closed-loop appenders on an open writer; measure the window after the warm-up.
 
     With ``think_s`` each appender sleeps uniform(0, think_s) between appends (spread arrivals).
@@ -134,8 +158,9 @@ async def drive(writer: Any, size: int, appenders: int, warmup_s: float, duratio
     }
 
 
-def encode_only_rate(size: int, batch: float, min_time_s: float = 0.25, blocks: int = 3
-                     ) -> dict[str, float]:
+def encode_only_rate(
+    size: int, batch: float, min_time_s: float = 0.25, blocks: int = 3
+) -> dict[str, float]:
     """Appends/s allowed by encoding + hashing alone, on batches of ``batch`` records (the median
     of ``blocks`` timed blocks, so one noisy moment does not set the reference)."""
     from wal3.fragment import encode_fragment
@@ -183,18 +208,31 @@ def fsync_floor(directory: os.PathLike[str], size: int, duration_s: float) -> di
         os.unlink(path)
     el = sum(lat)
     lat.sort()
-    return {"size": size, "writes": len(lat), "writes_per_s": len(lat) / el,
-            "p50_ms": common.percentile(lat, 50) * 1e3, "p99_ms": common.percentile(lat, 99) * 1e3}
+    return {
+        "size": size,
+        "writes": len(lat),
+        "writes_per_s": len(lat) / el,
+        "p50_ms": common.percentile(lat, 50) * 1e3,
+        "p99_ms": common.percentile(lat, 99) * 1e3,
+    }
 
 
-async def run_case(store_kind: str, make_store: Any, size: int, appenders: int, warmup_s: float,
-                   duration_s: float, encode_s: float = 0.25) -> dict[str, Any]:
+async def run_case(
+    store_kind: str,
+    make_store: Any,
+    size: int,
+    appenders: int,
+    warmup_s: float,
+    duration_s: float,
+    encode_s: float = 0.25,
+) -> dict[str, Any]:
     from wal3 import LogWriter, LogWriterOptions
 
     store = make_store()
     try:
-        writer = await LogWriter.open(store, f"bench-{uuid.uuid4().hex[:8]}",
-                                      LogWriterOptions(writer_name="bench"))
+        writer = await LogWriter.open(
+            store, f"bench-{uuid.uuid4().hex[:8]}", LogWriterOptions(writer_name="bench")
+        )
         try:
             res = await drive(writer, size, appenders, warmup_s, duration_s)
         finally:
@@ -231,8 +269,14 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(_run(stores, sizes, appenders, warmup, duration, quick))
 
 
-async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup: float,
-               duration: float, quick: bool) -> dict[str, Any]:
+async def _run(
+    stores: list[str],
+    sizes: list[int],
+    appenders: list[int],
+    warmup: float,
+    duration: float,
+    quick: bool,
+) -> dict[str, Any]:
     from wal3 import FaultyStore, LocalStore, S3Store
 
     rows: list[dict[str, Any]] = []
@@ -253,8 +297,12 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
 
         def s3() -> Any:
             assert moto is not None
-            return S3Store(bucket=bucket, prefix=uuid.uuid4().hex[:8], endpoint_url=moto.endpoint,
-                           region="us-east-1")
+            return S3Store(
+                bucket=bucket,
+                prefix=uuid.uuid4().hex[:8],
+                endpoint_url=moto.endpoint,
+                region="us-east-1",
+            )
 
         makers = {"local": local, "faulty": faulty, "s3": s3, "memory": common.memory_store}
         for kind in stores:
@@ -266,14 +314,17 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
                         # machine's other tenants, so the reference is taken next to each row.
                         floor = fsync_floor(scratch, size, floor_s)
                         floors.append(floor)
-                    r = await run_case(kind, makers[kind], size, n, warmup, duration,
-                                       0.1 if quick else 0.25)
+                    r = await run_case(
+                        kind, makers[kind], size, n, warmup, duration, 0.1 if quick else 0.25
+                    )
                     if floor is not None:
                         r["fsync_floor"] = floor
                     rows.append(r)
-                    extra = (f", {r['io_ratio']:.2f} of I/O bound" if "io_ratio" in r else "")
-                    _progress(f"{kind:6} {size:5} B x{n:<4} {r['appends_per_s']:9.0f} appends/s "
-                              f"p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms{extra}")
+                    extra = f", {r['io_ratio']:.2f} of I/O bound" if "io_ratio" in r else ""
+                    _progress(
+                        f"{kind:6} {size:5} B x{n:<4} {r['appends_per_s']:9.0f} appends/s "
+                        f"p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms{extra}"
+                    )
         # The headline case again (interleaved across sizes), so its run-to-run spread is known.
         repeats: dict[str, list[float]] = {}
         if "faulty" in stores:
@@ -283,8 +334,9 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
                     repeats[str(r["size"])] = [r["io_ratio"]]
             for _ in range(0 if quick else HEADLINE_REPEATS):
                 for size in sizes:
-                    r = await run_case("faulty", faulty, size, top, warmup, duration,
-                                       0.1 if quick else 0.25)
+                    r = await run_case(
+                        "faulty", faulty, size, top, warmup, duration, 0.1 if quick else 0.25
+                    )
                     repeats[str(size)].append(r["io_ratio"])
                     _progress(f"repeat faulty {size} B x{top}: {r['io_ratio']:.2f} of I/O bound")
     data = {
@@ -292,8 +344,14 @@ async def _run(stores: list[str], sizes: list[int], appenders: list[int], warmup
         "quick": quick,
         "command": common.command_line(),
         "machine": common.machine_info(),
-        "config": {"stores": stores, "sizes": sizes, "appenders": appenders,
-                   "warmup_s": warmup, "duration_s": duration, "latency_s": LATENCY_S},
+        "config": {
+            "stores": stores,
+            "sizes": sizes,
+            "appenders": appenders,
+            "warmup_s": warmup,
+            "duration_s": duration,
+            "latency_s": LATENCY_S,
+        },
         "fsync_floor": floors,
         "rows": rows,
         "headline_repeats": repeats,
@@ -310,45 +368,119 @@ def _progress(msg: str) -> None:
 
 
 def _label(store: str) -> str:
-    return {"local": "LocalStore (fsync)", "faulty": "FaultyStore(20 ms)",
-            "s3": "S3Store on moto/HTTP",
-            "memory": "MemoryStore (bench-only)"}.get(store, store)
+    return {
+        "local": "LocalStore (fsync)",
+        "faulty": "FaultyStore(20 ms)",
+        "s3": "S3Store on moto/HTTP",
+        "memory": "MemoryStore (bench-only)",
+    }.get(store, store)
 
 
 def render(data: dict[str, Any]) -> str:
     rows = data["rows"]
     out = []
-    out.append("Throughput and latency (durable appends; window "
-               f"{data['config']['duration_s']} s after {data['config']['warmup_s']} s warm-up):")
+    out.append(
+        "Throughput and latency (durable appends; window "
+        f"{data['config']['duration_s']} s after {data['config']['warmup_s']} s warm-up):"
+    )
     out.append("")
-    out.append(common.md_table(
-        ["store", "record", "appenders", "appends/s", "p50 ms", "p99 ms", "rec/fragment",
-         "rec/manifest write", "manifest writes/s", "CPU s/append (µs)"],
-        [[_label(r["store"]), r["size"], r["appenders"], r["appends_per_s"], r["p50_ms"],
-          r["p99_ms"], r["records_per_fragment"], r["records_per_manifest_write"],
-          r["manifest_writes_per_s"], r["cpu_s_per_append"] * 1e6] for r in rows]))
+    out.append(
+        common.md_table(
+            [
+                "store",
+                "record",
+                "appenders",
+                "appends/s",
+                "p50 ms",
+                "p99 ms",
+                "rec/fragment",
+                "rec/manifest write",
+                "manifest writes/s",
+                "CPU s/append (µs)",
+            ],
+            [
+                [
+                    _label(r["store"]),
+                    r["size"],
+                    r["appenders"],
+                    r["appends_per_s"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r["records_per_fragment"],
+                    r["records_per_manifest_write"],
+                    r["manifest_writes_per_s"],
+                    r["cpu_s_per_append"] * 1e6,
+                ]
+                for r in rows
+            ],
+        )
+    )
     out.append("")
-    out.append("Bounds (same run).  I/O bound = (1 / 20 ms) x records per manifest write; "
-               "encode-only = encode_fragment + MD5 on batches of the observed size, no I/O:")
+    out.append(
+        "Bounds (same run).  I/O bound = (1 / 20 ms) x records per manifest write; "
+        "encode-only = encode_fragment + MD5 on batches of the observed size, no I/O:"
+    )
     out.append("")
-    out.append(common.md_table(
-        ["store", "record", "appenders", "appends/s", "I/O bound", "measured/I/O bound",
-         "encode-only appends/s", "measured/encode-only"],
-        [[_label(r["store"]), r["size"], r["appenders"], r["appends_per_s"],
-          r.get("io_bound_appends_per_s"), r.get("io_ratio"), r["encode_only"]["appends_per_s"],
-          r["cpu_ratio"]] for r in rows]))
+    out.append(
+        common.md_table(
+            [
+                "store",
+                "record",
+                "appenders",
+                "appends/s",
+                "I/O bound",
+                "measured/I/O bound",
+                "encode-only appends/s",
+                "measured/encode-only",
+            ],
+            [
+                [
+                    _label(r["store"]),
+                    r["size"],
+                    r["appenders"],
+                    r["appends_per_s"],
+                    r.get("io_bound_appends_per_s"),
+                    r.get("io_ratio"),
+                    r["encode_only"]["appends_per_s"],
+                    r["cpu_ratio"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     out.append("")
-    out.append("Disk floor (plain write + fsync loop on the same directory, measured for "
-               "0.5 s right before each LocalStore row) and LocalStore against it:")
+    out.append(
+        "Disk floor (plain write + fsync loop on the same directory, measured for "
+        "0.5 s right before each LocalStore row) and LocalStore against it:"
+    )
     out.append("")
     frows = []
     for r in rows:
         f = r.get("fsync_floor")
         if r["store"] == "local" and f:
-            frows.append([f"{r['size']} B", r["appenders"], f["writes_per_s"], f["p50_ms"],
-                          r["appends_per_s"], r["appends_per_s"] / f["writes_per_s"]])
-    out.append(common.md_table(["record", "appenders", "fsync writes/s", "fsync p50 ms",
-                                "LocalStore appends/s", "appends / fsyncs"], frows))
+            frows.append(
+                [
+                    f"{r['size']} B",
+                    r["appenders"],
+                    f["writes_per_s"],
+                    f["p50_ms"],
+                    r["appends_per_s"],
+                    r["appends_per_s"] / f["writes_per_s"],
+                ]
+            )
+    out.append(
+        common.md_table(
+            [
+                "record",
+                "appenders",
+                "fsync writes/s",
+                "fsync p50 ms",
+                "LocalStore appends/s",
+                "appends / fsyncs",
+            ],
+            frows,
+        )
+    )
     out.append("")
     out.append(headline(data))
     return "\n".join(out)
@@ -363,14 +495,19 @@ def headline(data: dict[str, Any]) -> str:
             samples = sorted(reps.get(str(r["size"])) or [r["io_ratio"]])
             med = samples[len(samples) // 2]
             verdict = "PASS" if med >= TARGET_RATIO else "MISS"
-            spread = (f" (median of {len(samples)} runs, range {samples[0]:.2f}..{samples[-1]:.2f})"
-                      if len(samples) > 1 else "")
+            spread = (
+                f" (median of {len(samples)} runs, range {samples[0]:.2f}..{samples[-1]:.2f})"
+                if len(samples) > 1
+                else ""
+            )
             floor_ms = 2 * LATENCY_S * 1e3
-            lines.append(f"- target `FaultyStore(20 ms)` at {r['appenders']} appenders, "
-                         f"{r['size']} B records: measured/bound = **{med:.2f}**{spread} "
-                         f"(target >= {TARGET_RATIO:.2f}) -> {verdict}.  Closed-loop view of "
-                         f"the same row: two injected round trips = {floor_ms:.0f} ms, p50 append "
-                         f"latency = {r['p50_ms']:.1f} ms ({floor_ms / r['p50_ms']:.2f}).")
+            lines.append(
+                f"- target `FaultyStore(20 ms)` at {r['appenders']} appenders, "
+                f"{r['size']} B records: measured/bound = **{med:.2f}**{spread} "
+                f"(target >= {TARGET_RATIO:.2f}) -> {verdict}.  Closed-loop view of "
+                f"the same row: two injected round trips = {floor_ms:.0f} ms, p50 append "
+                f"latency = {r['p50_ms']:.1f} ms ({floor_ms / r['p50_ms']:.2f})."
+            )
     return "\n".join(lines)
 
 
@@ -390,21 +527,50 @@ def plot(data: dict[str, Any], path: Any) -> Any:
             if not rs:
                 continue
             xs = [r["appenders"] for r in rs]
-            ax.plot(xs, [r["appends_per_s"] for r in rs], "o-", color=colors.get(kind),
-                    label=_label(kind))
-            ax.plot(xs, [r["encode_only"]["appends_per_s"] for r in rs], ":",
-                    color=colors.get(kind), alpha=0.6, label=f"encode-only bound ({kind})")
+            ax.plot(
+                xs,
+                [r["appends_per_s"] for r in rs],
+                "o-",
+                color=colors.get(kind),
+                label=_label(kind),
+            )
+            ax.plot(
+                xs,
+                [r["encode_only"]["appends_per_s"] for r in rs],
+                ":",
+                color=colors.get(kind),
+                alpha=0.6,
+                label=f"encode-only bound ({kind})",
+            )
             if kind == "faulty":
-                ax.plot(xs, [r["io_bound_appends_per_s"] for r in rs], "--", color="tab:red",
-                        alpha=0.6, label="I/O bound (1/20 ms x rec/manifest write)")
-            axl.plot(xs, [r["p50_ms"] for r in rs], "o-", color=colors.get(kind),
-                     label=f"{_label(kind)} p50")
-            axl.plot(xs, [r["p99_ms"] for r in rs], "s--", color=colors.get(kind), alpha=0.6,
-                     label=f"{_label(kind)} p99")
+                ax.plot(
+                    xs,
+                    [r["io_bound_appends_per_s"] for r in rs],
+                    "--",
+                    color="tab:red",
+                    alpha=0.6,
+                    label="I/O bound (1/20 ms x rec/manifest write)",
+                )
+            axl.plot(
+                xs,
+                [r["p50_ms"] for r in rs],
+                "o-",
+                color=colors.get(kind),
+                label=f"{_label(kind)} p50",
+            )
+            axl.plot(
+                xs,
+                [r["p99_ms"] for r in rs],
+                "s--",
+                color=colors.get(kind),
+                alpha=0.6,
+                label=f"{_label(kind)} p99",
+            )
         fl = sorted(f["writes_per_s"] for f in data["fsync_floor"] if f["size"] == size)
         if fl:
-            ax.axhline(fl[len(fl) // 2], color="gray", lw=1, ls="-.",
-                       label="write+fsync floor (median)")
+            ax.axhline(
+                fl[len(fl) // 2], color="gray", lw=1, ls="-.", label="write+fsync floor (median)"
+            )
         for a in (ax, axl):
             a.set_xscale("log", base=2)
             a.set_yscale("log")
@@ -414,8 +580,10 @@ def plot(data: dict[str, Any], path: Any) -> Any:
         axl.set_title(f"{size} B records: append latency (ms)")
         ax.legend(fontsize=7)
         axl.legend(fontsize=7)
-    fig.suptitle(f"wal3 engine, one log ({data['machine']['nproc']} cores, "
-                 f"{data['machine']['date_utc']})", fontsize=10)
+    fig.suptitle(
+        f"wal3 engine, one log ({data['machine']['nproc']} cores, {data['machine']['date_utc']})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -24,8 +24,10 @@ app = FastAPI(title="ceiling")
 @app.post("/v1/tenants/{tenant}/logs/{collection_id}/records")
 async def append(tenant: str, collection_id: str, request: Request) -> Response:
     body = await request.body()
-    return Response(b'{"first_offset":1,"count":1,"next_offset":%d}' % (len(body) + 1),
-                    media_type="application/json")
+    return Response(
+        b'{"first_offset":1,"count":1,"next_offset":%d}' % (len(body) + 1),
+        media_type="application/json",
+    )
 
 
 @app.get("/healthz")
@@ -38,8 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", default="127.0.0.1:8090")
     args = p.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    config = uvicorn.Config(app, host=host, port=int(port), log_config=None, access_log=False,
-                            lifespan="on", server_header=False)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=int(port),
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        server_header=False,
+    )
     uvicorn.Server(config).run()
     return 0
 

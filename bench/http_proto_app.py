@@ -21,14 +21,16 @@ auth = Authenticator({API_KEY: "*"})
 bearer = HTTPBearer(auto_error=False)
 
 
-async def principal(request: Request,
-                    _: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:  # noqa: B008
+async def principal(
+    request: Request, _: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> Principal:
     values = request.headers.getlist("authorization")
     return auth.authenticate(values[0] if values else None)
 
 
-async def tenant_scope(tenant: str, collection_id: str,
-                       who: Principal = Depends(principal)) -> tuple[str, uuid.UUID]:  # noqa: B008
+async def tenant_scope(
+    tenant: str, collection_id: str, who: Principal = Depends(principal)
+) -> tuple[str, uuid.UUID]:
     auth.authorize_tenant(who, tenant)
     cid = uuid.UUID(collection_id)
     jsonlog.tenant.set(tenant)
@@ -52,8 +54,9 @@ bare = FastAPI()
 
 
 @chained.post(PATH)
-async def chained_append(request: Request,
-                         scope: tuple[str, uuid.UUID] = Depends(tenant_scope)) -> Response:
+async def chained_append(
+    request: Request, scope: tuple[str, uuid.UUID] = Depends(tenant_scope)
+) -> Response:
     return Response(b"{}", media_type="application/json")
 
 

@@ -47,16 +47,21 @@ def record(i: int, rng: random.Random | None = None) -> dict[str, Any]:
     16-dim embedding, two metadata fields.  About 1 KiB as compact JSON."""
     rng = rng or random.Random(i)
     doc = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in range(DOC_CHARS))
-    return {"id": f"rec-{i:08d}", "op": "add", "document": doc,
-            "metadata": {"source": "bench", "n": i},
-            "embedding": [round(rng.uniform(-1, 1), 6) for _ in range(EMBEDDING_DIM)]}
+    return {
+        "id": f"rec-{i:08d}",
+        "op": "add",
+        "document": doc,
+        "metadata": {"source": "bench", "n": i},
+        "embedding": [round(rng.uniform(-1, 1), 6) for _ in range(EMBEDDING_DIM)],
+    }
 
 
 def append_body(n: int, seed: int = 0) -> bytes:
     """A ``POST .../records`` body with ``n`` records."""
     rng = random.Random(seed)
-    return json.dumps({"records": [record(i, rng) for i in range(n)]},
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        {"records": [record(i, rng) for i in range(n)]}, separators=(",", ":")
+    ).encode()
 
 
 def record_json_bytes() -> int:
@@ -66,8 +71,10 @@ def record_json_bytes() -> int:
 
 def log_paths(n: int, tenant: str, salt: int = 0) -> list[str]:
     """``n`` distinct record paths of ``tenant``."""
-    return [f"/v1/tenants/{tenant}/logs/00000000-0000-4000-{salt:04x}-{k:012x}/records"
-            for k in range(1, n + 1)]
+    return [
+        f"/v1/tenants/{tenant}/logs/00000000-0000-4000-{salt:04x}-{k:012x}/records"
+        for k in range(1, n + 1)
+    ]
 
 
 # ------------------------------------------------------------------------------- processes
@@ -92,8 +99,10 @@ def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[Any] | None = 
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before listening")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port),
-                                                                    timeout=0.5):
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", port), timeout=0.5),
+        ):
             return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
@@ -102,8 +111,15 @@ def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[Any] | None = 
 class ServerProcess:
     """``loghost serve`` (kind="host") or the ceiling app (kind="ceiling") in a child process."""
 
-    def __init__(self, kind: str, workdir: Path, *, env: dict[str, str] | None = None,
-                 profile_to: Path | None = None, python: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        workdir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        profile_to: Path | None = None,
+        python: str | None = None,
+    ) -> None:
         self.kind = kind
         self.port = common.free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -117,24 +133,53 @@ class ServerProcess:
 
     def argv(self) -> list[str]:
         if self.kind == "host":
-            target = ["-m", "host.cli", "serve", "--store", str(self.store_dir), "--listen",
-                      f"127.0.0.1:{self.port}", "--server-id", "bench"]
+            target = [
+                "-m",
+                "host.cli",
+                "serve",
+                "--store",
+                str(self.store_dir),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--server-id",
+                "bench",
+            ]
         else:
             target = ["-m", "bench.http_ceiling", "--listen", f"127.0.0.1:{self.port}"]
         if self.profile_to is not None:
-            return [self.python, "-m", "pyinstrument", "-r", "pyisession", "-o",
-                    str(self.profile_to), *target]
+            return [
+                self.python,
+                "-m",
+                "pyinstrument",
+                "-r",
+                "pyisession",
+                "-o",
+                str(self.profile_to),
+                *target,
+            ]
         return [self.python, *target]
 
     def __enter__(self) -> ServerProcess:
         env = dict(os.environ)
-        env.update({"LOGHOST_API_KEYS": f"{API_KEY}=*", "LOGHOST_MAX_OPEN_LOGS": "20000",
-                    "LOGHOST_IDLE_CLOSE_S": "86400", "PYTHONUNBUFFERED": "1"})
+        env.update(
+            {
+                "LOGHOST_API_KEYS": f"{API_KEY}=*",
+                "LOGHOST_MAX_OPEN_LOGS": "20000",
+                "LOGHOST_IDLE_CLOSE_S": "86400",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(self.env)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=common.ROOT)
+        self.proc = subprocess.Popen(
+            self.argv(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=common.ROOT,
+        )
         try:
             wait_port(self.port, 60, self.proc)
         except BaseException:
@@ -230,14 +275,23 @@ def client_name() -> str:
     w = wrk_path()
     if w is None:
         return "python asyncio raw HTTP/1.1 client (bench.loadgen; wrk not installed)"
-    ver = subprocess.run([w, "--version"], capture_output=True, text=True,
-                         check=False).stdout.split("\n")[0]
+    ver = subprocess.run(
+        [w, "--version"], capture_output=True, text=True, check=False
+    ).stdout.split("\n")[0]
     return f"wrk -t1 ({ver.split(' Copyright')[0].strip()})"
 
 
-def run_load(base: str, paths: Sequence[str], body: bytes, *, connections: int,
-             duration_s: float, workdir: Path, method: str = "POST",
-             timeout_s: float = 30.0) -> dict[str, Any]:
+def run_load(
+    base: str,
+    paths: Sequence[str],
+    body: bytes,
+    *,
+    connections: int,
+    duration_s: float,
+    workdir: Path,
+    method: str = "POST",
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
     """Closed-loop load for ``duration_s``: requests/s, latency percentiles, errors."""
     workdir.mkdir(parents=True, exist_ok=True)
     body_file = workdir / f"body-{len(body)}.bin"
@@ -245,32 +299,55 @@ def run_load(base: str, paths: Sequence[str], body: bytes, *, connections: int,
     env = dict(os.environ)
     paths_file = workdir / "paths.txt"
     paths_file.write_text("\n".join(paths) + "\n")
-    env.update({"BENCH_PATHS_FILE": str(paths_file), "BENCH_BODY_FILE": str(body_file),
-                "BENCH_METHOD": method, "BENCH_KEY": API_KEY})
+    env.update(
+        {
+            "BENCH_PATHS_FILE": str(paths_file),
+            "BENCH_BODY_FILE": str(body_file),
+            "BENCH_METHOD": method,
+            "BENCH_KEY": API_KEY,
+        }
+    )
     w = wrk_path()
     if w is not None:
         lua = workdir / "bench.lua"
         lua.write_text(_WRK_LUA.replace("%PCTS%", ",".join(str(p) for p in PCTS)))
         dur = max(1, round(duration_s))
-        cmd = [w, "-t1", f"-c{connections}", f"-d{dur}s", f"--timeout={int(timeout_s)}s",
-               "-s", str(lua), base]
+        cmd = [
+            w,
+            "-t1",
+            f"-c{connections}",
+            f"-d{dur}s",
+            f"--timeout={int(timeout_s)}s",
+            "-s",
+            str(lua),
+            base,
+        ]
     else:
         dur = duration_s
         cmd = [sys.executable, "-m", "bench.loadgen", base, str(connections), str(dur)]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=common.ROOT,
-                         timeout=dur + timeout_s + 30, check=False)
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=common.ROOT,
+        timeout=dur + timeout_s + 30,
+        check=False,
+    )
     wall = time.perf_counter() - t0
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     if line is None:
         raise RuntimeError(f"load generator failed: {out.stdout[-2000:]} {out.stderr[-2000:]}")
-    res = json.loads(line[len("BENCHJSON "):])
+    res = json.loads(line[len("BENCHJSON ") :])
     secs = res["duration_us"] / 1e6
     res["requests_per_s"] = res["requests"] / secs if secs else float("nan")
     res["p50_ms"] = res["pct_us"]["50"] / 1e3
     res["p99_ms"] = res["pct_us"]["99"] / 1e3
-    res["errors"] = sum(res[k] for k in ("status_errors", "connect_errors", "read_errors",
-                                         "write_errors", "timeouts"))
+    res["errors"] = sum(
+        res[k]
+        for k in ("status_errors", "connect_errors", "read_errors", "write_errors", "timeouts")
+    )
     res["client"] = "wrk" if w is not None else "python"
     res["client_wall_s"] = wall
     return res
@@ -279,8 +356,9 @@ def run_load(base: str, paths: Sequence[str], body: bytes, *, connections: int,
 # ------------------------------------------------------------------------------- python client
 
 
-async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                   head: bytes, body: bytes) -> int:
+async def _request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, body: bytes
+) -> int:
     writer.write(head + body)
     status_line = await reader.readline()
     if not status_line:
@@ -300,15 +378,19 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 def _head(method: str, path: str, port: int, body: bytes) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
-             f"Authorization: Bearer {API_KEY}"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        f"Authorization: Bearer {API_KEY}",
+    ]
     if method == "POST":
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def _client_main(base: str, connections: int, duration_s: float, paths: list[str],
-                       body: bytes, method: str) -> dict[str, Any]:
+async def _client_main(
+    base: str, connections: int, duration_s: float, paths: list[str], body: bytes, method: str
+) -> dict[str, Any]:
     port = int(base.rsplit(":", 1)[1])
     heads = [_head(method, p, port, body) for p in paths]
     payload = body if method == "POST" else b""
@@ -343,15 +425,23 @@ async def _client_main(base: str, connections: int, duration_s: float, paths: li
     await asyncio.gather(*(conn() for _ in range(connections)))
     el = time.perf_counter() - t0
     lat.sort()
-    return {"requests": len(lat), "duration_us": int(el * 1e6), "status_errors": errors["status"],
-            "connect_errors": errors["connect"], "read_errors": errors["read"], "write_errors": 0,
-            "timeouts": 0, "mean_us": (sum(lat) / len(lat) * 1e6) if lat else 0.0,
-            "max_us": int(lat[-1] * 1e6) if lat else 0,
-            "pct_us": {str(p): int(common.percentile(lat, p) * 1e6) for p in PCTS}}
+    return {
+        "requests": len(lat),
+        "duration_us": int(el * 1e6),
+        "status_errors": errors["status"],
+        "connect_errors": errors["connect"],
+        "read_errors": errors["read"],
+        "write_errors": 0,
+        "timeouts": 0,
+        "mean_us": (sum(lat) / len(lat) * 1e6) if lat else 0.0,
+        "max_us": int(lat[-1] * 1e6) if lat else 0,
+        "pct_us": {str(p): int(common.percentile(lat, p) * 1e6) for p in PCTS},
+    }
 
 
-def open_logs(base: str, paths: Sequence[str], body: bytes, concurrency: int = 32
-              ) -> dict[str, Any]:
+def open_logs(
+    base: str, paths: Sequence[str], body: bytes, concurrency: int = 32
+) -> dict[str, Any]:
     """POST once to every path (opening/creating each log), ``concurrency`` at a time; timed."""
 
     async def main() -> dict[str, Any]:
@@ -377,9 +467,14 @@ def open_logs(base: str, paths: Sequence[str], body: bytes, concurrency: int = 3
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(paths)))))
         el = time.perf_counter() - t0
         lat.sort()
-        return {"logs": len(paths), "seconds": el, "opens_per_s": len(paths) / el,
-                "p50_ms": common.percentile(lat, 50) * 1e3,
-                "p99_ms": common.percentile(lat, 99) * 1e3, "errors": bad}
+        return {
+            "logs": len(paths),
+            "seconds": el,
+            "opens_per_s": len(paths) / el,
+            "p50_ms": common.percentile(lat, 50) * 1e3,
+            "p99_ms": common.percentile(lat, 99) * 1e3,
+            "errors": bad,
+        }
 
     return asyncio.run(main())
 
@@ -389,8 +484,11 @@ def main(argv: list[str]) -> int:
     base, connections, duration = argv[0], int(argv[1]), float(argv[2])
     paths = [p for p in Path(os.environ["BENCH_PATHS_FILE"]).read_text().split("\n") if p]
     body = Path(os.environ["BENCH_BODY_FILE"]).read_bytes()
-    res = asyncio.run(_client_main(base, connections, duration, paths, body,
-                                   os.environ.get("BENCH_METHOD", "POST")))
+    res = asyncio.run(
+        _client_main(
+            base, connections, duration, paths, body, os.environ.get("BENCH_METHOD", "POST")
+        )
+    )
     print("BENCHJSON " + json.dumps(res), flush=True)
     return 0
 

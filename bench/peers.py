@@ -42,21 +42,44 @@ PEER_PACKAGES = ["slatedb", "chromadb", "redis"]
 FLUSH_MS = 2.0  # LogWriterOptions.batch_interval_s default, 2 ms
 HEADLINE_N = 64
 
-FULL = {"slatedb_local": [1, 16, 64, 256], "slatedb_s3": [1, 16, 64, 256],
-        "redis": [1, 16, 64], "chroma": [1, 100], "host_records": [1, 100],
-        "warmup_s": 0.5, "duration_s": 3.0, "strace": True, "headline_repeats": 2}
-QUICK = {"slatedb_local": [64], "slatedb_s3": [], "redis": [16], "chroma": [100],
-         "host_records": [100], "warmup_s": 0.2, "duration_s": 0.75, "strace": False}
+FULL = {
+    "slatedb_local": [1, 16, 64, 256],
+    "slatedb_s3": [1, 16, 64, 256],
+    "redis": [1, 16, 64],
+    "chroma": [1, 100],
+    "host_records": [1, 100],
+    "warmup_s": 0.5,
+    "duration_s": 3.0,
+    "strace": True,
+    "headline_repeats": 2,
+}
+QUICK = {
+    "slatedb_local": [64],
+    "slatedb_s3": [],
+    "redis": [16],
+    "chroma": [100],
+    "host_records": [100],
+    "warmup_s": 0.2,
+    "duration_s": 0.75,
+    "strace": False,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("peers")
-    g.add_argument("--peers", default=None,
-                   help="comma-separated subset of slatedb,chroma,redis (default: all)")
-    g.add_argument("--peers-duration", type=float, default=None,
-                   help="measured seconds per case (3; quick 1)")
-    g.add_argument("--peers-no-install", action="store_true",
-                   help="do not create bench/out/peers-venv; skip the peers it lacks")
+    g.add_argument(
+        "--peers",
+        default=None,
+        help="comma-separated subset of slatedb,chroma,redis (default: all)",
+    )
+    g.add_argument(
+        "--peers-duration", type=float, default=None, help="measured seconds per case (3; quick 1)"
+    )
+    g.add_argument(
+        "--peers-no-install",
+        action="store_true",
+        help="do not create bench/out/peers-venv; skip the peers it lacks",
+    )
 
 
 # ------------------------------------------------------------------------------- venv
@@ -67,39 +90,68 @@ def peers_python(install: bool) -> tuple[str | None, dict[str, str]]:
     py = PEERS_VENV / "bin" / "python"
     if not py.exists() and install:
         base = getattr(sys, "_base_executable", None) or sys.executable
-        print(f"  . creating {common.rel(PEERS_VENV)} and installing "
-              f"{' '.join(PEER_PACKAGES)} (once)", flush=True)
+        print(
+            f"  . creating {common.rel(PEERS_VENV)} and installing "
+            f"{' '.join(PEER_PACKAGES)} (once)",
+            flush=True,
+        )
         subprocess.run([base, "-m", "venv", str(PEERS_VENV)], check=False)
         subprocess.run([str(py), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=False)
     if not py.exists():
         return None, {}
-    out = subprocess.run([str(py), "-c", (
-        "import importlib.metadata as m, json\n"
-        "v = {}\n"
-        "for p in ['slatedb', 'chromadb', 'redis']:\n"
-        "    try: v[p] = m.version(p)\n"
-        "    except Exception: pass\n"
-        "print(json.dumps(v))")], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [
+            str(py),
+            "-c",
+            (
+                "import importlib.metadata as m, json\n"
+                "v = {}\n"
+                "for p in ['slatedb', 'chromadb', 'redis']:\n"
+                "    try: v[p] = m.version(p)\n"
+                "    except Exception: pass\n"
+                "print(json.dumps(v))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
         return str(py), json.loads(out.stdout)
     except ValueError:
         return str(py), {}
 
 
-def child(py: str, args: list[str], timeout_s: float = 300, strace_to: Path | None = None
-          ) -> dict[str, Any]:
+def child(
+    py: str, args: list[str], timeout_s: float = 300, strace_to: Path | None = None
+) -> dict[str, Any]:
     cmd = [py, "-m", "bench.peers_child", *args]
     if strace_to is not None:
-        cmd = ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync,sync_file_range,syncfs",
-               "-o", str(strace_to), *cmd]
+        cmd = [
+            "strace",
+            "-f",
+            "-c",
+            "-e",
+            "trace=fsync,fdatasync,sync_file_range,syncfs",
+            "-o",
+            str(strace_to),
+            *cmd,
+        ]
     env = dict(os.environ)
     env["ANONYMIZED_TELEMETRY"] = "False"
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=common.ROOT,
-                         env=env, check=False)
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=common.ROOT,
+        env=env,
+        check=False,
+    )
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     if line is None:
         raise RuntimeError(f"peer failed ({' '.join(args[:1])}): {out.stderr[-1500:]}")
-    return json.loads(line[len("BENCHJSON "):])
+    return json.loads(line[len("BENCHJSON ") :])
 
 
 def strace_counts(path: Path) -> dict[str, int]:
@@ -107,8 +159,7 @@ def strace_counts(path: Path) -> dict[str, int]:
     with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) >= 5 and parts[-1] in ("fsync", "fdatasync", "sync_file_range",
-                                                  "syncfs"):
+            if len(parts) >= 5 and parts[-1] in ("fsync", "fdatasync", "sync_file_range", "syncfs"):
                 counts[parts[-1]] = int(parts[3])
     return counts
 
@@ -124,9 +175,15 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         cfg["duration_s"] = args.peers_duration
     which = (getattr(args, "peers", None) or "slatedb,chroma,redis").split(",")
     py, versions = peers_python(not getattr(args, "peers_no_install", False))
-    data: dict[str, Any] = {"benchmark": NAME, "quick": quick, "command": common.command_line(),
-                            "machine": common.machine_info(), "config": cfg,
-                            "versions": versions, "skipped": {}}
+    data: dict[str, Any] = {
+        "benchmark": NAME,
+        "quick": quick,
+        "command": common.command_line(),
+        "machine": common.machine_info(),
+        "config": cfg,
+        "versions": versions,
+        "skipped": {},
+    }
     warm, dur = cfg["warmup_s"], cfg["duration_s"]
     sargs = ["--warmup", str(warm), "--duration", str(dur)]
 
@@ -153,46 +210,110 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                     tag = uuid.uuid4().hex[:8]
                     if store == "local":
                         sargs_store = ["--path", str(work / f"slatedb-{tag}")]
-                        make = (lambda t=tag: LocalStore(work / f"wal3-{t}"))
+                        make = lambda t=tag: LocalStore(work / f"wal3-{t}")
                     else:
                         assert moto is not None
-                        sargs_store = ["--endpoint", moto.endpoint, "--bucket", bucket,
-                                       "--path", f"slatedb-{tag}"]
-                        make = (lambda t=tag: S3Store(bucket=bucket, prefix=f"wal3-{t}",
-                                                      endpoint_url=moto.endpoint,
-                                                      region="us-east-1"))
-                    s = child(py, ["slatedb", "--writers", str(n), "--flush-ms", str(FLUSH_MS),
-                                   *sargs_store, *sargs])
+                        sargs_store = [
+                            "--endpoint",
+                            moto.endpoint,
+                            "--bucket",
+                            bucket,
+                            "--path",
+                            f"slatedb-{tag}",
+                        ]
+                        make = lambda t=tag: S3Store(
+                            bucket=bucket,
+                            prefix=f"wal3-{t}",
+                            endpoint_url=moto.endpoint,
+                            region="us-east-1",
+                        )
+                    s = child(
+                        py,
+                        [
+                            "slatedb",
+                            "--writers",
+                            str(n),
+                            "--flush-ms",
+                            str(FLUSH_MS),
+                            *sargs_store,
+                            *sargs,
+                        ],
+                    )
                     e = engine_case("local" if store == "local" else "s3", n, make)
-                    row = {"store": store, "writers": n, "slatedb": s,
-                           "engine": {k: e[k] for k in ("appends_per_s", "p50_ms", "p99_ms",
-                                                        "records_per_manifest_write",
-                                                        "cpu_s_per_append")},
-                           "ratio": e["appends_per_s"] / s["ops_per_s"]}
+                    row = {
+                        "store": store,
+                        "writers": n,
+                        "slatedb": s,
+                        "engine": {
+                            k: e[k]
+                            for k in (
+                                "appends_per_s",
+                                "p50_ms",
+                                "p99_ms",
+                                "records_per_manifest_write",
+                                "cpu_s_per_append",
+                            )
+                        },
+                        "ratio": e["appends_per_s"] / s["ops_per_s"],
+                    }
                     slate.append(row)
-                    print(f"  . {store:5} x{n:<3}: slatedb {s['ops_per_s']:7.0f} durable puts/s "
-                          f"(p50 {s['p50_ms']:.1f} ms) | wal3 {e['appends_per_s']:7.0f} "
-                          f"appends/s (p50 {e['p50_ms']:.1f} ms) -> {row['ratio']:.2f}",
-                          flush=True)
+                    print(
+                        f"  . {store:5} x{n:<3}: slatedb {s['ops_per_s']:7.0f} durable puts/s "
+                        f"(p50 {s['p50_ms']:.1f} ms) | wal3 {e['appends_per_s']:7.0f} "
+                        f"appends/s (p50 {e['p50_ms']:.1f} ms) -> {row['ratio']:.2f}",
+                        flush=True,
+                    )
             # The headline pair again, twice, alternating, so its spread within the run is known.
             if HEADLINE_N in cfg["slatedb_local"]:
-                reps = [r["ratio"] for r in slate
-                        if r["store"] == "local" and r["writers"] == HEADLINE_N]
+                reps = [
+                    r["ratio"]
+                    for r in slate
+                    if r["store"] == "local" and r["writers"] == HEADLINE_N
+                ]
                 for _ in range(cfg.get("headline_repeats", 0)):
                     tag = uuid.uuid4().hex[:8]
-                    s = child(py, ["slatedb", "--writers", str(HEADLINE_N), "--flush-ms",
-                                   str(FLUSH_MS), "--path", str(work / f"slatedb-{tag}"), *sargs])
-                    e = engine_case("local", HEADLINE_N,
-                                    lambda t=tag: LocalStore(work / f"wal3-{t}"))
+                    s = child(
+                        py,
+                        [
+                            "slatedb",
+                            "--writers",
+                            str(HEADLINE_N),
+                            "--flush-ms",
+                            str(FLUSH_MS),
+                            "--path",
+                            str(work / f"slatedb-{tag}"),
+                            *sargs,
+                        ],
+                    )
+                    e = engine_case(
+                        "local", HEADLINE_N, lambda t=tag: LocalStore(work / f"wal3-{t}")
+                    )
                     reps.append(e["appends_per_s"] / s["ops_per_s"])
-                    print(f"  . repeat local x{HEADLINE_N}: slatedb {s['ops_per_s']:.0f} | wal3 "
-                          f"{e['appends_per_s']:.0f} -> {reps[-1]:.2f}", flush=True)
+                    print(
+                        f"  . repeat local x{HEADLINE_N}: slatedb {s['ops_per_s']:.0f} | wal3 "
+                        f"{e['appends_per_s']:.0f} -> {reps[-1]:.2f}",
+                        flush=True,
+                    )
                 data["headline_repeats"] = reps
             if cfg["strace"] and shutil.which("strace"):
                 f = work / "slatedb.strace"
-                s = child(py, ["slatedb", "--writers", "64", "--flush-ms", str(FLUSH_MS),
-                               "--path", str(work / "slatedb-strace"), "--warmup", "0",
-                               "--duration", "1"], strace_to=f)
+                s = child(
+                    py,
+                    [
+                        "slatedb",
+                        "--writers",
+                        "64",
+                        "--flush-ms",
+                        str(FLUSH_MS),
+                        "--path",
+                        str(work / "slatedb-strace"),
+                        "--warmup",
+                        "0",
+                        "--duration",
+                        "1",
+                    ],
+                    strace_to=f,
+                )
                 data["slatedb_strace"] = {"puts": s["ops"], "syscalls": strace_counts(f)}
         data["slatedb"] = slate
 
@@ -205,27 +326,71 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             rec_file = work / "records.json"
             rec_file.write_text(json.dumps([loadgen.record(i) for i in range(200)]))
             for per in cfg["chroma"]:
-                c = child(py, ["chroma", "--path", str(work / f"chroma-{per}"), "--per-call",
-                               str(per), "--records-file", str(rec_file), *sargs])
+                c = child(
+                    py,
+                    [
+                        "chroma",
+                        "--path",
+                        str(work / f"chroma-{per}"),
+                        "--per-call",
+                        str(per),
+                        "--records-file",
+                        str(rec_file),
+                        *sargs,
+                    ],
+                )
                 chroma.append(c)
-                print(f"  . chroma add x{per}: {c['records_per_s']:.0f} records/s "
-                      f"(p50 {c['p50_ms']:.1f} ms per call)", flush=True)
+                print(
+                    f"  . chroma add x{per}: {c['records_per_s']:.0f} records/s "
+                    f"(p50 {c['p50_ms']:.1f} ms per call)",
+                    flush=True,
+                )
             if cfg["strace"] and shutil.which("strace"):
                 f = work / "chroma.strace"
-                c = child(py, ["chroma", "--path", str(work / "chroma-strace"), "--per-call",
-                               "100", "--records-file", str(rec_file), "--warmup", "0",
-                               "--duration", "1"], strace_to=f)
-                data["chroma_strace"] = {"calls": c["ops"], "records": c["ops"] * 100,
-                                         "syscalls": strace_counts(f)}
+                c = child(
+                    py,
+                    [
+                        "chroma",
+                        "--path",
+                        str(work / "chroma-strace"),
+                        "--per-call",
+                        "100",
+                        "--records-file",
+                        str(rec_file),
+                        "--warmup",
+                        "0",
+                        "--duration",
+                        "1",
+                    ],
+                    strace_to=f,
+                )
+                data["chroma_strace"] = {
+                    "calls": c["ops"],
+                    "records": c["ops"] * 100,
+                    "syscalls": strace_counts(f),
+                }
             from . import http as http_bench
 
             with loadgen.ServerProcess("host", work / "host") as host:
                 for i, per in enumerate(cfg["host_records"]):
-                    r = http_bench.measure_case(host, None, 1, per, 64, warm, dur,
-                                                f"peers{i}", work / "load", salt=0x100 + i)
+                    r = http_bench.measure_case(
+                        host,
+                        None,
+                        1,
+                        per,
+                        64,
+                        warm,
+                        dur,
+                        f"peers{i}",
+                        work / "load",
+                        salt=0x100 + i,
+                    )
                     host_rows.append(r)
-                    print(f"  . host over HTTP x{per}/request: {r['records_per_s']:.0f} "
-                          f"records/s (p50 {r['host']['p50_ms']:.1f} ms)", flush=True)
+                    print(
+                        f"  . host over HTTP x{per}/request: {r['records_per_s']:.0f} "
+                        f"records/s (p50 {r['host']['p50_ms']:.1f} ms)",
+                        flush=True,
+                    )
         data["chroma"] = chroma
         data["host"] = host_rows
 
@@ -233,7 +398,9 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         redis_rows: list[dict[str, Any]] = []
         server = shutil.which("redis-server")
         if "redis" in which and server is None:
-            data["skipped"]["redis"] = "redis-server is not installed (apt-get install redis-server)"
+            data["skipped"]["redis"] = (
+                "redis-server is not installed (apt-get install redis-server)"
+            )
         elif "redis" in which and (py is None or "redis" not in versions):
             data["skipped"]["redis"] = "redis-py is not installed in bench/out/peers-venv"
         elif "redis" in which:
@@ -241,28 +408,57 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             rdir = work / "redis"
             rdir.mkdir()
             proc = subprocess.Popen(
-                [server, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
-                 "--appendfsync", "always", "--save", "", "--dir", str(rdir),
-                 "--protected-mode", "yes"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=rdir)
+                [
+                    server,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    "--save",
+                    "",
+                    "--dir",
+                    str(rdir),
+                    "--protected-mode",
+                    "yes",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=rdir,
+            )
             try:
                 loadgen.wait_port(port, 15, proc)
-                ver = subprocess.run([server, "--version"], capture_output=True,
-                                     text=True, check=False).stdout.strip()
+                ver = subprocess.run(
+                    [server, "--version"], capture_output=True, text=True, check=False
+                ).stdout.strip()
                 data["versions"]["redis-server"] = ver.split(" sha=")[0]
                 for n in cfg["redis"]:
                     r = child(py, ["redis", "--port", str(port), "--writers", str(n), *sargs])
-                    e = next((x["engine"] for x in slate
-                              if x["store"] == "local" and x["writers"] == n), None)
+                    e = next(
+                        (x["engine"] for x in slate if x["store"] == "local" and x["writers"] == n),
+                        None,
+                    )
                     if e is None:
-                        ee = engine_case("local", n, lambda: LocalStore(
-                            work / f"wal3-r-{uuid.uuid4().hex[:8]}"))
+                        ee = engine_case(
+                            "local", n, lambda: LocalStore(work / f"wal3-r-{uuid.uuid4().hex[:8]}")
+                        )
                         e = {k: ee[k] for k in ("appends_per_s", "p50_ms", "p99_ms")}
-                    redis_rows.append({"clients": n, "redis": r, "engine": e,
-                                       "ratio": e["appends_per_s"] / r["ops_per_s"]})
-                    print(f"  . redis XADD x{n}: {r['ops_per_s']:.0f}/s (p50 "
-                          f"{r['p50_ms']:.2f} ms) | wal3 {e['appends_per_s']:.0f}/s",
-                          flush=True)
+                    redis_rows.append(
+                        {
+                            "clients": n,
+                            "redis": r,
+                            "engine": e,
+                            "ratio": e["appends_per_s"] / r["ops_per_s"],
+                        }
+                    )
+                    print(
+                        f"  . redis XADD x{n}: {r['ops_per_s']:.0f}/s (p50 "
+                        f"{r['p50_ms']:.2f} ms) | wal3 {e['appends_per_s']:.0f}/s",
+                        flush=True,
+                    )
             finally:
                 proc.terminate()  # our own child, by its handle
                 try:
@@ -283,92 +479,169 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
 def render(data: dict[str, Any]) -> str:
     out: list[str] = []
     v = data.get("versions", {})
-    out.append("Versions: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".  "
-               f"Disk floor (write 1 KiB + fsync loop, same directory): "
-               f"{data['fsync_floor']['writes_per_s']:,.0f} fsyncs/s "
-               f"(p50 {data['fsync_floor']['p50_ms']:.2f} ms).")
+    out.append(
+        "Versions: " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".  "
+        f"Disk floor (write 1 KiB + fsync loop, same directory): "
+        f"{data['fsync_floor']['writes_per_s']:,.0f} fsyncs/s "
+        f"(p50 {data['fsync_floor']['p50_ms']:.2f} ms)."
+    )
     for k, why in data.get("skipped", {}).items():
         out.append(f"\n**{k} skipped**: {why}.")
     out.append("")
     if data.get("slatedb"):
-        out.append(f"SlateDB `put` + `await_durable()` (flush_interval {FLUSH_MS:g} ms) vs "
-                   "wal3 `LogWriter.append` (batch_interval 2 ms), 1 KiB values, closed loop; "
-                   "local = a directory on the repository's disk (wal3: LocalStore with fsync), "
-                   "s3 = the same moto server over HTTP:")
+        out.append(
+            f"SlateDB `put` + `await_durable()` (flush_interval {FLUSH_MS:g} ms) vs "
+            "wal3 `LogWriter.append` (batch_interval 2 ms), 1 KiB values, closed loop; "
+            "local = a directory on the repository's disk (wal3: LocalStore with fsync), "
+            "s3 = the same moto server over HTTP:"
+        )
         out.append("")
-        out.append(common.md_table(
-            ["store", "writers", "SlateDB durable puts/s", "SlateDB p50 ms", "SlateDB p99 ms",
-             "wal3 durable appends/s", "wal3 p50 ms", "wal3 p99 ms", "wal3 / SlateDB"],
-            [[r["store"], r["writers"], r["slatedb"]["ops_per_s"], r["slatedb"]["p50_ms"],
-              r["slatedb"]["p99_ms"], r["engine"]["appends_per_s"], r["engine"]["p50_ms"],
-              r["engine"]["p99_ms"], r["ratio"]] for r in data["slatedb"]]))
+        out.append(
+            common.md_table(
+                [
+                    "store",
+                    "writers",
+                    "SlateDB durable puts/s",
+                    "SlateDB p50 ms",
+                    "SlateDB p99 ms",
+                    "wal3 durable appends/s",
+                    "wal3 p50 ms",
+                    "wal3 p99 ms",
+                    "wal3 / SlateDB",
+                ],
+                [
+                    [
+                        r["store"],
+                        r["writers"],
+                        r["slatedb"]["ops_per_s"],
+                        r["slatedb"]["p50_ms"],
+                        r["slatedb"]["p99_ms"],
+                        r["engine"]["appends_per_s"],
+                        r["engine"]["p50_ms"],
+                        r["engine"]["p99_ms"],
+                        r["ratio"],
+                    ]
+                    for r in data["slatedb"]
+                ],
+            )
+        )
         out.append("")
         st = data.get("slatedb_strace")
         if st:
             n = sum(st["syscalls"].values())
-            out.append(f"strace of SlateDB on the local directory, 64 writers for 1 s: "
-                       f"{st['puts']:,} durable puts, {n} fsync-family calls "
-                       f"({st['syscalls'] or 'none'}).  wal3's LocalStore fsyncs the file and "
-                       f"its directory on every put (two puts per durable append batch).")
+            out.append(
+                f"strace of SlateDB on the local directory, 64 writers for 1 s: "
+                f"{st['puts']:,} durable puts, {n} fsync-family calls "
+                f"({st['syscalls'] or 'none'}).  wal3's LocalStore fsyncs the file and "
+                f"its directory on every put (two puts per durable append batch)."
+            )
             out.append("")
         for r in data["slatedb"]:
             if r["store"] == "local" and r["writers"] == HEADLINE_N:
                 reps = sorted(data.get("headline_repeats") or [r["ratio"]])
                 med = reps[len(reps) // 2]
                 verdict = "PASS" if med >= 1.0 else "MISS"
-                spread = (f" (median of {len(reps)} alternating pairs, range "
-                          f"{reps[0]:.2f}..{reps[-1]:.2f})" if len(reps) > 1 else "")
-                out.append(f"- target: with {HEADLINE_N} appenders of 1 KiB on the same local "
-                           f"directory, wal3 durable appends/s >= SlateDB-py durable puts/s: "
-                           f"**{med:.2f}x**{spread}; the matrix row: "
-                           f"{r['engine']['appends_per_s']:,.0f} vs "
-                           f"{r['slatedb']['ops_per_s']:,.0f} -> {verdict}.  Not like for like "
-                           f"in SlateDB's favour: its local store does not fsync.")
+                spread = (
+                    f" (median of {len(reps)} alternating pairs, range "
+                    f"{reps[0]:.2f}..{reps[-1]:.2f})"
+                    if len(reps) > 1
+                    else ""
+                )
+                out.append(
+                    f"- target: with {HEADLINE_N} appenders of 1 KiB on the same local "
+                    f"directory, wal3 durable appends/s >= SlateDB-py durable puts/s: "
+                    f"**{med:.2f}x**{spread}; the matrix row: "
+                    f"{r['engine']['appends_per_s']:,.0f} vs "
+                    f"{r['slatedb']['ops_per_s']:,.0f} -> {verdict}.  Not like for like "
+                    f"in SlateDB's favour: its local store does not fsync."
+                )
         out.append("")
     if data.get("chroma"):
-        out.append("Chroma `collection.add` (PersistentClient, one caller, embeddings given) vs "
-                   "`loghost serve` over HTTP (64 connections, one log, LocalStore with fsync), "
-                   "same record shape:")
+        out.append(
+            "Chroma `collection.add` (PersistentClient, one caller, embeddings given) vs "
+            "`loghost serve` over HTTP (64 connections, one log, LocalStore with fsync), "
+            "same record shape:"
+        )
         out.append("")
         rows = []
         for c in data["chroma"]:
-            rows.append([f"Chroma add, {c['per_call']} per call", c["records_per_s"],
-                         c["ops_per_s"], c["p50_ms"], c["p99_ms"]])
+            rows.append(
+                [
+                    f"Chroma add, {c['per_call']} per call",
+                    c["records_per_s"],
+                    c["ops_per_s"],
+                    c["p50_ms"],
+                    c["p99_ms"],
+                ]
+            )
         for h in data.get("host", []):
-            rows.append([f"loghost HTTP, {h['records_per_request']} per request",
-                         h["records_per_s"], h["host"]["requests_per_s"], h["host"]["p50_ms"],
-                         h["host"]["p99_ms"]])
-        out.append(common.md_table(["system", "records/s", "calls/s", "p50 ms per call",
-                                    "p99 ms per call"], rows))
+            rows.append(
+                [
+                    f"loghost HTTP, {h['records_per_request']} per request",
+                    h["records_per_s"],
+                    h["host"]["requests_per_s"],
+                    h["host"]["p50_ms"],
+                    h["host"]["p99_ms"],
+                ]
+            )
+        out.append(
+            common.md_table(
+                ["system", "records/s", "calls/s", "p50 ms per call", "p99 ms per call"], rows
+            )
+        )
         out.append("")
         st = data.get("chroma_strace")
         if st:
             n = sum(st["syscalls"].values())
-            out.append(f"strace of Chroma, 100 records per call for 1 s: {st['calls']} calls, "
-                       f"{n} fsync-family calls ({st['syscalls'] or 'none'}).")
+            out.append(
+                f"strace of Chroma, 100 records per call for 1 s: {st['calls']} calls, "
+                f"{n} fsync-family calls ({st['syscalls'] or 'none'})."
+            )
             out.append("")
         c100 = next((c for c in data["chroma"] if c["per_call"] == 100), None)
         h100 = next((h for h in data.get("host", []) if h["records_per_request"] == 100), None)
         if c100 and h100:
             ratio = h100["records_per_s"] / c100["records_per_s"]
-            out.append(f"- target: the host over HTTP with 100 records per request beats "
-                       f"Chroma's add of 100 records per call: **{ratio:.2f}x** "
-                       f"({h100['records_per_s']:,.0f} vs {c100['records_per_s']:,.0f} "
-                       f"records/s) -> {'PASS' if ratio > 1 else 'MISS'}.  Not like for like: "
-                       f"Chroma is called by one thread in-process and also indexes "
-                       f"(SQLite + its HNSW/metadata segments); the host is called by 64 HTTP "
-                       f"connections and only logs.")
+            out.append(
+                f"- target: the host over HTTP with 100 records per request beats "
+                f"Chroma's add of 100 records per call: **{ratio:.2f}x** "
+                f"({h100['records_per_s']:,.0f} vs {c100['records_per_s']:,.0f} "
+                f"records/s) -> {'PASS' if ratio > 1 else 'MISS'}.  Not like for like: "
+                f"Chroma is called by one thread in-process and also indexes "
+                f"(SQLite + its HNSW/metadata segments); the host is called by 64 HTTP "
+                f"connections and only logs."
+            )
         out.append("")
     if data.get("redis"):
-        out.append("Redis `XADD` of 1 KiB (`appendonly yes`, `appendfsync always`; redis-py "
-                   "asyncio clients sharing a pool) vs wal3 on LocalStore at the same "
-                   "concurrency (from the SlateDB rows):")
+        out.append(
+            "Redis `XADD` of 1 KiB (`appendonly yes`, `appendfsync always`; redis-py "
+            "asyncio clients sharing a pool) vs wal3 on LocalStore at the same "
+            "concurrency (from the SlateDB rows):"
+        )
         out.append("")
-        out.append(common.md_table(
-            ["clients", "Redis XADD/s", "Redis p50 ms", "Redis p99 ms", "wal3 appends/s",
-             "wal3 / Redis"],
-            [[r["clients"], r["redis"]["ops_per_s"], r["redis"]["p50_ms"], r["redis"]["p99_ms"],
-              r["engine"]["appends_per_s"], r["ratio"]] for r in data["redis"]]))
+        out.append(
+            common.md_table(
+                [
+                    "clients",
+                    "Redis XADD/s",
+                    "Redis p50 ms",
+                    "Redis p99 ms",
+                    "wal3 appends/s",
+                    "wal3 / Redis",
+                ],
+                [
+                    [
+                        r["clients"],
+                        r["redis"]["ops_per_s"],
+                        r["redis"]["p50_ms"],
+                        r["redis"]["p99_ms"],
+                        r["engine"]["appends_per_s"],
+                        r["ratio"],
+                    ]
+                    for r in data["redis"]
+                ],
+            )
+        )
     return "\n".join(out)
 
 
@@ -385,16 +658,36 @@ def plot(data: dict[str, Any], path: Any) -> Any:
         if not rs:
             continue
         xs = [r["writers"] for r in rs]
-        ax.plot(xs, [r["engine"]["appends_per_s"] for r in rs], "o-", color=color,
-                label=f"wal3 ({'LocalStore, fsync' if store == 'local' else 'moto S3'})")
-        ax.plot(xs, [r["slatedb"]["ops_per_s"] for r in rs], "s--", color=color,
-                label=f"SlateDB ({'local dir, no fsync' if store == 'local' else 'moto S3'})")
+        ax.plot(
+            xs,
+            [r["engine"]["appends_per_s"] for r in rs],
+            "o-",
+            color=color,
+            label=f"wal3 ({'LocalStore, fsync' if store == 'local' else 'moto S3'})",
+        )
+        ax.plot(
+            xs,
+            [r["slatedb"]["ops_per_s"] for r in rs],
+            "s--",
+            color=color,
+            label=f"SlateDB ({'local dir, no fsync' if store == 'local' else 'moto S3'})",
+        )
     rr = data.get("redis", [])
     if rr:
-        ax.plot([r["clients"] for r in rr], [r["redis"]["ops_per_s"] for r in rr], "^-",
-                color="tab:red", label="Redis XADD (appendfsync always)")
-    ax.axhline(data["fsync_floor"]["writes_per_s"], color="gray", ls="-.", lw=1,
-               label="write+fsync loop (1 writer)")
+        ax.plot(
+            [r["clients"] for r in rr],
+            [r["redis"]["ops_per_s"] for r in rr],
+            "^-",
+            color="tab:red",
+            label="Redis XADD (appendfsync always)",
+        )
+    ax.axhline(
+        data["fsync_floor"]["writes_per_s"],
+        color="gray",
+        ls="-.",
+        lw=1,
+        label="write+fsync loop (1 writer)",
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("concurrent writers")
@@ -420,8 +713,11 @@ def plot(data: dict[str, Any], path: Any) -> Any:
         ax.set_ylabel("records/s")
         ax.set_title("Chroma add vs loghost over HTTP (same records)")
         ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle(f"peers on the same machine ({data['machine']['nproc']} cores, "
-                 f"{data['machine']['date_utc']})", fontsize=10)
+    fig.suptitle(
+        f"peers on the same machine ({data['machine']['nproc']} cores, "
+        f"{data['machine']['date_utc']})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -27,13 +27,17 @@ def _pct(sorted_values: list[float], q: float) -> float:
 
 def _summary(lat: list[float], window: float, per_op: int = 1) -> dict[str, Any]:
     lat.sort()
-    return {"ops": len(lat), "window_s": window, "ops_per_s": len(lat) / window,
-            "records_per_s": len(lat) * per_op / window,
-            "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3}
+    return {
+        "ops": len(lat),
+        "window_s": window,
+        "ops_per_s": len(lat) / window,
+        "records_per_s": len(lat) * per_op / window,
+        "p50_ms": _pct(lat, 50) * 1e3,
+        "p99_ms": _pct(lat, 99) * 1e3,
+    }
 
 
-async def _closed_loop(op: Any, writers: int, warmup_s: float, duration_s: float
-                       ) -> dict[str, Any]:
+async def _closed_loop(op: Any, writers: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
     """``writers`` tasks calling ``await op(i, k)`` in a closed loop; measure one window."""
     lat: list[float] = []
     t_open = time.perf_counter()
@@ -73,9 +77,13 @@ async def slatedb(args: argparse.Namespace) -> dict[str, Any]:
     settings.set("flush_interval", json.dumps(f"{args.flush_ms:g}ms"))
     if args.endpoint:
         b = ObjectStoreBuilder.from_url(f"s3://{args.bucket}")
-        for k, v in {"endpoint": args.endpoint, "allow_http": "true",
-                     "access_key_id": "testing", "secret_access_key": "testing",
-                     "region": "us-east-1"}.items():
+        for k, v in {
+            "endpoint": args.endpoint,
+            "allow_http": "true",
+            "access_key_id": "testing",
+            "secret_access_key": "testing",
+            "region": "us-east-1",
+        }.items():
             b.with_config(k, v)
         store = b.build()
         path = args.path
@@ -107,8 +115,9 @@ def chroma(args: argparse.Namespace) -> dict[str, Any]:
     import chromadb
     from chromadb.config import Settings
 
-    client = chromadb.PersistentClient(path=args.path,
-                                       settings=Settings(anonymized_telemetry=False))
+    client = chromadb.PersistentClient(
+        path=args.path, settings=Settings(anonymized_telemetry=False)
+    )
     col = client.get_or_create_collection("bench", embedding_function=None)
     with open(args.records_file) as f:
         recs = json.load(f)  # [{id, document, embedding, metadata}]
@@ -123,9 +132,12 @@ def chroma(args: argparse.Namespace) -> dict[str, Any]:
         batch = [recs[(n + j) % len(recs)] for j in range(per)]
         ids = [f"{r['id']}-{n + j}" for j, r in enumerate(batch)]
         t0 = time.perf_counter()
-        col.add(ids=ids, documents=[r["document"] for r in batch],
-                embeddings=[r["embedding"] for r in batch],
-                metadatas=[r["metadata"] for r in batch])
+        col.add(
+            ids=ids,
+            documents=[r["document"] for r in batch],
+            embeddings=[r["embedding"] for r in batch],
+            metadatas=[r["metadata"] for r in batch],
+        )
         t1 = time.perf_counter()
         n += per
         if t1 >= w0:
@@ -145,8 +157,7 @@ def chroma(args: argparse.Namespace) -> dict[str, Any]:
 async def redis_xadd(args: argparse.Namespace) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
-    r = aioredis.Redis(host="127.0.0.1", port=args.port,
-                       max_connections=max(1, args.writers))
+    r = aioredis.Redis(host="127.0.0.1", port=args.port, max_connections=max(1, args.writers))
     value = os.urandom(args.size)
 
     async def op(i: int, k: int) -> None:

@@ -58,8 +58,12 @@ KEYS = [
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("profile")
-    g.add_argument("--profile-seconds", type=float, default=None,
-                   help="profiled seconds per store (default 4, quick 1)")
+    g.add_argument(
+        "--profile-seconds",
+        type=float,
+        default=None,
+        help="profiled seconds per store (default 4, quick 1)",
+    )
 
 
 # ----------------------------------------------------------------------------- 1. pyinstrument
@@ -158,8 +162,9 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
         async def head(self, key: str) -> Any:
             return await inner.head(key)
 
-        async def put(self, key: str, data: bytes, *, if_none_match: Any = None,
-                      if_match: str | None = None) -> str:
+        async def put(
+            self, key: str, data: bytes, *, if_none_match: Any = None, if_match: str | None = None
+        ) -> str:
             t0 = time.perf_counter()
             etag = await inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
             t1 = time.perf_counter()
@@ -173,8 +178,7 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
         async def delete(self, key: str) -> None:
             await inner.delete(key)
 
-        async def list(self, prefix: str, *, start_after: str | None = None
-                       ) -> AsyncIterator[Any]:
+        async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[Any]:
             async for m in inner.list(prefix, start_after=start_after):
                 yield m
 
@@ -187,20 +191,30 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
     return Timing()
 
 
-async def timeline(seconds: float, options: dict[str, Any] | None = None,
-                   inner_fsync: bool | None = True, think_s: float = 0.0, size: int = 1024
-                   ) -> dict[str, Any]:
+async def timeline(
+    seconds: float,
+    options: dict[str, Any] | None = None,
+    inner_fsync: bool | None = True,
+    think_s: float = 0.0,
+    size: int = 1024,
+) -> dict[str, Any]:
     """``inner_fsync=None`` puts the bench-only MemoryStore under the fault injector."""
     """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle."""
     from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
 
     log: list[tuple[str, str, float, float, Any]] = []
     with common.scratch_dir("timeline") as d:
-        inner = _timing_store(common.memory_store() if inner_fsync is None
-                              else LocalStore(d, fsync=inner_fsync), log, "inner")
+        inner = _timing_store(
+            common.memory_store() if inner_fsync is None else LocalStore(d, fsync=inner_fsync),
+            log,
+            "inner",
+        )
         store = _timing_store(FaultyStore(inner, seed=0, latency_s=LATENCY_S), log, "outer")
-        w = await LogWriter.open(store, f"tl-{uuid.uuid4().hex[:6]}",
-                                 LogWriterOptions(writer_name="bench", **(options or {})))
+        w = await LogWriter.open(
+            store,
+            f"tl-{uuid.uuid4().hex[:6]}",
+            LogWriterOptions(writer_name="bench", **(options or {})),
+        )
         warm = 0.5
         t_begin = time.perf_counter()
         res = await drive(w, size, 256, warm, seconds, think_s)
@@ -221,12 +235,18 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
         samples.sort()
         idle_put = samples[len(samples) // 2] if inner_fsync is not None else 0.0
     lo, hi = t_begin + warm, t_begin + warm + res["window_s"]
-    outer_m = [(t0, t1, data) for tag, kind, t0, t1, data in log
-               if tag == "outer" and kind == "manifest"]
+    outer_m = [
+        (t0, t1, data) for tag, kind, t0, t1, data in log if tag == "outer" and kind == "manifest"
+    ]
     inner_m = [t1 - t0 for tag, kind, t0, t1, _ in log if tag == "inner" and kind == "manifest"]
-    frag_ready = {seq: t1 for tag, kind, t0, t1, seq in log if tag == "outer" and kind == "fragment"}
-    frag_puts = [t1 - t0 for tag, kind, t0, t1, _ in log
-                 if tag == "outer" and kind == "fragment" and lo <= t0 and t1 <= hi]
+    frag_ready = {
+        seq: t1 for tag, kind, t0, t1, seq in log if tag == "outer" and kind == "fragment"
+    }
+    frag_puts = [
+        t1 - t0
+        for tag, kind, t0, t1, _ in log
+        if tag == "outer" and kind == "fragment" and lo <= t0 and t1 <= hi
+    ]
     # Last fragment each manifest links (parsed after the run, off the hot path).
     last_seq = []
     for _, _, data in outer_m:
@@ -241,12 +261,20 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
         gap = max(0.0, s1 - e0)
         nxt = frag_ready.get(last_seq[k - 1] + 1)
         wait = min(gap, max(0.0, nxt - e0)) if nxt is not None else 0.0
-        cycles.append({"put_s": e1 - s1, "gap_s": gap, "wait_upload_s": wait,
-                       "loop_work_s": gap - wait,
-                       "linked": max(0, last_seq[k] - last_seq[k - 1])})
+        cycles.append(
+            {
+                "put_s": e1 - s1,
+                "gap_s": gap,
+                "wait_upload_s": wait,
+                "loop_work_s": gap - wait,
+                "linked": max(0, last_seq[k] - last_seq[k - 1]),
+            }
+        )
     n = len(cycles) or 1
-    mean = {k: sum(c[k] for c in cycles) / n for k in ("put_s", "gap_s", "wait_upload_s",
-                                                          "loop_work_s", "linked")}
+    mean = {
+        k: sum(c[k] for c in cycles) / n
+        for k in ("put_s", "gap_s", "wait_upload_s", "loop_work_s", "linked")
+    }
     inner_mean = sum(inner_m) / len(inner_m) if inner_m else 0.0
     cycle = mean["put_s"] + mean["gap_s"]
     return {
@@ -277,9 +305,9 @@ async def timeline(seconds: float, options: dict[str, Any] | None = None,
 
 def _synthetic_manifest(root_frags: int, snaps_per_depth: list[int]) -> tuple[Any, list[Any]]:
     """A manifest shaped like the writer's: snapshot pointers (deepest first), then fragments."""
+    from wal3.fragment import fragment_path
     from wal3.manifest import FragmentPointer, Manifest, SnapshotPointer, snapshot_path
     from wal3.setsum import Setsum
-    from wal3.fragment import fragment_path
 
     rng = os.urandom
     off, seq = 1, 1
@@ -288,8 +316,9 @@ def _synthetic_manifest(root_frags: int, snaps_per_depth: list[int]) -> tuple[An
         for _ in range(snaps_per_depth[depth - 1]):
             s = Setsum.of(rng(16))
             span = 100 * 20 ** (depth - 1)
-            snaps.append(SnapshotPointer(s, snapshot_path(s), depth, off, off + span * 10,
-                                         span * 1700))
+            snaps.append(
+                SnapshotPointer(s, snapshot_path(s), depth, off, off + span * 10, span * 1700)
+            )
             off += span * 10
             seq += span
     frags = []
@@ -298,14 +327,14 @@ def _synthetic_manifest(root_frags: int, snaps_per_depth: list[int]) -> tuple[An
         total = total + s.setsum
     for _ in range(root_frags + 1):
         s = Setsum.of(rng(16))
-        frags.append(FragmentPointer(fragment_path(seq), seq, off, off + 10, 11_000, s,
-                                     rng(16).hex()))
+        frags.append(
+            FragmentPointer(fragment_path(seq), seq, off, off + 10, 11_000, s, rng(16).hex())
+        )
         off += 10
         seq += 1
     for f in frags[:-1]:
         total = total + f.setsum
-    m = Manifest(setsum=total, writer="bench", snapshots=tuple(snaps),
-                 fragments=tuple(frags[:-1]))
+    m = Manifest(setsum=total, writer="bench", snapshots=tuple(snaps), fragments=tuple(frags[:-1]))
     m.check()
     return m, frags[-1:]
 
@@ -326,8 +355,12 @@ class FastCodec:
         return b
 
     def to_bytes(self, m: Any) -> bytes:
-        head = {"setsum": m.setsum.hexdigest(), "collected": m.collected.hexdigest(),
-                "acc_bytes": m.acc_bytes, "writer": m.writer}
+        head = {
+            "setsum": m.setsum.hexdigest(),
+            "collected": m.collected.hexdigest(),
+            "acc_bytes": m.acc_bytes,
+            "writer": m.writer,
+        }
         tail: dict[str, Any] = {}
         if m.initial_offset is not None:
             tail["initial_offset"] = {"offset": m.initial_offset}
@@ -374,9 +407,11 @@ def _median_us(fns: dict[str, Any], min_time_s: float, blocks: int = 7) -> dict[
 def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
     from wal3.manifest import _check_run
 
-    shapes = [("mean root at 10^3 frags", 50, [10]),
-              ("mean root at 10^5 frags", 50, [10, 10, 2]),
-              ("largest root at 10^5 frags", 100, [19, 19, 2])]
+    shapes = [
+        ("mean root at 10^3 frags", 50, [10]),
+        ("mean root at 10^5 frags", 50, [10, 10, 2]),
+        ("largest root at 10^5 frags", 100, [19, 19, 2]),
+    ]
     out = []
     for label, nf, snaps in shapes:
         base, nxt = _synthetic_manifest(nf, snaps)
@@ -396,11 +431,19 @@ def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
             return codec.to_bytes(m)
 
         assert default() == fast(), "prototype must produce identical bytes"
-        res = {"shape": label, "root_fragments": nf + 1, "root_snapshots": sum(snaps),
-               "manifest_bytes": len(default())}
+        res = {
+            "shape": label,
+            "root_fragments": nf + 1,
+            "root_snapshots": sum(snaps),
+            "manifest_bytes": len(default()),
+        }
         m = base.with_fragments(nxt, "bench")
-        fns = {"default_us": default, "prototype_us": fast, "check_us": m.check,
-               "to_bytes_us": m.to_bytes}
+        fns = {
+            "default_us": default,
+            "prototype_us": fast,
+            "check_us": m.check,
+            "to_bytes_us": m.to_bytes,
+        }
         res.update(_median_us(fns, min_time_s))
         res["speedup"] = res["default_us"] / res["prototype_us"]
         out.append(res)
@@ -454,8 +497,12 @@ async def ack_path(n: int = 128, rounds: int = 300) -> dict[str, float]:
         plain.append(await one(False))
     shield.sort()
     plain.sort()
-    return {"appenders": n, "shield_us": shield[1], "plain_us": plain[1],
-            "ratio": shield[1] / plain[1]}
+    return {
+        "appenders": n,
+        "shield_us": shield[1],
+        "plain_us": plain[1],
+        "ratio": shield[1] / plain[1],
+    }
 
 
 # ----------------------------------------------------------------------------- driver
@@ -494,8 +541,10 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         profiles = []
         for kind, n in (("local", 1), ("local", 256), ("faulty", 256)):
             p = await profile_store(kind, seconds, n)
-            print(f"  . profiled {kind}: {p['appends_per_s']:.0f} appends/s -> {p['html']}",
-                  flush=True)
+            print(
+                f"  . profiled {kind}: {p['appends_per_s']:.0f} appends/s -> {p['html']}",
+                flush=True,
+            )
             profiles.append(p)
         runs: dict[str, list[dict[str, Any]]] = {}
         chosen = VARIANTS[:1] if quick else VARIANTS
@@ -503,24 +552,37 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             for label, opts, fsync, think, size in chosen:
                 t = await timeline(seconds * (1 if quick else 0.75), opts, fsync, think, size)
                 t["label"] = label
-                print(f"  . timeline #{rep + 1} {label}: ratio {t['io_ratio']:.2f}, cycle "
-                      f"{t['mean_cycle_ms']:.1f} ms", flush=True)
+                print(
+                    f"  . timeline #{rep + 1} {label}: ratio {t['io_ratio']:.2f}, cycle "
+                    f"{t['mean_cycle_ms']:.1f} ms",
+                    flush=True,
+                )
                 runs.setdefault(label, []).append(t)
         ack = await ack_path()
-        return {"profiles": profiles, "timelines": [_merge(v) for v in runs.values()],
-                "ack_path": ack}
+        return {
+            "profiles": profiles,
+            "timelines": [_merge(v) for v in runs.values()],
+            "ack_path": ack,
+        }
 
     data = asyncio.run(go())
     data["manifest_cpu"] = manifest_cpu(0.3 if quick else 1.5)
-    data.update(benchmark=NAME, quick=quick, command=common.command_line(),
-                machine=common.machine_info(), config={"seconds": seconds, "appenders": 256,
-                                                       "record_bytes": 1024})
+    data.update(
+        benchmark=NAME,
+        quick=quick,
+        command=common.command_line(),
+        machine=common.machine_info(),
+        config={"seconds": seconds, "appenders": 256, "record_bytes": 1024},
+    )
     return data
 
 
 def render(data: dict[str, Any]) -> str:
-    out = ["pyinstrument, event-loop thread, 256 appenders x 1 KiB (cumulative seconds under each "
-           "function; % of the profiled wall time):", ""]
+    out = [
+        "pyinstrument, event-loop thread, 256 appenders x 1 KiB (cumulative seconds under each "
+        "function; % of the profiled wall time):",
+        "",
+    ]
     profs = data["profiles"]
     rows = []
     for label, _ in KEYS:
@@ -534,57 +596,139 @@ def render(data: dict[str, Any]) -> str:
         headers += [f"{p['store']} s", f"{p['store']} %"]
     out.append(common.md_table(headers, rows))
     out.append("")
-    out.append(common.md_table(
-        ["store", "appends/s (profiled)", "rec/fragment", "rec/manifest write",
-         "process CPU / wall", "profile"],
-        [[p["store"], p["appends_per_s"], p["records_per_fragment"],
-          p["records_per_manifest_write"], p["process_cpu_s"] / p["wall_s"],
-          f"{p['html']}, {p['txt']}"] for p in profs]))
+    out.append(
+        common.md_table(
+            [
+                "store",
+                "appends/s (profiled)",
+                "rec/fragment",
+                "rec/manifest write",
+                "process CPU / wall",
+                "profile",
+            ],
+            [
+                [
+                    p["store"],
+                    p["appends_per_s"],
+                    p["records_per_fragment"],
+                    p["records_per_manifest_write"],
+                    p["process_cpu_s"] / p["wall_s"],
+                    f"{p['html']}, {p['txt']}",
+                ]
+                for p in profs
+            ],
+        )
+    )
     out.append("")
     reps = data["timelines"][0].get("repeats", 1)
-    out.append("Committer timeline on FaultyStore(20 ms), 256 appenders x 1 KiB unless said: one "
-               "manifest-write "
-               "cycle = put (injected 20 ms + inner LocalStore put + other) + gap (waiting for the "
-               "next fragment's upload + event-loop work).  measured/bound = 20 ms / cycle.  "
-               f"Mean of {reps} interleaved run(s) per variant; '(idle ref)' is the same "
-               "LocalStore's manifest put timed alone right after the run:")
+    out.append(
+        "Committer timeline on FaultyStore(20 ms), 256 appenders x 1 KiB unless said: one "
+        "manifest-write "
+        "cycle = put (injected 20 ms + inner LocalStore put + other) + gap (waiting for the "
+        "next fragment's upload + event-loop work).  measured/bound = 20 ms / cycle.  "
+        f"Mean of {reps} interleaved run(s) per variant; '(idle ref)' is the same "
+        "LocalStore's manifest put timed alone right after the run:"
+    )
     out.append("")
-    out.append(common.md_table(
-        ["variant", "appends/s", "rec/manifest write", "measured/bound", "(min..max)",
-         "cycle ms", "inner put ms", "(idle ref)", "put other ms", "wait upload ms",
-         "loop work ms", "put busy", "fragment put ms", "frags/manifest write", "p50 ms",
-         "p99 ms"],
-        [[t["label"], t["appends_per_s"], t["records_per_manifest_write"], t["io_ratio"],
-          f"{t.get('io_ratio_min', t['io_ratio']):.2f}..{t.get('io_ratio_max', t['io_ratio']):.2f}",
-          t["mean_cycle_ms"], t["inner_put_ms"], t.get("inner_put_idle_ms"), t["put_other_ms"],
-          t["wait_upload_ms"], t["loop_work_ms"], t["put_busy"], t.get("fragment_put_ms"),
-          t["fragments_per_manifest_write"], t["p50_ms"], t["p99_ms"]]
-         for t in data["timelines"]]))
+    out.append(
+        common.md_table(
+            [
+                "variant",
+                "appends/s",
+                "rec/manifest write",
+                "measured/bound",
+                "(min..max)",
+                "cycle ms",
+                "inner put ms",
+                "(idle ref)",
+                "put other ms",
+                "wait upload ms",
+                "loop work ms",
+                "put busy",
+                "fragment put ms",
+                "frags/manifest write",
+                "p50 ms",
+                "p99 ms",
+            ],
+            [
+                [
+                    t["label"],
+                    t["appends_per_s"],
+                    t["records_per_manifest_write"],
+                    t["io_ratio"],
+                    f"{t.get('io_ratio_min', t['io_ratio']):.2f}..{t.get('io_ratio_max', t['io_ratio']):.2f}",
+                    t["mean_cycle_ms"],
+                    t["inner_put_ms"],
+                    t.get("inner_put_idle_ms"),
+                    t["put_other_ms"],
+                    t["wait_upload_ms"],
+                    t["loop_work_ms"],
+                    t["put_busy"],
+                    t.get("fragment_put_ms"),
+                    t["fragments_per_manifest_write"],
+                    t["p50_ms"],
+                    t["p99_ms"],
+                ]
+                for t in data["timelines"]
+            ],
+        )
+    )
     out.append("")
-    out.append("(put busy = mean manifest put / cycle: the share of time a manifest write is in "
-               "flight; the injected 20 ms is only part of each put.)")
+    out.append(
+        "(put busy = mean manifest put / cycle: the share of time a manifest write is in "
+        "flight; the injected 20 ms is only part of each put.)"
+    )
     out.append("")
-    out.append("Manifest CPU per write (with_fragments + check + to_bytes of one more fragment), "
-               "default vs the cached-JSON / lane-sum prototype in bench/profile_append.py "
-               "(identical bytes):")
+    out.append(
+        "Manifest CPU per write (with_fragments + check + to_bytes of one more fragment), "
+        "default vs the cached-JSON / lane-sum prototype in bench/profile_append.py "
+        "(identical bytes):"
+    )
     out.append("")
-    out.append(common.md_table(
-        ["root shape", "frag ptrs", "snap ptrs", "manifest B", "default µs", "  check µs",
-         "  to_bytes µs", "prototype µs", "speedup"],
-        [[m["shape"], m["root_fragments"], m["root_snapshots"], m["manifest_bytes"],
-          m["default_us"], m["check_us"], m["to_bytes_us"], m["prototype_us"], m["speedup"]]
-         for m in data["manifest_cpu"]]))
+    out.append(
+        common.md_table(
+            [
+                "root shape",
+                "frag ptrs",
+                "snap ptrs",
+                "manifest B",
+                "default µs",
+                "  check µs",
+                "  to_bytes µs",
+                "prototype µs",
+                "speedup",
+            ],
+            [
+                [
+                    m["shape"],
+                    m["root_fragments"],
+                    m["root_snapshots"],
+                    m["manifest_bytes"],
+                    m["default_us"],
+                    m["check_us"],
+                    m["to_bytes_us"],
+                    m["prototype_us"],
+                    m["speedup"],
+                ]
+                for m in data["manifest_cpu"]
+            ],
+        )
+    )
     out.append("")
     ack = data.get("ack_path")
     if ack:
-        out.append(f"Ack path ({ack['appenders']} waiting appenders resolved and re-registered, "
-                   f"no I/O): awaiting through `asyncio.shield` costs {ack['shield_us']:.2f} µs "
-                   f"per append vs {ack['plain_us']:.2f} µs awaiting the future directly "
-                   f"({ack['ratio']:.1f}x).")
+        out.append(
+            f"Ack path ({ack['appenders']} waiting appenders resolved and re-registered, "
+            f"no I/O): awaiting through `asyncio.shield` costs {ack['shield_us']:.2f} µs "
+            f"per append vs {ack['plain_us']:.2f} µs awaiting the future directly "
+            f"({ack['ratio']:.1f}x)."
+        )
         out.append("")
     out.append("Top self time (event-loop thread):")
     out.append("")
     for p in profs:
-        out.append(f"- {p['store']}: " + "; ".join(
-            f"{k} {100 * v / p['wall_s']:.1f}%" for k, v in p["top_self"][:8]))
+        out.append(
+            f"- {p['store']}: "
+            + "; ".join(f"{k} {100 * v / p['wall_s']:.1f}%" for k, v in p["top_self"][:8])
+        )
     return "\n".join(out)

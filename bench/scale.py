@@ -45,23 +45,46 @@ from . import common, loadgen
 NAME = "scale"
 TARGET_KIB = 64
 
-FULL = {"mem_points": [1, 1000, 2500, 5000, 10000], "open_n": 200, "dirty_logs": 100,
-        "dirty_fragments": 2000, "rollup_total": 100_000, "rollup_dirty": 1000,
-        "rollup_counts": [100, 1000, 10000], "rollup_repeats": 5,
-        "untracked_counts": [500, 1000, 2000, 4000]}
-QUICK = {"mem_points": [1, 400], "open_n": 20, "dirty_logs": 10, "dirty_fragments": 100,
-         "rollup_total": 2000, "rollup_dirty": 100, "rollup_counts": [50, 100],
-         "rollup_repeats": 1, "untracked_counts": [250, 500]}
+FULL = {
+    "mem_points": [1, 1000, 2500, 5000, 10000],
+    "open_n": 200,
+    "dirty_logs": 100,
+    "dirty_fragments": 2000,
+    "rollup_total": 100_000,
+    "rollup_dirty": 1000,
+    "rollup_counts": [100, 1000, 10000],
+    "rollup_repeats": 5,
+    "untracked_counts": [500, 1000, 2000, 4000],
+}
+QUICK = {
+    "mem_points": [1, 400],
+    "open_n": 20,
+    "dirty_logs": 10,
+    "dirty_fragments": 100,
+    "rollup_total": 2000,
+    "rollup_dirty": 100,
+    "rollup_counts": [50, 100],
+    "rollup_repeats": 1,
+    "untracked_counts": [250, 500],
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scale")
-    g.add_argument("--scale-parts", default=None,
-                   help="comma-separated subset of memory,open,dirty,rollup (default: all)")
-    g.add_argument("--scale-logs", type=int, default=None,
-                   help="open logs for the memory part (default 10000)")
-    g.add_argument("--rollup-total", type=int, default=None,
-                   help="logs in the store for the roll-up part (default 100000)")
+    g.add_argument(
+        "--scale-parts",
+        default=None,
+        help="comma-separated subset of memory,open,dirty,rollup (default: all)",
+    )
+    g.add_argument(
+        "--scale-logs", type=int, default=None, help="open logs for the memory part (default 10000)"
+    )
+    g.add_argument(
+        "--rollup-total",
+        type=int,
+        default=None,
+        help="logs in the store for the roll-up part (default 100000)",
+    )
 
 
 # ------------------------------------------------------------------------------- stores
@@ -139,8 +162,14 @@ def counting_store(inner: Any) -> Any:
 def _settings(**kw: Any) -> Any:
     from host.config import Settings
 
-    base = {"api_keys": "benchkey=*", "server_id": "bench", "max_open_logs": 20000,
-            "idle_close_s": 86400.0, "rollup_interval_s": 86400.0, "store": "unused"}
+    base = {
+        "api_keys": "benchkey=*",
+        "server_id": "bench",
+        "max_open_logs": 20000,
+        "idle_close_s": 86400.0,
+        "rollup_interval_s": 86400.0,
+        "store": "unused",
+    }
     base.update(kw)
     return Settings(**base)
 
@@ -202,8 +231,12 @@ class _Probe:
 
 
 def _timed_rollup(base: str) -> float:
-    req = urllib.request.Request(base + "/v1/dirty/rollup", data=b"", method="POST",
-                                 headers={"Authorization": f"Bearer {loadgen.API_KEY}"})
+    req = urllib.request.Request(
+        base + "/v1/dirty/rollup",
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {loadgen.API_KEY}"},
+    )
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:  # 127.0.0.1 only
         r.read()
@@ -232,10 +265,15 @@ def memory_part(points: list[int], work: Path, rollup_probe: bool) -> dict[str, 
                 time.sleep(1.0)  # let background work (dirty-log batches) settle
                 _, rss = srv.cpu_rss()
                 gauge = _open_logs_metric(srv.base)
-                sample = {"logs": target, "rss": rss, "open_logs_gauge": gauge,
-                          "open_seconds": el, "errors": opened["errors"],
-                          "opens_per_s": opened["opens_per_s"],
-                          "probe_max_opening_s": probe.max_since(t0)}
+                sample = {
+                    "logs": target,
+                    "rss": rss,
+                    "open_logs_gauge": gauge,
+                    "open_seconds": el,
+                    "errors": opened["errors"],
+                    "opens_per_s": opened["opens_per_s"],
+                    "probe_max_opening_s": probe.max_since(t0),
+                }
                 if rollup_probe:
                     # POST /v1/dirty/rollup = what the server's roll-up loop runs every 10 s.
                     t1 = time.perf_counter()
@@ -243,11 +281,17 @@ def memory_part(points: list[int], work: Path, rollup_probe: bool) -> dict[str, 
                     time.sleep(0.25)
                     sample["probe_max_rollup_s"] = probe.max_since(t1 - 0.2)
                 samples.append(sample)
-                print(f"  . memory: {target:6} logs open (gauge {gauge}), RSS "
-                      f"{rss / 2**20:.1f} MiB, opened at {opened['opens_per_s']:.0f}/s"
-                      + (f"; POST /v1/dirty/rollup {sample['rollup_s']:.2f} s, /healthz waited "
-                         f"up to {sample['probe_max_rollup_s']:.2f} s" if rollup_probe else ""),
-                      flush=True)
+                print(
+                    f"  . memory: {target:6} logs open (gauge {gauge}), RSS "
+                    f"{rss / 2**20:.1f} MiB, opened at {opened['opens_per_s']:.0f}/s"
+                    + (
+                        f"; POST /v1/dirty/rollup {sample['rollup_s']:.2f} s, /healthz waited "
+                        f"up to {sample['probe_max_rollup_s']:.2f} s"
+                        if rollup_probe
+                        else ""
+                    ),
+                    flush=True,
+                )
     finally:
         if shm:
             shutil.rmtree(base_dir, ignore_errors=True)
@@ -258,8 +302,13 @@ def memory_part(points: list[int], work: Path, rollup_probe: bool) -> dict[str, 
     den = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
     per = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] > xs[0] else float("nan")
-    return {"store": "tmpfs" if shm else "disk", "rss_fresh": rss_fresh, "samples": samples,
-            "kib_per_log": per / 1024, "kib_per_log_fit": slope / 1024}
+    return {
+        "store": "tmpfs" if shm else "disk",
+        "rss_fresh": rss_fresh,
+        "samples": samples,
+        "kib_per_log": per / 1024,
+        "kib_per_log_fit": slope / 1024,
+    }
 
 
 async def untracked_part(counts: list[int]) -> list[dict[str, Any]]:
@@ -280,15 +329,16 @@ async def untracked_part(counts: list[int]) -> list[dict[str, Any]]:
             for n in counts:
                 cids = [uuid.uuid4() for _ in range(n)]
                 for cid in cids:
-                    server.manager._open[cid] = LogHandle(cid, "bench", None, None, None, 1,
-                                                          0.0)  # type: ignore[arg-type]
-                known = {cid: 2 for cid in cids}
+                    server.manager._open[cid] = LogHandle(cid, "bench", None, None, None, 1, 0.0)  # type: ignore[arg-type]
+                known = dict.fromkeys(cids, 2)
                 t0 = time.perf_counter()
                 missing = server.untracked_collections(known)
                 el = time.perf_counter() - t0
                 out.append({"open_logs": n, "seconds": el, "untracked": len(missing)})
-                print(f"  . Server.untracked_collections with {n:,} open logs: {el * 1e3:.0f} ms",
-                      flush=True)
+                print(
+                    f"  . Server.untracked_collections with {n:,} open logs: {el * 1e3:.0f} ms",
+                    flush=True,
+                )
                 server.manager._open.clear()
         finally:
             await server.close()
@@ -318,24 +368,31 @@ async def open_close_part(n: int, work: Path) -> dict[str, Any]:
         res = [await fn(x) for x in items]
         el = time.perf_counter() - t0
         d = _diff(r0, req())
-        out[name] = {"n": len(items), "ms_per_op": el / len(items) * 1e3,
-                     "requests": {k: v / len(items) for k, v in d.items()},
-                     "requests_per_op": sum(d.values()) / len(items)}
+        out[name] = {
+            "n": len(items),
+            "ms_per_op": el / len(items) * 1e3,
+            "requests": {k: v / len(items) for k, v in d.items()},
+            "requests_per_op": sum(d.values()) / len(items),
+        }
         return res
 
     try:
         prefixes = [f"bench/{uuid.uuid4().hex[:12]}" for _ in range(n)]
-        writers = await phase("engine: open new log", lambda p: LogWriter.open(faulty, p, opts),
-                              prefixes)
+        writers = await phase(
+            "engine: open new log", lambda p: LogWriter.open(faulty, p, opts), prefixes
+        )
         await phase("engine: close (no appends)", lambda w: w.close(), writers)
-        writers = await phase("engine: open existing log",
-                              lambda p: LogWriter.open(faulty, p, opts), prefixes)
+        writers = await phase(
+            "engine: open existing log", lambda p: LogWriter.open(faulty, p, opts), prefixes
+        )
         r0 = req()
         await asyncio.gather(*(w.append(b"x" * 100) for w in writers))
         out["(one 100 B append per open log)"] = {
-            "n": n, "ms_per_op": float("nan"),
+            "n": n,
+            "ms_per_op": float("nan"),
             "requests": {k: v / n for k, v in _diff(r0, req()).items()},
-            "requests_per_op": sum(_diff(r0, req()).values()) / n}
+            "requests_per_op": sum(_diff(r0, req()).values()) / n,
+        }
         await phase("engine: close (after an append)", lambda w: w.close(), writers)
 
         # The host's open: bind the tenant, claim the hint (none here), open the writer, load the
@@ -355,8 +412,11 @@ async def open_close_part(n: int, work: Path) -> dict[str, Any]:
             el = time.perf_counter() - t0
             d = _diff(r0, req())
             out["host: close (LogManager.close, all at once)"] = {
-                "n": n, "ms_per_op": el / n * 1e3, "requests": {k: v / n for k, v in d.items()},
-                "requests_per_op": sum(d.values()) / n}
+                "n": n,
+                "ms_per_op": el / n * 1e3,
+                "requests": {k: v / n for k, v in d.items()},
+                "requests_per_op": sum(d.values()) / n,
+            }
         finally:
             await server.close()
     finally:
@@ -388,7 +448,7 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
                     async with server.manager.use(cid, "bench", create=True):
                         pass
                 ops0, bytes0 = store.snapshot()
-                frags0 = {c: 0 for c in cids}
+                frags0 = dict.fromkeys(cids, 0)
 
                 async def one(cid: uuid.UUID, k: int, server: Any = server) -> None:
                     async with server.manager.use(cid, "bench", create=True) as h:
@@ -403,8 +463,7 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
                     await asyncio.gather(*(one(c, per) for c in cids))
                 ops1, bytes1 = store.snapshot()
                 handles = {h.collection_id: h for h in server.manager.handles()}
-                frags = sum(handles[c].writer.stats["fragments_written"] - frags0[c]
-                            for c in cids)
+                frags = sum(handles[c].writer.stats["fragments_written"] - frags0[c] for c in cids)
                 dops, dbytes = _diff(ops0, ops1), _diff(bytes0, bytes1)
                 # Read back every dirty-log record written during the run.
                 assert server.dirty is not None
@@ -415,8 +474,10 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
                 dirty_frag_bytes = dbytes.get("put dirty:fragment", 0)
                 dirty_man_bytes = dbytes.get("put dirty:manifest", 0)
                 results[mode] = {
-                    "logs": n_logs, "collection_fragments": frags,
-                    "dirty_records": len(recs), "record_sizes": dict(sizes),
+                    "logs": n_logs,
+                    "collection_fragments": frags,
+                    "dirty_records": len(recs),
+                    "record_sizes": dict(sizes),
                     "record_kinds": dict(kinds),
                     "dirty_fragment_puts": dops.get("put dirty:fragment", 0),
                     "dirty_manifest_puts": dops.get("put dirty:manifest", 0),
@@ -427,14 +488,16 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
                     "dirty_bytes_per_fragment": (dirty_frag_bytes + dirty_man_bytes) / frags,
                     "dirty_fragment_bytes_per_fragment": dirty_frag_bytes / frags,
                     "dirty_manifest_bytes_per_fragment": dirty_man_bytes / frags,
-                    "marks_per_dirty_fragment": len(recs) / max(1, dops.get(
-                        "put dirty:fragment", 0)),
+                    "marks_per_dirty_fragment": len(recs)
+                    / max(1, dops.get("put dirty:fragment", 0)),
                     "prefix": dirty_prefix("bench"),
                 }
-                print(f"  . dirty log ({mode}): {frags} fragments over {n_logs} logs -> "
-                      f"{len(recs)} records of sizes {dict(sizes)}, "
-                      f"{results[mode]['dirty_bytes_per_fragment']:.0f} stored B/fragment",
-                      flush=True)
+                print(
+                    f"  . dirty log ({mode}): {frags} fragments over {n_logs} logs -> "
+                    f"{len(recs)} records of sizes {dict(sizes)}, "
+                    f"{results[mode]['dirty_bytes_per_fragment']:.0f} stored B/fragment",
+                    flush=True,
+                )
             finally:
                 await server.close()
     finally:
@@ -463,8 +526,11 @@ def _make_logs(root: Path, cids: list[uuid.UUID]) -> float:
         os.mkdir(d)
         os.mkdir(f"{d}/{man_dir}")
         os.mkdir(f"{d}/cursor")
-        for rel, data in (("TENANT", tenant), (MANIFEST_PATH, manifest),
-                          ("cursor/compaction.json", cursor)):
+        for rel, data in (
+            ("TENANT", tenant),
+            (MANIFEST_PATH, manifest),
+            ("cursor/compaction.json", cursor),
+        ):
             fd = os.open(f"{d}/{rel}", flags, 0o644)
             os.write(fd, data)
             os.close(fd)
@@ -503,10 +569,12 @@ class _RollupEnv:
 
         self.store = FaultyStore(LocalStore(self.root), seed=0)
         prefix = dirty_prefix("bench")
-        self.writer = await LogWriter.open(self.store, prefix,
-                                           LogWriterOptions(writer_name="loghost:bench"))
-        self.backend = WalDirtyBackend(self.store, prefix, self.writer,
-                                       GcOptions(writer_name="loghost-gc:bench"))
+        self.writer = await LogWriter.open(
+            self.store, prefix, LogWriterOptions(writer_name="loghost:bench")
+        )
+        self.backend = WalDirtyBackend(
+            self.store, prefix, self.writer, GcOptions(writer_name="loghost-gc:bench")
+        )
         self.offsets = _Offsets(self.store)
         self.rollup = RollUp(self.backend, self.offsets)
         return self
@@ -521,7 +589,7 @@ class _RollupEnv:
         now = time.time_ns() // 1000
         bodies = [DirtyRecord.mark(c, 1, 10, now).encode() for c in self.cids[:dirty]]
         for i in range(0, len(bodies), 1024):
-            await self.backend.append_many(bodies[i:i + 1024])
+            await self.backend.append_many(bodies[i : i + 1024])
 
     async def timed_run(self) -> dict[str, Any]:
         r0 = collections.Counter(self.store.stats()["requests"])
@@ -530,13 +598,20 @@ class _RollupEnv:
         res = await self.rollup.run()
         el = time.perf_counter() - t0
         d = _diff(r0, collections.Counter(self.store.stats()["requests"]))
-        return {"seconds": el, "entries": len(res.entries), "records_read": res.records_read,
-                "reinserted": res.reinserted, "cursor_lookups": self.offsets.ids - c0,
-                "requests": d, "requests_total": sum(d.values())}
+        return {
+            "seconds": el,
+            "entries": len(res.entries),
+            "records_read": res.records_read,
+            "reinserted": res.reinserted,
+            "cursor_lookups": self.offsets.ids - c0,
+            "requests": d,
+            "requests_total": sum(d.values()),
+        }
 
 
-async def rollup_part(total: int, dirty: int, counts: list[int], repeats: int,
-                      work: Path) -> dict[str, Any]:
+async def rollup_part(
+    total: int, dirty: int, counts: list[int], repeats: int, work: Path
+) -> dict[str, Any]:
     shm = common.tmpfs_dir()
     out: dict[str, Any] = {"total": total, "dirty": dirty, "store": "tmpfs" if shm else "disk"}
     base = Path(tempfile.mkdtemp(prefix="scale-rollup-", dir=shm or work))
@@ -547,8 +622,11 @@ async def rollup_part(total: int, dirty: int, counts: list[int], repeats: int,
         # The same small case on the repository's disk: what tmpfs hides (fsync, metadata).
         disk = _RollupEnv(disk_base / "disk", dirty)
         out["make_small_s"], out["make_big_s"] = small.make_s, big.make_s
-        print(f"  . roll-up: wrote {dirty:,} logs in {small.make_s:.1f} s and {total:,} logs in "
-              f"{big.make_s:.1f} s", flush=True)
+        print(
+            f"  . roll-up: wrote {dirty:,} logs in {small.make_s:.1f} s and {total:,} logs in "
+            f"{big.make_s:.1f} s",
+            flush=True,
+        )
         runs: dict[str, list[dict[str, Any]]] = {"small": [], "big": [], "disk": []}
         async with small as s, big as b, disk as k:
             await s.mark(dirty)
@@ -563,10 +641,13 @@ async def rollup_part(total: int, dirty: int, counts: list[int], repeats: int,
                 for name, env in (("small", s), ("big", b), ("disk", k)):
                     r = await env.timed_run()
                     runs[name].append(r)
-                    print(f"  . roll-up: {dirty:,} dirty among {env.total:,} ({name}): "
-                          f"{r['seconds'] * 1e3:.0f} ms, {r['records_read']} records read, "
-                          f"{r['cursor_lookups']} cursor lookups, "
-                          f"{r['requests_total']} store requests", flush=True)
+                    print(
+                        f"  . roll-up: {dirty:,} dirty among {env.total:,} ({name}): "
+                        f"{r['seconds'] * 1e3:.0f} ms, {r['records_read']} records read, "
+                        f"{r['cursor_lookups']} cursor lookups, "
+                        f"{r['requests_total']} store requests",
+                        flush=True,
+                    )
             out["runs"] = runs
             out["median_small_s"] = statistics.median(r["seconds"] for r in runs["small"])
             out["median_big_s"] = statistics.median(r["seconds"] for r in runs["big"])
@@ -581,8 +662,11 @@ async def rollup_part(total: int, dirty: int, counts: list[int], repeats: int,
                 r = await b.timed_run()
                 r["dirty"] = n
                 by_count.append(r)
-                print(f"  . roll-up: {n:,} dirty among {total:,}: {r['seconds'] * 1e3:.0f} ms "
-                      f"({r['seconds'] / n * 1e6:.0f} µs per dirty log)", flush=True)
+                print(
+                    f"  . roll-up: {n:,} dirty among {total:,}: {r['seconds'] * 1e3:.0f} ms "
+                    f"({r['seconds'] / n * 1e6:.0f} µs per dirty log)",
+                    flush=True,
+                )
             out["by_count"] = by_count
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -617,8 +701,13 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         cfg["mem_points"] = sorted({1, *[p for p in cfg["mem_points"] if p < top], top})
     if getattr(args, "rollup_total", None):
         cfg["rollup_total"] = args.rollup_total
-    data: dict[str, Any] = {"benchmark": NAME, "quick": quick, "command": common.command_line(),
-                            "machine": common.machine_info(), "config": cfg}
+    data: dict[str, Any] = {
+        "benchmark": NAME,
+        "quick": quick,
+        "command": common.command_line(),
+        "machine": common.machine_info(),
+        "config": cfg,
+    }
     with common.scratch_dir("scale") as work:
         if "memory" in parts:
             data["memory"] = memory_part(cfg["mem_points"], work, True)
@@ -626,15 +715,24 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         if "open" in parts:
             data["open_close"] = asyncio.run(open_close_part(cfg["open_n"], work))
             for k, v in data["open_close"].items():
-                print(f"  . {k}: {v['requests_per_op']:.2f} requests, {v['ms_per_op']:.2f} ms",
-                      flush=True)
+                print(
+                    f"  . {k}: {v['requests_per_op']:.2f} requests, {v['ms_per_op']:.2f} ms",
+                    flush=True,
+                )
         if "dirty" in parts:
-            data["dirty"] = asyncio.run(dirty_bytes_part(cfg["dirty_logs"],
-                                                         cfg["dirty_fragments"], work))
+            data["dirty"] = asyncio.run(
+                dirty_bytes_part(cfg["dirty_logs"], cfg["dirty_fragments"], work)
+            )
         if "rollup" in parts:
-            data["rollup"] = asyncio.run(rollup_part(cfg["rollup_total"], cfg["rollup_dirty"],
-                                                     cfg["rollup_counts"],
-                                                     cfg["rollup_repeats"], work))
+            data["rollup"] = asyncio.run(
+                rollup_part(
+                    cfg["rollup_total"],
+                    cfg["rollup_dirty"],
+                    cfg["rollup_counts"],
+                    cfg["rollup_repeats"],
+                    work,
+                )
+            )
     if "memory" in data:
         data["plot"] = str(plot(data, common.img_path("scale_memory", quick)))
     return data
@@ -647,107 +745,223 @@ def render(data: dict[str, Any]) -> str:
     out: list[str] = []
     mem = data.get("memory")
     if mem:
-        out.append(f"(a) Memory per open log: `loghost serve` with its store on "
-                   f"{mem['store']}, logs opened over HTTP by one 1-record append each "
-                   f"(32 at a time); RSS from /proc.  Fresh server: "
-                   f"{mem['rss_fresh'] / 2**20:.1f} MiB.")
+        out.append(
+            f"(a) Memory per open log: `loghost serve` with its store on "
+            f"{mem['store']}, logs opened over HTTP by one 1-record append each "
+            f"(32 at a time); RSS from /proc.  Fresh server: "
+            f"{mem['rss_fresh'] / 2**20:.1f} MiB."
+        )
         out.append("")
-        out.append(common.md_table(
-            ["open logs", "loghost_open_logs gauge", "RSS MiB", "KiB per log over the first",
-             "opened/s (HTTP, tmpfs)", "POST /v1/dirty/rollup s",
-             "longest /healthz wait during it s"],
-            [[s["logs"], s["open_logs_gauge"], s["rss"] / 2**20,
-              ((s["rss"] - mem["samples"][0]["rss"]) / 1024 / (s["logs"] - mem["samples"][0]
-                                                               ["logs"]))
-              if s["logs"] > mem["samples"][0]["logs"] else None, s["opens_per_s"],
-              s.get("rollup_s"), s.get("probe_max_rollup_s")]
-             for s in mem["samples"]]))
+        out.append(
+            common.md_table(
+                [
+                    "open logs",
+                    "loghost_open_logs gauge",
+                    "RSS MiB",
+                    "KiB per log over the first",
+                    "opened/s (HTTP, tmpfs)",
+                    "POST /v1/dirty/rollup s",
+                    "longest /healthz wait during it s",
+                ],
+                [
+                    [
+                        s["logs"],
+                        s["open_logs_gauge"],
+                        s["rss"] / 2**20,
+                        (
+                            (s["rss"] - mem["samples"][0]["rss"])
+                            / 1024
+                            / (s["logs"] - mem["samples"][0]["logs"])
+                        )
+                        if s["logs"] > mem["samples"][0]["logs"]
+                        else None,
+                        s["opens_per_s"],
+                        s.get("rollup_s"),
+                        s.get("probe_max_rollup_s"),
+                    ]
+                    for s in mem["samples"]
+                ],
+            )
+        )
         out.append("")
         top = mem["samples"][-1]["logs"]
         verdict = "PASS" if mem["kib_per_log"] < TARGET_KIB else "MISS"
-        out.append(f"- target: idle open logs cost under {TARGET_KIB} KiB each: "
-                   f"**{mem['kib_per_log']:.1f} KiB** per open log at {top:,} "
-                   f"(least-squares slope {mem['kib_per_log_fit']:.1f} KiB) -> {verdict} "
-                   f"({mem['kib_per_log'] / TARGET_KIB:.2f} of the budget).")
+        out.append(
+            f"- target: idle open logs cost under {TARGET_KIB} KiB each: "
+            f"**{mem['kib_per_log']:.1f} KiB** per open log at {top:,} "
+            f"(least-squares slope {mem['kib_per_log_fit']:.1f} KiB) -> {verdict} "
+            f"({mem['kib_per_log'] / TARGET_KIB:.2f} of the budget)."
+        )
         out.append("")
     un = data.get("untracked")
     if un:
-        out.append("After every roll-up (every `rollup_interval_s`, 10 s by default) the server "
-                   "runs `Server.untracked_collections` on its event loop.  For each open log it "
-                   "calls `_compaction_of`, which scans `manager.handles()`: O(open logs^2). "
-                   "Timed in-process with synthetic handles:")
+        out.append(
+            "After every roll-up (every `rollup_interval_s`, 10 s by default) the server "
+            "runs `Server.untracked_collections` on its event loop.  For each open log it "
+            "calls `_compaction_of`, which scans `manager.handles()`: O(open logs^2). "
+            "Timed in-process with synthetic handles:"
+        )
         out.append("")
         base = un[0]
-        out.append(common.md_table(
-            ["open logs", "ms (event loop blocked)", "ratio to first", "(logs ratio)^2"],
-            [[u["open_logs"], u["seconds"] * 1e3, u["seconds"] / base["seconds"],
-              (u["open_logs"] / base["open_logs"]) ** 2] for u in un]))
+        out.append(
+            common.md_table(
+                ["open logs", "ms (event loop blocked)", "ratio to first", "(logs ratio)^2"],
+                [
+                    [
+                        u["open_logs"],
+                        u["seconds"] * 1e3,
+                        u["seconds"] / base["seconds"],
+                        (u["open_logs"] / base["open_logs"]) ** 2,
+                    ]
+                    for u in un
+                ],
+            )
+        )
         out.append("")
     oc = data.get("open_close")
     if oc:
-        out.append("(b) Open/close cost: FaultyStore (no faults) over LocalStore with fsync, "
-                   "in-process, sequential; object-store requests per operation by kind:")
+        out.append(
+            "(b) Open/close cost: FaultyStore (no faults) over LocalStore with fsync, "
+            "in-process, sequential; object-store requests per operation by kind:"
+        )
         out.append("")
-        out.append(common.md_table(
-            ["operation", "n", "ms per op", "requests per op", "by kind"],
-            [[k, v["n"], v["ms_per_op"], v["requests_per_op"],
-              ", ".join(f"{op} {c:g}" for op, c in v["requests"].items())]
-             for k, v in oc.items()]))
+        out.append(
+            common.md_table(
+                ["operation", "n", "ms per op", "requests per op", "by kind"],
+                [
+                    [
+                        k,
+                        v["n"],
+                        v["ms_per_op"],
+                        v["requests_per_op"],
+                        ", ".join(f"{op} {c:g}" for op, c in v["requests"].items()),
+                    ]
+                    for k, v in oc.items()
+                ],
+            )
+        )
         out.append("")
     dirty = data.get("dirty")
     if dirty:
-        out.append("(c) Dirty-log bytes per fragment (in-process server, counting store): every "
-                   "collection-log fragment appends one mark to the server's dirty log.")
+        out.append(
+            "(c) Dirty-log bytes per fragment (in-process server, counting store): every "
+            "collection-log fragment appends one mark to the server's dirty log."
+        )
         out.append("")
         rows = []
         for mode, d in dirty.items():
-            rows.append([mode, d["logs"], d["collection_fragments"], d["dirty_records"],
-                         ", ".join(f"{k} B x {v}" for k, v in d["record_sizes"].items()),
-                         d["dirty_fragment_puts"], d["marks_per_dirty_fragment"],
-                         d["dirty_fragment_bytes_per_fragment"],
-                         d["dirty_manifest_bytes_per_fragment"],
-                         d["dirty_bytes_per_fragment"]])
-        out.append(common.md_table(
-            ["appends", "logs", "collection fragments", "dirty records", "record body sizes",
-             "dirty fragment puts", "marks per dirty fragment", "dirty fragment B/frag",
-             "dirty manifest B/frag", "dirty stored B/frag"], rows))
+            rows.append(
+                [
+                    mode,
+                    d["logs"],
+                    d["collection_fragments"],
+                    d["dirty_records"],
+                    ", ".join(f"{k} B x {v}" for k, v in d["record_sizes"].items()),
+                    d["dirty_fragment_puts"],
+                    d["marks_per_dirty_fragment"],
+                    d["dirty_fragment_bytes_per_fragment"],
+                    d["dirty_manifest_bytes_per_fragment"],
+                    d["dirty_bytes_per_fragment"],
+                ]
+            )
+        out.append(
+            common.md_table(
+                [
+                    "appends",
+                    "logs",
+                    "collection fragments",
+                    "dirty records",
+                    "record body sizes",
+                    "dirty fragment puts",
+                    "marks per dirty fragment",
+                    "dirty fragment B/frag",
+                    "dirty manifest B/frag",
+                    "dirty stored B/frag",
+                ],
+                rows,
+            )
+        )
         out.append("")
         seen = sorted({int(k) for d in dirty.values() for k in d["record_sizes"]})
-        out.append(f"- dirty-log record bodies are exactly 48 bytes: "
-                   f"{'PASS' if seen == [48] else 'MISS'} (body sizes seen: {seen}).")
+        out.append(
+            f"- dirty-log record bodies are exactly 48 bytes: "
+            f"{'PASS' if seen == [48] else 'MISS'} (body sizes seen: {seen})."
+        )
         out.append("")
     ru = data.get("rollup")
     if ru:
-        out.append(f"(d) Roll-up (`RollUp.run()` over `WalDirtyBackend`, LocalStore with fsync "
-                   f"on {ru.get('store', 'disk')}, cursors read like the server does): "
-                   f"{ru['dirty']:,} dirty logs among {ru['dirty']:,} vs among {ru['total']:,} "
-                   f"logs in the store (created in {ru['make_big_s']:.0f} s as plain files), "
-                   f"and the small case again on the repository's disk.  Runs alternate "
-                   f"between the stores:")
+        out.append(
+            f"(d) Roll-up (`RollUp.run()` over `WalDirtyBackend`, LocalStore with fsync "
+            f"on {ru.get('store', 'disk')}, cursors read like the server does): "
+            f"{ru['dirty']:,} dirty logs among {ru['dirty']:,} vs among {ru['total']:,} "
+            f"logs in the store (created in {ru['make_big_s']:.0f} s as plain files), "
+            f"and the small case again on the repository's disk.  Runs alternate "
+            f"between the stores:"
+        )
         out.append("")
         rows = []
         where = ru.get("store", "disk")
-        for name, total, label in (("small", ru["dirty"], where), ("big", ru["total"], where),
-                                   ("disk", ru["dirty"], "repository disk")):
+        for name, total, label in (
+            ("small", ru["dirty"], where),
+            ("big", ru["total"], where),
+            ("disk", ru["dirty"], "repository disk"),
+        ):
             for i, r in enumerate(ru["runs"].get(name, [])):
-                rows.append([f"{ru['dirty']:,} dirty among {total:,} ({label})", i + 1,
-                             r["seconds"] * 1e3, r["records_read"], r["cursor_lookups"],
-                             r["requests_total"],
-                             ", ".join(f"{k} {v}" for k, v in r["requests"].items())])
-        out.append(common.md_table(["case", "run", "ms", "records read", "cursor lookups",
-                                    "store requests", "by kind"], rows))
+                rows.append(
+                    [
+                        f"{ru['dirty']:,} dirty among {total:,} ({label})",
+                        i + 1,
+                        r["seconds"] * 1e3,
+                        r["records_read"],
+                        r["cursor_lookups"],
+                        r["requests_total"],
+                        ", ".join(f"{k} {v}" for k, v in r["requests"].items()),
+                    ]
+                )
+        out.append(
+            common.md_table(
+                [
+                    "case",
+                    "run",
+                    "ms",
+                    "records read",
+                    "cursor lookups",
+                    "store requests",
+                    "by kind",
+                ],
+                rows,
+            )
+        )
         out.append("")
-        out.append(common.md_table(
-            ["dirty logs (among " + f"{ru['total']:,})", "ms", "µs per dirty log",
-             "records read", "store requests"],
-            [[r["dirty"], r["seconds"] * 1e3, r["seconds"] / r["dirty"] * 1e6,
-              r["records_read"], r["requests_total"]] for r in ru["by_count"]]))
+        out.append(
+            common.md_table(
+                [
+                    "dirty logs (among " + f"{ru['total']:,})",
+                    "ms",
+                    "µs per dirty log",
+                    "records read",
+                    "store requests",
+                ],
+                [
+                    [
+                        r["dirty"],
+                        r["seconds"] * 1e3,
+                        r["seconds"] / r["dirty"] * 1e6,
+                        r["records_read"],
+                        r["requests_total"],
+                    ]
+                    for r in ru["by_count"]
+                ],
+            )
+        )
         out.append("")
-        out.append(f"- roll-up time with {ru['dirty']:,} dirty among {ru['total']:,} vs among "
-                   f"{ru['dirty']:,}: **{ru['ratio']:.2f}** (medians "
-                   f"{ru['median_big_s'] * 1e3:.0f} vs {ru['median_small_s'] * 1e3:.0f} ms); "
-                   f"the store requests are the same in both, so the cost follows dirty "
-                   f"entries, not logs in the store.")
+        out.append(
+            f"- roll-up time with {ru['dirty']:,} dirty among {ru['total']:,} vs among "
+            f"{ru['dirty']:,}: **{ru['ratio']:.2f}** (medians "
+            f"{ru['median_big_s'] * 1e3:.0f} vs {ru['median_small_s'] * 1e3:.0f} ms); "
+            f"the store requests are the same in both, so the cost follows dirty "
+            f"entries, not logs in the store."
+        )
     return "\n".join(out)
 
 
@@ -764,8 +978,14 @@ def plot(data: dict[str, Any], path: Any) -> Any:
     ys = [s["rss"] / 2**20 for s in mem["samples"]]
     ax.plot(xs, ys, "o-", label="loghost serve RSS")
     base = ys[0]
-    ax.plot(xs, [base + (x - xs[0]) * TARGET_KIB / 1024 for x in xs], "--", color="tab:red",
-            alpha=0.6, label=f"budget: {TARGET_KIB} KiB per open log")
+    ax.plot(
+        xs,
+        [base + (x - xs[0]) * TARGET_KIB / 1024 for x in xs],
+        "--",
+        color="tab:red",
+        alpha=0.6,
+        label=f"budget: {TARGET_KIB} KiB per open log",
+    )
     ax.set_xlabel("open logs")
     ax.set_ylabel("RSS (MiB)")
     ax.set_title(f"memory vs open logs: {mem['kib_per_log']:.1f} KiB per log")
@@ -775,10 +995,19 @@ def plot(data: dict[str, Any], path: Any) -> Any:
     if ru:
         ax = axes[0][1]
         bc = ru["by_count"]
-        ax.plot([r["dirty"] for r in bc], [r["seconds"] * 1e3 for r in bc], "o-",
-                label=f"dirty among {ru['total']:,} logs")
-        ax.plot([ru["dirty"]], [ru["median_small_s"] * 1e3], "s", color="tab:green",
-                label=f"{ru['dirty']:,} dirty among {ru['dirty']:,} logs")
+        ax.plot(
+            [r["dirty"] for r in bc],
+            [r["seconds"] * 1e3 for r in bc],
+            "o-",
+            label=f"dirty among {ru['total']:,} logs",
+        )
+        ax.plot(
+            [ru["dirty"]],
+            [ru["median_small_s"] * 1e3],
+            "s",
+            color="tab:green",
+            label=f"{ru['dirty']:,} dirty among {ru['dirty']:,} logs",
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("dirty logs")
@@ -786,8 +1015,9 @@ def plot(data: dict[str, Any], path: Any) -> Any:
         ax.set_title("roll-up time vs dirty logs")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"scale ({data['machine']['nproc']} cores, {data['machine']['date_utc']})",
-                 fontsize=10)
+    fig.suptitle(
+        f"scale ({data['machine']['nproc']} cores, {data['machine']['date_utc']})", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

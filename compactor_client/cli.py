@@ -97,32 +97,58 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="poll the hosts and compact dirty collections")
     run.add_argument("--hosts", help="log host URLs, comma-separated [COMPACTOR_HOSTS]")
     run.add_argument("--api-key", help="service API key [COMPACTOR_API_KEY]")
-    run.add_argument("--store", help="object store URL: path, file:///dir or s3://bucket/prefix "
-                     "[COMPACTOR_STORE]")
+    run.add_argument(
+        "--store",
+        help="object store URL: path, file:///dir or s3://bucket/prefix [COMPACTOR_STORE]",
+    )
     run.add_argument("--member-id", help="this compactor's id [COMPACTOR_MEMBER_ID; hostname]")
     run.add_argument("--members", help="all compactor ids, comma-separated [COMPACTOR_MEMBERS]")
-    run.add_argument("--spark-master", help="Spark master [COMPACTOR_SPARK_MASTER; spark-submit's "
-                     "or local[*]]")
-    run.add_argument("--min-records", help="skip logs with fewer dirty records "
-                     "[COMPACTOR_MIN_RECORDS; 1]")
+    run.add_argument(
+        "--spark-master", help="Spark master [COMPACTOR_SPARK_MASTER; spark-submit's or local[*]]"
+    )
+    run.add_argument(
+        "--min-records", help="skip logs with fewer dirty records [COMPACTOR_MIN_RECORDS; 1]"
+    )
     run.add_argument("--interval-s", help="seconds between rounds [COMPACTOR_INTERVAL_S; 30]")
     run.add_argument("--budget-records", help="records per round [COMPACTOR_BUDGET_RECORDS; 1e7]")
-    run.add_argument("--metrics-listen", help="serve Prometheus metrics on HOST:PORT "
-                     "[COMPACTOR_METRICS_LISTEN]")
-    run.add_argument("--dirty-limit", help="dirty entries asked of each host "
-                     "[COMPACTOR_DIRTY_LIMIT]")
-    run.add_argument("--keep-versions", help="compacted versions kept per collection, the "
-                     "current one included [COMPACTOR_KEEP_VERSIONS; 2]")
-    run.add_argument("--prune-grace-s", help="seconds a superseded version stays readable "
-                     "before it is deleted [COMPACTOR_PRUNE_GRACE_S; 300]")
-    run.add_argument("--liveness-ttl-s", help="a member whose liveness record is older is "
-                     "treated as dead [COMPACTOR_LIVENESS_TTL_S; 4 intervals, >= 60]")
-    run.add_argument("--takeover-s", help="a collection its owner made no progress on for this "
-                     "long goes to the next member in rendezvous order [COMPACTOR_TAKEOVER_S; 600]")
-    run.add_argument("--once", action="store_true", default=None,
-                     help="run one round and exit (0 when it succeeded)")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="show progress bars (default: when stderr is a terminal)")
+    run.add_argument(
+        "--metrics-listen", help="serve Prometheus metrics on HOST:PORT [COMPACTOR_METRICS_LISTEN]"
+    )
+    run.add_argument(
+        "--dirty-limit", help="dirty entries asked of each host [COMPACTOR_DIRTY_LIMIT]"
+    )
+    run.add_argument(
+        "--keep-versions",
+        help="compacted versions kept per collection, the "
+        "current one included [COMPACTOR_KEEP_VERSIONS; 2]",
+    )
+    run.add_argument(
+        "--prune-grace-s",
+        help="seconds a superseded version stays readable "
+        "before it is deleted [COMPACTOR_PRUNE_GRACE_S; 300]",
+    )
+    run.add_argument(
+        "--liveness-ttl-s",
+        help="a member whose liveness record is older is "
+        "treated as dead [COMPACTOR_LIVENESS_TTL_S; 4 intervals, >= 60]",
+    )
+    run.add_argument(
+        "--takeover-s",
+        help="a collection its owner made no progress on for this "
+        "long goes to the next member in rendezvous order [COMPACTOR_TAKEOVER_S; 600]",
+    )
+    run.add_argument(
+        "--once",
+        action="store_true",
+        default=None,
+        help="run one round and exit (0 when it succeeded)",
+    )
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show progress bars (default: when stderr is a terminal)",
+    )
     run.add_argument("--log-level", default=os.environ.get("COMPACTOR_LOG_LEVEL", "INFO"))
     return parser
 
@@ -164,8 +190,9 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     min_records = pick(args.min_records, "COMPACTOR_MIN_RECORDS")
     interval_s = pick(args.interval_s, "COMPACTOR_INTERVAL_S")
     budget = pick(args.budget_records, "COMPACTOR_BUDGET_RECORDS")
-    keep_versions = int(_num("keep-versions", pick(args.keep_versions, "COMPACTOR_KEEP_VERSIONS"),
-                             int, 2))
+    keep_versions = int(
+        _num("keep-versions", pick(args.keep_versions, "COMPACTOR_KEEP_VERSIONS"), int, 2)
+    )
     if keep_versions < 1:
         raise SettingsError("keep-versions must be at least 1 (the current version)")
     return Settings(
@@ -183,13 +210,27 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         dirty_limit=int(_num("dirty-limit", dirty_limit, int, 0)) or None,
         progress=bool(progress),
         keep_versions=keep_versions,
-        prune_grace_s=float(_num("prune-grace-s",
-                                 pick(args.prune_grace_s, "COMPACTOR_PRUNE_GRACE_S"), float, 300.0)),
-        liveness_ttl_s=float(_num("liveness-ttl-s", pick(getattr(args, "liveness_ttl_s", None),
-                                                         "COMPACTOR_LIVENESS_TTL_S"), float, 0.0)),
+        prune_grace_s=float(
+            _num("prune-grace-s", pick(args.prune_grace_s, "COMPACTOR_PRUNE_GRACE_S"), float, 300.0)
+        ),
+        liveness_ttl_s=float(
+            _num(
+                "liveness-ttl-s",
+                pick(getattr(args, "liveness_ttl_s", None), "COMPACTOR_LIVENESS_TTL_S"),
+                float,
+                0.0,
+            )
+        ),
         heartbeat_file=environ.get("COMPACTOR_HEARTBEAT_FILE") or None,
-        takeover_s=_positive("takeover-s", _num("takeover-s", pick(
-            getattr(args, "takeover_s", None), "COMPACTOR_TAKEOVER_S"), float, 600.0)),
+        takeover_s=_positive(
+            "takeover-s",
+            _num(
+                "takeover-s",
+                pick(getattr(args, "takeover_s", None), "COMPACTOR_TAKEOVER_S"),
+                float,
+                600.0,
+            ),
+        ),
     )
 
 
@@ -238,19 +279,25 @@ async def run(
             metrics_server = start_http_server(port, addr=addr, registry=registry)
         store = await open_object_store(settings.store)
         # Redirects only among the configured hosts: the service key goes nowhere else.
-        clients = {h: LogHostClient(h, settings.api_key, redirect_hosts=list(settings.hosts))
-                   for h in settings.hosts}
+        clients = {
+            h: LogHostClient(h, settings.api_key, redirect_hosts=list(settings.hosts))
+            for h in settings.hosts
+        }
         if spark is None:
             spark = build_session(settings.spark_master)
         ship_package(spark.sparkContext)
         scheduler = make_scheduler(settings, store, list(clients.values()))
         assert scheduler.liveness is not None
         # Beat during rounds too: a long Spark job must not make this member look dead.
-        heartbeat = asyncio.create_task(_heartbeat(scheduler.liveness),
-                                        name="compactor-heartbeat")
+        heartbeat = asyncio.create_task(_heartbeat(scheduler.liveness), name="compactor-heartbeat")
         pipeline = CompactionPipeline(
-            spark, store, clients, metrics=metrics, progress=settings.progress,
-            keep_versions=settings.keep_versions, prune_grace_s=settings.prune_grace_s,
+            spark,
+            store,
+            clients,
+            metrics=metrics,
+            progress=settings.progress,
+            keep_versions=settings.keep_versions,
+            prune_grace_s=settings.prune_grace_s,
         )
         _touch(settings.heartbeat_file)
         while True:
@@ -277,8 +324,13 @@ async def run(
             metrics_server[0].shutdown()
 
 
-def make_scheduler(settings: Settings, store: ObjectStore, sources: Sequence[DirtySource], *,
-                   clock: Callable[[], float] = time.time) -> Scheduler:
+def make_scheduler(
+    settings: Settings,
+    store: ObjectStore,
+    sources: Sequence[DirtySource],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> Scheduler:
     """The scheduler ``run`` uses: liveness records and this member's take-over clocks in
     ``store``, on wall time (both outlive the process: ``--once`` runs are one round each)."""
     from .membership import Liveness
@@ -291,8 +343,9 @@ def make_scheduler(settings: Settings, store: ObjectStore, sources: Sequence[Dir
         budget_records=settings.budget_records,
         min_records=settings.min_records,
         dirty_limit=settings.dirty_limit,
-        liveness=Liveness(store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s,
-                          clock=clock),
+        liveness=Liveness(
+            store, settings.member_id, ttl_s=settings.effective_liveness_ttl_s, clock=clock
+        ),
         takeover_s=settings.takeover_s,
         clock=clock,
         ledger=ProgressLedger(store, settings.member_id),
@@ -315,33 +368,51 @@ async def _heartbeat(liveness: Liveness) -> None:
         await asyncio.sleep(liveness.ttl_s / 3)  # the renewal period, not a synchronisation
         try:
             await liveness.beat()
-        except Exception as e:  # noqa: BLE001 - a missed beat only risks duplicate (safe) work
+        except Exception as e:
             log.warning("could not renew the liveness record: %r", e)
 
 
-async def _one_round(scheduler: Scheduler, pipeline: CompactionPipeline,
-                     metrics: CompactorMetrics) -> bool:
+async def _one_round(
+    scheduler: Scheduler, pipeline: CompactionPipeline, metrics: CompactorMetrics
+) -> bool:
     """Select and compact once; a bug in a round is logged and counted, not fatal to the loop."""
     try:
         selection = await scheduler.select_round()
         result = await pipeline.run_round(selection.selected, failed_hosts=selection.failed_hosts)
-    except Exception:  # noqa: BLE001 - the service keeps going; the next round starts afresh
+    except Exception:
         log.exception("compaction round failed")
         metrics.rounds.labels(outcome="failed").inc()
         metrics.failures.labels(stage="round").inc()
         return False
-    _report(result, selection.merged, selection.not_ours, selection.over_budget,
-            selection.taken_over, selection.members)
+    _report(
+        result,
+        selection.merged,
+        selection.not_ours,
+        selection.over_budget,
+        selection.taken_over,
+        selection.members,
+    )
     return result.ok
 
 
-def _report(result: RoundResult, merged: int, not_ours: int, over_budget: int,
-            taken_over: int = 0, members: Sequence[str] = ()) -> None:
+def _report(
+    result: RoundResult,
+    merged: int,
+    not_ours: int,
+    over_budget: int,
+    taken_over: int = 0,
+    members: Sequence[str] = (),
+) -> None:
     from .pipeline import summarize
 
     summary = summarize(result)
-    summary.update(dirty=merged, not_ours=not_ours, over_budget=over_budget,
-                   taken_over=taken_over, members=list(members))
+    summary.update(
+        dirty=merged,
+        not_ours=not_ours,
+        over_budget=over_budget,
+        taken_over=taken_over,
+        members=list(members),
+    )
     log.info("round summary %s", json.dumps(summary, sort_keys=True))
 
 

@@ -130,8 +130,7 @@ class LogHostClient:
         # to these origins and our own (the compactor passes every configured host).
         self._redirect_origins: frozenset[tuple[str, str, int | None]] | None = None
         if redirect_hosts is not None:
-            self._redirect_origins = frozenset(
-                _origin(u) for u in (self.base_url, *redirect_hosts))
+            self._redirect_origins = frozenset(_origin(u) for u in (self.base_url, *redirect_hosts))
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_redirects = max_redirects
@@ -220,11 +219,17 @@ class LogHostClient:
             location = resp.headers.get("location")
             if status in _REDIRECTS and location:
                 target = urljoin(str(resp.request.url), location)
-                if self._redirect_origins is not None and \
-                        _origin(target) not in self._redirect_origins:
+                if (
+                    self._redirect_origins is not None
+                    and _origin(target) not in self._redirect_origins
+                ):
                     raise NotLeader(
                         f"refusing to follow a redirect to an unlisted host: {location}",
-                        location=location, status=status, code=code, url=url)
+                        location=location,
+                        status=status,
+                        code=code,
+                        url=url,
+                    )
                 if hops < self.max_redirects:
                     hops += 1
                     url = target

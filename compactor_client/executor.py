@@ -93,17 +93,23 @@ def read_fragment_task(task: FragmentTask, s3: S3Options | None = None) -> list[
     """The window's records of one fragment as keyed pairs, or one error pair."""
     try:
         data = read_bytes(task.url, s3)
-    except Exception as e:  # noqa: BLE001 - the store, not the bytes: a later round may succeed
+    except Exception as e:
         return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}", "read"))]
     try:
         if task.content_md5:
             check_md5(task.url, data, task.content_md5)
         table = pq.read_table(pa.BufferReader(data), columns=["offset", "timestamp_us", "body"])
         if not task.content_md5 and task.setsum:
-            check_setsum(task.url, zip(table.column("offset").to_pylist(),
-                                       table.column("timestamp_us").to_pylist(),
-                                       table.column("body").to_pylist(), strict=True),
-                         task.setsum)
+            check_setsum(
+                task.url,
+                zip(
+                    table.column("offset").to_pylist(),
+                    table.column("timestamp_us").to_pylist(),
+                    table.column("body").to_pylist(),
+                    strict=True,
+                ),
+                task.setsum,
+            )
         offsets = table.column("offset")
         if table.num_rows:
             bounds = pc.min_max(offsets).as_py()
@@ -122,7 +128,7 @@ def read_fragment_task(task: FragmentTask, s3: S3Options | None = None) -> list[
                 window.column("offset").to_pylist(), window.column("body").to_pylist(), strict=True
             )
         ]
-    except Exception as e:  # noqa: BLE001 - reported per collection, the job goes on
+    except Exception as e:
         # Bytes that do not decode as the fragment the host vouched for are corrupt too.
         kind = getattr(e, "kind", None) or CorruptFragmentError.kind
         return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}", kind))]
@@ -165,7 +171,7 @@ def fold_collection(
             rows_out=len(rows),
             bytes_out=size,
         )
-    except Exception as e:  # noqa: BLE001 - one bad collection must not fail the others
+    except Exception as e:
         return CollectionStats(
             cidx=task.cidx,
             collection_id=task.collection_id,

@@ -17,8 +17,14 @@ from .errors import CompactorError
 
 # The setsum crate's primes (wal3/setsum.py); lane i is summed modulo PRIMES[i].
 PRIMES: tuple[int, ...] = (
-    4294967291, 4294967279, 4294967231, 4294967197,
-    4294967189, 4294967161, 4294967143, 4294967111,
+    4294967291,
+    4294967279,
+    4294967231,
+    4294967197,
+    4294967189,
+    4294967161,
+    4294967143,
+    4294967111,
 )
 _LANES = struct.Struct("<8I")
 _U64 = struct.Struct(">QQ")

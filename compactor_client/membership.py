@@ -32,8 +32,14 @@ LIVE_PREFIX = COMPACTORS_LIVE_PREFIX
 class Liveness:
     """This member's heartbeat, and the set of members alive now."""
 
-    def __init__(self, store: ObjectStore, member_id: str, *, ttl_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        member_id: str,
+        *,
+        ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.store = store
@@ -82,8 +88,7 @@ class Liveness:
             if member is None:
                 continue
             try:
-                out[member] = float(
-                    json.loads((await self.store.get(key)).data)["at"])
+                out[member] = float(json.loads((await self.store.get(key)).data)["at"])
             except (ObjectNotFound, ValueError, KeyError, TypeError):
                 continue  # gone meanwhile, or damaged: it proves nothing about its member
         return out
@@ -91,8 +96,9 @@ class Liveness:
     async def alive(self) -> set[str]:
         """Members whose record is younger than ``ttl_s``, this one always included."""
         now = self._clock()
-        return {self.member_id} | {m for m, at in (await self.records()).items()
-                                   if now - at < self.ttl_s}
+        return {self.member_id} | {
+            m for m, at in (await self.records()).items() if now - at < self.ttl_s
+        }
 
     async def members(self, configured: Sequence[str]) -> list[str]:
         """The membership to rank over: the configured members that are alive, or, with none

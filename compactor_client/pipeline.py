@@ -160,8 +160,14 @@ class _Plan:
     def fragment_tasks(self) -> list[FragmentTask]:
         return [
             FragmentTask(
-                cidx=self.cidx, url=f.url, start=f.start, limit=f.limit, lo=self.start, hi=self.end,
-                setsum=f.setsum, content_md5=f.content_md5,
+                cidx=self.cidx,
+                url=f.url,
+                start=f.start,
+                limit=f.limit,
+                lo=self.start,
+                hi=self.end,
+                setsum=f.setsum,
+                content_md5=f.content_md5,
             )
             for f in self.fragments
         ]
@@ -266,16 +272,23 @@ class CompactionPipeline:
                 if unverifiable:
                     # Nothing unverified is compacted: no checksum, no fold.
                     raise UnverifiableFragmentError(
-                        f"the host reported no checksum for {unverifiable[0]}")
+                        f"the host reported no checksum for {unverifiable[0]}"
+                    )
                 if end <= start:
                     if base is not None and cand.log.start < base.offset:
                         # A crash after installing left the cursor behind the data: catch it up.
                         await api.compact(tenant, cid, base.offset)
                     return CollectionOutcome(tenant, cid, "skipped", start=start, end=end)
         except (PlanError, CorruptCurrent, LogHostError, UnverifiableFragmentError) as e:
-            return CollectionOutcome(tenant, cid, "failed", stage="plan", error=str(e),
-                                     error_kind=getattr(e, "kind", None) or getattr(e, "code", None))
-        except Exception as e:  # noqa: BLE001 - one collection's surprise must not end the round
+            return CollectionOutcome(
+                tenant,
+                cid,
+                "failed",
+                stage="plan",
+                error=str(e),
+                error_kind=getattr(e, "kind", None) or getattr(e, "code", None),
+            )
+        except Exception as e:
             log.exception("planning %s/%s failed", tenant, cid)
             return CollectionOutcome(tenant, cid, "failed", stage="plan", error=repr(e))
         pending = allocate_version(cid, base)
@@ -311,9 +324,7 @@ class CompactionPipeline:
                     done += stage.numCompletedTasks
         return done, total
 
-    async def _run_spark(
-        self, plans: Sequence[_Plan], progress: Progress
-    ) -> list[CollectionStats]:
+    async def _run_spark(self, plans: Sequence[_Plan], progress: Progress) -> list[CollectionStats]:
         group = f"compactor-{uuid.uuid4().hex[:12]}"
         task_id = progress.add_task("spark tasks", total=None)
         job = asyncio.ensure_future(asyncio.to_thread(self._spark_job, group, plans))
@@ -334,8 +345,15 @@ class CompactionPipeline:
         tenant, cid = cand.log.tenant, cand.log.collection_id
 
         def outcome(status: Status, **kw: Any) -> CollectionOutcome:
-            return CollectionOutcome(tenant, cid, status, version=plan.pending.version,
-                                     start=plan.start, end=plan.end, **kw)
+            return CollectionOutcome(
+                tenant,
+                cid,
+                status,
+                version=plan.pending.version,
+                start=plan.start,
+                end=plan.end,
+                **kw,
+            )
 
         if stats is None or stats.error is not None:
             await self._discard(plan)
@@ -347,16 +365,21 @@ class CompactionPipeline:
                 installed = await install_version(
                     self.store, plan.pending, offset=plan.end, rows=stats.rows_out
                 )
-            except Exception as e:  # noqa: BLE001 - outcome unknown: keep the data, report
+            except Exception as e:
                 return outcome("failed", stage="install", error=repr(e))
             if not installed.installed:
                 return outcome("lost", stage="install", error="another compactor installed first")
             try:
                 await self.apis[cand.host_url].compact(tenant, cid, plan.end)
-            except Exception as e:  # noqa: BLE001 - reported per collection
+            except Exception as e:
                 # The data is current; the cursor catches up next round (see module docstring).
-                return outcome("failed", stage="cursor", error=str(e),
-                               records_in=stats.records_in, rows_out=stats.rows_out)
+                return outcome(
+                    "failed",
+                    stage="cursor",
+                    error=str(e),
+                    records_in=stats.records_in,
+                    rows_out=stats.rows_out,
+                )
             await self._prune(cid, installed.current)
         return outcome("compacted", records_in=stats.records_in, rows_out=stats.rows_out)
 
@@ -365,15 +388,16 @@ class CompactionPipeline:
         if current is None:
             return
         try:
-            await prune_versions(self.store, current, cid, keep=self.keep_versions,
-                                 grace_s=self.prune_grace_s)
-        except Exception as e:  # noqa: BLE001 - leftover files are harmless; report and go on
+            await prune_versions(
+                self.store, current, cid, keep=self.keep_versions, grace_s=self.prune_grace_s
+            )
+        except Exception as e:
             log.warning("could not prune old versions of %s: %r", cid, e)
 
     async def _discard(self, plan: _Plan) -> None:
         try:
             await discard_version(self.store, plan.pending)
-        except Exception as e:  # noqa: BLE001 - an orphan file is harmless; report and go on
+        except Exception as e:
             log.warning("could not delete %s: %r", plan.pending.data_key, e)
 
     # ---------------------------------------------------------------------------------- round
@@ -395,14 +419,25 @@ class CompactionPipeline:
             if cid in seen:
                 # Versions are keyed by collection id alone: two tenants sharing one would
                 # overwrite each other's compacted data.
-                outcomes.append(CollectionOutcome(cand.log.tenant, cid, "failed", stage="plan",
-                                                  error="collection id appears twice in a round"))
+                outcomes.append(
+                    CollectionOutcome(
+                        cand.log.tenant,
+                        cid,
+                        "failed",
+                        stage="plan",
+                        error="collection id appears twice in a round",
+                    )
+                )
                 continue
             seen.add(cid)
             unique.append(cand)
 
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=self.console, disable=not self.progress) as progress:
             plan_task = progress.add_task("planning", total=len(unique))
 
@@ -422,13 +457,20 @@ class CompactionPipeline:
                 try:
                     stats = await self._run_spark(plans, progress)
                     stats_by_cidx = {s.cidx: s for s in stats}
-                except Exception as e:  # noqa: BLE001 - the whole job failed: nothing installs
+                except Exception as e:
                     log.exception("compaction job failed")
                     await asyncio.gather(*(self._discard(p) for p in plans))
                     outcomes.extend(
-                        CollectionOutcome(p.candidate.log.tenant, p.candidate.log.collection_id,
-                                          "failed", version=p.pending.version, start=p.start,
-                                          end=p.end, stage="spark", error=repr(e))
+                        CollectionOutcome(
+                            p.candidate.log.tenant,
+                            p.candidate.log.collection_id,
+                            "failed",
+                            version=p.pending.version,
+                            start=p.start,
+                            end=p.end,
+                            stage="spark",
+                            error=repr(e),
+                        )
                         for p in plans
                     )
                     plans = []
@@ -444,8 +486,12 @@ class CompactionPipeline:
 
             outcomes.extend(await asyncio.gather(*(install(p) for p in plans)))
 
-        result = RoundResult(outcomes=outcomes, seconds=time.perf_counter() - t0,
-                             spark_seconds=spark_seconds, failed_hosts=dict(failed_hosts or {}))
+        result = RoundResult(
+            outcomes=outcomes,
+            seconds=time.perf_counter() - t0,
+            spark_seconds=spark_seconds,
+            failed_hosts=dict(failed_hosts or {}),
+        )
         self._record(result)
         return result
 
@@ -457,8 +503,13 @@ class CompactionPipeline:
         log.info(
             "round: %d compacted, %d lost, %d skipped, %d failed; %d records in, %d rows out, "
             "%.2fs (spark %.2fs)",
-            result.count("compacted"), result.count("lost"), result.count("skipped"),
-            result.count("failed"), result.records_in, result.rows_out, result.seconds,
+            result.count("compacted"),
+            result.count("lost"),
+            result.count("skipped"),
+            result.count("failed"),
+            result.records_in,
+            result.rows_out,
+            result.seconds,
             result.spark_seconds,
         )
         if m is None:

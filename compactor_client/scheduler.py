@@ -153,8 +153,12 @@ def rank_of(member_id: str, collection_id: str, members: Sequence[str]) -> int:
 
 
 def assigned_to(
-    candidates: Iterable[Candidate], member_id: str, members: Sequence[str],
-    *, stalled_s: Callable[[Candidate], float] | None = None, takeover_s: float | None = None,
+    candidates: Iterable[Candidate],
+    member_id: str,
+    members: Sequence[str],
+    *,
+    stalled_s: Callable[[Candidate], float] | None = None,
+    takeover_s: float | None = None,
 ) -> list[Candidate]:
     """The candidates this member owns, plus those it takes over.
 
@@ -166,8 +170,9 @@ def assigned_to(
     out: list[Candidate] = []
     for c in candidates:
         rank = rank_of(member_id, c.log.collection_id, members)
-        if rank == 0 or (takeover_s is not None and stalled_s is not None
-                         and stalled_s(c) >= rank * takeover_s):
+        if rank == 0 or (
+            takeover_s is not None and stalled_s is not None and stalled_s(c) >= rank * takeover_s
+        ):
             out.append(c)
     return out
 
@@ -206,8 +211,11 @@ def select(
     and apply the budget."""
     merged = merge_candidates(candidates)
     ours = assigned_to(merged, member_id, members, stalled_s=stalled_s, takeover_s=takeover_s)
-    taken = 0 if len(members) <= 1 else sum(
-        1 for c in ours if owner_of(c.log.collection_id, members) != member_id)
+    taken = (
+        0
+        if len(members) <= 1
+        else sum(1 for c in ours if owner_of(c.log.collection_id, members) != member_id)
+    )
     eligible = [c for c in ours if c.log.num_records >= min_records]
     chosen = apply_budget(eligible, budget_records)
     return Selection(
@@ -248,8 +256,10 @@ class ProgressLedger:
         empty when there are none (or they are damaged)."""
         try:
             doc = json.loads((await self.store.get(self.key)).data)
-            return {(str(t), str(c)): (int(start), float(since))
-                    for t, c, start, since in doc["collections"]}
+            return {
+                (str(t), str(c)): (int(start), float(since))
+                for t, c, start, since in doc["collections"]
+            }
         except ObjectNotFound:
             return {}
         except (ValueError, KeyError, TypeError):
@@ -259,8 +269,9 @@ class ProgressLedger:
     async def save(self, progress: Progress) -> None:
         """Replace the saved clocks."""
         rows = [[t, c, start, since] for (t, c), (start, since) in sorted(progress.items())]
-        body = json.dumps({"member_id": self.member_id, "collections": rows},
-                          separators=(",", ":")).encode()
+        body = json.dumps(
+            {"member_id": self.member_id, "collections": rows}, separators=(",", ":")
+        ).encode()
         await self.store.put(self.key, body)
 
 
@@ -305,8 +316,9 @@ class Scheduler:
         self._loaded = ledger is None
         self._saved: Progress | None = None
 
-    def _watch(self, candidates: Iterable[Candidate], *, complete: bool = True
-               ) -> Callable[[Candidate], float]:
+    def _watch(
+        self, candidates: Iterable[Candidate], *, complete: bool = True
+    ) -> Callable[[Candidate], float]:
         """Note each collection's progress; returns how long each has stalled (as seen here).
 
         ``complete``: every host was polled.  Otherwise a collection may be missing, or show
@@ -335,11 +347,13 @@ class Scheduler:
             now = self._clock()
             # A stamp from the future is clamped here, and so differs from the stored one: the
             # clamped clock is saved this round, and the future stamp is gone for good.
-            self._progress = {**{k: (start, _clamp(since, now))
-                                 for k, (start, since) in stored.items()}, **self._progress}
+            self._progress = {
+                **{k: (start, _clamp(since, now)) for k, (start, since) in stored.items()},
+                **self._progress,
+            }
             self._saved = stored
             self._loaded = True
-        except Exception as e:  # noqa: BLE001 - retried next round; clocks start from now
+        except Exception as e:
             log.warning("could not load the take-over clocks: %r", e)
 
     async def _save_progress(self) -> None:
@@ -348,7 +362,7 @@ class Scheduler:
         try:
             await self.ledger.save(self._progress)
             self._saved = dict(self._progress)
-        except Exception as e:  # noqa: BLE001 - only delays a take-over; retried next round
+        except Exception as e:
             log.warning("could not save the take-over clocks: %r", e)
 
     async def select_round(self) -> Selection:
@@ -373,8 +387,11 @@ class Scheduler:
             takeover_s=self.takeover_s,
         )
         if sel.taken_over:
-            log.warning("taking over %d collection(s) whose owner made no progress for %ss",
-                        sel.taken_over, self.takeover_s)
+            log.warning(
+                "taking over %d collection(s) whose owner made no progress for %ss",
+                sel.taken_over,
+                self.takeover_s,
+            )
         return Selection(
             selected=sel.selected,
             merged=sel.merged,

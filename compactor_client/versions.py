@@ -185,9 +185,16 @@ def _decode(collection_id: str, data: bytes, etag: str) -> CurrentVersion:
                 stored.append((int(h["version"]), float(h["stored_at"])))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptCurrent(f"{current_key(collection_id)}: invalid history: {e!r}") from e
-    return CurrentVersion(version=version, offset=offset, rows=rows, path=path, etag=etag,
-                          installed_at=installed_at, history=tuple(history),
-                          stored=tuple(stored))
+    return CurrentVersion(
+        version=version,
+        offset=offset,
+        rows=rows,
+        path=path,
+        etag=etag,
+        installed_at=installed_at,
+        history=tuple(history),
+        stored=tuple(stored),
+    )
 
 
 def _same_etag(a: str, b: str) -> bool:
@@ -248,7 +255,11 @@ async def write_rows(store: ObjectStore, pending: PendingVersion, rows: Iterable
 
 
 async def install_version(
-    store: ObjectStore, pending: PendingVersion, *, offset: int, rows: int,
+    store: ObjectStore,
+    pending: PendingVersion,
+    *,
+    offset: int,
+    rows: int,
     now: float | None = None,
 ) -> InstallOutcome:
     """Point ``CURRENT.json`` at ``pending`` by conditional put; the loser discards its data.
@@ -264,8 +275,13 @@ async def install_version(
     history = sorted({**earlier, pending.version: installed_at}.items(), reverse=True)
     stored = pending.base.store_installs() if pending.base is not None else {}
     new = CurrentVersion(
-        version=pending.version, offset=offset, rows=rows, path=pending.data_key, etag="",
-        installed_at=installed_at, history=tuple(history[:HISTORY_LIMIT]),
+        version=pending.version,
+        offset=offset,
+        rows=rows,
+        path=pending.data_key,
+        etag="",
+        installed_at=installed_at,
+        history=tuple(history[:HISTORY_LIMIT]),
         stored=tuple(sorted(stored.items(), reverse=True)[:HISTORY_LIMIT]),
     )
     body = _encode(new.document())
@@ -284,8 +300,14 @@ async def install_version(
     return InstallOutcome(
         installed=True,
         current=CurrentVersion(
-            version=new.version, offset=offset, rows=rows, path=new.path, etag=etag,
-            installed_at=new.installed_at, history=new.history, stored=new.stored,
+            version=new.version,
+            offset=offset,
+            rows=rows,
+            path=new.path,
+            etag=etag,
+            installed_at=new.installed_at,
+            history=new.history,
+            stored=new.stored,
         ),
     )
 
@@ -331,15 +353,15 @@ async def prune_versions(
     pointer_written: float | None = None
     store_now: float | None = None
     async for meta in store.list(base):
-        store_now = meta.last_modified if store_now is None else max(store_now,
-                                                                     meta.last_modified)
+        store_now = meta.last_modified if store_now is None else max(store_now, meta.last_modified)
         if meta.key == current_key(collection_id):
             pointer_written = meta.last_modified
         of = parse_data_key(collection_id, meta.key)
         if of is not None:
             by_version.setdefault(of, []).append(meta)
-    current_meta = next((x for x in by_version.get(current.version, ()) if x.key == current.path),
-                        None)
+    current_meta = next(
+        (x for x in by_version.get(current.version, ()) if x.key == current.path), None
+    )
     if current_meta is None or pointer_written is None or store_now is None:
         # CURRENT.json, or the file it names, is not in the listing (eventual listing, or
         # damage): not a state to delete anything in.
@@ -348,8 +370,7 @@ async def prune_versions(
     installs = current.store_installs()
     # The pointer now in the store was written at or after ``current``'s install (a later
     # install may have replaced it meanwhile): an upper bound for every install up to it.
-    installs[current.version] = min(installs.get(current.version, pointer_written),
-                                    pointer_written)
+    installs[current.version] = min(installs.get(current.version, pointer_written), pointer_written)
 
     def superseded_at(version: int) -> float:
         """When ``version`` stopped being current (store time), or a time no earlier than that."""

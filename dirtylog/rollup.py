@@ -102,9 +102,12 @@ def _widen(old: Coalesced | None, new: Coalesced, *, newest: bool = False) -> Co
     if old is None:
         return new
     pick = max if newest else min
-    return Coalesced(min(old.start, new.start), max(old.limit, new.limit),
-                     pick(old.first_insertion_us, new.first_insertion_us),
-                     max(old.reinsert_count, new.reinsert_count))
+    return Coalesced(
+        min(old.start, new.start),
+        max(old.limit, new.limit),
+        pick(old.first_insertion_us, new.first_insertion_us),
+        max(old.reinsert_count, new.reinsert_count),
+    )
 
 
 Monotonic = Callable[[], float]
@@ -157,11 +160,14 @@ class Observations:
 class Coalescer:
     """Folds dirty-log records one at a time, so a paged read needs O(collections) memory."""
 
-    def __init__(self, compacted: Mapping[UUID, int] | None = None,
-                 tails: Mapping[UUID, int | None] | None = None,
-                 settle_s: float | None = None,
-                 seen_at: Callable[[int], float] | None = None,
-                 now: float = 0.0) -> None:
+    def __init__(
+        self,
+        compacted: Mapping[UUID, int] | None = None,
+        tails: Mapping[UUID, int | None] | None = None,
+        settle_s: float | None = None,
+        seen_at: Callable[[int], float] | None = None,
+        now: float = 0.0,
+    ) -> None:
         """Fold records; ``compacted`` (read at each ``add``) clips marks to compaction cursors,
         and ``tails`` clips marks first seen (``seen_at(offset)``, monotonic) at least
         ``settle_s`` before ``now`` to the log's tail (a None tail: a write may still land
@@ -190,9 +196,12 @@ class Coalescer:
         """Whether the mark at dirty-log ``offset`` is old enough for its upload to have ended
         (only with tails to clip against): first seen by this process at least ``settle_s``
         ago.  It is settled if its log's tail also shows no write that may still land."""
-        return (self._tails is not None and self._settle_s is not None
-                and record.kind == RecordKind.MARK_DIRTY
-                and self._now - self._seen(offset) >= self._settle_s)
+        return (
+            self._tails is not None
+            and self._settle_s is not None
+            and record.kind == RecordKind.MARK_DIRTY
+            and self._now - self._seen(offset) >= self._settle_s
+        )
 
     def add(self, record: DirtyRecord, offset: int | None = None) -> None:
         """Fold one record, read at dirty-log ``offset`` (see the module docstring)."""
@@ -228,8 +237,10 @@ class Coalescer:
             if tail <= start:  # the write never landed: nothing of it is in the log
                 self.marks_beyond_tail += 1
                 return
-            self._spans[cid] = _widen(self._spans.get(cid), Coalesced(
-                start, min(end, tail), span.first_insertion_us, reinserts))
+            self._spans[cid] = _widen(
+                self._spans.get(cid),
+                Coalesced(start, min(end, tail), span.first_insertion_us, reinserts),
+            )
             self._spans_seen[cid] = min(self._spans_seen.get(cid, seen), seen)
         else:
             self._fresh[cid] = _widen(self._fresh.get(cid), span, newest=True)
@@ -255,10 +266,12 @@ class Coalescer:
     def carried_seen(self) -> list[tuple[UUID, Coalesced, float]]:
         """``carried()``, each with the sighting it carries on: the oldest of its marks' for a
         settled span (all of them have ended), the newest for an unsettled one."""
-        out = [(cid, span, self._spans_seen.get(cid, self._now))
-               for cid, span in self._spans.items()]
-        out += [(cid, span, self._fresh_seen.get(cid, self._now))
-                for cid, span in self._fresh.items()]
+        out = [
+            (cid, span, self._spans_seen.get(cid, self._now)) for cid, span in self._spans.items()
+        ]
+        out += [
+            (cid, span, self._fresh_seen.get(cid, self._now)) for cid, span in self._fresh.items()
+        ]
         return sorted(out, key=lambda x: (x[1].first_insertion_us, x[0].bytes, x[1].start))
 
 
@@ -336,8 +349,12 @@ class _Window:
 
 
 async def _read_window(
-    backend: DirtyLogBackend, compaction: CompactionOffsets, cursor_name: str, max_read: int,
-    tails: LogTails | None = None, observations: Observations | None = None,
+    backend: DirtyLogBackend,
+    compaction: CompactionOffsets,
+    cursor_name: str,
+    max_read: int,
+    tails: LogTails | None = None,
+    observations: Observations | None = None,
     monotonic: Monotonic = time.monotonic,
 ) -> _Window:
     """Fold ``[cursor, end)`` of a dirty log, ``end`` being its next offset when we start."""
@@ -360,9 +377,13 @@ async def _read_window(
     # 3. Read the window page by page, folding as we go.
     compacted: dict[UUID, int] = {}
     known_tails: dict[UUID, int | None] = {}
-    folder = Coalescer(compacted, known_tails if tails is not None else None,
-                       None if tails is None else tails.settle_s,
-                       lambda offset: seen.seen_at(offset, now), now)
+    folder = Coalescer(
+        compacted,
+        known_tails if tails is not None else None,
+        None if tails is None else tails.settle_s,
+        lambda offset: seen.seen_at(offset, now),
+        now,
+    )
     pos = cursor
     while pos < end:
         page = await backend.read(pos, min(max_read, end - pos))
@@ -396,9 +417,13 @@ async def _read_window(
         # 4b. Tails of logs with aged marks: read after those uploads ended, so they tell
         # (None: a write may still land there, whatever the marks' age).
         if tails is not None:
-            tail_ids = list(dict.fromkeys(
-                r.collection_id for o, r in records
-                if r.collection_id not in known_tails and folder.aged(r, o)))
+            tail_ids = list(
+                dict.fromkeys(
+                    r.collection_id
+                    for o, r in records
+                    if r.collection_id not in known_tails and folder.aged(r, o)
+                )
+            )
             if tail_ids:
                 found_tails = await tails.log_tails(tail_ids)
                 for cid in tail_ids:
@@ -412,14 +437,17 @@ def _carry(folder: Coalescer) -> list[tuple[DirtyRecord, float]]:
     """A mark per still-dirty collection (two when some of its marks are unsettled), re-inserted
     once more, oldest first; each with the sighting it carries on (``Observations``)."""
     return [
-        (DirtyRecord(
-            cid,
-            span.start,
-            span.num_records,
-            span.first_insertion_us,
-            min(span.reinsert_count + 1, _U32_MAX),
-            RecordKind.MARK_DIRTY,
-        ), seen)
+        (
+            DirtyRecord(
+                cid,
+                span.start,
+                span.num_records,
+                span.first_insertion_us,
+                min(span.reinsert_count + 1, _U32_MAX),
+                RecordKind.MARK_DIRTY,
+            ),
+            seen,
+        )
         for cid, span, seen in folder.carried_seen()
     ]
 
@@ -500,7 +528,9 @@ class RollUp:
         ``monotonic`` alone, by this roll-up's own sightings (``Observations``).
         """
         if max_records_per_read < 1 or max_records_per_append < 1 or max_attempts < 1:
-            raise ValueError("max_records_per_read, max_records_per_append, max_attempts must be >= 1")
+            raise ValueError(
+                "max_records_per_read, max_records_per_append, max_attempts must be >= 1"
+            )
         self._backend = backend
         self._compaction = compaction_offsets
         self._max_read = max_records_per_read
@@ -508,8 +538,9 @@ class RollUp:
         self._clock = clock
         self._cursor_name = cursor_name
         self._max_attempts = max_attempts
-        self._tails = tails if tails is not None else (
-            backend if isinstance(backend, LogTails) else None)
+        self._tails = (
+            tails if tails is not None else (backend if isinstance(backend, LogTails) else None)
+        )
         self._monotonic = monotonic
         self._observations = Observations()
         self._hook = DirtyLogHook(backend, clock)
@@ -611,13 +642,22 @@ class RollUp:
 
     async def _run_once(self, attempt: _Attempt) -> RollUpResult:
         backend = self._backend
-        window = await _read_window(backend, self._compaction, self._cursor_name, self._max_read,
-                                    self._tails, self._observations, self._monotonic)
+        window = await _read_window(
+            backend,
+            self._compaction,
+            self._cursor_name,
+            self._max_read,
+            self._tails,
+            self._observations,
+            self._monotonic,
+        )
         cursor, witness, end, folder = window.cursor, window.witness, window.end, window.folder
         if not folder.saw_changes:
             # Nothing but clears (or nothing at all) since the cursor: the set is empty and writing
             # yet another clear every interval would be pure churn on an idle server.
-            return self._finish(attempt, {}, cursor, cursor, end - cursor, folder, 0, False, idle=True)
+            return self._finish(
+                attempt, {}, cursor, cursor, end - cursor, folder, 0, False, idle=True
+            )
 
         # 5. Re-append every collection still dirty, or a clear record when none is; remember
         # what each carried mark was first seen as (its settle time goes on from there).
@@ -636,7 +676,12 @@ class RollUp:
         for cid, span in folder.result().items():  # one entry per collection, both marks merged
             reinserts = min(span.reinsert_count + 1, _U32_MAX)
             new_entries[cid] = DirtyEntry(
-                cid, span.start, span.limit, span.num_records, span.first_insertion_us, reinserts,
+                cid,
+                span.start,
+                span.limit,
+                span.num_records,
+                span.first_insertion_us,
+                reinserts,
                 score(span.num_records, span.first_insertion_us, reinserts, now),
             )
         result = self._finish(
@@ -647,7 +692,7 @@ class RollUp:
         # left by a failure here is reclaimed by the next run's GC.
         try:
             await backend.collect_garbage()
-        except Exception as e:  # noqa: BLE001 - reported in the result, never fatal
+        except Exception as e:
             log.warning("dirty-log GC failed after roll-up: %r", e)
             result = dataclasses.replace(result, gc_error=repr(e))
             self._last = result
@@ -699,7 +744,7 @@ class RollUp:
         while not stop.is_set():
             try:
                 result = await self.run()
-            except Exception as e:  # noqa: BLE001 - the loop must survive; the caller is told
+            except Exception as e:
                 log.exception("dirty-log roll-up failed")
                 if on_error is not None:
                     on_error(e)
@@ -710,4 +755,3 @@ class RollUp:
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
             except TimeoutError:
                 pass
-

@@ -44,7 +44,8 @@ class DirtyEntry:
     def rescored(self, now_us: int) -> DirtyEntry:
         """The same entry with its score computed at ``now_us``."""
         return dataclasses.replace(
-            self, score=score(self.num_records, self.first_insertion_us, self.reinsert_count, now_us)
+            self,
+            score=score(self.num_records, self.first_insertion_us, self.reinsert_count, now_us),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -103,5 +104,7 @@ def missing_from_dirty_set(
     """
     present = set(entries) if isinstance(entries, Mapping) else {e.collection_id for e in entries}
     return {
-        cid for cid, (next_off, compacted) in known.items() if next_off > compacted and cid not in present
+        cid
+        for cid, (next_off, compacted) in known.items()
+        if next_off > compacted and cid not in present
     }

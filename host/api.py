@@ -40,27 +40,27 @@ from . import jsonlog
 from .auth import Principal, Role, check_cursor_name
 from .config import Settings
 from .docs import install_docs
-from .forks import fork_collection
 from .errors import (
     BackpressureError,
     BadRequest,
     Conflict,
-    RecordTooLarge,
     NotFound,
     NotLeader,
+    RecordTooLarge,
     TooLarge,
     Unauthorized,
     Unavailable,
     error_response,
     install_handlers,
 )
+from .forks import fork_collection
 from .httpserver import connection_ticket, guarded_h11
 from .manager import LogHandle, log_prefix
 from .models import (
+    MAX_RECORDS_PER_REQUEST,
     AdoptRequest,
     AdoptResponse,
     AppendRequest,
-    MAX_RECORDS_PER_REQUEST,
     AppendResponse,
     CompactionRequest,
     CompactionResponse,
@@ -88,8 +88,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a body we parse ourselves (the schema is added in ``_openapi``)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+        }
+    }
 
 
 def _parse_uuid(value: str, field: str = "collection_id") -> UUID:
@@ -169,8 +175,11 @@ def _count_records(raw: bytes, limit: int) -> Any:
         raise BadRequest(f"records: at most {limit} per request") from None
     except (ValueError, RecursionError):
         return None
-    if isinstance(doc, dict) and isinstance(doc.get("records"), list) and \
-            len(doc["records"]) > limit:
+    if (
+        isinstance(doc, dict)
+        and isinstance(doc.get("records"), list)
+        and len(doc["records"]) > limit
+    ):
         raise BadRequest(f"records: at most {limit} per request")
     return doc
 
@@ -204,13 +213,17 @@ def _record_values(records: list[Any], limits: RecordLimits) -> list[int]:
             meta, emb = rec.get("metadata"), rec.get("embedding")
             if isinstance(meta, dict):
                 if len(meta) > limits.metadata_keys:
-                    raise RecordTooLarge(f"records.{i}.metadata: {len(meta)} keys, at most "
-                                         f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)")
+                    raise RecordTooLarge(
+                        f"records.{i}.metadata: {len(meta)} keys, at most "
+                        f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)"
+                    )
                 n += len(meta)
             if isinstance(emb, list):
                 if len(emb) > limits.embedding_dims:
-                    raise RecordTooLarge(f"records.{i}.embedding: {len(emb)} elements, at most "
-                                         f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)")
+                    raise RecordTooLarge(
+                        f"records.{i}.embedding: {len(emb)} elements, at most "
+                        f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)"
+                    )
                 n += len(emb)
         sizes.append(n)
     return sizes
@@ -220,11 +233,15 @@ def _check_record_sizes(records: list[Record], limits: RecordLimits) -> None:
     """The same limits on records validated already (small bodies, bounded by their size)."""
     for i, rec in enumerate(records):
         if rec.metadata is not None and len(rec.metadata) > limits.metadata_keys:
-            raise RecordTooLarge(f"records.{i}.metadata: {len(rec.metadata)} keys, at most "
-                                 f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)")
+            raise RecordTooLarge(
+                f"records.{i}.metadata: {len(rec.metadata)} keys, at most "
+                f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)"
+            )
         if rec.embedding is not None and len(rec.embedding) > limits.embedding_dims:
-            raise RecordTooLarge(f"records.{i}.embedding: {len(rec.embedding)} elements, at most "
-                                 f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)")
+            raise RecordTooLarge(
+                f"records.{i}.embedding: {len(rec.embedding)} elements, at most "
+                f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)"
+            )
 
 
 def _slices(sizes: list[int]) -> list[tuple[int, int]]:
@@ -304,7 +321,7 @@ async def _disconnected(receive: Any) -> None:
     try:
         while (await receive())["type"] != "http.disconnect":
             pass
-    except Exception:  # noqa: BLE001 - cannot tell: never end a wait for this reason
+    except Exception:
         _log.debug("disconnect watch failed", exc_info=True)
         await asyncio.Event().wait()
 
@@ -356,36 +373,53 @@ class _RequestContext:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 sent_start = True
-                message["headers"] = [*message.get("headers", []),
-                                      (b"x-request-id", rid.encode("latin-1"))]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", rid.encode("latin-1")),
+                ]
             await send(message)
 
         try:
             await self._app(scope, receive, send_wrapper)
-        except Exception:  # noqa: BLE001 - the last line of defence: an error shape, logged
+        except Exception:
             _log.exception("unhandled error")
             if not sent_start:
-                await JSONResponse({"error": {"code": "internal", "message": "internal error"}},
-                                   status_code=500)(scope, receive, send_wrapper)
+                await JSONResponse(
+                    {"error": {"code": "internal", "message": "internal error"}}, status_code=500
+                )(scope, receive, send_wrapper)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self._server.metrics.requests.labels(route, str(status)).inc()
-            _log.info("request", extra={"method": scope.get("method"), "route": route,
-                                        "status": status,
-                                        "ms": round((time.monotonic() - started) * 1000, 3)})
+            _log.info(
+                "request",
+                extra={
+                    "method": scope.get("method"),
+                    "route": route,
+                    "status": status,
+                    "ms": round((time.monotonic() - started) * 1000, 3),
+                },
+            )
 
 
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How the log host runs under uvicorn: ``loghost serve``, the tests and the benchmarks."""
     host, port = settings.host_port
-    http = guarded_h11(settings.header_timeout_s, settings.body_timeout_s,
-                       settings.max_connections, settings.max_unauthenticated_connections,
-                       settings.send_timeout_s)
+    http = guarded_h11(
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+        settings.max_connections,
+        settings.max_unauthenticated_connections,
+        settings.send_timeout_s,
+    )
     state = getattr(app, "state", None)
     if state is not None:
         state.connections = http.table  # type: ignore[attr-defined]  # what the cap sees
     options: dict[str, Any] = {
-        "host": host, "port": port, "log_config": None, "access_log": False, "lifespan": "on",
+        "host": host,
+        "port": port,
+        "log_config": None,
+        "access_log": False,
+        "lifespan": "on",
         "server_header": False,
         # Above clients' idle expiry, or a request may be sent on a connection being closed.
         "timeout_keep_alive": max(1, round(settings.keep_alive_s)),
@@ -410,8 +444,14 @@ def create_app(server: Server) -> FastAPI:
             await server.close()
 
     # The docs pages are served from the package by ``install_docs`` (no CDN).
-    app = FastAPI(title="loghost", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="A multi-tenant log host over wal3 logs on object storage.")
+    app = FastAPI(
+        title="loghost",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="A multi-tenant log host over wal3 logs on object storage.",
+    )
     install_handlers(app)
     install_docs(app)
     app.state.server = server
@@ -421,8 +461,9 @@ def create_app(server: Server) -> FastAPI:
     @app.exception_handler(NotLeader)
     async def _not_leader(request: Request, exc: NotLeader) -> Response:
         base = exc.headers["Location"].rstrip("/")
-        location = base + _canonical_path(request) + (
-            f"?{request.url.query}" if request.url.query else "")
+        location = (
+            base + _canonical_path(request) + (f"?{request.url.query}" if request.url.query else "")
+        )
         return error_response(NotLeader(location))
 
     @app.exception_handler(ClientDisconnect)
@@ -444,8 +485,7 @@ def create_app(server: Server) -> FastAPI:
     # One flat dependency per route (a chain of them costs a fifth of a small request), named for
     # the role the route needs (the role table is in README.md); the bearer scheme is documented
     # in the OpenAPI document by ``_openapi`` instead.
-    def _scope(request: Request, tenant: str, collection_id: str, needed: Role
-               ) -> tuple[str, UUID]:
+    def _scope(request: Request, tenant: str, collection_id: str, needed: Role) -> tuple[str, UUID]:
         who = principal(request)
         server.auth.authorize(who, tenant, needed)
         request.state.principal = who  # long-polls are counted per role
@@ -454,26 +494,25 @@ def create_app(server: Server) -> FastAPI:
         jsonlog.collection_id.set(str(cid))
         return tenant, cid
 
-    async def reader_scope(request: Request, tenant: str, collection_id: str
-                           ) -> tuple[str, UUID]:
+    async def reader_scope(request: Request, tenant: str, collection_id: str) -> tuple[str, UUID]:
         return _scope(request, tenant, collection_id, Role.READER)
 
-    async def tenant_scope(request: Request, tenant: str, collection_id: str
-                           ) -> tuple[str, UUID]:
+    async def tenant_scope(request: Request, tenant: str, collection_id: str) -> tuple[str, UUID]:
         return _scope(request, tenant, collection_id, Role.TENANT)
 
-    async def service_scope(request: Request, tenant: str, collection_id: str
-                            ) -> tuple[str, UUID]:
+    async def service_scope(request: Request, tenant: str, collection_id: str) -> tuple[str, UUID]:
         return _scope(request, tenant, collection_id, Role.SERVICE)
 
-    async def cursor_reader_scope(request: Request, tenant: str, collection_id: str, name: str
-                                  ) -> tuple[str, UUID]:
+    async def cursor_reader_scope(
+        request: Request, tenant: str, collection_id: str, name: str
+    ) -> tuple[str, UUID]:
         scope = _scope(request, tenant, collection_id, Role.READER)  # 401 before any 400
         check_cursor_name(name)
         return scope
 
-    async def cursor_writer_scope(request: Request, tenant: str, collection_id: str, name: str
-                                  ) -> tuple[str, UUID]:
+    async def cursor_writer_scope(
+        request: Request, tenant: str, collection_id: str, name: str
+    ) -> tuple[str, UUID]:
         """A tenant's own cursors; the reserved ones (``compaction``, ...) need a service key."""
         server.auth.authorize_cursor_write(principal(request), tenant, name)
         cid = _parse_uuid(collection_id)
@@ -491,21 +530,30 @@ def create_app(server: Server) -> FastAPI:
 
     # ---------------------------------------------------------------------------- records
 
-    @v1.post(base + "/records", response_model=AppendResponse, openapi_extra=_body(AppendRequest),
-             response_model_exclude_none=True,
-             summary="Append records; answers once they are durable")
-    async def append(request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)
-                     ) -> AppendResponse:
+    @v1.post(
+        base + "/records",
+        response_model=AppendResponse,
+        openapi_extra=_body(AppendRequest),
+        response_model_exclude_none=True,
+        summary="Append records; answers once they are durable",
+    )
+    async def append(
+        request: Request, scope: tuple[str, UUID] = Depends(tenant_scope)
+    ) -> AppendResponse:
         tenant, cid = scope
         started = time.monotonic()
         raw = await _read_body(request, settings.max_request_bytes)
-        limits = RecordLimits(min(settings.max_records_per_request, MAX_RECORDS_PER_REQUEST),
-                              settings.max_metadata_keys, settings.max_embedding_dims)
+        limits = RecordLimits(
+            min(settings.max_records_per_request, MAX_RECORDS_PER_REQUEST),
+            settings.max_metadata_keys,
+            settings.max_embedding_dims,
+        )
         if len(raw) > _DECODE_OFF_LOOP_BYTES:
             # Large bodies are decoded in a worker thread; the record count is checked before
             # any record is validated, so the work per request is bounded.
             req, bodies = await asyncio.get_running_loop().run_in_executor(
-                _DECODER, _decode_append, raw, limits)
+                _DECODER, _decode_append, raw, limits
+            )
         else:
             req, bodies = _decode_append(raw, limits)
         nbytes = sum(len(b) for b in bodies)
@@ -517,8 +565,9 @@ def create_app(server: Server) -> FastAPI:
                 try:
                     # The take-over fence is waited for below, outside use(): a waiting answer
                     # must not pin an open-log slot.
-                    result = await writer.append_many(bodies, idempotency_key=req.idempotency_key,
-                                                      fence=False)
+                    result = await writer.append_many(
+                        bodies, idempotency_key=req.idempotency_key, fence=False
+                    )
                 except Exception as e:
                     outcome = type(e).__name__
                     server.metrics.append_requests.labels(outcome).inc()
@@ -539,9 +588,12 @@ def create_app(server: Server) -> FastAPI:
             server.metrics.append_bytes.inc(nbytes)
         server.metrics.append_requests.labels("ok").inc()
         server.metrics.append_latency.observe(time.monotonic() - started)
-        return AppendResponse(first_offset=result.first_offset, count=result.count,
-                              next_offset=result.next_offset,
-                              deduplicated=True if result.deduplicated else None)
+        return AppendResponse(
+            first_offset=result.first_offset,
+            count=result.count,
+            next_offset=result.next_offset,
+            deduplicated=True if result.deduplicated else None,
+        )
 
     async def _check_same_request(h: LogHandle, result: Any, bodies: list[bytes]) -> None:
         """A reused idempotency key must carry the same records: 409 otherwise.
@@ -562,7 +614,8 @@ def create_app(server: Server) -> FastAPI:
             stored = await h.reader.read(
                 result.first_offset,
                 Limits(max_records=result.count, max_bytes=2 * settings.max_request_bytes),
-                manifest=await server.manager.view(h))
+                manifest=await server.manager.view(h),
+            )
         except LogPurged:
             # A key from before keys carried a hash, collected since: only the count compares.
             return
@@ -581,15 +634,22 @@ def create_app(server: Server) -> FastAPI:
         backlog = h.writer.manifest.next_offset - h.compaction_offset
         if backlog > limit:
             server.metrics.backpressure.labels("compaction").inc()
-            raise BackpressureError(f"{backlog} uncompacted records (limit {limit})",
-                                    "compaction", 5)
+            raise BackpressureError(
+                f"{backlog} uncompacted records (limit {limit})", "compaction", 5
+            )
 
-    @v1.get(base + "/records", summary="Read records from an offset (long-poll with wait_ms)",
-            responses={200: {"content": {"application/json": {}}}})
-    async def read(request: Request, scope: tuple[str, UUID] = Depends(reader_scope),
-                   from_: int = Query(1, alias="from", ge=1, le=MAX_OFFSET),
-                   limit: int = Query(100, ge=1, le=settings.max_read_records),
-                   wait_ms: int = Query(0, ge=0, le=settings.max_wait_ms)) -> Response:
+    @v1.get(
+        base + "/records",
+        summary="Read records from an offset (long-poll with wait_ms)",
+        responses={200: {"content": {"application/json": {}}}},
+    )
+    async def read(
+        request: Request,
+        scope: tuple[str, UUID] = Depends(reader_scope),
+        from_: int = Query(1, alias="from", ge=1, le=MAX_OFFSET),
+        limit: int = Query(100, ge=1, le=settings.max_read_records),
+        wait_ms: int = Query(0, ge=0, le=settings.max_wait_ms),
+    ) -> Response:
         tenant, cid = scope
         started = time.monotonic()
         deadline = started + wait_ms / 1000.0
@@ -612,8 +672,7 @@ def create_app(server: Server) -> FastAPI:
                 if gone is None:
                     gone = asyncio.create_task(_disconnected(request.receive))
                 role = request.state.principal.role.name.lower()
-                why = await server.manager.wait_for_records(h, tenant, role, from_, deadline,
-                                                            gone)
+                why = await server.manager.wait_for_records(h, tenant, role, from_, deadline, gone)
                 if why == "disconnected":
                     raise ClientDisconnect()
                 if why in ("timeout", "drain"):
@@ -624,9 +683,11 @@ def create_app(server: Server) -> FastAPI:
             if gone is not None:
                 gone.cancel()
         # Fragments are immutable: they are fetched (and a large answer streamed) outside use().
-        answer = await records_answer(h.reader, pointers, from_, limit,
-                                      settings.max_request_bytes) if pointers \
+        answer = (
+            await records_answer(h.reader, pointers, from_, limit, settings.max_request_bytes)
+            if pointers
             else empty_answer(from_)
+        )
         server.metrics.read_latency.observe(time.monotonic() - started)
         return answer
 
@@ -645,11 +706,17 @@ def create_app(server: Server) -> FastAPI:
         m = await server.manager.view(h)
         compaction = await _compaction_offset(h)
         first_seq = m.initial_seq_no if m.initial_seq_no is not None else 1
-        return LogState(collection_id=str(h.collection_id), tenant=h.tenant,
-                        oldest_offset=m.oldest_offset, next_offset=m.next_offset,
-                        compaction_offset=compaction, setsum=m.setsum.hexdigest(),
-                        sealed=m.sealed, fragments=max(0, m.next_seq_no - first_seq),
-                        bytes=m.live_bytes)
+        return LogState(
+            collection_id=str(h.collection_id),
+            tenant=h.tenant,
+            oldest_offset=m.oldest_offset,
+            next_offset=m.next_offset,
+            compaction_offset=compaction,
+            setsum=m.setsum.hexdigest(),
+            sealed=m.sealed,
+            fragments=max(0, m.next_seq_no - first_seq),
+            bytes=m.live_bytes,
+        )
 
     @v1.get(base, response_model=LogState, summary="A log's state")
     async def state(scope: tuple[str, UUID] = Depends(reader_scope)) -> LogState:
@@ -657,40 +724,64 @@ def create_app(server: Server) -> FastAPI:
         async with server.manager.use(cid, tenant) as h:
             return await _state(h)
 
-    @v1.get(base + "/fragments", response_model=FragmentsResponse,
-            summary="Fragment URLs a bulk reader can open directly")
-    async def fragments(scope: tuple[str, UUID] = Depends(service_scope),
-                        from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
-                        limit: int = Query(10_000, ge=1, le=100_000)) -> FragmentsResponse:
+    @v1.get(
+        base + "/fragments",
+        response_model=FragmentsResponse,
+        summary="Fragment URLs a bulk reader can open directly",
+    )
+    async def fragments(
+        scope: tuple[str, UUID] = Depends(service_scope),
+        from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
+        limit: int = Query(10_000, ge=1, le=100_000),
+    ) -> FragmentsResponse:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             m = await server.manager.view(h)
             start = from_ if from_ is not None else await _compaction_offset(h)
             start = max(start, m.oldest_offset) if from_ is None else start
             ptrs = await h.reader.scan(start, Limits(max_files=limit), manifest=m)
-        return FragmentsResponse(fragments=[
-            {"url": server.store.url_for(join(h.prefix, p.path)), "start": p.start,
-             "limit": p.limit, "num_bytes": p.num_bytes, "setsum": p.setsum.hexdigest(),
-             "content_md5": p.content_md5}
-            for p in ptrs])  # type: ignore[misc]
+        return FragmentsResponse(
+            fragments=[
+                {
+                    "url": server.store.url_for(join(h.prefix, p.path)),
+                    "start": p.start,
+                    "limit": p.limit,
+                    "num_bytes": p.num_bytes,
+                    "setsum": p.setsum.hexdigest(),
+                    "content_md5": p.content_md5,
+                }
+                for p in ptrs
+            ]
+        )  # type: ignore[misc]
 
     # ----------------------------------------------------------------------------- cursors
 
     @v1.get(base + "/cursors/{name}", response_model=CursorOut, summary="Read a cursor")
-    async def get_cursor(name: str, scope: tuple[str, UUID] = Depends(cursor_reader_scope)
-                         ) -> CursorOut:
+    async def get_cursor(
+        name: str, scope: tuple[str, UUID] = Depends(cursor_reader_scope)
+    ) -> CursorOut:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             w = await h.cursors.load(name)
         if w is None:
             raise NotFound(f"no cursor {name}")
-        return CursorOut(name=name, offset=w.cursor.offset, epoch_us=w.cursor.epoch_us,
-                         writer=w.cursor.writer, witness=w.etag)
+        return CursorOut(
+            name=name,
+            offset=w.cursor.offset,
+            epoch_us=w.cursor.epoch_us,
+            writer=w.cursor.writer,
+            witness=w.etag,
+        )
 
-    @v1.put(base + "/cursors/{name}", response_model=CursorOut, openapi_extra=_body(CursorPut),
-            summary="Create (witness null) or compare-and-swap a cursor")
-    async def put_cursor(name: str, request: Request,
-                         scope: tuple[str, UUID] = Depends(cursor_writer_scope)) -> CursorOut:
+    @v1.put(
+        base + "/cursors/{name}",
+        response_model=CursorOut,
+        openapi_extra=_body(CursorPut),
+        summary="Create (witness null) or compare-and-swap a cursor",
+    )
+    async def put_cursor(
+        name: str, request: Request, scope: tuple[str, UUID] = Depends(cursor_writer_scope)
+    ) -> CursorOut:
         tenant, cid = scope
         req = _parse(CursorPut, await _read_body(request, 64 << 10))
         async with server.manager.use(cid, tenant) as h:
@@ -701,26 +792,35 @@ def create_app(server: Server) -> FastAPI:
                 raise LogPurged(req.offset, m.oldest_offset)
             # Write, then confirm against gc/GARBAGE and the stored manifest that no collector
             # (here or in another process) has passed the offset; undone if one has.
-            w = await pin_cursor(server.store, h.prefix, h.cursors, name, req.offset,
-                                 req.witness)
+            w = await pin_cursor(server.store, h.prefix, h.cursors, name, req.offset, req.witness)
             if name == "compaction":
                 h.compaction_offset = req.offset
-        return CursorOut(name=name, offset=w.cursor.offset, epoch_us=w.cursor.epoch_us,
-                         writer=w.cursor.writer, witness=w.etag)
+        return CursorOut(
+            name=name,
+            offset=w.cursor.offset,
+            epoch_us=w.cursor.epoch_us,
+            writer=w.cursor.writer,
+            witness=w.etag,
+        )
 
     @v1.delete(base + "/cursors/{name}", summary="Delete a cursor")
-    async def delete_cursor(name: str, scope: tuple[str, UUID] = Depends(cursor_writer_scope)
-                            ) -> dict[str, Any]:
+    async def delete_cursor(
+        name: str, scope: tuple[str, UUID] = Depends(cursor_writer_scope)
+    ) -> dict[str, Any]:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             await h.cursors.delete(name)
         return {"name": name, "deleted": True}
 
-    @v1.post(base + "/compaction", response_model=CompactionResponse,
-             openapi_extra=_body(CompactionRequest),
-             summary="Record that everything below offset is compacted (forward only)")
-    async def compaction(request: Request, scope: tuple[str, UUID] = Depends(service_scope)
-                         ) -> CompactionResponse:
+    @v1.post(
+        base + "/compaction",
+        response_model=CompactionResponse,
+        openapi_extra=_body(CompactionRequest),
+        summary="Record that everything below offset is compacted (forward only)",
+    )
+    async def compaction(
+        request: Request, scope: tuple[str, UUID] = Depends(service_scope)
+    ) -> CompactionResponse:
         tenant, cid = scope
         req = _parse(CompactionRequest, await _read_body(request, 64 << 10))
         async with server.manager.use(cid, tenant) as h:
@@ -746,10 +846,13 @@ def create_app(server: Server) -> FastAPI:
         await writer.wait_fence()
         return state
 
-    @v1.post(base + "/fork", response_model=LogState, openapi_extra=_body(ForkRequest),
-             summary="Fork the log (default: from its compaction cursor) into a new collection")
-    async def fork(request: Request, scope: tuple[str, UUID] = Depends(service_scope)
-                   ) -> LogState:
+    @v1.post(
+        base + "/fork",
+        response_model=LogState,
+        openapi_extra=_body(ForkRequest),
+        summary="Fork the log (default: from its compaction cursor) into a new collection",
+    )
+    async def fork(request: Request, scope: tuple[str, UUID] = Depends(service_scope)) -> LogState:
         tenant, cid = scope
         req = _parse(ForkRequest, await _read_body(request, 64 << 10))
         target = _parse_uuid(req.target_collection_id, "target_collection_id")
@@ -768,11 +871,17 @@ def create_app(server: Server) -> FastAPI:
             # The target's cursor, compacted base and dirty mark are all in place before its
             # manifest makes it visible (host/forks.py); the mark goes through our dirty hook.
             forked = await fork_collection(
-                server.store, source=cid, target=target, source_prefix=h.prefix,
-                target_prefix=log_prefix(target), source_manifest=m, offset=offset,
+                server.store,
+                source=cid,
+                target=target,
+                source_prefix=h.prefix,
+                target_prefix=log_prefix(target),
+                source_manifest=m,
+                offset=offset,
                 writer_name=f"loghost:{settings.server_id}",
-                mark_dirty=server._mark_dirty,  # noqa: SLF001 - the fragment-path hook
-                claims=server.manager.claims)
+                mark_dirty=server._mark_dirty,
+                claims=server.manager.claims,
+            )
         async with server.manager.use(target, tenant) as t:
             t.note_compaction(forked.compaction_offset)
             return await _state(t)
@@ -784,11 +893,15 @@ def create_app(server: Server) -> FastAPI:
             writer = h.writer
             report = await server.collect(h)
         await writer.wait_fence()  # its manifest edit is acknowledged: as for an append
-        return {"phase": report.phase, "cutoff": report.cutoff,
-                "fragments_deleted": report.fragments_deleted,
-                "snapshots_deleted": report.snapshots_deleted,
-                "orphans_deleted": report.orphans_deleted, "waiting_s": report.waiting_s,
-                "notes": report.notes}
+        return {
+            "phase": report.phase,
+            "cutoff": report.cutoff,
+            "fragments_deleted": report.fragments_deleted,
+            "snapshots_deleted": report.snapshots_deleted,
+            "orphans_deleted": report.orphans_deleted,
+            "waiting_s": report.waiting_s,
+            "notes": report.notes,
+        }
 
     @v1.get(base + "/scrub", summary="Verify the log end to end from the objects")
     async def scrub(scope: tuple[str, UUID] = Depends(service_scope)) -> dict[str, Any]:
@@ -797,9 +910,15 @@ def create_app(server: Server) -> FastAPI:
             report = await scrub_log(server.store, h.prefix)
         if not report.ok:
             server.metrics.scrub_failures.inc()
-        return {"ok": report.ok, "problems": report.problems, "fragments": report.fragments,
-                "snapshots": report.snapshots, "records": report.records, "bytes": report.bytes,
-                "setsum": report.setsum}
+        return {
+            "ok": report.ok,
+            "problems": report.problems,
+            "fragments": report.fragments,
+            "snapshots": report.snapshots,
+            "records": report.records,
+            "bytes": report.bytes,
+            "setsum": report.setsum,
+        }
 
     # ------------------------------------------------------------------------- dirty log
 
@@ -811,12 +930,18 @@ def create_app(server: Server) -> FastAPI:
         return DirtyResponse(server_id=settings.server_id, logs=logs)  # type: ignore[arg-type]
 
     @v1.get("/dirty", response_model=DirtyResponse, summary="Dirty collections, best first")
-    async def dirty(_: Principal = Depends(service), min_records: int = Query(1, ge=0),
-                    limit: int = Query(1000, ge=1, le=100_000)) -> DirtyResponse:
+    async def dirty(
+        _: Principal = Depends(service),
+        min_records: int = Query(1, ge=0),
+        limit: int = Query(1000, ge=1, le=100_000),
+    ) -> DirtyResponse:
         assert server.dirty is not None
-        entries = server.dirty.rollup.select(min_records, limit,
-                                             max_age_s=settings.dirty_max_age_s,
-                                             max_reinserts=settings.dirty_max_reinserts)
+        entries = server.dirty.rollup.select(
+            min_records,
+            limit,
+            max_age_s=settings.dirty_max_age_s,
+            max_reinserts=settings.dirty_max_reinserts,
+        )
         return await _dirty_answer(entries)
 
     @v1.post("/dirty/rollup", response_model=DirtyResponse, summary="Roll up the dirty log now")
@@ -825,8 +950,11 @@ def create_app(server: Server) -> FastAPI:
         await server.rollup_now()
         return await _dirty_answer(server.dirty.rollup.select(0, 1 << 31))
 
-    @v1.post("/dirty/purge", openapi_extra=_body(PurgeRequest),
-             summary="Drop collections from the dirty set")
+    @v1.post(
+        "/dirty/purge",
+        openapi_extra=_body(PurgeRequest),
+        summary="Drop collections from the dirty set",
+    )
     async def purge(request: Request, _: Principal = Depends(service)) -> dict[str, Any]:
         assert server.dirty is not None
         req = _parse(PurgeRequest, await _read_body(request, 1 << 20))
@@ -834,21 +962,31 @@ def create_app(server: Server) -> FastAPI:
         first = await server.purge(ids)
         return {"purged": len(ids), "first_offset": first}
 
-    @v1.post("/dirty/adopt", openapi_extra=_body(AdoptRequest), response_model=AdoptResponse,
-             summary="Take over the dirty set of a server that is gone",
-             responses={404: {"model": ErrorResponse}})
+    @v1.post(
+        "/dirty/adopt",
+        openapi_extra=_body(AdoptRequest),
+        response_model=AdoptResponse,
+        summary="Take over the dirty set of a server that is gone",
+        responses={404: {"model": ErrorResponse}},
+    )
     async def adopt(request: Request, _: Principal = Depends(service)) -> AdoptResponse:
         assert server.dirty is not None
         req = _parse(AdoptRequest, await _read_body(request, 1 << 16))
         r = await server.adopt_dirty(req.server_id)
-        return AdoptResponse(adopted_server_id=req.server_id, collections=r.collections,
-                             records_read=r.records_read, cursor_from=r.cursor_from,
-                             cursor_to=r.cursor_to)
+        return AdoptResponse(
+            adopted_server_id=req.server_id,
+            collections=r.collections,
+            records_read=r.records_read,
+            cursor_from=r.cursor_from,
+            cursor_to=r.cursor_to,
+        )
 
     @v1.get("/dirty/inspect", summary="Decode raw dirty-log records (operators)")
-    async def inspect(_: Principal = Depends(service),
-                      from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
-                      limit: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
+    async def inspect(
+        _: Principal = Depends(service),
+        from_: int | None = Query(None, alias="from", ge=1, le=MAX_OFFSET),
+        limit: int = Query(100, ge=1, le=10_000),
+    ) -> dict[str, Any]:
         assert server.dirty is not None
         start = from_ if from_ is not None else await server.dirty.backend.oldest_offset()
         records = await inspect_records(server.dirty.backend, start, limit)
@@ -885,9 +1023,11 @@ def create_app(server: Server) -> FastAPI:
         cursor_reader_scope: "a key of this tenant (read-only or not) or a service key",
         tenant_scope: "a tenant key of this tenant (not read-only) or a service key",
         cursor_writer_scope: "a tenant key of this tenant (not read-only) or a service key; "
-                             "a service key for reserved names (compaction, stable_prefix, "
-                             "names starting with _ or loghost)",
-        service_scope: "a service key", service: "a service key"}
+        "a service key for reserved names (compaction, stable_prefix, "
+        "names starting with _ or loghost)",
+        service_scope: "a service key",
+        service: "a service key",
+    }
 
     def _required_keys() -> dict[tuple[str, str], str]:
         out: dict[tuple[str, str], str] = {}
@@ -901,11 +1041,17 @@ def create_app(server: Server) -> FastAPI:
     def _openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                             description=app.description)
+        schema = get_openapi(
+            title=app.title, version=app.version, routes=app.routes, description=app.description
+        )
         components = schema.setdefault("components", {})
-        components["securitySchemes"] = {"bearer": {
-            "type": "http", "scheme": "bearer", "description": "Authorization: Bearer <key>"}}
+        components["securitySchemes"] = {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "Authorization: Bearer <key>",
+            }
+        }
         needs = _required_keys()
         for path, ops in schema.get("paths", {}).items():
             if path.startswith("/v1/"):
@@ -914,11 +1060,18 @@ def create_app(server: Server) -> FastAPI:
                     need = needs.get((method.upper(), path))
                     if need:
                         op["x-required-key"] = need
-                        op["description"] = (op.get("description", "") + f"\n\nNeeds {need}."
-                                             ).strip()
+                        op["description"] = (
+                            op.get("description", "") + f"\n\nNeeds {need}."
+                        ).strip()
         comps = components.setdefault("schemas", {})
-        for model in (AppendRequest, CursorPut, CompactionRequest, ForkRequest, PurgeRequest,
-                      AdoptRequest):
+        for model in (
+            AppendRequest,
+            CursorPut,
+            CompactionRequest,
+            ForkRequest,
+            PurgeRequest,
+            AdoptRequest,
+        ):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(js.pop("$defs", {}))
             comps[model.__name__] = js

@@ -56,9 +56,11 @@ class Role(enum.IntEnum):
     @property
     def label(self) -> str:
         """How errors and docs name the role."""
-        return {Role.READER: "a read-only tenant key (key=tenant:read)",
-                Role.TENANT: "a tenant key (key=tenant)",
-                Role.SERVICE: "a service key (key=*)"}[self]
+        return {
+            Role.READER: "a read-only tenant key (key=tenant:read)",
+            Role.TENANT: "a tenant key (key=tenant)",
+            Role.SERVICE: "a service key (key=*)",
+        }[self]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +116,10 @@ def parse_grant(spec: str) -> Principal:
     if spec.endswith(READ_SUFFIX):
         tenant, role = spec[: -len(READ_SUFFIX)], Role.READER
     if not _TENANT.fullmatch(tenant):
-        raise ValueError(f"API key entry: {spec!r} is not 'tenant', 'tenant:read' or '*' "
-                         "(tenant names match [A-Za-z0-9_.-]{1,128})")
+        raise ValueError(
+            f"API key entry: {spec!r} is not 'tenant', 'tenant:read' or '*' "
+            "(tenant names match [A-Za-z0-9_.-]{1,128})"
+        )
     return Principal(tenant, "", role)
 
 
@@ -163,8 +167,9 @@ def merge_keys(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:
     out = dict(a)
     for k, g in b.items():
         if out.get(k, g) != g:
-            raise ValueError("a key is listed in both LOGHOST_API_KEYS and the keys file "
-                             "with different grants")
+            raise ValueError(
+                "a key is listed in both LOGHOST_API_KEYS and the keys file with different grants"
+            )
         out[k] = g
     return out
 
@@ -176,8 +181,9 @@ _Signature = tuple[int, int, int, int]
 class Authenticator:
     """Maps bearer keys to principals and decides what they may do."""
 
-    def __init__(self, keys: Mapping[str, str],
-                 keys_file: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, keys: Mapping[str, str], keys_file: str | os.PathLike[str] | None = None
+    ) -> None:
         self._static = dict(keys)
         self._file = Path(keys_file) if keys_file else None
         self._file_sig: _Signature | None = None
@@ -266,11 +272,12 @@ class Authenticator:
         if principal.role is Role.SERVICE:
             return
         if principal.tenant != tenant:
-            raise Forbidden(f"this key may not act on tenant {tenant!r}: that needs a key of "
-                            f"tenant {tenant!r} or a service key (key=*)")
+            raise Forbidden(
+                f"this key may not act on tenant {tenant!r}: that needs a key of "
+                f"tenant {tenant!r} or a service key (key=*)"
+            )
         if principal.role < needed:
-            raise Forbidden(f"this needs {needed.label}; this key is "
-                            f"{principal.role.label}")
+            raise Forbidden(f"this needs {needed.label}; this key is {principal.role.label}")
 
     @staticmethod
     def authorize_cursor_write(principal: Principal, tenant: str, name: str) -> None:
@@ -279,8 +286,10 @@ class Authenticator:
         Authenticator.authorize(principal, tenant, Role.READER)  # the tenant first
         check_cursor_name(name)
         if is_reserved_cursor(name) and principal.role is not Role.SERVICE:
-            raise Forbidden(f"cursor {name!r} is reserved for the system: creating, moving or "
-                            f"deleting it needs {Role.SERVICE.label}")
+            raise Forbidden(
+                f"cursor {name!r} is reserved for the system: creating, moving or "
+                f"deleting it needs {Role.SERVICE.label}"
+            )
         Authenticator.authorize(principal, tenant, Role.TENANT)
 
     @staticmethod
@@ -292,5 +301,6 @@ class Authenticator:
     def require_service(principal: Principal) -> None:
         """Only service keys pass."""
         if principal.role is not Role.SERVICE:
-            raise Forbidden(f"this endpoint needs {Role.SERVICE.label}; this key is "
-                            f"{principal.role.label}")
+            raise Forbidden(
+                f"this endpoint needs {Role.SERVICE.label}; this key is {principal.role.label}"
+            )

@@ -41,12 +41,21 @@ def _serve(args: argparse.Namespace) -> int:
     from .config import Settings
     from .server import Server
 
-    overrides = {k: v for k, v in {
-        "store": args.store, "listen": args.listen, "server_id": args.server_id,
-        "advertise_url": args.advertise_url, "redis_url": args.redis, "log_level": args.log_level,
-        "header_timeout_s": args.header_timeout_s, "body_timeout_s": args.body_timeout_s,
-        "max_connections": args.max_connections,
-    }.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "store": args.store,
+            "listen": args.listen,
+            "server_id": args.server_id,
+            "advertise_url": args.advertise_url,
+            "redis_url": args.redis,
+            "log_level": args.log_level,
+            "header_timeout_s": args.header_timeout_s,
+            "body_timeout_s": args.body_timeout_s,
+            "max_connections": args.max_connections,
+        }.items()
+        if v is not None
+    }
     if args.dev:
         overrides["dev"] = True
     try:
@@ -57,27 +66,35 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if not keys:
         if not settings.dev:
-            print("loghost: no API keys configured (LOGHOST_API_KEYS=key=tenant,... or "
-                  "LOGHOST_API_KEYS_FILE); refusing to start.  For a local trial pass --dev "
-                  "to create a key.",
-                  file=sys.stderr)
+            print(
+                "loghost: no API keys configured (LOGHOST_API_KEYS=key=tenant,... or "
+                "LOGHOST_API_KEYS_FILE); refusing to start.  For a local trial pass --dev "
+                "to create a key.",
+                file=sys.stderr,
+            )
             return 2
         key = new_key()
         settings = settings.model_copy(update={"api_keys": f"{key}=*"})
-        print(f"loghost --dev: created a service key (acts on every tenant):\n\n"
-              f"    Authorization: Bearer {key}\n\n"
-              f"  try: curl -s -H 'Authorization: Bearer {key}' "
-              f"-d '{{\"records\":[{{\"id\":\"a\",\"op\":\"add\",\"document\":\"hello\"}}]}}' "
-              f"http://{settings.listen}/v1/tenants/dev/logs/"
-              f"00000000-0000-4000-8000-000000000001/records\n", flush=True)
+        print(
+            f"loghost --dev: created a service key (acts on every tenant):\n\n"
+            f"    Authorization: Bearer {key}\n\n"
+            f"  try: curl -s -H 'Authorization: Bearer {key}' "
+            f'-d \'{{"records":[{{"id":"a","op":"add","document":"hello"}}]}}\' '
+            f"http://{settings.listen}/v1/tenants/dev/logs/"
+            f"00000000-0000-4000-8000-000000000001/records\n",
+            flush=True,
+        )
     jsonlog.configure(settings.log_level)
     server = Server(settings)
     # SIGHUP re-reads LOGHOST_API_KEYS_FILE now (a change is also noticed on the next request);
     # without a handler SIGHUP would end the process.
     signal.signal(signal.SIGHUP, lambda *_: server.auth.reload())
     config = uvicorn_config(create_app(server), settings)
-    print(f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
-          f"(docs at /docs)", flush=True)
+    print(
+        f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
+        f"(docs at /docs)",
+        flush=True,
+    )
     _GracefulServer(config, on_drain=server.begin_drain).run()
     return 0
 
@@ -94,20 +111,36 @@ async def _scrub(args: argparse.Namespace) -> int:
     failed = 0
     total = 0
     try:
-        logs = [args.log] if args.log is not None else [p async for p in find_logs(store,
-                                                                                   args.prefix)]
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                      console=console, transient=True) as progress:
+        logs = (
+            [args.log] if args.log is not None else [p async for p in find_logs(store, args.prefix)]
+        )
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             task = progress.add_task("scrubbing", total=None)
             for prefix in logs:
                 progress.update(task, description=f"scrub {prefix or '/'}")
-                report = await scrub_log(store, prefix, concurrency=args.concurrency,
-                                         progress=lambda n: progress.advance(task, n))
+                report = await scrub_log(
+                    store,
+                    prefix,
+                    concurrency=args.concurrency,
+                    progress=lambda n: progress.advance(task, n),
+                )
                 total += 1
-                line = {"log": prefix, "ok": report.ok, "fragments": report.fragments,
-                        "snapshots": report.snapshots, "records": report.records,
-                        "bytes": report.bytes, "setsum": report.setsum,
-                        "problems": report.problems}
+                line = {
+                    "log": prefix,
+                    "ok": report.ok,
+                    "fragments": report.fragments,
+                    "snapshots": report.snapshots,
+                    "records": report.records,
+                    "bytes": report.bytes,
+                    "setsum": report.setsum,
+                    "problems": report.problems,
+                }
                 print(json.dumps(line), flush=True)
                 failed += not report.ok
     finally:
@@ -122,11 +155,17 @@ async def _gc(args: argparse.Namespace) -> int:
 
     store = open_store(args.store)
     try:
-        gc = GarbageCollector(store, args.log, GcOptions(grace_s=args.grace_s,
-                                                         max_fraction=args.max_fraction,
-                                                         retain_fragments=args.retain_fragments,
-                                                         retain_s=args.retain_s,
-                                                         writer_name="loghost-cli-gc"))
+        gc = GarbageCollector(
+            store,
+            args.log,
+            GcOptions(
+                grace_s=args.grace_s,
+                max_fraction=args.max_fraction,
+                retain_fragments=args.retain_fragments,
+                retain_s=args.retain_s,
+                writer_name="loghost-cli-gc",
+            ),
+        )
         report = await gc.run_once()
     finally:
         await store.close()
@@ -152,10 +191,18 @@ async def _dirty_logs(args: argparse.Namespace) -> int:
             m = loaded[0]
             w = await CursorStore(store, prefix, "inspect").load(CURSOR_NAME)
             cursor = w.cursor.offset if w is not None else m.oldest_offset
-            print(json.dumps({"server_id": server_id, "log": prefix,
-                              "next_offset": m.next_offset, "stable_prefix": cursor,
-                              "records_above_cursor": max(0, m.next_offset - cursor),
-                              "writer": m.writer}))
+            print(
+                json.dumps(
+                    {
+                        "server_id": server_id,
+                        "log": prefix,
+                        "next_offset": m.next_offset,
+                        "stable_prefix": cursor,
+                        "records_above_cursor": max(0, m.next_offset - cursor),
+                        "writer": m.writer,
+                    }
+                )
+            )
     finally:
         await store.close()
     return 0
@@ -180,20 +227,39 @@ async def _inspect(args: argparse.Namespace) -> int:
             garbage: Any = json.loads((await store.get(join(args.log, GARBAGE_PATH))).data)
         except ObjectNotFound:
             garbage = None
-        print(json.dumps({
-            "log": args.log, "oldest_offset": m.oldest_offset, "next_offset": m.next_offset,
-            "next_seq_no": m.next_seq_no, "setsum": m.setsum.hexdigest(),
-            "collected": m.collected.hexdigest(), "sealed": m.sealed, "writer": m.writer,
-            "root_fragments": len(m.fragments), "root_snapshots": len(m.snapshots),
-            "live_bytes": m.live_bytes, "acc_bytes": m.acc_bytes,
-            "cursors": {k: {"offset": w.cursor.offset, "writer": w.cursor.writer,
-                            "epoch_us": w.cursor.epoch_us} for k, w in cursors.items()},
-            "garbage": garbage,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "log": args.log,
+                    "oldest_offset": m.oldest_offset,
+                    "next_offset": m.next_offset,
+                    "next_seq_no": m.next_seq_no,
+                    "setsum": m.setsum.hexdigest(),
+                    "collected": m.collected.hexdigest(),
+                    "sealed": m.sealed,
+                    "writer": m.writer,
+                    "root_fragments": len(m.fragments),
+                    "root_snapshots": len(m.snapshots),
+                    "live_bytes": m.live_bytes,
+                    "acc_bytes": m.acc_bytes,
+                    "cursors": {
+                        k: {
+                            "offset": w.cursor.offset,
+                            "writer": w.cursor.writer,
+                            "epoch_us": w.cursor.epoch_us,
+                        }
+                        for k, w in cursors.items()
+                    },
+                    "garbage": garbage,
+                },
+                indent=2,
+            )
+        )
         if args.records:
             start = args.from_ if args.from_ is not None else m.oldest_offset
-            recs = await LogReader(store, args.log).read(start, Limits(max_records=args.limit),
-                                                         manifest=m)
+            recs = await LogReader(store, args.log).read(
+                start, Limits(max_records=args.limit), manifest=m
+            )
             for r in recs:
                 out: dict[str, Any] = {"offset": r.offset, "timestamp_us": r.timestamp_us}
                 if args.dirty:
@@ -225,17 +291,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--advertise-url", help="the URL other servers redirect clients to")
     s.add_argument("--redis", help="redis:// URL of the advisory leader hint (optional)")
     s.add_argument("--log-level", help="DEBUG, INFO, WARNING (LOGHOST_LOG_LEVEL)")
-    s.add_argument("--header-timeout-s", type=float,
-                   help="close a connection whose request headers take longer "
-                        "(LOGHOST_HEADER_TIMEOUT_S, default 10)")
-    s.add_argument("--body-timeout-s", type=float,
-                   help="close a connection whose request body takes longer "
-                        "(LOGHOST_BODY_TIMEOUT_S, default 60)")
-    s.add_argument("--max-connections", type=int,
-                   help="open connections at most; more are closed (LOGHOST_MAX_CONNECTIONS, "
-                        "default 4096)")
-    s.add_argument("--dev", action="store_true",
-                   help="with no LOGHOST_API_KEYS, create and print a service key")
+    s.add_argument(
+        "--header-timeout-s",
+        type=float,
+        help="close a connection whose request headers take longer "
+        "(LOGHOST_HEADER_TIMEOUT_S, default 10)",
+    )
+    s.add_argument(
+        "--body-timeout-s",
+        type=float,
+        help="close a connection whose request body takes longer "
+        "(LOGHOST_BODY_TIMEOUT_S, default 60)",
+    )
+    s.add_argument(
+        "--max-connections",
+        type=int,
+        help="open connections at most; more are closed (LOGHOST_MAX_CONNECTIONS, default 4096)",
+    )
+    s.add_argument(
+        "--dev",
+        action="store_true",
+        help="with no LOGHOST_API_KEYS, create and print a service key",
+    )
     s.set_defaults(func=_serve, is_async=False)
 
     sc = sub.add_parser("scrub", help="verify logs end to end; exits 1 on any problem")
@@ -245,22 +322,40 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--concurrency", type=int, default=8)
     sc.set_defaults(func=_scrub, is_async=True)
 
-    g = sub.add_parser("gc", help="advance one log's garbage collection (the server does this "
-                                  "continuously; a live writer merely rebases)")
+    g = sub.add_parser(
+        "gc",
+        help="advance one log's garbage collection (the server does this "
+        "continuously; a live writer merely rebases)",
+    )
     g.add_argument("store")
     g.add_argument("log", help="the log prefix, e.g. logs/<uuid> or dirty/<server-id>")
     g.add_argument("--grace-s", type=float, default=300.0)
-    g.add_argument("--max-fraction", type=float, default=0.9,
-                   help="one pass drops at most this share of the live bytes (default 0.9)")
-    g.add_argument("--retain-fragments", type=int, default=256,
-                   help="keep the objects of the newest N sequence numbers after unlinking them "
-                        "(the idempotency window a reopened writer reads); 0 keeps none")
-    g.add_argument("--retain-s", type=float, default=900.0,
-                   help="how long those retained objects are kept at most")
+    g.add_argument(
+        "--max-fraction",
+        type=float,
+        default=0.9,
+        help="one pass drops at most this share of the live bytes (default 0.9)",
+    )
+    g.add_argument(
+        "--retain-fragments",
+        type=int,
+        default=256,
+        help="keep the objects of the newest N sequence numbers after unlinking them "
+        "(the idempotency window a reopened writer reads); 0 keeps none",
+    )
+    g.add_argument(
+        "--retain-s",
+        type=float,
+        default=900.0,
+        help="how long those retained objects are kept at most",
+    )
     g.set_defaults(func=_gc, is_async=True)
 
-    d = sub.add_parser("dirty-logs", help="list the servers' dirty logs in a store (to find "
-                                          "those of removed hosts, for POST /v1/dirty/adopt)")
+    d = sub.add_parser(
+        "dirty-logs",
+        help="list the servers' dirty logs in a store (to find "
+        "those of removed hosts, for POST /v1/dirty/adopt)",
+    )
     d.add_argument("store")
     d.set_defaults(func=_dirty_logs, is_async=True)
 

@@ -80,8 +80,9 @@ class WalDirtyBackend(_Cursors):
 
     async def read(self, from_offset: int, max_records: int) -> list[tuple[int, bytes]]:
         """Contiguous records from ``from_offset``."""
-        recs = await self._reader.read(from_offset, Limits(max_records=max_records),
-                                       manifest=self._writer.manifest)
+        recs = await self._reader.read(
+            from_offset, Limits(max_records=max_records), manifest=self._writer.manifest
+        )
         return [(r.offset, r.body) for r in recs]
 
     async def next_offset(self) -> int:
@@ -96,8 +97,7 @@ class WalDirtyBackend(_Cursors):
         """Advance the dirty log's own garbage collection."""
         await self._gc.run_once()
 
-    async def log_tails(self, ids: Sequence[UUID], concurrency: int = 32
-                        ) -> dict[UUID, int | None]:
+    async def log_tails(self, ids: Sequence[UUID], concurrency: int = 32) -> dict[UUID, int | None]:
         """Each collection log's next offset, from its manifest in the store (the truth: a
         committed write is there whichever process wrote it); logs without one are left out.
 
@@ -127,7 +127,8 @@ class WalDirtyBackend(_Cursors):
                         return
                 manifest = loaded[0]
                 if not manifest.sealed and await self._exists(
-                        join(prefix, fragment_path(manifest.next_seq_no))):
+                    join(prefix, fragment_path(manifest.next_seq_no))
+                ):
                     out[cid] = None
                     return
             out[cid] = manifest.next_offset
@@ -155,15 +156,15 @@ class StoredDirtyLog(_Cursors):
     The manifest is read once, so a hand-over's window ends where the log ended when it began.
     """
 
-    def __init__(self, store: ObjectStore, prefix: str, manifest: Manifest, writer_name: str
-                 ) -> None:
+    def __init__(
+        self, store: ObjectStore, prefix: str, manifest: Manifest, writer_name: str
+    ) -> None:
         self._manifest = manifest
         self._reader = LogReader(store, prefix)
         self._cursors = CursorStore(store, prefix, writer_name)
 
     @classmethod
-    async def load(cls, store: ObjectStore, prefix: str, writer_name: str
-                   ) -> StoredDirtyLog | None:
+    async def load(cls, store: ObjectStore, prefix: str, writer_name: str) -> StoredDirtyLog | None:
         """The log at ``prefix``, or None when there is none."""
         loaded = await load_manifest(store, prefix)
         return None if loaded is None else cls(store, prefix, loaded[0], writer_name)
@@ -174,8 +175,9 @@ class StoredDirtyLog(_Cursors):
 
     async def read(self, from_offset: int, max_records: int) -> list[tuple[int, bytes]]:
         """Contiguous records from ``from_offset``."""
-        recs = await self._reader.read(from_offset, Limits(max_records=max_records),
-                                       manifest=self._manifest)
+        recs = await self._reader.read(
+            from_offset, Limits(max_records=max_records), manifest=self._manifest
+        )
         return [(r.offset, r.body) for r in recs]
 
     async def next_offset(self) -> int:
@@ -211,9 +213,13 @@ class DirtyLog:
         await self.backend.writer.close()
 
 
-async def compaction_offsets_from_store(store: ObjectStore, ids: Sequence[UUID],
-                                        prefix_of, known: dict[UUID, int],  # type: ignore[no-untyped-def]
-                                        concurrency: int = 32) -> dict[UUID, int]:
+async def compaction_offsets_from_store(
+    store: ObjectStore,
+    ids: Sequence[UUID],
+    prefix_of,
+    known: dict[UUID, int],  # type: ignore[no-untyped-def]
+    concurrency: int = 32,
+) -> dict[UUID, int]:
     """Each collection's compaction cursor: from memory when known, else from the store."""
     out: dict[UUID, int] = {}
     missing = [cid for cid in ids if cid not in known]

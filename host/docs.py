@@ -39,13 +39,15 @@ def install_docs(app: FastAPI) -> None:
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{openapi_url}", title=f"{app.title} - Swagger UI",
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=f"{root}{OAUTH2_REDIRECT_URL}",
             swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
             swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             # No badge from the public validator service.
-            swagger_ui_parameters={"validatorUrl": None})
+            swagger_ui_parameters={"validatorUrl": None},
+        )
 
     @app.get(OAUTH2_REDIRECT_URL, include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
@@ -54,7 +56,10 @@ def install_docs(app: FastAPI) -> None:
     @app.get(REDOC_URL, include_in_schema=False)
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        return get_redoc_html(openapi_url=f"{root}{openapi_url}", title=f"{app.title} - ReDoc",
-                              redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
-                              redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
-                              with_google_fonts=False)
+        return get_redoc_html(
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+            with_google_fonts=False,
+        )

@@ -55,42 +55,45 @@ class Answer:
 
 
 # The one table.  Every ErrorKind and HostKind has a row (tests/host/test_error_table.py).
-ANSWERS: Mapping[Kind, Answer] = MappingProxyType({
-    # engine kinds
-    ErrorKind.CONTENTION: Answer(409, "contention", retry_after_s=1),
-    ErrorKind.SEALED: Answer(409, "sealed"),
-    ErrorKind.FULL: Answer(409, "sealed"),  # a full log takes no appends, as a sealed one
-    ErrorKind.EXISTS: Answer(409, "exists"),
-    ErrorKind.CURSOR_CONFLICT: Answer(409, "cursor_conflict"),
-    ErrorKind.NO_CURSORS: Answer(409, "no_cursors"),
-    ErrorKind.GC_REJECTED: Answer(409, "gc_rejected"),
-    ErrorKind.NOT_FOUND: Answer(404, "not_found"),
-    ErrorKind.PURGED: Answer(410, "purged", fields=("oldest_offset",)),
-    ErrorKind.INVALID: Answer(400, "invalid_request"),
-    ErrorKind.BACKPRESSURE: Answer(429, "backpressure", retry_after_s=1, fields=("reason",)),
-    ErrorKind.UNAVAILABLE: Answer(503, "unavailable", retry_after_s=1),
-    ErrorKind.CLOSED: Answer(503, "unavailable", retry_after_s=1),
-    ErrorKind.DATA_LOSS: Answer(500, "data_loss"),
-    ErrorKind.CORRUPT_FRAGMENT: Answer(500, "corrupt_fragment"),
-    # An object the engine did not expect to be missing, a process death, a bug: nothing the
-    # client can act on.
-    ErrorKind.OBJECT_NOT_FOUND: Answer(500, "internal"),
-    ErrorKind.PROCESS_DEATH: Answer(500, "internal"),
-    ErrorKind.INTERNAL: Answer(500, "internal"),
-    # the host's own kinds
-    HostKind.BAD_REQUEST: Answer(400, "bad_request"),
-    HostKind.RECORD_TOO_LARGE: Answer(400, "record_too_large"),
-    HostKind.UNAUTHORIZED: Answer(401, "unauthorized"),
-    HostKind.FORBIDDEN: Answer(403, "forbidden"),
-    HostKind.TOO_LARGE: Answer(413, "too_large"),
-    HostKind.NOT_LEADER: Answer(307, "not_leader"),
-    HostKind.IDEMPOTENCY_MISMATCH: Answer(409, "idempotency_mismatch"),
-    HostKind.METHOD_NOT_ALLOWED: Answer(405, "method_not_allowed"),
-})
+ANSWERS: Mapping[Kind, Answer] = MappingProxyType(
+    {
+        # engine kinds
+        ErrorKind.CONTENTION: Answer(409, "contention", retry_after_s=1),
+        ErrorKind.SEALED: Answer(409, "sealed"),
+        ErrorKind.FULL: Answer(409, "sealed"),  # a full log takes no appends, as a sealed one
+        ErrorKind.EXISTS: Answer(409, "exists"),
+        ErrorKind.CURSOR_CONFLICT: Answer(409, "cursor_conflict"),
+        ErrorKind.NO_CURSORS: Answer(409, "no_cursors"),
+        ErrorKind.GC_REJECTED: Answer(409, "gc_rejected"),
+        ErrorKind.NOT_FOUND: Answer(404, "not_found"),
+        ErrorKind.PURGED: Answer(410, "purged", fields=("oldest_offset",)),
+        ErrorKind.INVALID: Answer(400, "invalid_request"),
+        ErrorKind.BACKPRESSURE: Answer(429, "backpressure", retry_after_s=1, fields=("reason",)),
+        ErrorKind.UNAVAILABLE: Answer(503, "unavailable", retry_after_s=1),
+        ErrorKind.CLOSED: Answer(503, "unavailable", retry_after_s=1),
+        ErrorKind.DATA_LOSS: Answer(500, "data_loss"),
+        ErrorKind.CORRUPT_FRAGMENT: Answer(500, "corrupt_fragment"),
+        # An object the engine did not expect to be missing, a process death, a bug: nothing the
+        # client can act on.
+        ErrorKind.OBJECT_NOT_FOUND: Answer(500, "internal"),
+        ErrorKind.PROCESS_DEATH: Answer(500, "internal"),
+        ErrorKind.INTERNAL: Answer(500, "internal"),
+        # the host's own kinds
+        HostKind.BAD_REQUEST: Answer(400, "bad_request"),
+        HostKind.RECORD_TOO_LARGE: Answer(400, "record_too_large"),
+        HostKind.UNAUTHORIZED: Answer(401, "unauthorized"),
+        HostKind.FORBIDDEN: Answer(403, "forbidden"),
+        HostKind.TOO_LARGE: Answer(413, "too_large"),
+        HostKind.NOT_LEADER: Answer(307, "not_leader"),
+        HostKind.IDEMPOTENCY_MISMATCH: Answer(409, "idempotency_mismatch"),
+        HostKind.METHOD_NOT_ALLOWED: Answer(405, "method_not_allowed"),
+    }
+)
 
 # A 409's code names its kind (``sealed`` is the sealed kind; ``full`` answers the same).
 _CONFLICT_KINDS: Mapping[str, Kind] = MappingProxyType(
-    {a.code: k for k, a in reversed(ANSWERS.items()) if a.status == 409})
+    {a.code: k for k, a in reversed(ANSWERS.items()) if a.status == 409}
+)
 
 
 def answer_for(kind: Kind) -> Answer:
@@ -119,8 +122,14 @@ class ApiError(Exception):
     status = _FromTable("status")
     code = _FromTable("code")
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None,
-                 extra: dict[str, Any] | None = None, kind: Kind | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+        kind: Kind | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
@@ -171,8 +180,9 @@ class NotLeader(ApiError):
     kind = HostKind.NOT_LEADER
 
     def __init__(self, location: str) -> None:
-        super().__init__(f"another server holds this log: {location}",
-                         headers={"Location": location})
+        super().__init__(
+            f"another server holds this log: {location}", headers={"Location": location}
+        )
 
 
 class BackpressureError(ApiError):
@@ -192,9 +202,14 @@ class Conflict(ApiError):
 
     def __init__(self, message: str, code: str, retry_after_s: float | None = None) -> None:
         if code not in _CONFLICT_KINDS:
-            raise ValueError(f"{code!r} is not a 409 code; expected one of {sorted(_CONFLICT_KINDS)}")
-        super().__init__(message, headers=_retry_after(retry_after_s) if retry_after_s else None,
-                         kind=_CONFLICT_KINDS[code])
+            raise ValueError(
+                f"{code!r} is not a 409 code; expected one of {sorted(_CONFLICT_KINDS)}"
+            )
+        super().__init__(
+            message,
+            headers=_retry_after(retry_after_s) if retry_after_s else None,
+            kind=_CONFLICT_KINDS[code],
+        )
 
 
 class Unavailable(ApiError):
@@ -226,9 +241,12 @@ def to_api_error(exc: BaseException) -> ApiError | None:
     retry = getattr(exc, "retry_after_s", None)
     if retry is None:
         retry = answer.retry_after_s
-    return ApiError(message, kind=kind,
-                    headers=_retry_after(retry) if retry is not None else None,
-                    extra={f: getattr(exc, f) for f in answer.fields if hasattr(exc, f)})
+    return ApiError(
+        message,
+        kind=kind,
+        headers=_retry_after(retry) if retry is not None else None,
+        extra={f: getattr(exc, f) for f in answer.fields if hasattr(exc, f)},
+    )
 
 
 def _body(code: str, message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -240,8 +258,9 @@ def _body(code: str, message: str, extra: dict[str, Any] | None = None) -> dict[
 
 def error_response(exc: ApiError) -> JSONResponse:
     """The JSON response for an API error."""
-    return JSONResponse(_body(exc.code, exc.message, exc.extra), status_code=exc.status,
-                        headers=exc.headers)
+    return JSONResponse(
+        _body(exc.code, exc.message, exc.extra), status_code=exc.status, headers=exc.headers
+    )
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -250,8 +269,9 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
 
 
 # Framework errors (no route, wrong method) by status; others keep their status as ``http_error``.
-_HTTP_KINDS: Mapping[int, Kind] = MappingProxyType({
-    404: ErrorKind.NOT_FOUND, 405: HostKind.METHOD_NOT_ALLOWED})
+_HTTP_KINDS: Mapping[int, Kind] = MappingProxyType(
+    {404: ErrorKind.NOT_FOUND, 405: HostKind.METHOD_NOT_ALLOWED}
+)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -272,8 +292,11 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
         kind = _HTTP_KINDS.get(exc.status_code)
         code = answer_for(kind).code if kind is not None else "http_error"
-        return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            _body(code, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(w.Wal3Error)
     async def _wal3(_: Request, exc: w.Wal3Error) -> Response:

@@ -88,8 +88,9 @@ def claim_ttl_s(gc_grace_s: float) -> float:
     return 2 * max(_OPERATION_BOUND_S, gc_grace_s)
 
 
-async def create_collection_log(store: ObjectStore, collection_id: UUID, prefix: str,
-                                writer_name: str, claims: ClaimWatch) -> bool:
+async def create_collection_log(
+    store: ObjectStore, collection_id: UUID, prefix: str, writer_name: str, claims: ClaimWatch
+) -> bool:
     """Create a collection's log (empty) unless it exists, under its creation claim, removing
     what a dead fork left there first; False when it existed.  ``CreationInProgress`` while a
     fork into it is in flight (after a short wait: another host creating the same new log
@@ -99,9 +100,14 @@ async def create_collection_log(store: ObjectStore, collection_id: UUID, prefix:
         if await load_manifest(store, prefix) is not None:
             return False
         try:
-            return await create_log(store, prefix, Manifest.empty(writer_name),
-                                    holder=writer_name, watch=claims,
-                                    leftovers=[compacted_prefix(collection_id)])
+            return await create_log(
+                store,
+                prefix,
+                Manifest.empty(writer_name),
+                holder=writer_name,
+                watch=claims,
+                leftovers=[compacted_prefix(collection_id)],
+            )
         except CreationInProgress:
             delay_s = next(delays, None)
             if delay_s is None:
@@ -128,26 +134,36 @@ async def _read_current(store: ObjectStore, cid: UUID) -> dict[str, Any] | None:
         doc = json.loads(got.data)
     except ValueError as e:
         raise CorruptCompactedPointer(f"{current_key(cid)}: {e}") from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("offset"), int) \
-            or not isinstance(doc.get("path"), str) or not isinstance(doc.get("version"), int):
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("offset"), int)
+        or not isinstance(doc.get("path"), str)
+        or not isinstance(doc.get("version"), int)
+    ):
         raise CorruptCompactedPointer(f"{current_key(cid)} is not a valid pointer: {doc!r}")
     return doc
 
 
-async def _install_copy(store: ObjectStore, source: UUID, target: UUID,
-                        current: dict[str, Any], claim: Claim) -> None:
+async def _install_copy(
+    store: ObjectStore, source: UUID, target: UUID, current: dict[str, Any], claim: Claim
+) -> None:
     """Copy the version file, then point the target's ``CURRENT.json`` at it (both created:
     the claim cleaned up whatever a dead attempt left)."""
     path = str(current["path"])
     new_path = path.replace(compacted_prefix(source), compacted_prefix(target), 1)
     if new_path == path:
-        raise CorruptCompactedPointer(f"compacted version {path!r} is not under "
-                                      f"{compacted_prefix(source)}")
+        raise CorruptCompactedPointer(
+            f"compacted version {path!r} is not under {compacted_prefix(source)}"
+        )
     # Immutable, and ours (the claim cleaned up first): an object already there must be a copy.
     await claim.write(lambda: copy_claimed(store, path, new_path))
     now = time.time()
-    doc = {**current, "path": new_path, "installed_at": now,
-           "history": [{"version": current["version"], "installed_at": now}]}
+    doc = {
+        **current,
+        "path": new_path,
+        "installed_at": now,
+        "history": [{"version": current["version"], "installed_at": now}],
+    }
     body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     async def put_current() -> None:
@@ -160,10 +176,19 @@ async def _install_copy(store: ObjectStore, source: UUID, target: UUID,
     await claim.write(put_current)
 
 
-async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, source_prefix: str,
-                          target_prefix: str, source_manifest: Manifest, offset: int,
-                          writer_name: str, mark_dirty: MarkDirty,
-                          claims: ClaimWatch | None = None) -> ForkResult:
+async def fork_collection(
+    store: ObjectStore,
+    *,
+    source: UUID,
+    target: UUID,
+    source_prefix: str,
+    target_prefix: str,
+    source_manifest: Manifest,
+    offset: int,
+    writer_name: str,
+    mark_dirty: MarkDirty,
+    claims: ClaimWatch | None = None,
+) -> ForkResult:
     """Fork ``source`` into ``target`` at ``offset`` (see the module docstring).
 
     ``claims``: this process's view of creation claims (the server's log manager keeps it);
@@ -185,8 +210,14 @@ async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, sou
     async def acquire() -> Claim | None:
         # From here on this attempt alone may write the target; what dead ones left is gone
         # (a stale CURRENT.json among it: with no source version, none may stand).
-        claim = await claim_log(store, target_prefix, purpose="fork", holder=writer_name,
-                                watch=watch, leftovers=[compacted_prefix(target)])
+        claim = await claim_log(
+            store,
+            target_prefix,
+            purpose="fork",
+            holder=writer_name,
+            watch=watch,
+            leftovers=[compacted_prefix(target)],
+        )
         held.extend([claim] if claim is not None else [])
         return claim
 
@@ -198,9 +229,16 @@ async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, sou
             await mark_dirty(target, cursor, forked.next_offset - cursor)
 
     try:
-        forked = await fork_log(store, source_prefix, target_prefix, from_offset=start,
-                                writer_name=writer_name, compaction_offset=cursor,
-                                before_commit=before_commit, acquire=acquire)
+        forked = await fork_log(
+            store,
+            source_prefix,
+            target_prefix,
+            from_offset=start,
+            writer_name=writer_name,
+            compaction_offset=cursor,
+            before_commit=before_commit,
+            acquire=acquire,
+        )
     except LogExists:
         for claim in held:
             await claim.finish()  # a manifest exists (not ours): the claim means nothing now
@@ -211,5 +249,6 @@ async def fork_collection(store: ObjectStore, *, source: UUID, target: UUID, sou
         raise
     for claim in held:
         await claim.finish()
-    return ForkResult(forked, forked.oldest_offset, cursor,
-                      current["version"] if current is not None else None)
+    return ForkResult(
+        forked, forked.oldest_offset, cursor, current["version"] if current is not None else None
+    )

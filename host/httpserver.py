@@ -41,7 +41,7 @@ SCOPE_EXTENSION = "loghost.connection"
 class ConnectionTicket:
     """What the app knows of its request's connection: it marks it authenticated."""
 
-    __slots__ = ("_table", "_conn", "authenticated")
+    __slots__ = ("_conn", "_table", "authenticated")
 
     def __init__(self, table: ConnectionTable, conn: _GuardedH11) -> None:
         self._table = table
@@ -67,8 +67,7 @@ class ConnectionTable:
     def __init__(self, max_connections: int, max_unauthenticated: int) -> None:
         self.max_connections = max_connections
         self.max_unauthenticated = max_unauthenticated
-        self.unauthenticated: collections.OrderedDict[_GuardedH11, None] = \
-            collections.OrderedDict()
+        self.unauthenticated: collections.OrderedDict[_GuardedH11, None] = collections.OrderedDict()
         # Aborted by the cap but not yet gone (connection_lost runs on a later loop turn): not
         # counted, or one burst of newcomers would evict more than it needs to.
         self.closing: set[_GuardedH11] = set()
@@ -117,12 +116,17 @@ class _GuardedH11(H11Protocol):
         self.app = app
         table.connections.add(self)
         table.unauthenticated[self] = None
-        while (len(self.connections) - len(table.closing) > table.max_connections
-               or len(table.unauthenticated) > table.max_unauthenticated):
+        while (
+            len(self.connections) - len(table.closing) > table.max_connections
+            or len(table.unauthenticated) > table.max_unauthenticated
+        ):
             victim = table.victim(self)
             if victim is None:
-                _log.warning("refusing a connection: %d open, all authenticated (limit %d)",
-                             len(self.connections), table.max_connections)
+                _log.warning(
+                    "refusing a connection: %d open, all authenticated (limit %d)",
+                    len(self.connections),
+                    table.max_connections,
+                )
                 self._evict(self)
                 return
             self._evict(victim)
@@ -163,8 +167,9 @@ class _GuardedH11(H11Protocol):
         self._send_guard = None
         if self.transport.is_closing():
             return
-        _log.info("closing a connection that did not take its answer within %.0f s",
-                  self.send_timeout_s)
+        _log.info(
+            "closing a connection that did not take its answer within %.0f s", self.send_timeout_s
+        )
         # abort, not close: close would keep the unsent answer until it drains, i.e. for ever.
         # The request task sees http.disconnect (a streamed answer stops).
         self.transport.abort()
@@ -226,16 +231,31 @@ class _GuardedH11(H11Protocol):
         self.transport.close()
 
 
-def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections: int,
-                max_unauthenticated: int | None = None, send_timeout_s: float = 60.0
-                ) -> type[_GuardedH11]:
+def guarded_h11(
+    header_timeout_s: float,
+    body_timeout_s: float,
+    max_connections: int,
+    max_unauthenticated: int | None = None,
+    send_timeout_s: float = 60.0,
+) -> type[_GuardedH11]:
     """An h11 protocol class with these limits (uvicorn's ``http=`` option); each call makes a
     class with its own connection table (one per server)."""
-    table = ConnectionTable(max_connections, min(max_connections, max_unauthenticated)
-                            if max_unauthenticated is not None else max_connections)
-    return type("GuardedH11Protocol", (_GuardedH11,), {
-        "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
-        "send_timeout_s": send_timeout_s, "table": table})
+    table = ConnectionTable(
+        max_connections,
+        min(max_connections, max_unauthenticated)
+        if max_unauthenticated is not None
+        else max_connections,
+    )
+    return type(
+        "GuardedH11Protocol",
+        (_GuardedH11,),
+        {
+            "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
+            "send_timeout_s": send_timeout_s,
+            "table": table,
+        },
+    )
 
 
 DrainHook = Callable[[], Awaitable[None]]
@@ -262,5 +282,5 @@ class DrainingServer(uvicorn.Server):
         assert self._on_drain is not None
         try:
             await self._on_drain()
-        except Exception:  # noqa: BLE001 - the lifespan shutdown still flushes everything
+        except Exception:
             _log.exception("draining failed")

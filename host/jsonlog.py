@@ -11,8 +11,9 @@ from typing import Any
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
-collection_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("collection_id",
-                                                                          default=None)
+collection_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "collection_id", default=None
+)
 
 _RESERVED = set(vars(logging.makeLogRecord({})))
 
@@ -27,8 +28,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for name, var in (("request_id", request_id), ("tenant", tenant),
-                          ("collection_id", collection_id)):
+        for name, var in (
+            ("request_id", request_id),
+            ("tenant", tenant),
+            ("collection_id", collection_id),
+        ):
             value = var.get()
             if value is not None:
                 out[name] = value

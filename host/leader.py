@@ -94,7 +94,9 @@ _RENEWED, _REESTABLISHED = 1, 2
 
 def encode_holder(server_id: str, url: str, incarnation: str) -> str:
     """The value stored under a leader key."""
-    return json.dumps({"server_id": server_id, "url": url, "incarnation": incarnation}, separators=(",", ":"))
+    return json.dumps(
+        {"server_id": server_id, "url": url, "incarnation": incarnation}, separators=(",", ":")
+    )
 
 
 def decode_holder(value: str) -> dict[str, str] | None:
@@ -103,7 +105,11 @@ def decode_holder(value: str) -> dict[str, str] | None:
         obj = json.loads(value)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("server_id"), str) or not isinstance(obj.get("url"), str):
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("server_id"), str)
+        or not isinstance(obj.get("url"), str)
+    ):
         return None
     return {k: str(v) for k, v in obj.items()}
 
@@ -212,7 +218,9 @@ class RedisLeaderHint(LeaderHint):
         self.advertise_url = advertise_url
         self.ttl_ms = int(ttl_ms)
         # ttl/3: two renewal attempts before a key could expire, so one lost round is harmless.
-        self.renew_every_s = (renew_every_ms if renew_every_ms is not None else max(1, ttl_ms // 3)) / 1000.0
+        self.renew_every_s = (
+            renew_every_ms if renew_every_ms is not None else max(1, ttl_ms // 3)
+        ) / 1000.0
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_ms / 1000.0
         self.renew_batch = renew_batch
@@ -233,7 +241,9 @@ class RedisLeaderHint(LeaderHint):
         self._redis: Any = Redis.from_url(
             url,
             socket_timeout=timeout_s,
-            socket_connect_timeout=connect_timeout_s if connect_timeout_s is not None else timeout_s,
+            socket_connect_timeout=connect_timeout_s
+            if connect_timeout_s is not None
+            else timeout_s,
             retry=Retry(NoBackoff(), 0),
             decode_responses=True,
         )
@@ -254,7 +264,9 @@ class RedisLeaderHint(LeaderHint):
         self._renew_task: asyncio.Task[None] | None = None
         self._lost_tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        self._healthy = True  # log outages once on the way down and once on the way up, not per call
+        self._healthy = (
+            True  # log outages once on the way down and once on the way up, not per call
+        )
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -299,7 +311,9 @@ class RedisLeaderHint(LeaderHint):
     async def start(self) -> None:
         """Start the background renewal task (idempotent)."""
         if self._renew_task is None and not self._closed:
-            self._renew_task = asyncio.create_task(self._renew_loop(), name=f"leader-hint-renew-{self.server_id}")
+            self._renew_task = asyncio.create_task(
+                self._renew_loop(), name=f"leader-hint-renew-{self.server_id}"
+            )
 
     async def close(self) -> None:
         """Stop renewing, let pending on_lost handlers finish, release every held key, disconnect."""
@@ -341,7 +355,9 @@ class RedisLeaderHint(LeaderHint):
             return None
         asked = time.monotonic()
         ok, holder = await self._call(
-            self._claim_script(keys=[self.key(collection_id)], args=[self.value, self.server_id, self.ttl_ms]),
+            self._claim_script(
+                keys=[self.key(collection_id)], args=[self.value, self.server_id, self.ttl_ms]
+            ),
             with_result=True,
         )
         if not ok:
@@ -360,7 +376,10 @@ class RedisLeaderHint(LeaderHint):
             # Not a value we wrote (a foreign or corrupt key): no redirect target.  Serve anyway
             # (fail open) but leave the key alone and do not track it, so renewal never fights
             # over it.  Redis itself is fine, so the circuit breaker stays closed.
-            self._failed(ValueError(f"unparseable leader hint at {self.key(collection_id)!r}: {holder!r}"), trip=False)
+            self._failed(
+                ValueError(f"unparseable leader hint at {self.key(collection_id)!r}: {holder!r}"),
+                trip=False,
+            )
             return None
         return decoded["url"]
 
@@ -372,7 +391,9 @@ class RedisLeaderHint(LeaderHint):
         if self._held.pop(collection_id, None) is None:
             return
         if self._breaker_open():
-            self.skipped += 1  # it expires after ttl_ms; until then others redirect to us, harmlessly
+            self.skipped += (
+                1  # it expires after ttl_ms; until then others redirect to us, harmlessly
+            )
             return
         await self._call(self._release_script(keys=[self.key(collection_id)], args=[self.value]))
 
@@ -399,7 +420,9 @@ class RedisLeaderHint(LeaderHint):
             asked = time.monotonic()
             # Renewal ignores the circuit breaker: it is the periodic probe that closes it.
             ok, statuses = await self._call(
-                self._renew_script(keys=[self.key(c) for c, _ in batch], args=[self.value, self.ttl_ms]),
+                self._renew_script(
+                    keys=[self.key(c) for c, _ in batch], args=[self.value, self.ttl_ms]
+                ),
                 with_result=True,
             )
             if not ok:
@@ -452,7 +475,9 @@ class RedisLeaderHint(LeaderHint):
     async def _call(self, awaitable: Awaitable[Any], *, with_result: bool = False) -> Any:
         """Await one Redis call under the timeout; (ok, result) if with_result, else ok. Never raises."""
         try:
-            async with asyncio.timeout(self.timeout_s * 2):  # connect + reply, as a hard upper bound
+            async with asyncio.timeout(
+                self.timeout_s * 2
+            ):  # connect + reply, as a hard upper bound
                 result = await awaitable
         except asyncio.CancelledError:
             raise
@@ -513,7 +538,9 @@ def _batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def leader_hint_from_url(url: str | None, server_id: str, advertise_url: str, **kw: Any) -> LeaderHint:
+def leader_hint_from_url(
+    url: str | None, server_id: str, advertise_url: str, **kw: Any
+) -> LeaderHint:
     """A RedisLeaderHint for a Redis URL, or a NullLeaderHint when the URL is unset or empty."""
     if not url or not url.strip():
         return NullLeaderHint()

@@ -98,8 +98,14 @@ class LogHandle:
 class LogManager:
     """Multiplexes thousands of collection logs over one store with bounded memory."""
 
-    def __init__(self, store: ObjectStore, settings: Settings, metrics: Metrics,
-                 leader: LeaderHint, mark_dirty: Callable[[UUID, int, int], object]) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        settings: Settings,
+        metrics: Metrics,
+        leader: LeaderHint,
+        mark_dirty: Callable[[UUID, int, int], object],
+    ) -> None:
         self._store = store
         self._settings = settings
         self._metrics = metrics
@@ -114,8 +120,9 @@ class LogManager:
         # The manifest (etag and fence) a closed writer of this process wrote last, per log: a
         # reopen that finds it still stored is no take-over (no fence, leases at once).
         # Kept for every close (failed writers too; the etag then None): the fence always carries.
-        self._authored: collections.OrderedDict[UUID, tuple[str | None, float]] = \
+        self._authored: collections.OrderedDict[UUID, tuple[str | None, float]] = (
             collections.OrderedDict()
+        )
         self._buffered = 0
         self._closed = False
         self._draining = False
@@ -246,8 +253,9 @@ class LogManager:
     # -------------------------------------------------------------------------------- opening
 
     @contextlib.asynccontextmanager
-    async def use(self, cid: UUID, tenant: str, *, create: bool = False
-                  ) -> AsyncIterator[LogHandle]:
+    async def use(
+        self, cid: UUID, tenant: str, *, create: bool = False
+    ) -> AsyncIterator[LogHandle]:
         """Hold a log open for one request (opening it if needed)."""
         await self.check_owner(cid, tenant, create=create)
         handle = await self._get_or_open(cid, tenant, create=create)
@@ -310,8 +318,9 @@ class LogManager:
                 return
             task = h.refreshing
             if task is None:
-                task = h.refreshing = asyncio.create_task(self._refresh(h, t),
-                                                          name=f"refresh:{h.collection_id}")
+                task = h.refreshing = asyncio.create_task(
+                    self._refresh(h, t), name=f"refresh:{h.collection_id}"
+                )
                 task.add_done_callback(lambda _t, h=h: setattr(h, "refreshing", None))
             await asyncio.shield(task)
 
@@ -348,9 +357,15 @@ class LogManager:
         """Long-polls waiting on ``tenant``'s logs for keys of ``role``."""
         return self._waits.get((tenant, role), 0)
 
-    async def wait_for_records(self, h: LogHandle, tenant: str, role: str, from_offset: int,
-                               deadline: float, disconnected: asyncio.Future[None] | None
-                               ) -> str:
+    async def wait_for_records(
+        self,
+        h: LogHandle,
+        tenant: str,
+        role: str,
+        from_offset: int,
+        deadline: float,
+        disconnected: asyncio.Future[None] | None,
+    ) -> str:
         """Wait, without holding ``h``, until the log may have a record at ``from_offset``.
 
         At most ``max_long_polls_per_tenant`` wait at once per tenant and role (``reader``,
@@ -365,12 +380,16 @@ class LogManager:
             self._metrics.backpressure.labels("long_poll").inc()
             raise BackpressureError(
                 f"tenant {tenant} has {self._waits[pool]} long-polls waiting for {role} keys",
-                "long_poll", 1)
+                "long_poll",
+                1,
+            )
         self._waits[pool] += 1
         h.waiters += 1
         self._metrics.long_polls.inc()
-        stops: list[asyncio.Future[Any]] = [asyncio.ensure_future(h.changed.wait()),
-                                            asyncio.ensure_future(self._drained.wait())]
+        stops: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(h.changed.wait()),
+            asyncio.ensure_future(self._drained.wait()),
+        ]
         if disconnected is not None:
             stops.append(disconnected)
         try:
@@ -501,11 +520,16 @@ class LogManager:
             # would redirect this log here for as long as we renew it.
             await self._make_room()
             if create:  # under the creation claim: a fork may be creating it (host/forks.py)
-                await create_collection_log(self._store, cid, prefix,
-                                            self._writer_options.writer_name, self.claims)
-            writer = await LogWriter.open(self._store, prefix, self._writer_options,
-                                          hook=self._hook_for(cid),
-                                          authored=self._authored.get(cid))
+                await create_collection_log(
+                    self._store, cid, prefix, self._writer_options.writer_name, self.claims
+                )
+            writer = await LogWriter.open(
+                self._store,
+                prefix,
+                self._writer_options,
+                hook=self._hook_for(cid),
+                authored=self._authored.get(cid),
+            )
             cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
             witness = await cursors.load(COMPACTION)
         except BaseException:
@@ -517,8 +541,15 @@ class LogManager:
         compaction = witness.cursor.offset if witness is not None else writer.manifest.oldest_offset
         # No tenure yet: the first use() under one makes the writer's memory current unless
         # the writer wrote the stored manifest itself.
-        h = LogHandle(cid, tenant, writer, LogReader(self._store, prefix), cursors, compaction,
-                      time.monotonic())
+        h = LogHandle(
+            cid,
+            tenant,
+            writer,
+            LogReader(self._store, prefix),
+            cursors,
+            compaction,
+            time.monotonic(),
+        )
         self._open[cid] = h
         self._metrics.opens.inc()
         self._metrics.open_logs.set(len(self._open))
@@ -539,7 +570,8 @@ class LogManager:
             if victim is None:
                 self._metrics.backpressure.labels("contention").inc()
                 raise BackpressureError(
-                    f"all {len(self._open)} open logs are busy", "contention", 1)
+                    f"all {len(self._open)} open logs are busy", "contention", 1
+                )
             self._metrics.evictions.inc()
             await self._close_handle(victim)
 
@@ -625,13 +657,16 @@ class LogManager:
         while True:
             await asyncio.sleep(period)  # a periodic sweep, not synchronisation
             now = time.monotonic()
-            idle = [h for h in self._open.values()
-                    if h.users == 0 and now - h.last_used >= self._settings.idle_close_s]
+            idle = [
+                h
+                for h in self._open.values()
+                if h.users == 0 and now - h.last_used >= self._settings.idle_close_s
+            ]
             for h in idle:
                 try:
                     await self._close_handle(h)
                     self._metrics.idle_closes.inc()
-                except Exception:  # noqa: BLE001 - a failed flush is logged; keep sweeping
+                except Exception:
                     _log.exception("closing idle log %s failed", h.collection_id)
 
     # ------------------------------------------------------------------------------ buffering
@@ -640,8 +675,9 @@ class LogManager:
         """Account bytes an append is about to buffer; 429 when the server is full."""
         if self._buffered + nbytes > self._settings.max_buffered_bytes and self._buffered:
             self._metrics.backpressure.labels("batching").inc()
-            raise BackpressureError(f"{self._buffered} bytes buffered on this server",
-                                    "batching", 1)
+            raise BackpressureError(
+                f"{self._buffered} bytes buffered on this server", "batching", 1
+            )
         self._buffered += nbytes
         self._metrics.buffered_bytes.set(self._buffered)
 

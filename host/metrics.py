@@ -14,64 +14,110 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
-        self.requests = Counter("loghost_requests_total", "HTTP requests", ["route", "status"],
-                                registry=r)
+        self.requests = Counter(
+            "loghost_requests_total", "HTTP requests", ["route", "status"], registry=r
+        )
         self.appends = Counter("loghost_appends_total", "Records appended durably", registry=r)
-        self.append_requests = Counter("loghost_append_requests_total", "Append requests served",
-                                       ["result"], registry=r)
-        self.append_bytes = Counter("loghost_append_bytes_total", "Bytes of records appended",
-                                    registry=r)
-        self.append_latency = Histogram("loghost_append_latency_seconds",
-                                        "Time from request to durable append",
-                                        buckets=_LATENCY_BUCKETS, registry=r)
-        self.read_latency = Histogram("loghost_read_latency_seconds", "Time to serve a read",
-                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.append_requests = Counter(
+            "loghost_append_requests_total", "Append requests served", ["result"], registry=r
+        )
+        self.append_bytes = Counter(
+            "loghost_append_bytes_total", "Bytes of records appended", registry=r
+        )
+        self.append_latency = Histogram(
+            "loghost_append_latency_seconds",
+            "Time from request to durable append",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.read_latency = Histogram(
+            "loghost_read_latency_seconds",
+            "Time to serve a read",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.open_logs = Gauge("loghost_open_logs", "Logs open on this server", registry=r)
-        self.long_polls = Gauge("loghost_long_polls", "Reads waiting for records (wait_ms)",
-                                registry=r)
+        self.long_polls = Gauge(
+            "loghost_long_polls", "Reads waiting for records (wait_ms)", registry=r
+        )
         self.opens = Counter("loghost_log_opens_total", "Logs opened", registry=r)
-        self.evictions = Counter("loghost_log_evictions_total",
-                                 "Logs closed to make room (LRU)", registry=r)
-        self.idle_closes = Counter("loghost_log_idle_closes_total", "Logs closed when idle",
-                                   registry=r)
-        self.buffered_bytes = Gauge("loghost_buffered_bytes",
-                                    "Bytes accepted but not yet durable", registry=r)
-        self.buffered_bytes_limit = Gauge("loghost_buffered_bytes_limit",
-                                          "LOGHOST_MAX_BUFFERED_BYTES: appends past it answer 429",
-                                          registry=r)
-        self.backpressure = Counter("loghost_backpressure_total", "Requests refused with 429",
-                                    ["reason"], registry=r)
-        self.contention = Counter("loghost_contention_total",
-                                  "Appends refused because another writer appended", registry=r)
-        self.leader_hint_failures = Counter("loghost_leader_hint_failures_total",
-                                            "Redis leader-hint operations that failed", registry=r)
-        self.redirects = Counter("loghost_not_leader_redirects_total",
-                                 "Requests redirected to the leader", registry=r)
-        self.dirty_collections = Gauge("loghost_dirty_collections",
-                                       "Collections in the rolled-up dirty set", registry=r)
-        self.dirty_oldest_age = Gauge("loghost_dirty_oldest_uncompacted_age_seconds",
-                                      "Age of the oldest uncompacted dirty entry", registry=r)
-        self.rollup_duration = Histogram("loghost_rollup_duration_seconds", "Roll-up duration",
-                                         buckets=_LATENCY_BUCKETS + (30.0, 60.0), registry=r)
-        self.rollup_failures = Counter("loghost_rollup_failures_total", "Roll-ups that failed",
-                                       registry=r)
-        self.reinsertions = Counter("loghost_dirty_reinsertions_total",
-                                    "Dirty entries re-appended by roll-ups", registry=r)
-        self.untracked = Gauge("loghost_dirty_untracked_collections",
-                               "Open collections with uncompacted records missing from the dirty "
-                               "set (must stay 0)", registry=r)
-        self.gc_deleted = Counter("loghost_gc_deleted_objects_total",
-                                  "Objects deleted by garbage collection", ["kind"], registry=r)
-        self.gc_runs = Counter("loghost_gc_runs_total", "Garbage collection passes", ["phase"],
-                               registry=r)
+        self.evictions = Counter(
+            "loghost_log_evictions_total", "Logs closed to make room (LRU)", registry=r
+        )
+        self.idle_closes = Counter(
+            "loghost_log_idle_closes_total", "Logs closed when idle", registry=r
+        )
+        self.buffered_bytes = Gauge(
+            "loghost_buffered_bytes", "Bytes accepted but not yet durable", registry=r
+        )
+        self.buffered_bytes_limit = Gauge(
+            "loghost_buffered_bytes_limit",
+            "LOGHOST_MAX_BUFFERED_BYTES: appends past it answer 429",
+            registry=r,
+        )
+        self.backpressure = Counter(
+            "loghost_backpressure_total", "Requests refused with 429", ["reason"], registry=r
+        )
+        self.contention = Counter(
+            "loghost_contention_total",
+            "Appends refused because another writer appended",
+            registry=r,
+        )
+        self.leader_hint_failures = Counter(
+            "loghost_leader_hint_failures_total",
+            "Redis leader-hint operations that failed",
+            registry=r,
+        )
+        self.redirects = Counter(
+            "loghost_not_leader_redirects_total", "Requests redirected to the leader", registry=r
+        )
+        self.dirty_collections = Gauge(
+            "loghost_dirty_collections", "Collections in the rolled-up dirty set", registry=r
+        )
+        self.dirty_oldest_age = Gauge(
+            "loghost_dirty_oldest_uncompacted_age_seconds",
+            "Age of the oldest uncompacted dirty entry",
+            registry=r,
+        )
+        self.rollup_duration = Histogram(
+            "loghost_rollup_duration_seconds",
+            "Roll-up duration",
+            buckets=_LATENCY_BUCKETS + (30.0, 60.0),
+            registry=r,
+        )
+        self.rollup_failures = Counter(
+            "loghost_rollup_failures_total", "Roll-ups that failed", registry=r
+        )
+        self.reinsertions = Counter(
+            "loghost_dirty_reinsertions_total", "Dirty entries re-appended by roll-ups", registry=r
+        )
+        self.untracked = Gauge(
+            "loghost_dirty_untracked_collections",
+            "Open collections with uncompacted records missing from the dirty set (must stay 0)",
+            registry=r,
+        )
+        self.gc_deleted = Counter(
+            "loghost_gc_deleted_objects_total",
+            "Objects deleted by garbage collection",
+            ["kind"],
+            registry=r,
+        )
+        self.gc_runs = Counter(
+            "loghost_gc_runs_total", "Garbage collection passes", ["phase"], registry=r
+        )
         # reason="no_cursors" is the routine 409 on a log nothing has compacted yet (no cursor
         # pins it); reason="error" is every other failure, the one worth an alert.
-        self.gc_failures = Counter("loghost_gc_failures_total", "GC passes that failed",
-                                   ["reason"], registry=r)
-        self.scrub_failures = Counter("loghost_scrub_failures_total",
-                                      "Scrubs that found a problem", registry=r)
-        self.idempotent_hits = Counter("loghost_idempotent_replays_total",
-                                       "Appends answered from the idempotency window", registry=r)
+        self.gc_failures = Counter(
+            "loghost_gc_failures_total", "GC passes that failed", ["reason"], registry=r
+        )
+        self.scrub_failures = Counter(
+            "loghost_scrub_failures_total", "Scrubs that found a problem", registry=r
+        )
+        self.idempotent_hits = Counter(
+            "loghost_idempotent_replays_total",
+            "Appends answered from the idempotency window",
+            registry=r,
+        )
 
 
 def gc_failure_reason(exc: BaseException) -> str:

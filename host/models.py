@@ -70,10 +70,10 @@ class Record(BaseModel):
     id: StrictStr = Field(min_length=1, max_length=256)
     op: Op
     document: StrictStr | None = None
-    metadata: Annotated[dict[StrictStr, MetadataValue] | None,
-                        AfterValidator(_sorted_keys)] = None
-    embedding: Annotated[list[StrictFloat | StrictInt] | None,
-                         AfterValidator(_finite_float32)] = None
+    metadata: Annotated[dict[StrictStr, MetadataValue] | None, AfterValidator(_sorted_keys)] = None
+    embedding: Annotated[list[StrictFloat | StrictInt] | None, AfterValidator(_finite_float32)] = (
+        None
+    )
 
 
 class AppendRequest(BaseModel):

@@ -35,8 +35,9 @@ GROUP_BYTES = 1 << 20
 _FETCH_CONCURRENCY = 8
 
 
-def fragment_groups(pointers: Sequence[FragmentPointer], group_bytes: int = GROUP_BYTES
-                    ) -> list[list[FragmentPointer]]:
+def fragment_groups(
+    pointers: Sequence[FragmentPointer], group_bytes: int = GROUP_BYTES
+) -> list[list[FragmentPointer]]:
     """Consecutive runs of pointers of at most ``group_bytes`` each (at least one pointer)."""
     groups: list[list[FragmentPointer]] = []
     cur: list[FragmentPointer] = []
@@ -71,11 +72,14 @@ class RecordPage:
                 if r.offset < self.next_offset:
                     continue
                 if self.count >= self._limit or (
-                        self.count and self.nbytes + len(r.body) > self._max_bytes):
+                    self.count and self.nbytes + len(r.body) > self._max_bytes
+                ):
                     self.full = True
                     break
-                parts.append(b'{"offset":%d,"timestamp_us":%d,"record":%s}'
-                             % (r.offset, r.timestamp_us, r.body))
+                parts.append(
+                    b'{"offset":%d,"timestamp_us":%d,"record":%s}'
+                    % (r.offset, r.timestamp_us, r.body)
+                )
                 self.count += 1
                 self.nbytes += len(r.body)
                 self.next_offset = r.offset + 1
@@ -94,8 +98,7 @@ class RecordPage:
 HEAD = b'{"records":['
 
 
-async def fetch_group(reader: LogReader, group: Sequence[FragmentPointer]
-                      ) -> list[DecodedFragment]:
+async def fetch_group(reader: LogReader, group: Sequence[FragmentPointer]) -> list[DecodedFragment]:
     """Fetch and verify a group of fragments, a few at a time, in order."""
     sem = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
@@ -115,8 +118,9 @@ def _decoded_bytes(frags: Sequence[DecodedFragment]) -> int:
     return sum(len(r.body) for f in frags for r in f.records)
 
 
-async def _groups(reader: LogReader, pointers: Sequence[FragmentPointer]
-                  ) -> AsyncIterator[list[DecodedFragment]]:
+async def _groups(
+    reader: LogReader, pointers: Sequence[FragmentPointer]
+) -> AsyncIterator[list[DecodedFragment]]:
     """The fragments, fetched a group at a time; a group is about ``GROUP_BYTES`` *decoded*.
 
     Only stored sizes are known before a fetch, so the first group is one fragment, and each
@@ -138,8 +142,13 @@ async def _groups(reader: LogReader, pointers: Sequence[FragmentPointer]
         yield frags
 
 
-async def records_answer(reader: LogReader, pointers: Sequence[FragmentPointer],
-                         from_offset: int, limit: int, max_bytes: int) -> Response:
+async def records_answer(
+    reader: LogReader,
+    pointers: Sequence[FragmentPointer],
+    from_offset: int,
+    limit: int,
+    max_bytes: int,
+) -> Response:
     """The answer for ``pointers`` (from ``LogReader.scan``), whole or streamed.
 
     Groups, and whether to stream, go by decoded bytes (what the answer holds), never by the
@@ -180,8 +189,7 @@ async def records_answer(reader: LogReader, pointers: Sequence[FragmentPointer],
                 except StopAsyncIteration:
                     break
                 except (Wal3Error, OSError) as e:
-                    _log.warning("records answer cut short at offset %d: %r",
-                                 page.next_offset, e)
+                    _log.warning("records answer cut short at offset %d: %r", page.next_offset, e)
                     break
                 chunk = page.take(frags)
                 del frags

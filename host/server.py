@@ -55,16 +55,30 @@ class _CompactionOffsets:
 class Server:
     """Everything one log host runs; ``start``/``close`` bracket its life."""
 
-    def __init__(self, settings: Settings, *, store: ObjectStore | None = None,
-                 leader: LeaderHint | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: ObjectStore | None = None,
+        leader: LeaderHint | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = Metrics()
         self.metrics.buffered_bytes_limit.set(settings.max_buffered_bytes)
         self.auth = Authenticator.from_settings(settings)
         self.store: ObjectStore = store if store is not None else open_store(settings.store)
-        self.leader: LeaderHint = leader if leader is not None else leader_hint_from_url(
-            settings.redis_url, settings.server_id, settings.public_url,
-            ttl_ms=settings.leader_ttl_ms, on_failure=self._hint_failed, on_lost=self._hint_lost)
+        self.leader: LeaderHint = (
+            leader
+            if leader is not None
+            else leader_hint_from_url(
+                settings.redis_url,
+                settings.server_id,
+                settings.public_url,
+                ttl_ms=settings.leader_ttl_ms,
+                on_failure=self._hint_failed,
+                on_lost=self._hint_lost,
+            )
+        )
         self.manager = LogManager(self.store, settings, self.metrics, self.leader, self._mark_dirty)
         self.dirty: DirtyLog | None = None
         self._gc_due: dict[UUID, float] = {}
@@ -78,10 +92,12 @@ class Server:
     @property
     def gc_options(self) -> GcOptions:
         """Options of every collector this server runs."""
-        return GcOptions(grace_s=self.settings.gc_grace_s,
-                         deletes_per_second=self.settings.gc_deletes_per_second,
-                         max_fraction=self.settings.gc_max_fraction,
-                         writer_name=f"loghost-gc:{self.settings.server_id}")
+        return GcOptions(
+            grace_s=self.settings.gc_grace_s,
+            deletes_per_second=self.settings.gc_deletes_per_second,
+            max_fraction=self.settings.gc_max_fraction,
+            writer_name=f"loghost-gc:{self.settings.server_id}",
+        )
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -117,13 +133,19 @@ class Server:
 
     async def _open_dirty(self) -> DirtyLog:
         prefix = dirty_prefix(self.settings.server_id)
-        writer = await LogWriter.open(self.store, prefix, LogWriterOptions(
-            writer_name=f"loghost:{self.settings.server_id}",
-            batch_interval_s=self.settings.batch_interval_ms / 1000.0,
-            snapshot_max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2))))
+        writer = await LogWriter.open(
+            self.store,
+            prefix,
+            LogWriterOptions(
+                writer_name=f"loghost:{self.settings.server_id}",
+                batch_interval_s=self.settings.batch_interval_ms / 1000.0,
+                snapshot_max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2)),
+            ),
+        )
         # The dirty log is read by roll-ups, not compactors: no intrinsic compaction cursor.
-        backend = WalDirtyBackend(self.store, prefix, writer,
-                                  replace(self.gc_options, intrinsic_cursor=None))
+        backend = WalDirtyBackend(
+            self.store, prefix, writer, replace(self.gc_options, intrinsic_cursor=None)
+        )
         return DirtyLog(backend, RollUp(backend, _CompactionOffsets(self)), DirtyLogHook(backend))
 
     async def _mark_dirty(self, cid: UUID, first_offset: int, count: int) -> None:
@@ -155,15 +177,22 @@ class Server:
         if server_id == self.settings.server_id:
             raise BadRequest("server_id: this server's own dirty log cannot be adopted")
         if not _SERVER_ID.fullmatch(server_id):
-            raise BadRequest("server_id: letters, digits, '.', '_' and '-', starting with a "
-                             "letter or digit, at most 253")
-        source = await StoredDirtyLog.load(self.store, dirty_prefix(server_id),
-                                           f"loghost:{self.settings.server_id}:adopt")
+            raise BadRequest(
+                "server_id: letters, digits, '.', '_' and '-', starting with a "
+                "letter or digit, at most 253"
+            )
+        source = await StoredDirtyLog.load(
+            self.store, dirty_prefix(server_id), f"loghost:{self.settings.server_id}:adopt"
+        )
         if source is None:
             raise NotFound(f"no dirty log for server {server_id!r}")
         result = await hand_over(source, self.dirty.backend, _CompactionOffsets(self))
-        _log.info("adopted the dirty log of %s: %d collection(s), %d record(s) read",
-                  server_id, result.collections, result.records_read)
+        _log.info(
+            "adopted the dirty log of %s: %d collection(s), %d record(s) read",
+            server_id,
+            result.collections,
+            result.records_read,
+        )
         await self.rollup_now()
         return result
 
@@ -189,7 +218,7 @@ class Server:
         while True:
             try:
                 await self.rollup_now()
-            except Exception:  # noqa: BLE001 - counted in rollup_now; the loop must survive
+            except Exception:
                 _log.exception("dirty-log roll-up failed")
             await asyncio.sleep(self.settings.rollup_interval_s)  # the period, not a sync
 
@@ -209,8 +238,11 @@ class Server:
         """Open logs written before a roll-up whose uncompacted records it does not list."""
         assert self.dirty is not None
         offsets = {h.collection_id: h.compaction_offset for h in self.manager.handles()}
-        known = {cid: (nxt, offsets.get(cid, 1)) for cid, nxt in known_before.items()
-                 if cid not in self._purged}
+        known = {
+            cid: (nxt, offsets.get(cid, 1))
+            for cid, nxt in known_before.items()
+            if cid not in self._purged
+        }
         return missing_from_dirty_set(known, self.dirty.rollup.entries())
 
     # --------------------------------------------------------------------------- leader hint
@@ -232,8 +264,9 @@ class Server:
 
     async def collect(self, h: LogHandle) -> GcReport:
         """One garbage-collection pass over an open log, through its writer."""
-        gc = GarbageCollector(self.store, h.prefix, self.gc_options,
-                              edit_manifest=h.writer.edit_manifest)
+        gc = GarbageCollector(
+            self.store, h.prefix, self.gc_options, edit_manifest=h.writer.edit_manifest
+        )
         try:
             async with h.lock:  # one collector per log in this process (manual and always-on)
                 report = await gc.run_once()
@@ -268,7 +301,7 @@ class Server:
                         continue
                     async with self.manager.use(cid, tenant) as h:
                         await self.collect(h)
-                except Exception as e:  # noqa: BLE001 - one log's failure must not stop GC
+                except Exception as e:
                     _log.warning("gc of %s failed: %r", cid, e)
                     self.schedule_gc(cid, self.settings.gc_interval_s)
             nxt = min(self._gc_due.values(), default=None)

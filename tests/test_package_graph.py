@@ -13,8 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # package -> top-level modules it must never import
 FORBIDDEN: dict[str, set[str]] = {
-    "wal3": {"host", "dirtylog", "compactor_client", "fastapi", "starlette", "uvicorn", "redis",
-             "pyspark", "verify", "tests", "bench"},
+    "wal3": {
+        "host",
+        "dirtylog",
+        "compactor_client",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "redis",
+        "pyspark",
+        "verify",
+        "tests",
+        "bench",
+    },
     "dirtylog": {"host", "compactor_client", "fastapi", "redis", "pyspark", "verify", "tests"},
     "compactor_client": {"host", "dirtylog", "verify", "tests", "bench"},
     "host": {"compactor_client", "verify", "tests", "bench"},
@@ -36,8 +47,7 @@ def imported_tops(path: Path) -> set[str]:
 def test_package_imports_only_what_it_may(package: str) -> None:
     files = sorted((ROOT / package).rglob("*.py"))
     assert files, package
-    bad = {str(f.relative_to(ROOT)): sorted(imported_tops(f) & FORBIDDEN[package])
-           for f in files}
+    bad = {str(f.relative_to(ROOT)): sorted(imported_tops(f) & FORBIDDEN[package]) for f in files}
     assert not {f: b for f, b in bad.items() if b}
 
 

@@ -39,13 +39,18 @@ TARGETS: dict[str, list[str]] = {
     "wal3/setsum.py": ["tests/wal3", "tests/verify/test_sim.py"],
     "dirtylog/rollup.py": ["tests/dirtylog"],
     "dirtylog/record.py": ["tests/dirtylog"],
-    "host/auth.py": ["tests/host/test_authz.py", "tests/host/test_auth_keys.py",
-                     "tests/host/test_auth_contract.py"],
+    "host/auth.py": [
+        "tests/host/test_authz.py",
+        "tests/host/test_auth_keys.py",
+        "tests/host/test_auth_contract.py",
+    ],
     "compactor_client/fold.py": ["tests/compactor_client/test_fold.py"],
-    "compactor_client/versions.py": ["tests/compactor_client/test_versions.py",
-                                     "tests/compactor_client/test_current_contract.py",
-                                     "tests/compactor_client/test_issue20_prune_store_time.py",
-                                     "tests/compactor_client/test_issue20_adversary.py"],
+    "compactor_client/versions.py": [
+        "tests/compactor_client/test_versions.py",
+        "tests/compactor_client/test_current_contract.py",
+        "tests/compactor_client/test_issue20_prune_store_time.py",
+        "tests/compactor_client/test_issue20_adversary.py",
+    ],
 }
 
 
@@ -74,17 +79,21 @@ class ModuleResult:
 
 
 def _git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _config(module: str, tests: list[str]) -> str:
-    lines = ["", "[tool.mutmut]",
-             f"source_paths = {json.dumps(PACKAGES)}",
-             f"only_mutate = {json.dumps([module])}",
-             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
-             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", '
-             '"-p", "no:randomly", "--timeout", "120"]']
+    lines = [
+        "",
+        "[tool.mutmut]",
+        f"source_paths = {json.dumps(PACKAGES)}",
+        f"only_mutate = {json.dumps([module])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", '
+        '"-p", "no:randomly", "--timeout", "120"]',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -94,8 +103,9 @@ def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
     commit = _git("rev-parse", "--short", "HEAD")
     work = scratch / re.sub(r"[^A-Za-z0-9]+", "_", module)
     if work.exists():
-        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=ROOT,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True
+        )
         shutil.rmtree(work, ignore_errors=True)
     _git("worktree", "add", "--detach", "-f", str(work), "HEAD")
     result = ModuleResult(module, commit, tests)
@@ -105,27 +115,34 @@ def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
             f.write(_config(module, [t for t in tests if (work / t).exists()]))
         mutmut = str(Path(sys.executable).with_name("mutmut"))
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        run = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=work, env=env,
-                             capture_output=True, text=True)
+        run = subprocess.run(
+            [mutmut, "run", "--max-children", str(jobs)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if run.returncode not in (0, 1):  # mutmut exits non-zero when mutants survive
             raise RuntimeError(f"mutmut failed on {module}: {run.stderr[-2000:]}")
         subprocess.run([mutmut, "export-cicd-stats"], cwd=work, check=True, capture_output=True)
         stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
-        for key in ("killed", "timeout", "survived", "no_tests", "suspicious", "skipped",
-                    "total"):
+        for key in ("killed", "timeout", "survived", "no_tests", "suspicious", "skipped", "total"):
             setattr(result, key, int(stats.get(key, 0)))
-        listing = subprocess.run([mutmut, "results"], cwd=work, capture_output=True,
-                                 text=True).stdout
+        listing = subprocess.run(
+            [mutmut, "results"], cwd=work, capture_output=True, text=True
+        ).stdout
         for line in listing.splitlines():
             name, _, status = line.strip().rpartition(": ")
             if status.strip() in ("survived", "suspicious") and name:
-                shown = subprocess.run([mutmut, "show", name], cwd=work, capture_output=True,
-                                       text=True).stdout
+                shown = subprocess.run(
+                    [mutmut, "show", name], cwd=work, capture_output=True, text=True
+                ).stdout
                 result.survivors[name] = shown
     finally:
         result.seconds = round(time.monotonic() - started, 1)
-        subprocess.run(["git", "worktree", "remove", "--force", str(work)], cwd=ROOT,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True
+        )
     return result
 
 
@@ -144,46 +161,70 @@ def _load_all() -> list[dict[str, object]]:
 
 def table(results: list[dict[str, object]]) -> str:
     """The markdown table of every recorded module run."""
-    rows = ["| module | commit | mutants | killed | timed out | survived | no test ran it | "
-            "score | tests | minutes |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    rows = [
+        "| module | commit | mutants | killed | timed out | survived | no test ran it | "
+        "score | tests | minutes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for r in sorted(results, key=lambda r: str(r["module"])):
-        rows.append(f"| `{r['module']}` | {r['commit']} | {r['total']} | {r['killed']} | "
-                    f"{r['timeout']} | {r['survived']} | {r['no_tests']} | "
-                    f"{float(r['score']):.0%} | {', '.join(f'`{t}`' for t in r['tests'])} | "  # type: ignore[attr-defined]
-                    f"{float(r['seconds']) / 60:.1f} |")  # type: ignore[arg-type]
+        rows.append(
+            f"| `{r['module']}` | {r['commit']} | {r['total']} | {r['killed']} | "
+            f"{r['timeout']} | {r['survived']} | {r['no_tests']} | "
+            f"{float(r['score']):.0%} | {', '.join(f'`{t}`' for t in r['tests'])} | "  # type: ignore[attr-defined]
+            f"{float(r['seconds']) / 60:.1f} |"
+        )  # type: ignore[arg-type]
     return "\n".join(rows)
 
 
 def write_docs(results: list[dict[str, object]]) -> None:
     """Replace the marked table in docs/RELIABILITY.md (append the section if absent)."""
     text = DOC.read_text(encoding="utf-8")
-    block = (f"{BEGIN}\nGenerated by `python -m verify.mutation --write-docs` (mutmut, one scratch "
-             f"worktree per module).\n\n{table(results)}\n{END}")
+    block = (
+        f"{BEGIN}\nGenerated by `python -m verify.mutation --write-docs` (mutmut, one scratch "
+        f"worktree per module).\n\n{table(results)}\n{END}"
+    )
     if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
     else:
         text = text.rstrip() + "\n\n## Mutation testing\n\n" + block + "\n"
     DOC.write_text(text, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verify.mutation", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--module", action="append", choices=sorted(TARGETS),
-                   help="a module to mutate (repeatable; default: all)")
+    p = argparse.ArgumentParser(
+        prog="python -m verify.mutation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--module",
+        action="append",
+        choices=sorted(TARGETS),
+        help="a module to mutate (repeatable; default: all)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    p.add_argument("--scratch", type=Path, default=Path("/tmp/loghost-mutation"),
-                   help="where the scratch worktrees go")
-    p.add_argument("--write-docs", action="store_true",
-                   help="rewrite the table in docs/RELIABILITY.md from every recorded run")
+    p.add_argument(
+        "--scratch",
+        type=Path,
+        default=Path("/tmp/loghost-mutation"),
+        help="where the scratch worktrees go",
+    )
+    p.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="rewrite the table in docs/RELIABILITY.md from every recorded run",
+    )
     args = p.parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
     for module in args.module or list(TARGETS):
         r = run_module(module, args.jobs, args.scratch)
         path = _save(r)
-        print(f"{module}: {r.total} mutants, {r.killed + r.timeout} killed, {r.survived} "
-              f"survived, {r.no_tests} not run by any test: {r.score:.0%} in "
-              f"{r.seconds / 60:.1f} min -> {path.relative_to(ROOT)}", flush=True)
+        print(
+            f"{module}: {r.total} mutants, {r.killed + r.timeout} killed, {r.survived} "
+            f"survived, {r.no_tests} not run by any test: {r.score:.0%} in "
+            f"{r.seconds / 60:.1f} min -> {path.relative_to(ROOT)}",
+            flush=True,
+        )
     if args.write_docs:
         write_docs(_load_all())
     return 0

@@ -20,8 +20,11 @@ def reference_fold(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         md = r.get("metadata") or {}
         if rid not in rows:
             if op in ("add", "upsert"):
-                rows[rid] = {"document": r.get("document"), "embedding": r.get("embedding"),
-                             "metadata": {k: v for k, v in md.items() if v is not None}}
+                rows[rid] = {
+                    "document": r.get("document"),
+                    "embedding": r.get("embedding"),
+                    "metadata": {k: v for k, v in md.items() if v is not None},
+                }
             continue
         if op == "add":
             continue

@@ -137,8 +137,9 @@ class ClaimWatch:
     process's TTL and the one its holder recorded (``holder_ttl_s``).
     """
 
-    def __init__(self, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK, max_entries: int = 4096
-                 ) -> None:
+    def __init__(
+        self, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK, max_entries: int = 4096
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.ttl_s = ttl_s
@@ -180,8 +181,15 @@ class ClaimWatch:
 class Claim:
     """A claim this process holds (see the module docstring)."""
 
-    def __init__(self, store: ObjectStore, key: str, etag: str, doc: dict[str, Any],
-                 watch: ClaimWatch, renewed_at: float) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        etag: str,
+        doc: dict[str, Any],
+        watch: ClaimWatch,
+        renewed_at: float,
+    ) -> None:
         self.store = store
         self.key = key
         self.etag = etag
@@ -225,8 +233,9 @@ class Claim:
                 return
             doc = {**self._doc, "renewal": int(self._doc.get("renewal", 0)) + 1}
             try:
-                self.etag = await put_resolving(self.store, self.key, _encode(doc),
-                                                if_match=self.etag)
+                self.etag = await put_resolving(
+                    self.store, self.key, _encode(doc), if_match=self.etag
+                )
             except PreconditionFailed:
                 self._lost = True
                 raise ClaimLost(f"{self.key}: the claim was taken over") from None
@@ -259,6 +268,7 @@ class Claim:
         however long it takes — reading a large source, a manifest put in flight — and only a
         dead one's claim expires.  Safety does not rest on this: every write still calls
         ``guard()``, which fails once the claim was taken over."""
+
         async def beat() -> None:
             while not self._lost and self._closed is None:
                 await asyncio.sleep(self._watch.ttl_s / 4)  # the renewal period
@@ -288,8 +298,9 @@ class Claim:
             self._lost = True  # given away: nothing of ours may be done under it any more
             doc = {**self._doc, "released": True}
             try:
-                self.etag = await put_resolving(self.store, self.key, _encode(doc),
-                                                if_match=self.etag)
+                self.etag = await put_resolving(
+                    self.store, self.key, _encode(doc), if_match=self.etag
+                )
             except (PreconditionFailed, StoreUnavailable, ObjectNotFound, OSError):
                 pass  # taken over (nothing to give), or the store is down (it expires)
 
@@ -302,8 +313,9 @@ class Claim:
         if isinstance(error, ProcessDeath) or self._lost or self.may_still_land:
             return
         if isinstance(error, asyncio.CancelledError):
-            task = asyncio.get_running_loop().create_task(self.release(),
-                                                          name=f"release:{self.key}")
+            task = asyncio.get_running_loop().create_task(
+                self.release(), name=f"release:{self.key}"
+            )
             _RELEASING.add(task)
             task.add_done_callback(_RELEASING.discard)
             with contextlib.suppress(asyncio.CancelledError):
@@ -365,9 +377,16 @@ def claim_released(data: bytes) -> bool:
     return isinstance(doc, dict) and doc.get("released") is True
 
 
-async def claim_log(store: ObjectStore, prefix: str, *, purpose: str, holder: str,
-                    watch: ClaimWatch, leftovers: Sequence[str] = (), attempts: int = 8
-                    ) -> Claim | None:
+async def claim_log(
+    store: ObjectStore,
+    prefix: str,
+    *,
+    purpose: str,
+    holder: str,
+    watch: ClaimWatch,
+    leftovers: Sequence[str] = (),
+    attempts: int = 8,
+) -> Claim | None:
     """Claim the creation of the log at ``prefix`` and clean up leftovers (steps 1-3).
 
     Returns None when the log exists; raises ``CreationInProgress`` while another attempt holds a
@@ -380,8 +399,14 @@ async def claim_log(store: ObjectStore, prefix: str, *, purpose: str, holder: st
         return None
     # ttl_s: how long observers must see it unchanged, whatever their own TTL (the module
     # docstring); claimed_us is informational (nobody compares clocks).
-    doc = {"attempt": uuid.uuid4().hex, "purpose": purpose, "holder": holder, "renewal": 0,
-           "ttl_s": watch.ttl_s, "claimed_us": watch.clock.wall_us()}
+    doc = {
+        "attempt": uuid.uuid4().hex,
+        "purpose": purpose,
+        "holder": holder,
+        "renewal": 0,
+        "ttl_s": watch.ttl_s,
+        "claimed_us": watch.clock.wall_us(),
+    }
     body = _encode(doc)
     claim: Claim | None = None
     for _ in range(attempts):
@@ -399,7 +424,8 @@ async def claim_log(store: ObjectStore, prefix: str, *, purpose: str, holder: st
                     return None  # a finished creation's claim, left behind
                 raise CreationInProgress(
                     f"the creation of {prefix!r} is claimed by another attempt; retry in "
-                    f"{watch.remaining_s(key, ttl):.0f} s at most") from None
+                    f"{watch.remaining_s(key, ttl):.0f} s at most"
+                ) from None
             try:
                 etag = await put_resolving(store, key, body, if_match=got.etag)
             except PreconditionFailed:
@@ -439,12 +465,13 @@ async def run_all(aws: Iterable[Coroutine[Any, Any, Any]]) -> None:
 async def _delete_all(store: ObjectStore, prefix: str, claim: Claim, batch: int = 16) -> None:
     """Delete every object under ``prefix``, renewing the claim between batches; every delete
     is a claimed write (``Claim.write``) and a batch ends only when all of its deletes have."""
+
     def delete(key: str) -> Callable[[], Awaitable[None]]:
         return lambda: store.delete(key)
 
     keys = [m.key async for m in store.list(prefix)]
     for i in range(0, len(keys), batch):
-        await run_all(claim.write(delete(k)) for k in keys[i:i + batch])
+        await run_all(claim.write(delete(k)) for k in keys[i : i + batch])
 
 
 _PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
@@ -473,11 +500,14 @@ async def copy_claimed(store: ObjectStore, src: str, dst: str, *, attempts: int 
             a, b = have.etag.strip('"'), want.etag.strip('"')
             if a and a == b:
                 return
-            if not (a and b and _plain_md5(a) and _plain_md5(b)) \
-                    and (await store.get(dst)).data == (await store.get(src)).data:
+            if (
+                not (a and b and _plain_md5(a) and _plain_md5(b))
+                and (await store.get(dst)).data == (await store.get(src)).data
+            ):
                 return
-            raise ClaimLost(f"{dst}: an object other than a copy of {src} appeared under our "
-                            "claim") from None
+            raise ClaimLost(
+                f"{dst}: an object other than a copy of {src} appeared under our claim"
+            ) from None
     raise StoreUnavailable(f"could not copy {src} to {dst}: the store kept refusing")
 
 
@@ -502,27 +532,35 @@ async def put_claimed(store: ObjectStore, key: str, data: bytes, *, attempts: in
                         return
                 except ObjectNotFound:
                     continue
-            raise ClaimLost(f"{key}: an object other than ours appeared under our claim") \
-                from None
+            raise ClaimLost(f"{key}: an object other than ours appeared under our claim") from None
     raise StoreUnavailable(f"could not create {key}: the store kept refusing")
 
 
-async def create_log(store: ObjectStore, prefix: str, manifest: Manifest, *, holder: str,
-                     watch: ClaimWatch, leftovers: Sequence[str] = ()) -> bool:
+async def create_log(
+    store: ObjectStore,
+    prefix: str,
+    manifest: Manifest,
+    *,
+    holder: str,
+    watch: ClaimWatch,
+    leftovers: Sequence[str] = (),
+) -> bool:
     """Create the log at ``prefix`` with ``manifest`` under a claim, after cleaning up what dead
     attempts left there; False when it exists already.  ``CreationInProgress`` while a fork (or
     another creation) holds the claim."""
     prefix = prefix.strip("/")
-    claim = await claim_log(store, prefix, purpose="create", holder=holder, watch=watch,
-                            leftovers=leftovers)
+    claim = await claim_log(
+        store, prefix, purpose="create", holder=holder, watch=watch, leftovers=leftovers
+    )
     if claim is None:
         return False
     try:
         async with claim.kept_alive():
             await claim.guard()
             claim.commit_sent = True  # from here on it may land: an error keeps the claim
-            await put_resolving(store, join(prefix, MANIFEST_PATH), manifest.to_bytes(),
-                                if_none_match="*")
+            await put_resolving(
+                store, join(prefix, MANIFEST_PATH), manifest.to_bytes(), if_none_match="*"
+            )
     except PreconditionFailed:
         await claim.finish()  # a manifest exists (ours is not it): the claim means nothing
         return False

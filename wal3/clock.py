@@ -10,7 +10,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-
 _BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 

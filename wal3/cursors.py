@@ -13,7 +13,14 @@ import re
 from dataclasses import dataclass
 
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import CorruptManifest, CursorConflict, CursorNotFound, InvalidCursorName, ObjectNotFound, PreconditionFailed
+from .errors import (
+    CorruptManifest,
+    CursorConflict,
+    CursorNotFound,
+    InvalidCursorName,
+    ObjectNotFound,
+    PreconditionFailed,
+)
 from .manifest import U64_MAX, loads, parse_position
 from .paths import CURSOR_PREFIX, cursor_name, cursor_path, join
 from .store import ObjectStore, put_resolving
@@ -74,8 +81,9 @@ class Witness:
 class CursorStore:
     """The cursors of one log."""
 
-    def __init__(self, store: ObjectStore, prefix: str, writer: str, *,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, store: ObjectStore, prefix: str, writer: str, *, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._store = store
         self._clock = clock
         self._prefix = prefix.strip("/")
@@ -93,8 +101,9 @@ class CursorStore:
         """Create a cursor; raises CursorConflict when it already exists."""
         cursor = self._new(offset)
         try:
-            etag = await put_resolving(self._store, self._key(name), cursor.to_bytes(),
-                                       if_none_match="*")
+            etag = await put_resolving(
+                self._store, self._key(name), cursor.to_bytes(), if_none_match="*"
+            )
         except PreconditionFailed:
             raise CursorConflict(f"cursor {name} already exists") from None
         return Witness(name, cursor, etag)
@@ -112,8 +121,9 @@ class CursorStore:
         etag = witness.etag if isinstance(witness, Witness) else witness
         cursor = self._new(offset)
         try:
-            new_etag = await put_resolving(self._store, self._key(name), cursor.to_bytes(),
-                                           if_match=etag)
+            new_etag = await put_resolving(
+                self._store, self._key(name), cursor.to_bytes(), if_match=etag
+            )
         except PreconditionFailed:
             raise CursorConflict(f"cursor {name} changed since it was read") from None
         return Witness(name, cursor, new_etag)
@@ -146,7 +156,7 @@ class CursorStore:
         base = join(self._prefix, CURSOR_PREFIX)
         names = []
         async for meta in self._store.list(base):
-            name = cursor_name(meta.key[len(base):])
+            name = cursor_name(meta.key[len(base) :])
             if name is not None:
                 names.append(name)
         return names

@@ -38,9 +38,13 @@ class ErrorKind(str, enum.Enum):
     CLOSED = "closed"  # the writer was closed and takes no more work; reopen
     DATA_LOSS = "data_loss"  # data at rest is corrupt or missing; no retry helps: escalate
     CORRUPT_FRAGMENT = "corrupt_fragment"  # data loss in one fragment (its checksum failed)
-    OBJECT_NOT_FOUND = "object_not_found"  # a store key does not exist (callers expecting it handle it)
+    OBJECT_NOT_FOUND = (
+        "object_not_found"  # a store key does not exist (callers expecting it handle it)
+    )
     PROCESS_DEATH = "process_death"  # the process is to be taken as dead here (fault injection)
-    INTERNAL = "internal"  # a bug or a failure no caller action fixes (e.g. a store refusing access)
+    INTERNAL = (
+        "internal"  # a bug or a failure no caller action fixes (e.g. a store refusing access)
+    )
 
     @property
     def is_data_loss(self) -> bool:
@@ -56,8 +60,9 @@ class Wal3Error(Exception):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if not isinstance(cls.__dict__.get("kind", ErrorKind.INTERNAL), ErrorKind):
-            raise TypeError(f"{cls.__qualname__}.kind must be an ErrorKind member, not "
-                            f"{cls.__dict__['kind']!r}")
+            raise TypeError(
+                f"{cls.__qualname__}.kind must be an ErrorKind member, not {cls.__dict__['kind']!r}"
+            )
 
 
 class ProcessDeath(Wal3Error):

@@ -32,7 +32,9 @@ from .store import GetResult, ObjectMeta, ObjectStore
 
 T = TypeVar("T")
 
-FaultKind = Literal["latency", "error", "lost_response", "crash_before", "crash_after", "precondition"]
+FaultKind = Literal[
+    "latency", "error", "lost_response", "crash_before", "crash_after", "precondition"
+]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 OPS: frozenset[str] = frozenset({"get", "head", "put", "delete", "list", "copy"})
 # Only a conditional write can fail its condition.
@@ -67,7 +69,9 @@ class FaultRule:
         if self.ops is not None:
             self.ops = frozenset(self.ops)
             if unknown := self.ops - OPS:
-                raise ValueError(f"unknown ops {sorted(unknown)}; expected a subset of {sorted(OPS)}")
+                raise ValueError(
+                    f"unknown ops {sorted(unknown)}; expected a subset of {sorted(OPS)}"
+                )
             if self.kind == "precondition" and not self.ops & _CONDITIONAL_OPS:
                 raise ValueError("a precondition rule needs 'put' or 'copy' among its ops")
         if self.after < 0:
@@ -156,7 +160,9 @@ class FaultyStore(ObjectStore):
         self._faults: Counter[str] = Counter()
 
     def __repr__(self) -> str:
-        return f"FaultyStore({self.inner!r}, seed={self.seed}, faults_injected={self.faults_injected})"
+        return (
+            f"FaultyStore({self.inner!r}, seed={self.seed}, faults_injected={self.faults_injected})"
+        )
 
     # ------------------------------------------------------------------------------ control
 
@@ -228,7 +234,9 @@ class FaultyStore(ObjectStore):
         if not self._enabled:
             return plan
         if self.latency_s or self.jitter_s:
-            plan.delay_s = self.latency_s + (self.rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
+            plan.delay_s = self.latency_s + (
+                self.rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0
+            )
         for rule in self.rules:
             if not rule.matches(op, key, conditional=conditional):
                 continue
@@ -258,7 +266,11 @@ class FaultyStore(ObjectStore):
             return "error"
         if self.lost_response_rate and self.rng.random() < self.lost_response_rate:
             return "lost_response"
-        if conditional and self.precondition_storm_rate and self.rng.random() < self.precondition_storm_rate:
+        if (
+            conditional
+            and self.precondition_storm_rate
+            and self.rng.random() < self.precondition_storm_rate
+        ):
             return "precondition"
         return None
 
@@ -282,9 +294,13 @@ class FaultyStore(ObjectStore):
         """The error that replaces the answer of a request that did reach the inner store."""
         if plan.action == "crash_after":
             return SimulatedCrash(f"injected crash after {op} {key} reached the store")
-        return StoreUnavailable(f"injected fault: the response to {op} {key} was lost (it may have been applied)")
+        return StoreUnavailable(
+            f"injected fault: the response to {op} {key} was lost (it may have been applied)"
+        )
 
-    async def _run(self, op: str, key: str, call: Callable[[], Awaitable[T]], *, conditional: bool = False) -> T:
+    async def _run(
+        self, op: str, key: str, call: Callable[[], Awaitable[T]], *, conditional: bool = False
+    ) -> T:
         plan = self._plan(op, key, conditional=conditional)
         await self._before(plan, op, key)
         if plan.action in ("lost_response", "crash_after"):
@@ -324,7 +340,9 @@ class FaultyStore(ObjectStore):
         """Delete through, with faults."""
         await self._run("delete", key, lambda: self.inner.delete(key))
 
-    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectMeta]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectMeta]:
         """List through, with faults decided when iteration starts (keyed by the prefix)."""
         plan = self._plan("list", prefix)
         await self._before(plan, "list", prefix)

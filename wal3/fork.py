@@ -61,11 +61,18 @@ BeforeCommit = Callable[[Manifest], Awaitable[None]]
 AcquireClaim = Callable[[], Awaitable[Claim | None]]
 
 
-async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset: int | None = None,
-                   writer_name: str = "wal3-fork", concurrency: int = 16,
-                   compaction_offset: int | None = None,
-                   before_commit: BeforeCommit | None = None,
-                   acquire: AcquireClaim | None = None) -> Manifest:
+async def fork_log(
+    store: ObjectStore,
+    source: str,
+    target: str,
+    *,
+    from_offset: int | None = None,
+    writer_name: str = "wal3-fork",
+    concurrency: int = 16,
+    compaction_offset: int | None = None,
+    before_commit: BeforeCommit | None = None,
+    acquire: AcquireClaim | None = None,
+) -> Manifest:
     """Fork ``source`` into ``target`` from ``from_offset`` (default: its compaction cursor).
 
     ``compaction_offset`` gives the target a compaction cursor there (it must lie within the
@@ -89,19 +96,48 @@ async def fork_log(store: ObjectStore, source: str, target: str, *, from_offset:
         raise LogPurged(from_offset, m.oldest_offset)
     from_offset = min(from_offset, m.next_offset)
     if acquire is None:
-        return await _fork_into(store, source, target, m, from_offset, writer_name, concurrency,
-                                compaction_offset, before_commit, None)
+        return await _fork_into(
+            store,
+            source,
+            target,
+            m,
+            from_offset,
+            writer_name,
+            concurrency,
+            compaction_offset,
+            before_commit,
+            None,
+        )
     claim = await acquire()
     if claim is None:
         raise LogExists(f"a log already exists at {target!r}")
     async with claim.kept_alive():  # a live fork keeps the target, however long it takes
-        return await _fork_into(store, source, target, m, from_offset, writer_name, concurrency,
-                                compaction_offset, before_commit, claim)
+        return await _fork_into(
+            store,
+            source,
+            target,
+            m,
+            from_offset,
+            writer_name,
+            concurrency,
+            compaction_offset,
+            before_commit,
+            claim,
+        )
 
 
-async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, from_offset: int,
-                     writer_name: str, concurrency: int, compaction_offset: int | None,
-                     before_commit: BeforeCommit | None, claim: Claim | None) -> Manifest:
+async def _fork_into(
+    store: ObjectStore,
+    source: str,
+    target: str,
+    m: Manifest,
+    from_offset: int,
+    writer_name: str,
+    concurrency: int,
+    compaction_offset: int | None,
+    before_commit: BeforeCommit | None,
+    claim: Claim | None,
+) -> Manifest:
     """Everything ``fork_log`` writes, from the source's manifest ``m`` (see its docstring)."""
 
     async def guard() -> None:
@@ -127,9 +163,15 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
     garbage = await plan_cut(store, source, m, from_offset, cache, writer_name, put_snapshot)
     forked = garbage.apply(m, writer_name) if garbage is not None else m
     forked = Manifest(
-        setsum=forked.setsum, collected=forked.collected, acc_bytes=forked.acc_bytes,
-        writer=writer_name, snapshots=forked.snapshots, fragments=forked.fragments,
-        initial_offset=forked.initial_offset, initial_seq_no=forked.initial_seq_no, sealed=False,
+        setsum=forked.setsum,
+        collected=forked.collected,
+        acc_bytes=forked.acc_bytes,
+        writer=writer_name,
+        snapshots=forked.snapshots,
+        fragments=forked.fragments,
+        initial_offset=forked.initial_offset,
+        initial_seq_no=forked.initial_seq_no,
+        sealed=False,
     )
     forked.check()
 
@@ -158,8 +200,11 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
     await run_all(copy(p) for p in paths)
     if compaction_offset is not None:
         _check_compaction_offset(forked, compaction_offset)
-        await write(lambda: _write_compaction_cursor(store, target, writer_name, forked,
-                                                     compaction_offset, claimed=claim is not None))
+        await write(
+            lambda: _write_compaction_cursor(
+                store, target, writer_name, forked, compaction_offset, claimed=claim is not None
+            )
+        )
     if before_commit is not None:
         await guard()
         await before_commit(forked)
@@ -167,8 +212,9 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
     if claim is not None:
         claim.commit_sent = True  # from here on the target may appear: the claim must stay
     try:
-        await put_resolving(store, join(target, MANIFEST_PATH), forked.to_bytes(),
-                            if_none_match="*")
+        await put_resolving(
+            store, join(target, MANIFEST_PATH), forked.to_bytes(), if_none_match="*"
+        )
     except PreconditionFailed:
         raise LogExists(f"a log appeared at {target!r} during the fork") from None
     return forked
@@ -177,12 +223,21 @@ async def _fork_into(store: ObjectStore, source: str, target: str, m: Manifest, 
 def _check_compaction_offset(forked: Manifest, offset: int) -> None:
     """Every record at or above the cursor must be in the log: GC trusts the cursor."""
     if not forked.oldest_offset <= offset <= forked.next_offset:
-        raise ValueError(f"compaction offset {offset} is outside the fork's records "
-                         f"[{forked.oldest_offset}, {forked.next_offset}]")
+        raise ValueError(
+            f"compaction offset {offset} is outside the fork's records "
+            f"[{forked.oldest_offset}, {forked.next_offset}]"
+        )
 
 
-async def _write_compaction_cursor(store: ObjectStore, target: str, writer_name: str,
-                                   forked: Manifest, offset: int, *, claimed: bool) -> None:
+async def _write_compaction_cursor(
+    store: ObjectStore,
+    target: str,
+    writer_name: str,
+    forked: Manifest,
+    offset: int,
+    *,
+    claimed: bool,
+) -> None:
     """The target's compaction cursor: created (under a claim, where dead attempts' cursors were
     cleaned up), or replacing one a crashed earlier attempt left behind (without one)."""
     _check_compaction_offset(forked, offset)

@@ -158,8 +158,9 @@ def encode_fragment(
     if prev is not None:
         meta[META_PREV] = prev.hexdigest().encode()
     if keys:
-        meta[META_KEYS] = json.dumps({k: list(v) for k, v in keys.items()},
-                                     separators=(",", ":")).encode()
+        meta[META_KEYS] = json.dumps(
+            {k: list(v) for k, v in keys.items()}, separators=(",", ":")
+        ).encode()
     if writer is not None:
         meta[META_WRITER] = writer.encode()
     table = pa.Table.from_arrays(
@@ -173,8 +174,13 @@ def encode_fragment(
     sink = pa.BufferOutputStream()  # cheaper than BytesIO for the many small fragments
     # Statistics only where a bulk reader can use them (offset ranges); dictionary encoding only
     # for the one repeated value (the timestamp): both halve the cost of small fragments.
-    pq.write_table(table, sink, compression="snappy", write_statistics=["offset"],
-                   use_dictionary=["timestamp_us"])
+    pq.write_table(
+        table,
+        sink,
+        compression="snappy",
+        write_statistics=["offset"],
+        use_dictionary=["timestamp_us"],
+    )
     return EncodedFragment(
         seq_no=seq_no,
         path=fragment_path(seq_no),
@@ -242,8 +248,11 @@ def decode_fragment(data: bytes, *, compute_setsum: bool = True) -> DecodedFragm
     ]
     setsum = Setsum.zero()
     if compute_setsum:
-        setsum = Setsum.of_digests(b"".join(
-            hashlib.sha3_256(record_item(r.offset, r.timestamp_us, r.body)).digest()
-            for r in records))
+        setsum = Setsum.of_digests(
+            b"".join(
+                hashlib.sha3_256(record_item(r.offset, r.timestamp_us, r.body)).digest()
+                for r in records
+            )
+        )
     prev, keys = _footer(table.schema.metadata or {})
     return DecodedFragment(records=records, setsum=setsum, prev=prev, keys=keys)

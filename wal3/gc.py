@@ -63,7 +63,11 @@ from .manifest import (
     Snapshot,
     SnapshotPointer,
     loads,
+)
+from .manifest import (
     parse_position as _unpos,
+)
+from .manifest import (
     parse_setsum as _setsum,
 )
 from .paths import (
@@ -206,8 +210,11 @@ class Garbage:
     def snapshots_to_delete(self) -> tuple[str, ...]:
         """Paths phase 3 deletes (never one the plan itself writes)."""
         made = set(self.new_snapshots)
-        return tuple(dict.fromkeys(p.path_to_snapshot for p in self.snapshots_to_drop
-                                   if p.path_to_snapshot not in made))
+        return tuple(
+            dict.fromkeys(
+                p.path_to_snapshot for p in self.snapshots_to_drop if p.path_to_snapshot not in made
+            )
+        )
 
     @classmethod
     def empty(cls) -> Garbage:
@@ -215,23 +222,36 @@ class Garbage:
         return cls((), (), None, 0, 0, Setsum.zero(), 1)
 
     @classmethod
-    def unlinking_root_snapshots(cls, m: Manifest, first_seq_to_keep: int,
-                                 first_to_keep: int) -> Garbage:
+    def unlinking_root_snapshots(
+        cls, m: Manifest, first_seq_to_keep: int, first_to_keep: int
+    ) -> Garbage:
         """Repair garbage for a log whose collector deleted objects before unlinking them (an
         early Rust wal3 bug; the manifest then names snapshots that are gone): unlink every root
         snapshot wholly below ``first_to_keep`` without reading it, and drop no fragment by
         number (``[first_seq_to_keep, first_seq_to_keep)``).  The same plan as Rust's
         ``bug_patch_construct_garbage_from_manifest``; only for a bug you know you are fixing."""
         gone = tuple(s for s in m.snapshots if s.limit <= first_to_keep)
-        return cls(gone, (), None, first_seq_to_keep, first_seq_to_keep,
-                   Setsum.sum(s.setsum for s in gone), first_to_keep)
+        return cls(
+            gone,
+            (),
+            None,
+            first_seq_to_keep,
+            first_seq_to_keep,
+            Setsum.sum(s.setsum for s in gone),
+            first_to_keep,
+        )
 
     def is_empty(self) -> bool:
         """Rust's test for the idle state: every Rust field as in ``empty()``."""
-        return (not self.snapshots_to_drop and not self.snapshots_to_make
-                and self.snapshot_for_root is None and self.fragments_to_drop_start == 0
-                and self.fragments_to_drop_limit == 0 and self.setsum_to_discard.is_zero()
-                and self.first_to_keep == 1)
+        return (
+            not self.snapshots_to_drop
+            and not self.snapshots_to_make
+            and self.snapshot_for_root is None
+            and self.fragments_to_drop_start == 0
+            and self.fragments_to_drop_limit == 0
+            and self.setsum_to_discard.is_zero()
+            and self.first_to_keep == 1
+        )
 
     # ------------------------------------------------------------------------ codec
 
@@ -240,15 +260,23 @@ class Garbage:
         extensions when set."""
         root = self.snapshot_for_root
         parts = [
-            b'{"snapshots_to_drop":[', b",".join(p.json_bytes() for p in self.snapshots_to_drop),
-            b'],"snapshots_to_make":[', b",".join(s.to_bytes() for s in self.snapshots_to_make),
-            b'],"snapshot_for_root":', b"null" if root is None else root.json_bytes(),
-            b',"fragments_to_drop_start":', str(self.fragments_to_drop_start).encode(),
-            b',"fragments_to_drop_limit":', str(self.fragments_to_drop_limit).encode(),
+            b'{"snapshots_to_drop":[',
+            b",".join(p.json_bytes() for p in self.snapshots_to_drop),
+            b'],"snapshots_to_make":[',
+            b",".join(s.to_bytes() for s in self.snapshots_to_make),
+            b'],"snapshot_for_root":',
+            b"null" if root is None else root.json_bytes(),
+            b',"fragments_to_drop_start":',
+            str(self.fragments_to_drop_start).encode(),
+            b',"fragments_to_drop_limit":',
+            str(self.fragments_to_drop_limit).encode(),
             # Rust serializes it always; we never write UUID fragments.
             b',"fragments_are_uuids":false',
-            b',"setsum_to_discard":"', self.setsum_to_discard.hexdigest().encode(),
-            b'","first_to_keep":{"offset":', str(self.first_to_keep).encode(), b"}",
+            b',"setsum_to_discard":"',
+            self.setsum_to_discard.hexdigest().encode(),
+            b'","first_to_keep":{"offset":',
+            str(self.first_to_keep).encode(),
+            b"}",
         ]
         if self.created_us is not None:
             parts += [b',"created_us":', str(self.created_us).encode()]
@@ -268,16 +296,21 @@ class Garbage:
                 return None  # our idle state before issue 16
             if "cutoff" in obj or "drop_root" in obj:
                 return cls._from_legacy(obj)
-            if obj.get("fragments_are_uuids", False) is not False or \
-                    obj.get("fragments_to_drop_uuid_limit") is not None:
-                raise GarbageRejected(f"{GARBAGE_PATH} drops UUID-named fragments, which this "
-                                      "engine does not support")
+            if (
+                obj.get("fragments_are_uuids", False) is not False
+                or obj.get("fragments_to_drop_uuid_limit") is not None
+            ):
+                raise GarbageRejected(
+                    f"{GARBAGE_PATH} drops UUID-named fragments, which this engine does not support"
+                )
             root = obj.get("snapshot_for_root")
             g = cls(
-                snapshots_to_drop=tuple(SnapshotPointer.from_json(p)
-                                        for p in _g_list(obj, "snapshots_to_drop")),
-                snapshots_to_make=tuple(Snapshot.from_json(s)
-                                        for s in _g_list(obj, "snapshots_to_make")),
+                snapshots_to_drop=tuple(
+                    SnapshotPointer.from_json(p) for p in _g_list(obj, "snapshots_to_drop")
+                ),
+                snapshots_to_make=tuple(
+                    Snapshot.from_json(s) for s in _g_list(obj, "snapshots_to_make")
+                ),
                 snapshot_for_root=None if root is None else SnapshotPointer.from_json(root),
                 fragments_to_drop_start=_g_int(obj, "fragments_to_drop_start"),  # type: ignore[arg-type]
                 fragments_to_drop_limit=_g_int(obj, "fragments_to_drop_limit"),  # type: ignore[arg-type]
@@ -297,7 +330,9 @@ class Garbage:
         if not isinstance(frags, dict):
             raise GarbageRejected(f"{GARBAGE_PATH}: legacy fragments_to_delete is malformed")
         return cls(
-            snapshots_to_drop=(), snapshots_to_make=(), snapshot_for_root=None,
+            snapshots_to_drop=(),
+            snapshots_to_make=(),
+            snapshot_for_root=None,
             fragments_to_drop_start=_g_int(frags, "first_seq_no"),  # type: ignore[arg-type]
             fragments_to_drop_limit=_g_int(frags, "limit_seq_no"),  # type: ignore[arg-type]
             setsum_to_discard=_setsum(obj.get("setsum_to_discard"), "setsum_to_discard"),
@@ -331,8 +366,10 @@ class Garbage:
             if isinstance(e, SnapshotPointer) and e in drop:
                 if e != root:
                     left = left + e.setsum
-            elif (isinstance(e, FragmentPointer)
-                  and self.fragments_to_drop_start <= e.seq_no < self.fragments_to_drop_limit):
+            elif (
+                isinstance(e, FragmentPointer)
+                and self.fragments_to_drop_start <= e.seq_no < self.fragments_to_drop_limit
+            ):
                 left = left + e.setsum
             else:
                 rest.append(e)
@@ -341,8 +378,10 @@ class Garbage:
             came = root.setsum
             rest.insert(0, root)
         if left - came != self.setsum_to_discard:
-            raise GarbageRejected("garbage does not balance (or is stale): what it removes "
-                                  "does not sum to its setsum_to_discard")
+            raise GarbageRejected(
+                "garbage does not balance (or is stale): what it removes "
+                "does not sum to its setsum_to_discard"
+            )
         new = replace(
             m,
             writer=writer,
@@ -381,8 +420,9 @@ class GcReport:
 # ----------------------------------------------------------------------------- tree helpers
 
 
-async def _first_leaf_seq(store: ObjectStore, prefix: str, entries: Sequence[Pointer],
-                          cache: SnapshotCache) -> int | None:
+async def _first_leaf_seq(
+    store: ObjectStore, prefix: str, entries: Sequence[Pointer], cache: SnapshotCache
+) -> int | None:
     """The sequence number of the oldest fragment under ``entries``."""
     if not entries:
         return None
@@ -392,8 +432,9 @@ async def _first_leaf_seq(store: ObjectStore, prefix: str, entries: Sequence[Poi
     return p.seq_no
 
 
-async def live_snapshot_paths(store: ObjectStore, prefix: str, m: Manifest,
-                              cache: SnapshotCache) -> set[str]:
+async def live_snapshot_paths(
+    store: ObjectStore, prefix: str, m: Manifest, cache: SnapshotCache
+) -> set[str]:
     """Every snapshot reachable from the manifest."""
     out: set[str] = set()
     stack: list[SnapshotPointer] = list(m.snapshots)
@@ -410,11 +451,19 @@ async def min_live_seq(store: ObjectStore, prefix: str, m: Manifest, cache: Snap
     return seq if seq is not None else m.next_seq_no
 
 
-async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
-                   cache: SnapshotCache, writer: str,
-                   put_snapshot: Callable[[Snapshot], Awaitable[None]],
-                   now_us: int | None = None, *, keep_tail: bool = False,
-                   max_bytes: int | None = None) -> Garbage | None:
+async def plan_cut(
+    store: ObjectStore,
+    prefix: str,
+    m: Manifest,
+    cutoff: int,
+    cache: SnapshotCache,
+    writer: str,
+    put_snapshot: Callable[[Snapshot], Awaitable[None]],
+    now_us: int | None = None,
+    *,
+    keep_tail: bool = False,
+    max_bytes: int | None = None,
+) -> Garbage | None:
     """Plan dropping everything wholly below ``cutoff``; None when nothing would be dropped.
 
     ``put_snapshot`` stores each split snapshot (GC writes them under the log; fork under the
@@ -453,8 +502,11 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
         return False
 
     straddler = entries[i] if i < len(entries) else None
-    if not (isinstance(straddler, SnapshotPointer) and straddler.start < cutoff
-            and await discards(straddler)):
+    if not (
+        isinstance(straddler, SnapshotPointer)
+        and straddler.start < cutoff
+        and await discards(straddler)
+    ):
         straddler = None
     discard = Setsum.zero()
     # Pointers, not paths: Rust's schema lists the pointers, and applies by pointer equality.
@@ -483,8 +535,12 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
                         c = sub.pop()
                         to_delete.append(c)
                         sub.extend((await cache.get(store, prefix, c)).snapshots)
-            elif (isinstance(child, SnapshotPointer) and child.start < cutoff and not kept
-                  and await discards(child)):
+            elif (
+                isinstance(child, SnapshotPointer)
+                and child.start < cutoff
+                and not kept
+                and await discards(child)
+            ):
                 kept.append(await split(child))
             else:
                 kept.append(child)
@@ -503,15 +559,16 @@ async def plan_cut(store: ObjectStore, prefix: str, m: Manifest, cutoff: int,
     if not dropped and straddler is None:
         return None
     old_first = await min_live_seq(store, prefix, m, cache)
-    remaining = [*new_root, *entries[i + (1 if straddler is not None else 0):]]
+    remaining = [*new_root, *entries[i + (1 if straddler is not None else 0) :]]
     first_keep_seq = await _first_leaf_seq(store, prefix, remaining, cache)
     if first_keep_seq is None:
         first_keep_seq = m.next_seq_no
     first_to_keep = remaining[0].start if remaining else m.next_offset
     made = {s.path for s in created}
     return Garbage(
-        snapshots_to_drop=tuple(p for p in dict.fromkeys(to_delete)
-                                if p.path_to_snapshot not in made),
+        snapshots_to_drop=tuple(
+            p for p in dict.fromkeys(to_delete) if p.path_to_snapshot not in made
+        ),
         snapshots_to_make=tuple(created),
         snapshot_for_root=new_root[0] if new_root else None,
         fragments_to_drop_start=old_first,
@@ -531,8 +588,9 @@ def fraction_budget(m: Manifest, options: GcOptions) -> int:
     return max(int(options.max_fraction * m.live_bytes), entries[0].num_bytes)
 
 
-def verify_garbage(g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: int | None = None
-                   ) -> None:
+def verify_garbage(
+    g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: int | None = None
+) -> None:
     """Refuse garbage whose setsums do not balance, that drops too much of the log, that drops the
     root's last fragment, or that drops anything at or above ``pinned_at`` (the lowest cursor)."""
     applied = g.apply(m, options.writer_name)
@@ -542,19 +600,20 @@ def verify_garbage(g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: in
         raise GarbageRejected("collected does not grow by exactly the discarded setsum")
     if (applied.next_offset, applied.next_seq_no) != (m.next_offset, m.next_seq_no):
         raise GarbageRejected("garbage would move the log's tail")
-    if m.fragments and (not applied.fragments
-                        or applied.fragments[-1] != m.fragments[-1]):
+    if m.fragments and (not applied.fragments or applied.fragments[-1] != m.fragments[-1]):
         raise GarbageRejected("garbage drops the root's last fragment, which fences writers")
     if pinned_at is not None and g.first_to_keep > pinned_at:
         raise GarbageRejected(
-            f"garbage drops offsets up to {g.first_to_keep}, but a cursor pins {pinned_at}")
+            f"garbage drops offsets up to {g.first_to_keep}, but a cursor pins {pinned_at}"
+        )
     budget = fraction_budget(m, options)
     dropped_bytes = m.live_bytes - applied.live_bytes  # derived: Rust's schema has no byte count
     if dropped_bytes > budget:
         live = m.live_bytes or 1
         raise GarbageRejected(
             f"garbage drops {dropped_bytes / live:.1%} of the log, "
-            f"more than the allowed {options.max_fraction:.1%}")
+            f"more than the allowed {options.max_fraction:.1%}"
+        )
     if g.first_seq_to_keep < g.first_seq_to_delete:
         raise GarbageRejected("fragment range to delete is inverted")
 
@@ -562,8 +621,14 @@ def verify_garbage(g: Garbage, m: Manifest, options: GcOptions, *, pinned_at: in
 def _same_leaf(a: FragmentPointer, b: FragmentPointer) -> bool:
     """The same fragment in every field Rust keeps; ``content_md5`` (ours) may be missing on one
     side (Rust's writers drop it) but never different."""
-    if (a.path, a.seq_no, a.start, a.limit, a.num_bytes, a.setsum) != \
-            (b.path, b.seq_no, b.start, b.limit, b.num_bytes, b.setsum):
+    if (a.path, a.seq_no, a.start, a.limit, a.num_bytes, a.setsum) != (
+        b.path,
+        b.seq_no,
+        b.start,
+        b.limit,
+        b.num_bytes,
+        b.setsum,
+    ):
         return False
     return a.content_md5 is None or b.content_md5 is None or a.content_md5 == b.content_md5
 
@@ -578,24 +643,29 @@ class VerifiedCut:
     # unchanged, else the proof is about another manifest.
     removed: tuple[Pointer, ...]
 
-    def edit(self, g: Garbage, writer: str, floor: GcFloor | None = None
-             ) -> Callable[[Manifest], Manifest]:
+    def edit(
+        self, g: Garbage, writer: str, floor: GcFloor | None = None
+    ) -> Callable[[Manifest], Manifest]:
         """The manifest edit applying ``g``, refusing a manifest whose oldest pointers changed
         since the proof (the writer may rebase it onto newer manifests: appends only).
 
         With ``floor``, the edit is the collector's commit point: it applies only to a manifest
         that still holds exactly that pending floor (compare-and-swap from it), and the cut
         removes it; else :class:`FloorLost`."""
+
         def fn(m: Manifest) -> Manifest:
             if m.oldest_offset >= g.first_to_keep:
                 return m  # applied already (a retry, a rebase, another collector, or Rust)
             if floor is not None and m.gc_floor != floor:
-                raise FloorLost(f"the pending floor at {floor.offset} was retracted or "
-                                "replaced before the cut")
-            if m.entries[:len(self.removed)] != self.removed:
-                raise GarbageRejected("the log's oldest pointers changed since the plan was "
-                                      "verified")
+                raise FloorLost(
+                    f"the pending floor at {floor.offset} was retracted or replaced before the cut"
+                )
+            if m.entries[: len(self.removed)] != self.removed:
+                raise GarbageRejected(
+                    "the log's oldest pointers changed since the plan was verified"
+                )
             return replace(g.apply(m, writer), gc_floor=None)
+
         return fn
 
 
@@ -622,7 +692,7 @@ async def verify_cut(store: ObjectStore, prefix: str, g: Garbage, m: Manifest) -
         new = g.apply(m, "verify")
         now = set(new.entries)
         removed = tuple(e for e in m.entries if e not in now)
-        if m.entries[:len(removed)] != removed:
+        if m.entries[: len(removed)] != removed:
             raise GarbageRejected("the plan removes root pointers that are not the oldest")
         before = set(m.entries)
         old: deque[Pointer] = deque(e for e in removed if e.limit > cut)
@@ -643,16 +713,24 @@ async def verify_cut(store: ObjectStore, prefix: str, g: Garbage, m: Manifest) -
                 except ObjectNotFound:
                     snap = planned.get(p.path_to_snapshot)
                     if snap is None:
-                        raise GarbageRejected(f"the plan links {p.path_to_snapshot}, which "
-                                              "neither the store nor the plan holds") from None
+                        raise GarbageRejected(
+                            f"the plan links {p.path_to_snapshot}, which "
+                            "neither the store nor the plan holds"
+                        ) from None
                     install[snap.path] = snap
                 opened[p.path_to_snapshot] = snap
             kids = snap.children
-            if (snap.setsum != p.setsum or snap.depth > p.depth or kids[0].start != p.start
-                    or kids[-1].limit != p.limit
-                    or sum(k.num_bytes for k in kids) != p.num_bytes):
-                raise GarbageRejected(f"{p.path_to_snapshot} is not what the plan's pointer "
-                                      f"[{p.start}, {p.limit}) says it is")
+            if (
+                snap.setsum != p.setsum
+                or snap.depth > p.depth
+                or kids[0].start != p.start
+                or kids[-1].limit != p.limit
+                or sum(k.num_bytes for k in kids) != p.num_bytes
+            ):
+                raise GarbageRejected(
+                    f"{p.path_to_snapshot} is not what the plan's pointer "
+                    f"[{p.start}, {p.limit}) says it is"
+                )
             return snap
 
         def expand(side: deque[Pointer], children: Sequence[Pointer]) -> None:
@@ -666,40 +744,54 @@ async def verify_cut(store: ObjectStore, prefix: str, g: Garbage, m: Manifest) -
                 continue
             if not old or not fresh:
                 gone = old[0] if old else fresh[0]
-                raise GarbageRejected(f"the plan's leaves are not the log's from {cut}: "
-                                      f"{gone.path} [{gone.start}, {gone.limit}) is unmatched")
+                raise GarbageRejected(
+                    f"the plan's leaves are not the log's from {cut}: "
+                    f"{gone.path} [{gone.start}, {gone.limit}) is unmatched"
+                )
             a, b = old[0], fresh[0]
             if a.start < cut:  # straddles the cut: only what lies above it is kept
                 if isinstance(a, FragmentPointer):
-                    raise GarbageRejected(f"first_to_keep {cut} falls inside leaf {a.path} "
-                                          f"[{a.start}, {a.limit})")
+                    raise GarbageRejected(
+                        f"first_to_keep {cut} falls inside leaf {a.path} [{a.start}, {a.limit})"
+                    )
                 expand(old, (await cache.get(store, prefix, a)).children)
             elif a == b:
                 first_kept = first_kept or a
                 old.popleft()
                 fresh.popleft()
-            elif isinstance(a, SnapshotPointer) and (isinstance(b, FragmentPointer)
-                                                     or a.limit - a.start >= b.limit - b.start):
+            elif isinstance(a, SnapshotPointer) and (
+                isinstance(b, FragmentPointer) or a.limit - a.start >= b.limit - b.start
+            ):
                 expand(old, (await cache.get(store, prefix, a)).children)
             elif isinstance(b, SnapshotPointer):
                 expand(fresh, (await open_new(b)).children)
-            elif isinstance(a, FragmentPointer) and isinstance(b, FragmentPointer) \
-                    and _same_leaf(a, b):
+            elif (
+                isinstance(a, FragmentPointer)
+                and isinstance(b, FragmentPointer)
+                and _same_leaf(a, b)
+            ):
                 first_kept = first_kept or a
                 old.popleft()
                 fresh.popleft()
             else:
-                raise GarbageRejected(f"the plan's leaves are not the log's: it holds {b.path} "
-                                      f"[{b.start}, {b.limit}) where the log holds {a.path} "
-                                      f"[{a.start}, {a.limit})")
+                raise GarbageRejected(
+                    f"the plan's leaves are not the log's: it holds {b.path} "
+                    f"[{b.start}, {b.limit}) where the log holds {a.path} "
+                    f"[{a.start}, {a.limit})"
+                )
         keep = first_kept if first_kept is not None else (new.entries[0] if new.entries else None)
-        first_seq = (await _first_leaf_seq(store, prefix, [keep], cache) if keep is not None
-                     else m.next_seq_no)
+        first_seq = (
+            await _first_leaf_seq(store, prefix, [keep], cache)
+            if keep is not None
+            else m.next_seq_no
+        )
     except (CorruptManifest, CorruptFragment) as e:
         raise GarbageRejected(f"a snapshot the plan reaches is unusable: {e}") from None
     if first_seq != g.fragments_to_drop_limit:
-        raise GarbageRejected(f"the first kept leaf is fragment {first_seq}, but the plan keeps "
-                              f"from {g.fragments_to_drop_limit}")
+        raise GarbageRejected(
+            f"the first kept leaf is fragment {first_seq}, but the plan keeps "
+            f"from {g.fragments_to_drop_limit}"
+        )
     return VerifiedCut(tuple(s for s in g.snapshots_to_make if install.get(s.path) is s), removed)
 
 
@@ -732,8 +824,12 @@ _RETRACT_ATTEMPTS = 8
 
 def _plan_key(g: Garbage) -> tuple[Any, ...]:
     """What identifies a plan's cut (not its extension fields, which anyone may rewrite)."""
-    return (g.first_to_keep, g.fragments_to_drop_start, g.fragments_to_drop_limit,
-            g.setsum_to_discard.hexdigest())
+    return (
+        g.first_to_keep,
+        g.fragments_to_drop_start,
+        g.fragments_to_drop_limit,
+        g.setsum_to_discard.hexdigest(),
+    )
 
 
 class GarbageCollector:
@@ -744,17 +840,26 @@ class GarbageCollector:
     system wall clock, else ``clock`` itself, so an injected virtual clock drives both).
     """
 
-    def __init__(self, store: ObjectStore, prefix: str, options: GcOptions | None = None, *,
-                 edit_manifest: ManifestEditor | None = None,
-                 clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        options: GcOptions | None = None,
+        *,
+        edit_manifest: ManifestEditor | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
         self._store = store
         self._prefix = prefix.strip("/")
         self._opts = options or GcOptions()
         self._edit = edit_manifest or self._edit_standalone
         self._clock = clock
-        self._mono = monotonic if monotonic is not None else (
-            time.monotonic if clock is time.time else clock)
+        self._mono = (
+            monotonic
+            if monotonic is not None
+            else (time.monotonic if clock is time.time else clock)
+        )
         self._cache = SnapshotCache(256)
         self.cursors = CursorStore(store, prefix, self._opts.writer_name)
 
@@ -769,8 +874,9 @@ class GarbageCollector:
             if new is m:
                 return m
             try:
-                await put_resolving(self._store, join(self._prefix, MANIFEST_PATH), new.to_bytes(),
-                                    if_match=etag)
+                await put_resolving(
+                    self._store, join(self._prefix, MANIFEST_PATH), new.to_bytes(), if_match=etag
+                )
                 return new
             except PreconditionFailed:
                 continue
@@ -827,8 +933,12 @@ class GarbageCollector:
                     # A cursor past the tail does not describe this log (a leftover of a fork
                     # that never committed, say): trusting it would collect what no compaction
                     # folded.  Collect nothing until it is put right.
-                    _log.warning("%s: cursor(s) %s point past the tail %d; not collecting",
-                                 self._prefix, ahead, m.next_offset)
+                    _log.warning(
+                        "%s: cursor(s) %s point past the tail %d; not collecting",
+                        self._prefix,
+                        ahead,
+                        m.next_offset,
+                    )
                     return 1, m
                 return self.pinned_at(after), m
         return None
@@ -870,7 +980,9 @@ class GarbageCollector:
         if sweep_orphans and report.phase == "done":
             await self._sweep_orphans(report, None)
 
-    async def _phase1(self, report: GcReport, etag: str | None) -> tuple[Garbage | None, str | None]:
+    async def _phase1(
+        self, report: GcReport, etag: str | None
+    ) -> tuple[Garbage | None, str | None]:
         dance = await self.cutoff()
         if dance is None:
             report.phase = "busy"
@@ -884,9 +996,18 @@ class GarbageCollector:
         async def put_snapshot(s: Snapshot) -> None:
             await ensure_object(self._store, join(self._prefix, s.path), s.to_bytes())
 
-        g = await plan_cut(self._store, self._prefix, m, cutoff, self._cache,
-                           self._opts.writer_name, put_snapshot, int(self._clock() * 1_000_000),
-                           keep_tail=True, max_bytes=fraction_budget(m, self._opts))
+        g = await plan_cut(
+            self._store,
+            self._prefix,
+            m,
+            cutoff,
+            self._cache,
+            self._opts.writer_name,
+            put_snapshot,
+            int(self._clock() * 1_000_000),
+            keep_tail=True,
+            max_bytes=fraction_budget(m, self._opts),
+        )
         if g is None:
             return None, etag
         verify_garbage(g, m, self._opts, pinned_at=cutoff)
@@ -899,8 +1020,9 @@ class GarbageCollector:
         report.setsum_discarded = g.setsum_to_discard.hexdigest()
         return g, etag
 
-    async def _phase2(self, report: GcReport, g: Garbage, etag: str | None
-                      ) -> tuple[Garbage | None, str | None]:
+    async def _phase2(
+        self, report: GcReport, g: Garbage, etag: str | None
+    ) -> tuple[Garbage | None, str | None]:
         """Verify the plan against the stored manifest and the cursors, apply it, mark it
         applied.  Every plan is verified, ours included: ``created_us`` is a field anyone can
         write, and an older version of ours may have planned it.
@@ -971,8 +1093,9 @@ class GarbageCollector:
         # this read is seen here; one that pins after it finds the floor and retracts it.
         pinned = self.pinned_at(await self.cursors.load_all())
         if pinned < g.first_to_keep:
-            return await self._discard(report, g, etag, f"a cursor now pins {pinned}, below "
-                                       f"the plan's {g.first_to_keep}")
+            return await self._discard(
+                report, g, etag, f"a cursor now pins {pinned}, below the plan's {g.first_to_keep}"
+            )
         try:
             await self._install(cut)
             new = await self._edit(cut.edit(g, writer, floor))
@@ -984,8 +1107,9 @@ class GarbageCollector:
             return await self._discard(report, g, etag, f"discarded garbage: {e}")
         return await self._mark_applied(report, g, etag, new)
 
-    async def _mark_applied(self, report: GcReport, g: Garbage, etag: str | None, m: Manifest
-                            ) -> tuple[Garbage | None, str | None]:
+    async def _mark_applied(
+        self, report: GcReport, g: Garbage, etag: str | None, m: Manifest
+    ) -> tuple[Garbage | None, str | None]:
         """``m``, just read or written, holds the plan: the grace starts now (this process's
         observation), and the file says so (its Last-Modified dates the cut for others)."""
         self._seen_applied(g)
@@ -997,8 +1121,9 @@ class GarbageCollector:
         report.phase = "applied"
         return applied, etag
 
-    async def _discard(self, report: GcReport, g: Garbage, etag: str | None, why: str
-                       ) -> tuple[Garbage | None, str | None]:
+    async def _discard(
+        self, report: GcReport, g: Garbage, etag: str | None, why: str
+    ) -> tuple[Garbage | None, str | None]:
         """Give the plan up: clear any pending floor first (no collector in flight can cut
         with it any more), unless the manifest holds the plan by then (then it is marked
         applied, never discarded); then reset the file."""
@@ -1053,8 +1178,9 @@ class GarbageCollector:
         bound of "now" on the clock that dates every object; no local clock is involved (a
         collector host with a fast clock cannot shorten a grace)."""
         key = join(self._prefix, CLOCK_PATH)
-        await self._store.put(key, json.dumps({"writer": self._opts.writer_name},
-                                              separators=(",", ":")).encode())
+        await self._store.put(
+            key, json.dumps({"writer": self._opts.writer_name}, separators=(",", ":")).encode()
+        )
         return (await self._store.head(key)).last_modified
 
     async def _store_waited(self, etag: str) -> float:
@@ -1103,7 +1229,7 @@ class GarbageCollector:
         aged = [i for i, h in enumerate(hist) if now - h[0] >= self._opts.grace_s]
         if not aged:
             return None
-        del hist[:aged[-1]]  # keep the newest aged observation and the younger ones
+        del hist[: aged[-1]]  # keep the newest aged observation and the younger ones
         return hist[0][1], hist[0][2]
 
     async def _marked_floor(self, seen: tuple[int, int]) -> tuple[int, int] | None:
@@ -1114,8 +1240,9 @@ class GarbageCollector:
         ``seen`` (which then ages in its turn); absent, it is written.  Its values are capped
         by ``seen``: a marker claiming more than the manifest shows is not believed."""
         key = join(self._prefix, OLDEST_PATH)
-        body = json.dumps({"oldest_offset": seen[0], "first_live_seq_no": seen[1]},
-                          separators=(",", ":")).encode()
+        body = json.dumps(
+            {"oldest_offset": seen[0], "first_live_seq_no": seen[1]}, separators=(",", ":")
+        ).encode()
         try:
             meta = await self._store.head(key)
             got = await self._store.get(key)
@@ -1132,8 +1259,10 @@ class GarbageCollector:
         except (CorruptManifest, GarbageRejected):
             await self._store.put(key, body)
             return None
-        if await self._store_now() - meta.last_modified - _LAST_MODIFIED_SLACK_S \
-                < self._opts.grace_s:
+        if (
+            await self._store_now() - meta.last_modified - _LAST_MODIFIED_SLACK_S
+            < self._opts.grace_s
+        ):
             return None
         if marked != seen:
             await self._store.put(key, body)
@@ -1160,8 +1289,9 @@ class GarbageCollector:
             # applying it (or never did).  Nothing it lists is unreferenced and no grace has
             # begun: resume it as pending, so phase 2 verifies it and marks it once it is seen
             # in the manifest.
-            report.notes.append("the plan is marked applied but the manifest holds it: "
-                                "resumed as pending")
+            report.notes.append(
+                "the plan is marked applied but the manifest holds it: resumed as pending"
+            )
             pending = replace(g, applied_us=None)
             await self._phase2(report, pending, await self._store_garbage(pending, etag))
             return
@@ -1178,20 +1308,24 @@ class GarbageCollector:
         pinned = self.pinned_at(await self.cursors.load_all())
         if pinned < g.first_to_keep:
             report.phase = "pinned"
-            report.notes.append(f"a cursor pins {pinned}, below the plan's {g.first_to_keep}: "
-                                "nothing deleted until it moves")
+            report.notes.append(
+                f"a cursor pins {pinned}, below the plan's {g.first_to_keep}: "
+                "nothing deleted until it moves"
+            )
             return
         first_live = await min_live_seq(self._store, self._prefix, m, self._cache)
         if first_live < g.first_seq_to_keep:
             report.notes.append("a fragment listed for deletion is still referenced: kept")
         live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
         if referenced := live & set(g.snapshots_to_delete):
-            report.notes.append(f"{len(referenced)} snapshot(s) listed for deletion are still "
-                                "referenced: kept")
+            report.notes.append(
+                f"{len(referenced)} snapshot(s) listed for deletion are still referenced: kept"
+            )
         # The newest fragments are kept for the idempotency window; the sweep takes them later.
         upto = min(g.first_seq_to_keep, first_live, m.next_seq_no - self._opts.retain_fragments)
-        keys = [join(self._prefix, fragment_path(s))
-                for s in range(max(1, g.first_seq_to_delete), upto)]
+        keys = [
+            join(self._prefix, fragment_path(s)) for s in range(max(1, g.first_seq_to_delete), upto)
+        ]
         report.fragments_deleted = await self._delete(keys)
         # Only snapshot names: a plan is data from whoever wrote the file (Rust deletes any path
         # it lists), and "manifest/MANIFEST" or "../x" must never be deleted because of one.  And
@@ -1200,14 +1334,18 @@ class GarbageCollector:
         # cut may be a writer's upload about to be linked.
         names = [p for p in g.snapshots_to_delete if p not in live and is_snapshot_path(p)]
         report.snapshots_deleted = await self._delete(
-            [join(self._prefix, p) for p in await self._starting_below(names, g.first_to_keep,
-                                                                      report)])
+            [
+                join(self._prefix, p)
+                for p in await self._starting_below(names, g.first_to_keep, report)
+            ]
+        )
         await self._store_garbage(None, etag)
         self._forget_applied()
         report.phase = "done"
 
     async def _starting_below(self, names: list[str], cut: int, report: GcReport) -> list[str]:
         """The snapshots among ``names`` whose stored object holds a record below ``cut``."""
+
         async def first_offset(name: str) -> int | None:
             try:
                 snap = Snapshot.from_bytes((await self._store.get(join(self._prefix, name))).data)
@@ -1221,7 +1359,7 @@ class GarbageCollector:
         out: list[str] = []
         step = max(1, self._opts.delete_batch)
         for i in range(0, len(names), step):
-            chunk = names[i:i + step]
+            chunk = names[i : i + step]
             starts = await asyncio.gather(*(first_offset(n) for n in chunk))
             out += [n for n, start in zip(chunk, starts) if start is not None and start < cut]
         return out
@@ -1230,7 +1368,7 @@ class GarbageCollector:
         """Delete in batches, no faster than the configured rate."""
         batch = max(1, self._opts.delete_batch)
         for i in range(0, len(keys), batch):
-            chunk = keys[i:i + batch]
+            chunk = keys[i : i + batch]
             started = time.monotonic()
             await asyncio.gather(*(self._store.delete(k) for k in chunk))
             budget = len(chunk) / self._opts.deletes_per_second
@@ -1267,11 +1405,13 @@ class GarbageCollector:
         if floor is None or floor != seen:
             marked = await self._marked_floor(seen)
             if marked is not None:
-                floor = marked if floor is None else (max(floor[0], marked[0]),
-                                                      max(floor[1], marked[1]))
+                floor = (
+                    marked
+                    if floor is None
+                    else (max(floor[0], marked[0]), max(floor[1], marked[1]))
+                )
         if floor is None:
-            report.notes.append("the live range has not been seen for a grace yet: the sweep "
-                                "waits")
+            report.notes.append("the live range has not been seen for a grace yet: the sweep waits")
             return
         # Never past what the manifest shows now, whatever was observed or marked before.
         swept_offset, swept_seq = min(floor[0], seen[0]), min(floor[1], seen[1])
@@ -1286,19 +1426,22 @@ class GarbageCollector:
             scanned += 1
             if scanned > self._opts.orphan_scan_limit:
                 break
-            seq = parse_fragment_path(meta.key[len(self._prefix) + 1:] if self._prefix else meta.key)
+            seq = parse_fragment_path(
+                meta.key[len(self._prefix) + 1 :] if self._prefix else meta.key
+            )
             if seq is None:
                 continue
             if seq >= swept_seq:
                 break  # keys list in sequence order: the rest is live, recent or beyond the tail
-            if meta.last_modified < horizon and (seq < retain_from
-                                                 or meta.last_modified < retain_horizon):
+            if meta.last_modified < horizon and (
+                seq < retain_from or meta.last_modified < retain_horizon
+            ):
                 doomed.append(meta.key)
         # An unlinked snapshot is only certainly dead once its whole range is below the live
         # range: above it, a writer may still link a snapshot with the same (content) name.
         live = await live_snapshot_paths(self._store, self._prefix, m, self._cache)
         async for meta in self._store.list(join(self._prefix, SNAPSHOT_PREFIX)):
-            rel = meta.key[len(self._prefix) + 1:] if self._prefix else meta.key
+            rel = meta.key[len(self._prefix) + 1 :] if self._prefix else meta.key
             if not is_snapshot_path(rel):
                 continue  # not this log's snapshot (another log nested under this prefix)
             if rel in live or meta.last_modified >= horizon:
@@ -1318,8 +1461,14 @@ class GarbageCollector:
 # ------------------------------------------------------------------------ pinning a position
 
 
-async def pin_cursor(store: ObjectStore, prefix: str, cursors: CursorStore, name: str,
-                     offset: int, witness: str | None) -> Witness:
+async def pin_cursor(
+    store: ObjectStore,
+    prefix: str,
+    cursors: CursorStore,
+    name: str,
+    offset: int,
+    witness: str | None,
+) -> Witness:
     """Create (``witness`` None) or compare-and-swap a cursor to ``offset``, then confirm that no
     garbage collection has passed it or is about to; raises LogPurged (after undoing the write)
     when one has.
@@ -1338,8 +1487,11 @@ async def pin_cursor(store: ObjectStore, prefix: str, cursors: CursorStore, name
     """
     prefix = prefix.strip("/")
     before = await cursors.load(name) if witness is not None else None
-    w = (await cursors.init(name, offset) if witness is None
-         else await cursors.save(name, offset, witness))
+    w = (
+        await cursors.init(name, offset)
+        if witness is None
+        else await cursors.save(name, offset, witness)
+    )
     floor = 0
     try:
         got = await store.get(join(prefix, GARBAGE_PATH))
@@ -1360,8 +1512,7 @@ async def pin_cursor(store: ObjectStore, prefix: str, cursors: CursorStore, name
             # A collector announced a cut above this pin and may be about to make it: retract
             # its floor, so that cut can never land (it needs this very floor to be there).
             try:
-                await put_resolving(store, key, replace(m, gc_floor=None).to_bytes(),
-                                    if_match=etag)
+                await put_resolving(store, key, replace(m, gc_floor=None).to_bytes(), if_match=etag)
             except PreconditionFailed:
                 continue  # the manifest moved: look again (it may be cut by now)
         break

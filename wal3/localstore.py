@@ -17,8 +17,8 @@ import hashlib
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 

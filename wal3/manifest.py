@@ -251,8 +251,10 @@ def ensure_room(seq_no: int, start: int, records: int) -> None:
     also call it before uploading a fragment, so that nothing at all is written for an append
     that can never be linked."""
     if seq_no > U64_MAX or start + records > U64_MAX:
-        raise LogFull(f"the log is full: fragment {seq_no} would end at offset {start + records}; "
-                      f"offsets and sequence numbers end at {U64_MAX} (u64)")
+        raise LogFull(
+            f"the log is full: fragment {seq_no} would end at offset {start + records}; "
+            f"offsets and sequence numbers end at {U64_MAX} (u64)"
+        )
 
 
 def _check_run(entries: Sequence[Pointer], where: str) -> None:
@@ -296,9 +298,7 @@ class Snapshot:
     fragments: tuple[FragmentPointer, ...] = ()
 
     @classmethod
-    def build(
-        cls, children: Sequence[Pointer], writer: str
-    ) -> Snapshot:
+    def build(cls, children: Sequence[Pointer], writer: str) -> Snapshot:
         """A snapshot over consecutive pointers, all fragments or all snapshots."""
         if not children:
             raise ValueError("a snapshot holds at least one pointer")
@@ -368,10 +368,12 @@ class Snapshot:
             depth=_int(obj, "depth", "snapshot", 255),
             setsum=_setsum(obj.get("setsum"), "snapshot.setsum"),
             writer=_writer(obj, "snapshot"),
-            snapshots=tuple(SnapshotPointer.from_json(s)
-                            for s in _list(obj, "snapshots", "snapshot")),
-            fragments=tuple(FragmentPointer.from_json(f)
-                            for f in _list(obj, "fragments", "snapshot")),
+            snapshots=tuple(
+                SnapshotPointer.from_json(s) for s in _list(obj, "snapshots", "snapshot")
+            ),
+            fragments=tuple(
+                FragmentPointer.from_json(f) for f in _list(obj, "fragments", "snapshot")
+            ),
         )
 
     @classmethod
@@ -403,8 +405,12 @@ class GcFloor:
 
     @classmethod
     def from_json(cls, value: Any) -> GcFloor:
-        if not isinstance(value, dict) or not _u64(value.get("offset")) \
-                or not isinstance(value.get("nonce"), str) or not _NONCE.fullmatch(value["nonce"]):
+        if (
+            not isinstance(value, dict)
+            or not _u64(value.get("offset"))
+            or not isinstance(value.get("nonce"), str)
+            or not _NONCE.fullmatch(value["nonce"])
+        ):
             raise CorruptManifest(f"gc_floor is not a pending floor: {value!r:.200}")
         return cls(int(value["offset"]), value["nonce"])
 
@@ -484,8 +490,9 @@ class Manifest:
         """Raise CorruptManifest unless every invariant of the spec holds."""
         if any(s.depth < 1 for s in self.snapshots):
             raise CorruptManifest("snapshot pointer with depth 0")
-        if not all(v is None or _u64(v)
-                   for v in (self.acc_bytes, self.initial_offset, self.initial_seq_no)):
+        if not all(
+            v is None or _u64(v) for v in (self.acc_bytes, self.initial_offset, self.initial_seq_no)
+        ):
             # Never encode what serde (and our parser) cannot read back: the log would be bricked.
             raise CorruptManifest("manifest holds a number that does not fit u64")
         entries = self.entries
@@ -581,12 +588,18 @@ class Manifest:
         whole object with compact separators gives, without re-encoding every pointer per write.
         """
         parts = [
-            b'{"setsum":"', self.setsum.hexdigest().encode(),
-            b'","collected":"', self.collected.hexdigest().encode(),
-            b'","acc_bytes":', str(self.acc_bytes).encode(),
-            b',"writer":', _compact(self.writer),
-            b',"snapshots":', _array(self.snapshots),
-            b',"fragments":', _array(self.fragments),
+            b'{"setsum":"',
+            self.setsum.hexdigest().encode(),
+            b'","collected":"',
+            self.collected.hexdigest().encode(),
+            b'","acc_bytes":',
+            str(self.acc_bytes).encode(),
+            b',"writer":',
+            _compact(self.writer),
+            b',"snapshots":',
+            _array(self.snapshots),
+            b',"fragments":',
+            _array(self.fragments),
         ]
         if self.initial_offset is not None:
             parts += [b',"initial_offset":{"offset":', str(self.initial_offset).encode(), b"}"]
@@ -611,8 +624,9 @@ class Manifest:
         initial_seq_no = obj.get("initial_seq_no")
         if initial_seq_no is not None and not _u64(initial_seq_no):
             # Rust's newer replicated logs name fragments by UUID; this engine does not.
-            raise CorruptManifest(f"initial_seq_no is not a u64 sequence number: "
-                                  f"{initial_seq_no!r:.200}")
+            raise CorruptManifest(
+                f"initial_seq_no is not a u64 sequence number: {initial_seq_no!r:.200}"
+            )
         sealed = obj.get("sealed", False)
         if not isinstance(sealed, bool):
             raise CorruptManifest(f"sealed is not a boolean: {sealed!r:.200}")
@@ -621,10 +635,12 @@ class Manifest:
             collected=_setsum(obj.get("collected", "0" * 64), "collected"),
             acc_bytes=_int(obj, "acc_bytes", "manifest"),
             writer=_writer(obj, "manifest"),
-            snapshots=tuple(SnapshotPointer.from_json(s)
-                            for s in _list(obj, "snapshots", "manifest")),
-            fragments=tuple(FragmentPointer.from_json(f)
-                            for f in _list(obj, "fragments", "manifest")),
+            snapshots=tuple(
+                SnapshotPointer.from_json(s) for s in _list(obj, "snapshots", "manifest")
+            ),
+            fragments=tuple(
+                FragmentPointer.from_json(f) for f in _list(obj, "fragments", "manifest")
+            ),
             initial_offset=None
             if initial_offset is None
             else _unpos(initial_offset, "initial_offset"),

@@ -67,7 +67,8 @@ BUCKET_SIZE = 4096
 """Fragments per ``Bucket=`` directory: fragment ``seq`` is in bucket ``seq - seq % 4096``."""
 
 _FRAGMENT_RE = re.compile(
-    r"^" + re.escape(LOG_PREFIX) + r"Bucket=([0-9a-f]{16})/FragmentSeqNo=([0-9a-f]{16})\.parquet$")
+    r"^" + re.escape(LOG_PREFIX) + r"Bucket=([0-9a-f]{16})/FragmentSeqNo=([0-9a-f]{16})\.parquet$"
+)
 
 
 def fragment_path(seq_no: int) -> str:
@@ -159,7 +160,7 @@ def dirty_server_id(prefix: str) -> str | None:
     """The server id of a dirty log's prefix, or None when ``prefix`` is not one."""
     if not prefix.startswith(DIRTY_PREFIX) or len(prefix) == len(DIRTY_PREFIX):
         return None
-    return prefix[len(DIRTY_PREFIX):]
+    return prefix[len(DIRTY_PREFIX) :]
 
 
 COMPACTED_PREFIX = "compacted/"
@@ -200,7 +201,7 @@ def parse_data_key(collection_id: UUID | str, key: str) -> int | None:
     base = compacted_prefix(collection_id)
     if not key.startswith(base):
         return None
-    m = _DATA_KEY_RE.match(key[len(base):])
+    m = _DATA_KEY_RE.match(key[len(base) :])
     return int(m.group(1)) if m is not None else None
 
 
@@ -232,7 +233,7 @@ def parse_live_key(key: str) -> str | None:
     """The member id of a heartbeat's key, or None when ``key`` is not one."""
     if not key.startswith(COMPACTORS_LIVE_PREFIX):
         return None
-    name = key[len(COMPACTORS_LIVE_PREFIX):]
+    name = key[len(COMPACTORS_LIVE_PREFIX) :]
     if not name.endswith(_MEMBER_SUFFIX) or "/" in name:
         return None
     return unquote(name[: -len(_MEMBER_SUFFIX)])

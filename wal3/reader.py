@@ -38,8 +38,12 @@ def _check_named(snap: Snapshot, pointer: SnapshotPointer) -> None:
     Never shallower: a pointer's depth bounds the recursion below it (a snapshot naming itself
     one level down is refused, not followed for ever)."""
     kids = snap.children
-    if (snap.setsum != pointer.setsum or snap.depth > pointer.depth
-            or kids[0].start != pointer.start or kids[-1].limit != pointer.limit):
+    if (
+        snap.setsum != pointer.setsum
+        or snap.depth > pointer.depth
+        or kids[0].start != pointer.start
+        or kids[-1].limit != pointer.limit
+    ):
         raise CorruptFragment(f"snapshot {pointer.path_to_snapshot} does not match its pointer")
 
 
@@ -118,9 +122,13 @@ async def resolve_fragments(
     return out
 
 
-async def tail_fragments(store: ObjectStore, prefix: str,
-                         entries: tuple[Pointer, ...] | list[Pointer], n: int,
-                         cache: SnapshotCache) -> list[FragmentPointer]:
+async def tail_fragments(
+    store: ObjectStore,
+    prefix: str,
+    entries: tuple[Pointer, ...] | list[Pointer],
+    n: int,
+    cache: SnapshotCache,
+) -> list[FragmentPointer]:
     """The last ``n`` fragment pointers (oldest first), descending into snapshots as needed."""
     out: list[FragmentPointer] = []
 
@@ -141,8 +149,14 @@ async def tail_fragments(store: ObjectStore, prefix: str,
 class LogReader:
     """Reads a log without coordinating with its writer."""
 
-    def __init__(self, store: ObjectStore, prefix: str, *, snapshot_cache: int = 128,
-                 fetch_concurrency: int = 8) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        *,
+        snapshot_cache: int = 128,
+        fetch_concurrency: int = 8,
+    ) -> None:
         self._store = store
         self._prefix = prefix.strip("/")
         self._cache = SnapshotCache(snapshot_cache)
@@ -167,16 +181,18 @@ class LogReader:
             raise LogNotFound(f"no log at {self._prefix!r}")
         return loaded[0]
 
-    async def scan(self, from_offset: int, limits: Limits = Limits(), *,
-                   manifest: Manifest | None = None) -> list[FragmentPointer]:
+    async def scan(
+        self, from_offset: int, limits: Limits = Limits(), *, manifest: Manifest | None = None
+    ) -> list[FragmentPointer]:
         """Fragments covering ``from_offset`` onwards; raises LogPurged below the oldest offset."""
         m = manifest if manifest is not None else await self.manifest()
         if from_offset < m.oldest_offset:
             raise LogPurged(from_offset, m.oldest_offset)
         if from_offset >= m.next_offset:
             return []
-        return await resolve_fragments(self._store, self._prefix, m.entries, from_offset, limits,
-                                       self._cache)
+        return await resolve_fragments(
+            self._store, self._prefix, m.entries, from_offset, limits, self._cache
+        )
 
     async def fetch(self, pointer: FragmentPointer) -> DecodedFragment:
         """Read one fragment and verify it against its pointer."""
@@ -201,8 +217,9 @@ class LogReader:
             raise CorruptFragment(f"fragment {pointer.path} does not cover its recorded range")
         return frag
 
-    async def read(self, from_offset: int, limits: Limits = Limits(), *,
-                   manifest: Manifest | None = None) -> list[LogRecord]:
+    async def read(
+        self, from_offset: int, limits: Limits = Limits(), *, manifest: Manifest | None = None
+    ) -> list[LogRecord]:
         """Records from ``from_offset`` on, contiguous, verified, within ``limits``."""
         pointers = await self.scan(from_offset, limits, manifest=manifest)
         sem = asyncio.Semaphore(self._fetch_concurrency)

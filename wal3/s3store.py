@@ -276,7 +276,9 @@ class S3Store(ObjectStore):
                 if _retry_kind(e) is None:
                     raise
                 last = e
-        raise StoreUnavailable(f"{what}: gave up after {self.max_attempts} attempts: {last}") from last
+        raise StoreUnavailable(
+            f"{what}: gave up after {self.max_attempts} attempts: {last}"
+        ) from last
 
     def _unexpected(self, what: str, e: BotoCoreError | ClientError) -> StoreError:
         return StoreError(f"{what}: {e}")
@@ -374,7 +376,9 @@ class S3Store(ObjectStore):
             "Key": full,
             "Body": data,
             # Lets the server reject a body corrupted on the way.
-            "ContentMD5": base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode(),
+            "ContentMD5": base64.b64encode(
+                hashlib.md5(data, usedforsecurity=False).digest()
+            ).decode(),
         }
         if if_none_match is not None:
             params["IfNoneMatch"] = "*"
@@ -442,7 +446,9 @@ class S3Store(ObjectStore):
             etag = await self._settle(key, is_ours, if_none_match=if_none_match, if_match=if_match)
             if etag is not None:
                 return etag
-        raise StoreUnavailable(f"{what}: gave up after {self.max_attempts} attempts: {last}") from last
+        raise StoreUnavailable(
+            f"{what}: gave up after {self.max_attempts} attempts: {last}"
+        ) from last
 
     async def _settle(
         self,

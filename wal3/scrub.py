@@ -39,8 +39,13 @@ class ScrubReport:
         return not self.problems
 
 
-async def scrub_log(store: ObjectStore, prefix: str, *, concurrency: int = 8,
-                    progress: Callable[[int], None] | None = None) -> ScrubReport:
+async def scrub_log(
+    store: ObjectStore,
+    prefix: str,
+    *,
+    concurrency: int = 8,
+    progress: Callable[[int], None] | None = None,
+) -> ScrubReport:
     """Scrub one log; ``progress`` is called with the bytes of each fragment verified."""
     prefix = prefix.strip("/")
     report = ScrubReport(prefix=prefix)
@@ -79,7 +84,8 @@ async def scrub_log(store: ObjectStore, prefix: str, *, concurrency: int = 8,
                     f"{p.path_to_snapshot} (in {where}): pointer says setsum={p.setsum} "
                     f"depth={p.depth} [{p.start},{p.limit}) {p.num_bytes}B but the snapshot holds "
                     f"setsum={pointer.setsum} depth={pointer.depth} "
-                    f"[{pointer.start},{pointer.limit}) {pointer.num_bytes}B")
+                    f"[{pointer.start},{pointer.limit}) {pointer.num_bytes}B"
+                )
             await walk(snap.children, p.path_to_snapshot)
 
     await walk(manifest.entries, MANIFEST_PATH)
@@ -92,13 +98,15 @@ async def scrub_log(store: ObjectStore, prefix: str, *, concurrency: int = 8,
         if prev is not None:
             if f.start != prev.limit:
                 report.problems.append(
-                    f"{f.path}: starts at {f.start} but the previous fragment ends at {prev.limit}")
+                    f"{f.path}: starts at {f.start} but the previous fragment ends at {prev.limit}"
+                )
             if f.seq_no != prev.seq_no + 1:
                 report.problems.append(f"{f.path}: seq_no {f.seq_no} follows {prev.seq_no}")
         prev = f
     if leaves and leaves[0].start != manifest.oldest_offset:
         report.problems.append(
-            f"first fragment starts at {leaves[0].start}, manifest says {manifest.oldest_offset}")
+            f"first fragment starts at {leaves[0].start}, manifest says {manifest.oldest_offset}"
+        )
 
     sem = asyncio.Semaphore(concurrency)
     computed: list[Setsum] = []
@@ -121,16 +129,20 @@ async def scrub_log(store: ObjectStore, prefix: str, *, concurrency: int = 8,
         report.bytes += len(got.data)
         if frag.setsum != f.setsum:
             report.problems.append(
-                f"{f.path}: setsum of the records is {frag.setsum}, manifest says {f.setsum}")
+                f"{f.path}: setsum of the records is {frag.setsum}, manifest says {f.setsum}"
+            )
         if (frag.start, frag.limit) != (f.start, f.limit):
             report.problems.append(
-                f"{f.path}: holds [{frag.start},{frag.limit}), manifest says [{f.start},{f.limit})")
+                f"{f.path}: holds [{frag.start},{frag.limit}), manifest says [{f.start},{f.limit})"
+            )
         if f.content_md5 is not None and content_etag(got.data) != f.content_md5:
             report.problems.append(
-                f"{f.path}: object bytes do not match the recorded MD5 {f.content_md5}")
+                f"{f.path}: object bytes do not match the recorded MD5 {f.content_md5}"
+            )
         if len(got.data) != f.num_bytes:
             report.problems.append(
-                f"{f.path}: object is {len(got.data)} bytes, manifest says {f.num_bytes}")
+                f"{f.path}: object is {len(got.data)} bytes, manifest says {f.num_bytes}"
+            )
         if progress is not None:
             progress(len(got.data))
 
@@ -141,7 +153,8 @@ async def scrub_log(store: ObjectStore, prefix: str, *, concurrency: int = 8,
     report.setsum = total.hexdigest()
     if not report.problems and total != manifest.setsum:
         report.problems.append(
-            f"{MANIFEST_PATH}: fragments + collected = {total}, manifest setsum = {manifest.setsum}")
+            f"{MANIFEST_PATH}: fragments + collected = {total}, manifest setsum = {manifest.setsum}"
+        )
     return report
 
 

@@ -101,12 +101,14 @@ class Setsum:
     # --------------------------------------------------------------------------- arithmetic
 
     def __add__(self, other: Setsum) -> Setsum:
-        return Setsum._trusted(tuple((a + b) % p for a, b, p in zip(self._lanes, other._lanes,
-                                                                     PRIMES)))
+        return Setsum._trusted(
+            tuple((a + b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES))
+        )
 
     def __sub__(self, other: Setsum) -> Setsum:
-        return Setsum._trusted(tuple((a - b) % p for a, b, p in zip(self._lanes, other._lanes,
-                                                                     PRIMES)))
+        return Setsum._trusted(
+            tuple((a - b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES))
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Setsum) and self._lanes == other._lanes

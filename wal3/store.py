@@ -137,7 +137,9 @@ async def put_resolving(
                 meta = await store.head(key)
             except ObjectNotFound:
                 if if_match is not None:
-                    raise ResolvedPreconditionFailed(key, "object missing after ambiguous put") from e
+                    raise ResolvedPreconditionFailed(
+                        key, "object missing after ambiguous put"
+                    ) from e
                 continue
             except StoreUnavailable:
                 continue

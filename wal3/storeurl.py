@@ -73,6 +73,9 @@ def open_store(
         parts.location,
         parts.prefix,
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-        region=region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+        region=region
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or None,
         **kw,
     )

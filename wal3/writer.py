@@ -91,6 +91,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     Backpressure,
     CorruptFragment,
@@ -104,7 +105,6 @@ from .errors import (
     Wal3Error,
     WriterClosed,
 )
-from .clock import SYSTEM_CLOCK, Clock
 from .fragment import (
     EncodedFragment,
     KeyEntry,
@@ -248,8 +248,17 @@ class _Repaired:
 
 
 class _Append:
-    __slots__ = ("bodies", "nbytes", "key", "digest", "future", "shared", "attempts",
-                 "others_rounds", "met_writer")
+    __slots__ = (
+        "attempts",
+        "bodies",
+        "digest",
+        "future",
+        "key",
+        "met_writer",
+        "nbytes",
+        "others_rounds",
+        "shared",
+    )
 
     def __init__(self, bodies: list[bytes], key: str | None, loop: asyncio.AbstractEventLoop):
         self.bodies = bodies
@@ -262,7 +271,8 @@ class _Append:
         # wait on ``shared`` instead, which only the writer settles.
         self.future: asyncio.Future[AppendResult] = loop.create_future()
         self.shared: asyncio.Future[AppendResult] | None = (
-            loop.create_future() if key is not None else None)
+            loop.create_future() if key is not None else None
+        )
         self.attempts = 0
         # Recoveries that freed this append because others' orphans were linked, and whether
         # one met a writer linking what our repair was linking (see ``_recover``).
@@ -286,13 +296,37 @@ class _Batch:
     still be linked, a retry re-sends the same bytes (and re-runs the hook), so a late or repeated
     upload can never put the same appends into the log twice."""
 
-    __slots__ = ("seq_no", "start", "count", "timestamp_us", "appends", "prev", "encoded",
-                 "frag", "md5", "error", "done", "task", "overwrite_etag", "prev_setsum",
-                 "upload", "hooked", "hooked_at", "attempts")
+    __slots__ = (
+        "appends",
+        "attempts",
+        "count",
+        "done",
+        "encoded",
+        "error",
+        "frag",
+        "hooked",
+        "hooked_at",
+        "md5",
+        "overwrite_etag",
+        "prev",
+        "prev_setsum",
+        "seq_no",
+        "start",
+        "task",
+        "timestamp_us",
+        "upload",
+    )
 
-    def __init__(self, seq_no: int, start: int, timestamp_us: int, appends: list[_Append],
-                 prev: asyncio.Future[Setsum | None], loop: asyncio.AbstractEventLoop,
-                 overwrite_etag: str | None):
+    def __init__(
+        self,
+        seq_no: int,
+        start: int,
+        timestamp_us: int,
+        appends: list[_Append],
+        prev: asyncio.Future[Setsum | None],
+        loop: asyncio.AbstractEventLoop,
+        overwrite_etag: str | None,
+    ):
         self.seq_no = seq_no
         self.start = start
         self.count = sum(len(a.bodies) for a in appends)
@@ -323,8 +357,7 @@ class _Batch:
     def pointer(self) -> FragmentPointer:
         f = self.frag
         assert f is not None
-        return FragmentPointer(f.path, f.seq_no, f.start, f.limit, f.num_bytes, f.setsum,
-                               self.md5)
+        return FragmentPointer(f.path, f.seq_no, f.start, f.limit, f.num_bytes, f.setsum, self.md5)
 
 
 class _Edit:
@@ -338,8 +371,15 @@ class _Edit:
 class LogWriter:
     """The single writer of a log (best effort: a second writer is fenced, never trusted)."""
 
-    def __init__(self, store: ObjectStore, prefix: str, options: LogWriterOptions,
-                 manifest: Manifest, etag: str, hook: FragmentHook | None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        options: LogWriterOptions,
+        manifest: Manifest,
+        etag: str,
+        hook: FragmentHook | None,
+    ) -> None:
         self._store = store
         self._prefix = prefix.strip("/")
         self._opts = options
@@ -402,9 +442,15 @@ class LogWriter:
     # ------------------------------------------------------------------------------ opening
 
     @classmethod
-    async def open(cls, store: ObjectStore, prefix: str, options: LogWriterOptions | None = None,
-                   *, hook: FragmentHook | None = None,
-                   authored: tuple[str | None, float] | None = None) -> LogWriter:
+    async def open(
+        cls,
+        store: ObjectStore,
+        prefix: str,
+        options: LogWriterOptions | None = None,
+        *,
+        hook: FragmentHook | None = None,
+        authored: tuple[str | None, float] | None = None,
+    ) -> LogWriter:
         """Open the log at ``prefix``, creating it (If-None-Match) when it does not exist.
 
         ``authored``: the etag a writer of this process wrote last (closed since; None when it
@@ -419,11 +465,13 @@ class LogWriter:
             loaded = await load_manifest(store, prefix)
             if loaded is not None:
                 break
-            empty = replace(Manifest.empty(opts.writer_name),
-                            read_lease_ms=_lease_ms(opts.read_lease_s))
+            empty = replace(
+                Manifest.empty(opts.writer_name), read_lease_ms=_lease_ms(opts.read_lease_s)
+            )
             try:
-                etag = await put_resolving(store, join(prefix, MANIFEST_PATH), empty.to_bytes(),
-                                           if_none_match="*")
+                etag = await put_resolving(
+                    store, join(prefix, MANIFEST_PATH), empty.to_bytes(), if_none_match="*"
+                )
                 loaded, created = (empty, etag), True
                 break
             except PreconditionFailed:
@@ -502,8 +550,14 @@ class LogWriter:
     def lease_remaining(self) -> float:
         """Seconds the read lease has left (0 when there is none)."""
         lease = self._lease_s()
-        if (lease <= 0 or self._lease_from is None or not self.authored
-                or self._failure is not None or self._recovering or self._stale):
+        if (
+            lease <= 0
+            or self._lease_from is None
+            or not self.authored
+            or self._failure is not None
+            or self._recovering
+            or self._stale
+        ):
             return 0.0
         return max(0.0, self._lease_from + lease - self._opts.clock.monotonic())
 
@@ -546,13 +600,15 @@ class LogWriter:
         self._manifest_puts_in_flight += 1
         self._manifest_puts_issued += 1
         try:
-            return await put_resolving(self._store, join(self._prefix, MANIFEST_PATH),
-                                       new.to_bytes(), if_match=base_etag)
+            return await put_resolving(
+                self._store, join(self._prefix, MANIFEST_PATH), new.to_bytes(), if_match=base_etag
+            )
         finally:
             self._manifest_puts_in_flight -= 1
 
-    def _landed(self, base: str | None, etag: str, issued: float,
-                base_manifest: Manifest | None) -> None:
+    def _landed(
+        self, base: str | None, etag: str, issued: float, base_manifest: Manifest | None
+    ) -> None:
         """Our manifest write, issued at ``issued`` on top of ``base`` (``base_manifest``),
         landed as ``etag``."""
         if base is not None and (self._authored is None or _bare(base) != _bare(self._authored)):
@@ -590,8 +646,9 @@ class LogWriter:
     def _raise_fence(self, manifest: Manifest | None) -> None:
         lease = self._base_lease_s(manifest)
         if lease > 0:
-            self._fence_until = max(self._fence_until,
-                                    self._opts.clock.monotonic() + FENCE_FACTOR * lease)
+            self._fence_until = max(
+                self._fence_until, self._opts.clock.monotonic() + FENCE_FACTOR * lease
+            )
 
     async def wait_fence(self) -> None:
         """Return once the fence (a take-over) has passed: an acknowledgement of anything this
@@ -617,8 +674,9 @@ class LogWriter:
         r = await self.append_many([body])
         return LogPosition(r.first_offset, r.timestamp_us)
 
-    async def append_many(self, bodies: list[bytes], *, idempotency_key: str | None = None,
-                          fence: bool = True) -> AppendResult:
+    async def append_many(
+        self, bodies: list[bytes], *, idempotency_key: str | None = None, fence: bool = True
+    ) -> AppendResult:
         """Append records contiguously; returns once durable.
 
         With an ``idempotency_key`` seen within the dedup window, returns the first append's
@@ -631,8 +689,7 @@ class LogWriter:
             await self.wait_fence()
         return r
 
-    async def _append_many(self, bodies: list[bytes], idempotency_key: str | None
-                           ) -> AppendResult:
+    async def _append_many(self, bodies: list[bytes], idempotency_key: str | None) -> AppendResult:
         if not bodies:
             raise ValueError("append at least one record")
         self._check_open()
@@ -652,7 +709,8 @@ class LogWriter:
         if self._outstanding_bytes + item.nbytes > self._opts.max_outstanding_bytes:
             self.stats["backpressure"] += 1
             raise Backpressure(
-                f"{self._outstanding_bytes} bytes outstanding on {self._prefix}", "batching")
+                f"{self._outstanding_bytes} bytes outstanding on {self._prefix}", "batching"
+            )
         self._outstanding_bytes += item.nbytes
         if item.shared is not None:
             self._key_waiters[idempotency_key] = item.shared  # type: ignore[index]
@@ -761,8 +819,12 @@ class LogWriter:
         opts = self._opts
         while self._pending and len(self._inflight) < opts.max_inflight_fragments:
             idle = not self._inflight
-            if not (idle or self._closing or self._timer_fired
-                    or self._pending_bytes >= opts.batch_size_bytes):
+            if not (
+                idle
+                or self._closing
+                or self._timer_fired
+                or self._pending_bytes >= opts.batch_size_bytes
+            ):
                 if self._timer is None:
                     self._timer = self._loop.call_later(opts.batch_interval_s, self._on_timer)
                 return
@@ -783,8 +845,10 @@ class LogWriter:
         nbytes = nrec = 0
         while self._pending:
             a = self._pending[0]
-            if appends and (nbytes + a.nbytes > opts.batch_size_bytes
-                            or nrec + len(a.bodies) > opts.batch_max_records):
+            if appends and (
+                nbytes + a.nbytes > opts.batch_size_bytes
+                or nrec + len(a.bodies) > opts.batch_max_records
+            ):
                 break
             self._pending.popleft()
             self._pending_bytes -= a.nbytes
@@ -803,8 +867,15 @@ class LogWriter:
                 self._reject(self._pending.popleft(), e)
             self._pending_bytes = 0
             return
-        batch = _Batch(seq, self._next_offset, self._now_us(), appends, self._tail, self._loop,
-                       self._dead.pop(seq, None))
+        batch = _Batch(
+            seq,
+            self._next_offset,
+            self._now_us(),
+            appends,
+            self._tail,
+            self._loop,
+            self._dead.pop(seq, None),
+        )
         self._next_seq += 1
         self._next_offset += batch.count
         self._tail = batch.encoded
@@ -825,12 +896,20 @@ class LogWriter:
             bodies = [body for a in b.appends for body in a.bodies]
             writer = self._opts.writer_name
             if sum(a.nbytes for a in b.appends) < _INLINE_ENCODE_BYTES:
-                frag = encode_fragment(b.seq_no, b.start, b.timestamp_us, bodies, prev=prev,
-                                       keys=keys, writer=writer)
+                frag = encode_fragment(
+                    b.seq_no, b.start, b.timestamp_us, bodies, prev=prev, keys=keys, writer=writer
+                )
             else:
-                frag = await asyncio.to_thread(encode_fragment, b.seq_no, b.start,
-                                               b.timestamp_us, bodies, prev=prev, keys=keys,
-                                               writer=writer)
+                frag = await asyncio.to_thread(
+                    encode_fragment,
+                    b.seq_no,
+                    b.start,
+                    b.timestamp_us,
+                    bodies,
+                    prev=prev,
+                    keys=keys,
+                    writer=writer,
+                )
             b.frag = frag
             b.md5 = frag.content_md5
             b.encoded.set_result(frag.setsum)
@@ -842,7 +921,7 @@ class LogWriter:
             while len(self._encoded) > 4 * self._opts.dedup_window_fragments:
                 self._encoded.popitem(last=False)
             await self._settle(b)
-        except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
+        except BaseException as e:
             b.error = e
             if not b.encoded.done():
                 b.encoded.set_exception(e)
@@ -855,11 +934,14 @@ class LogWriter:
         """Finish what an encoded fragment still lacks (its upload, its hook), bytes unchanged."""
         try:
             await asyncio.sleep(delay_s)  # back off from a struggling store or dirty log
-            if (b.hooked and b.upload != "ok" and self._opts.clock.monotonic() - b.hooked_at
-                    >= self._opts.remark_after_s):
+            if (
+                b.hooked
+                and b.upload != "ok"
+                and self._opts.clock.monotonic() - b.hooked_at >= self._opts.remark_after_s
+            ):
                 b.hooked = False  # an old mark may be gone by now: mark again, then re-send
             await self._settle(b)
-        except BaseException as e:  # noqa: BLE001 - every failure goes to recovery
+        except BaseException as e:
             b.error = e
         finally:
             b.done = True
@@ -875,8 +957,11 @@ class LogWriter:
         if self._hook is None:
             b.hooked = True
         elif not b.hooked:
-            jobs.append(self._mark(b, FragmentInfo(b.seq_no, frag.start, frag.limit - frag.start,
-                                                   b.timestamp_us)))
+            jobs.append(
+                self._mark(
+                    b, FragmentInfo(b.seq_no, frag.start, frag.limit - frag.start, b.timestamp_us)
+                )
+            )
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
@@ -945,7 +1030,7 @@ class LogWriter:
         except asyncio.CancelledError:
             self._fail_everything(WriterClosed(f"writer for {self._prefix} was cancelled"))
             raise
-        except BaseException as e:  # noqa: BLE001 - the writer is unusable; say why to everyone
+        except BaseException as e:
             _log.exception("wal3 committer for %s died", self._prefix)
             self._fail_everything(e)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -1016,7 +1101,7 @@ class LogWriter:
                 try:
                     new = e.fn(new)
                     applied.append(e)
-                except Exception as err:  # noqa: BLE001 - the edit rejected itself
+                except Exception as err:
                     self._edits.remove(e)
                     if not e.future.done():
                         e.future.set_exception(err)
@@ -1169,8 +1254,9 @@ class LogWriter:
                 # our own earlier attempts included (answered "maybe", then repaired), by path:
                 # garbage collection may have unlinked them already.
                 acked = {b.seq_no for b in linked}
-                learned = [s for s in range(base.next_seq_no, manifest.next_seq_no)
-                           if s not in acked]
+                learned = [
+                    s for s in range(base.next_seq_no, manifest.next_seq_no) if s not in acked
+                ]
             except (StoreUnavailable, OSError) as e:
                 self._go_stale(e)
                 return
@@ -1180,8 +1266,12 @@ class LogWriter:
                 # Linked once and collected since, but its object is gone: we cannot tell whose.
                 del self._inflight[b.seq_no]
                 for a in b.appends:
-                    self._reject(a, StoreUnavailable(
-                        f"fragment {b.seq_no} of {self._prefix} may have been written"))
+                    self._reject(
+                        a,
+                        StoreUnavailable(
+                            f"fragment {b.seq_no} of {self._prefix} may have been written"
+                        ),
+                    )
             leftovers = sorted(self._inflight.values(), key=lambda b: b.seq_no)
             self._inflight.clear()
             # A recovery that moved the log on frees a retry, unless others moved it.  A writer
@@ -1229,17 +1319,30 @@ class LogWriter:
                     if manifest.sealed:
                         self._reject(a, LogSealed(f"log {self._prefix} is sealed"))
                     elif a.key is not None and not keys_known:
-                        self._reject(a, StoreUnavailable(
-                            f"could not read what another writer appended to {self._prefix}"))
+                        self._reject(
+                            a,
+                            StoreUnavailable(
+                                f"could not read what another writer appended to {self._prefix}"
+                            ),
+                        )
                     elif foreign:
                         self.stats["contention"] += 1
-                        self._reject(a, LogContention(
-                            f"another writer appended to {self._prefix}; not written"))
+                        self._reject(
+                            a,
+                            LogContention(
+                                f"another writer appended to {self._prefix}; not written"
+                            ),
+                        )
                     elif a.attempts >= self._opts.max_append_attempts:
                         kept_ahead = a.others_rounds > self._opts.max_append_attempts
-                        self._reject(a, LogContention(
-                            f"another writer kept appending to {self._prefix}; not written")
-                            if a.met_writer or kept_ahead else self._give_up_error(b))
+                        self._reject(
+                            a,
+                            LogContention(
+                                f"another writer kept appending to {self._prefix}; not written"
+                            )
+                            if a.met_writer or kept_ahead
+                            else self._give_up_error(b),
+                        )
                     else:
                         retry.append(a)
             keep = self._retry_kept(keep)
@@ -1262,8 +1365,9 @@ class LogWriter:
             self._recovering = False
         self._kick()
 
-    def _sort_leftovers(self, manifest: Manifest, leftovers: list[_Batch]
-                        ) -> tuple[list[_Batch], list[_Batch]]:
+    def _sort_leftovers(
+        self, manifest: Manifest, leftovers: list[_Batch]
+    ) -> tuple[list[_Batch], list[_Batch]]:
         """Split unlinked batches into those that still continue ``manifest`` exactly (kept, bytes
         unchanged) and those that can never be linked (free: their appends may go elsewhere)."""
         seq, off, prev = manifest.next_seq_no, manifest.next_offset, manifest.tail_setsum
@@ -1271,8 +1375,13 @@ class LogWriter:
         keep: list[_Batch] = []
         free: list[_Batch] = []
         for b in leftovers:
-            if (chain and b.frag is not None and b.seq_no == seq and b.start == off
-                    and b.prev_setsum == prev):
+            if (
+                chain
+                and b.frag is not None
+                and b.seq_no == seq
+                and b.start == off
+                and b.prev_setsum == prev
+            ):
                 keep.append(b)
                 seq, off, prev = seq + 1, b.frag.limit, b.frag.setsum
                 continue
@@ -1302,7 +1411,8 @@ class LogWriter:
                 cause = self._repair_blocked or b.error
                 err = StoreUnavailable(
                     f"fragment {b.seq_no} of {self._prefix} could not be linked ({cause!r}); "
-                    "it may still appear")
+                    "it may still appear"
+                )
                 for gone in keep[i:]:
                     for a in gone.appends:
                         self._reject(a, err)
@@ -1314,9 +1424,10 @@ class LogWriter:
                 b.done, b.error = False, None
                 # Read repair may have found a dead object in this batch's slot: replace it.
                 b.overwrite_etag = self._dead.pop(b.seq_no, b.overwrite_etag)
-                delay = min(1.0, 0.02 * 2 ** b.attempts)
-                b.task = asyncio.create_task(self._retry_batch(b, delay),
-                                             name=f"wal3-frag-retry:{b.seq_no}")
+                delay = min(1.0, 0.02 * 2**b.attempts)
+                b.task = asyncio.create_task(
+                    self._retry_batch(b, delay), name=f"wal3-frag-retry:{b.seq_no}"
+                )
         return keep
 
     async def _since(self, manifest: Manifest, base: Manifest) -> list[FragmentPointer]:
@@ -1324,8 +1435,7 @@ class LogWriter:
         n = manifest.next_seq_no - base.next_seq_no
         if n <= 0:
             return []
-        return await tail_fragments(self._store, self._prefix, manifest.entries, n,
-                                    self._snapshots)
+        return await tail_fragments(self._store, self._prefix, manifest.entries, n, self._snapshots)
 
     def _is_ours(self, p: FragmentPointer) -> bool:
         """Whether a linked pointer names the fragment this writer encoded for its slot."""
@@ -1345,8 +1455,14 @@ class LogWriter:
             for p in reversed(manifest.fragments):
                 if p.seq_no == b.seq_no:
                     return p.path == frag.path and self._is_ours(p)
-            found = await resolve_fragments(self._store, self._prefix, manifest.snapshots,
-                                            frag.start, Limits(max_files=1), self._snapshots)
+            found = await resolve_fragments(
+                self._store,
+                self._prefix,
+                manifest.snapshots,
+                frag.start,
+                Limits(max_files=1),
+                self._snapshots,
+            )
             return bool(found) and found[0].path == frag.path and self._is_ours(found[0])
         # Linked once and collected since (every slot below the tail was linked once, and its
         # object is never rewritten): the object tells whose it was, while GC keeps it.
@@ -1383,8 +1499,10 @@ class LogWriter:
         """Why a batch that can never be linked ran out of attempts: not written, and not
         contention (that is said only when another writer appended)."""
         cause = self._repair_blocked if self._repair_blocked is not None else b.error
-        return StoreUnavailable(f"{self._prefix}: not written after "
-                                f"{self._opts.max_append_attempts} attempts ({cause!r})")
+        return StoreUnavailable(
+            f"{self._prefix}: not written after "
+            f"{self._opts.max_append_attempts} attempts ({cause!r})"
+        )
 
     def _go_stale(self, err: BaseException) -> None:
         """The store failed mid-commit: we cannot tell what is linked, so nothing in flight may be
@@ -1433,7 +1551,8 @@ class LogWriter:
             # implementation's) is placed by position alone; with one, an empty root (a new log)
             # is followed only by a fragment that follows nothing.
             fits = decoded.start == manifest.next_offset and (
-                decoded.prev is None or decoded.prev == manifest.tail_setsum)
+                decoded.prev is None or decoded.prev == manifest.tail_setsum
+            )
             if not fits:
                 # It follows a fragment that was never linked: nobody can ever link it.
                 self._dead[seq] = got.etag
@@ -1446,16 +1565,24 @@ class LogWriter:
             ts = decoded.records[0].timestamp_us
             if self._hook is not None:
                 try:
-                    await self._hook(FragmentInfo(seq, decoded.start, len(decoded.records), ts,
-                                                  True))
+                    await self._hook(
+                        FragmentInfo(seq, decoded.start, len(decoded.records), ts, True)
+                    )
                 except (ProcessDeath, asyncio.CancelledError):
                     raise
-                except Exception as e:  # noqa: BLE001 - retried by the next recovery
+                except Exception as e:
                     _log.warning("hook failed repairing %s of %s: %r", seq, self._prefix, e)
                     self._repair_blocked = e
                     break
-            pointer = FragmentPointer(fragment_path(seq), seq, decoded.start, decoded.limit,
-                                      len(got.data), decoded.setsum, content_etag(got.data))
+            pointer = FragmentPointer(
+                fragment_path(seq),
+                seq,
+                decoded.start,
+                decoded.limit,
+                len(got.data),
+                decoded.setsum,
+                content_etag(got.data),
+            )
             new = self._stamped(manifest.with_fragments([pointer], self._opts.writer_name))
             base_etag, issued = etag, self._opts.clock.monotonic()
             try:
@@ -1490,9 +1617,12 @@ class LogWriter:
     def _maybe_snapshot(self) -> None:
         if self._snapshot is not None or self._snapshot_task is not None or self._closing:
             return
-        snap = plan_snapshot(self._manifest, fragment_threshold=self._opts.snapshot_fragment_threshold,
-                             snapshot_threshold=self._opts.snapshot_threshold,
-                             writer=self._opts.writer_name)
+        snap = plan_snapshot(
+            self._manifest,
+            fragment_threshold=self._opts.snapshot_fragment_threshold,
+            snapshot_threshold=self._opts.snapshot_threshold,
+            writer=self._opts.writer_name,
+        )
         if snap is not None:
             self._snapshot_task = asyncio.create_task(self._write_snapshot(snap))
 
@@ -1603,7 +1733,8 @@ class LogWriter:
         for seq, keys in zip(seqs, found, strict=True):
             for k, entry in keys.items():
                 if k not in self._keys:
-                    self._remember_key(k, AppendResult(entry[0], entry[1], 0,
-                                                       digest=key_digest(entry)), seq)
+                    self._remember_key(
+                        k, AppendResult(entry[0], entry[1], 0, digest=key_digest(entry)), seq
+                    )
         self._unlearned.difference_update(seqs)
         self._drop_known_keys()

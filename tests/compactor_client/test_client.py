@@ -37,10 +37,12 @@ from compactor_client.models import Record
 KEY = "secret"
 
 
-def err(status: int, code: str, message: str = "", headers: dict[str, str] | None = None
-        ) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message or code}}, status_code=status,
-                        headers=headers)
+def err(
+    status: int, code: str, message: str = "", headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message or code}}, status_code=status, headers=headers
+    )
 
 
 @dataclass
@@ -82,8 +84,11 @@ def make_app(state: StubState, *, follower: bool = False) -> FastAPI:
             first = len(state.logs[cid]) + 1
             state.logs[cid].extend(body["records"])
             if key:
-                state.seen_keys[key] = {"first_offset": first, "count": len(body["records"]),
-                                        "next_offset": first + len(body["records"])}
+                state.seen_keys[key] = {
+                    "first_offset": first,
+                    "count": len(body["records"]),
+                    "next_offset": first + len(body["records"]),
+                }
             return err(503, "unavailable", headers={"Retry-After": "1"})
         if cid == "sealed":
             return err(409, "sealed")
@@ -94,8 +99,11 @@ def make_app(state: StubState, *, follower: bool = False) -> FastAPI:
             return state.seen_keys[key]
         first = len(state.logs[cid]) + 1
         state.logs[cid].extend(body["records"])
-        answer = {"first_offset": first, "count": len(body["records"]),
-                  "next_offset": first + len(body["records"])}
+        answer = {
+            "first_offset": first,
+            "count": len(body["records"]),
+            "next_offset": first + len(body["records"]),
+        }
         if key:
             state.seen_keys[key] = answer
         return answer
@@ -106,26 +114,54 @@ def make_app(state: StubState, *, follower: bool = False) -> FastAPI:
         limit = int(request.query_params.get("limit", 100))
         if cid == "gc" and start < 5:
             return err(410, "purged", "below oldest")
-        recs = state.logs[cid][start - 1: start - 1 + limit]
-        return {"records": [{"offset": start + i, "timestamp_us": 1000 + i, "record": r}
-                            for i, r in enumerate(recs)],
-                "next_offset": start + len(recs)}
+        recs = state.logs[cid][start - 1 : start - 1 + limit]
+        return {
+            "records": [
+                {"offset": start + i, "timestamp_us": 1000 + i, "record": r}
+                for i, r in enumerate(recs)
+            ],
+            "next_offset": start + len(recs),
+        }
 
     @app.get("/v1/tenants/{tenant}/logs/{cid}")
     async def log_state(tenant: str, cid: str) -> Any:
         if cid not in state.logs:
             return err(404, "not_found", "never written")
         n = len(state.logs[cid])
-        return {"collection_id": cid, "tenant": tenant, "oldest_offset": 1, "next_offset": n + 1,
-                "compaction_offset": state.compaction.get(cid, 1), "setsum": "00", "sealed": False,
-                "fragments": 1, "bytes": 10 * n, "future_field": "ignored"}
+        return {
+            "collection_id": cid,
+            "tenant": tenant,
+            "oldest_offset": 1,
+            "next_offset": n + 1,
+            "compaction_offset": state.compaction.get(cid, 1),
+            "setsum": "00",
+            "sealed": False,
+            "fragments": 1,
+            "bytes": 10 * n,
+            "future_field": "ignored",
+        }
 
     @app.get("/v1/tenants/{tenant}/logs/{cid}/fragments")
     async def fragments(tenant: str, cid: str, request: Request) -> Any:
-        return {"fragments": [
-            {"url": "file:///x/2.parquet", "start": 11, "limit": 21, "num_bytes": 5, "setsum": "b"},
-            {"url": "file:///x/1.parquet", "start": 1, "limit": 11, "num_bytes": 5, "setsum": "a"},
-        ], "from": request.query_params.get("from")}
+        return {
+            "fragments": [
+                {
+                    "url": "file:///x/2.parquet",
+                    "start": 11,
+                    "limit": 21,
+                    "num_bytes": 5,
+                    "setsum": "b",
+                },
+                {
+                    "url": "file:///x/1.parquet",
+                    "start": 1,
+                    "limit": 11,
+                    "num_bytes": 5,
+                    "setsum": "a",
+                },
+            ],
+            "from": request.query_params.get("from"),
+        }
 
     @app.put("/v1/tenants/{tenant}/logs/{cid}/cursors/{name}")
     async def put_cursor(tenant: str, cid: str, name: str, request: Request) -> Any:
@@ -134,8 +170,13 @@ def make_app(state: StubState, *, follower: bool = False) -> FastAPI:
         if (cur["witness"] if cur else None) != body["witness"]:
             return err(409, "cursor_conflict")
         witness = f"w{int(cur['witness'][1:]) + 1 if cur else 1}"
-        state.cursors[name] = {"name": name, "offset": body["offset"], "epoch_us": 1,
-                               "writer": "stub", "witness": witness}
+        state.cursors[name] = {
+            "name": name,
+            "offset": body["offset"],
+            "epoch_us": 1,
+            "writer": "stub",
+            "witness": witness,
+        }
         return state.cursors[name]
 
     @app.get("/v1/tenants/{tenant}/logs/{cid}/cursors/{name}")
@@ -158,9 +199,20 @@ def make_app(state: StubState, *, follower: bool = False) -> FastAPI:
     @app.get("/v1/dirty")
     async def dirty(request: Request) -> Any:
         min_records = int(request.query_params.get("min_records", 0))
-        logs = [{"tenant": "t", "collection_id": c, "start": 1, "limit": len(r) + 1,
-                 "num_records": len(r), "first_insertion_us": 5, "reinsert_count": 0,
-                 "score": float(len(r))} for c, r in state.logs.items() if len(r) >= min_records]
+        logs = [
+            {
+                "tenant": "t",
+                "collection_id": c,
+                "start": 1,
+                "limit": len(r) + 1,
+                "num_records": len(r),
+                "first_insertion_us": 5,
+                "reinsert_count": 0,
+                "score": float(len(r)),
+            }
+            for c, r in state.logs.items()
+            if len(r) >= min_records
+        ]
         return {"server_id": "stub", "logs": sorted(logs, key=lambda x: -x["score"])}
 
     @app.post("/v1/tenants/{tenant}/logs/{cid}/{action}")
@@ -183,8 +235,9 @@ class ServerThread:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
@@ -200,8 +253,10 @@ class ServerThread:
 def hosts() -> Iterator[tuple[StubState, str, str]]:
     """(state, leader URL, follower URL): the follower redirects everything to the leader."""
     state = StubState()
-    with ServerThread(make_app(state)) as leader, \
-            ServerThread(make_app(state, follower=True)) as follower:
+    with (
+        ServerThread(make_app(state)) as leader,
+        ServerThread(make_app(state, follower=True)) as follower,
+    ):
         state.leader_url = leader.url
         yield state, leader.url, follower.url
 
@@ -220,8 +275,10 @@ def client(url: str, sleeps: Sleeps, **kw: Any) -> LogHostClient:
     return LogHostClient(url, KEY, sleep=sleeps, timeout=10, **kw)
 
 
-RECS = [Record(id="a", op="add", document="x", metadata={"k": 1}),
-        {"id": "b", "op": "upsert", "embedding": [0.5, 1.0]}]
+RECS = [
+    Record(id="a", op="add", document="x", metadata={"k": 1}),
+    {"id": "b", "op": "upsert", "embedding": [0.5, 1.0]},
+]
 
 
 async def test_append_read_state_roundtrip(hosts: tuple[StubState, str, str]) -> None:

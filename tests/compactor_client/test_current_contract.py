@@ -30,24 +30,45 @@ KEY = f"compacted/{CID}/CURRENT.json"
 
 
 def _doc(**over: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"version": 3, "offset": 11, "rows": 2,
-                           "path": f"compacted/{CID}/v0000000000000003/part-t.parquet"}
+    doc: dict[str, Any] = {
+        "version": 3,
+        "offset": 11,
+        "rows": 2,
+        "path": f"compacted/{CID}/v0000000000000003/part-t.parquet",
+    }
     doc.update(over)
     return doc
 
 
 def test_the_pointer_is_compact_key_sorted_json() -> None:
-    cur = CurrentVersion(version=3, offset=11, rows=2, path="p", etag="e", installed_at=30.5,
-                         history=((2, 20.0), (1, 10.0)), stored=((2, 21.0),))
+    cur = CurrentVersion(
+        version=3,
+        offset=11,
+        rows=2,
+        path="p",
+        etag="e",
+        installed_at=30.5,
+        history=((2, 20.0), (1, 10.0)),
+        stored=((2, 21.0),),
+    )
     assert _encode(cur.document()) == (
         b'{"history":[{"installed_at":20.0,"stored_at":21.0,"version":2},'
         b'{"installed_at":10.0,"version":1}],"installed_at":30.5,"offset":11,"path":"p",'
-        b'"rows":2,"version":3}')
+        b'"rows":2,"version":3}'
+    )
 
 
 def test_a_pointer_reads_back_as_written() -> None:
-    cur = CurrentVersion(version=3, offset=11, rows=2, path="p", etag="e", installed_at=30.5,
-                         history=((2, 20.0), (1, 10.0)), stored=((2, 21.0), (1, 11.0)))
+    cur = CurrentVersion(
+        version=3,
+        offset=11,
+        rows=2,
+        path="p",
+        etag="e",
+        installed_at=30.5,
+        history=((2, 20.0), (1, 10.0)),
+        stored=((2, 21.0), (1, 11.0)),
+    )
     back = _decode(CID, _encode(cur.document()), "e")
     assert back == cur
     assert back.installs() == {3: 30.5, 2: 20.0, 1: 10.0}
@@ -56,48 +77,76 @@ def test_a_pointer_reads_back_as_written() -> None:
 
 def test_history_keeps_the_newest_installs_newest_first() -> None:
     history = tuple((v, float(v)) for v in range(1, HISTORY_LIMIT + 10))
-    doc = CurrentVersion(version=HISTORY_LIMIT + 10, offset=2, rows=0, path="p", etag="e",
-                         installed_at=1.0, history=history).document()
+    doc = CurrentVersion(
+        version=HISTORY_LIMIT + 10,
+        offset=2,
+        rows=0,
+        path="p",
+        etag="e",
+        installed_at=1.0,
+        history=history,
+    ).document()
     versions = [h["version"] for h in doc["history"]]
     assert versions == list(range(HISTORY_LIMIT + 9, 9, -1))
 
 
 def test_a_version_known_only_by_its_store_time_keeps_an_entry() -> None:
-    doc = CurrentVersion(version=2, offset=2, rows=0, path="p", etag="e", installed_at=5.0,
-                         stored=((1, 4.0),)).document()
+    doc = CurrentVersion(
+        version=2, offset=2, rows=0, path="p", etag="e", installed_at=5.0, stored=((1, 4.0),)
+    ).document()
     assert doc["history"] == [{"version": 1, "installed_at": 4.0, "stored_at": 4.0}]
 
 
 def test_an_old_pointer_without_times_is_read() -> None:
     cur = _decode(CID, json.dumps(_doc()).encode(), "e")
     assert (cur.version, cur.offset, cur.rows, cur.installed_at, cur.history, cur.stored) == (
-        3, 11, 2, None, (), ())
+        3,
+        11,
+        2,
+        None,
+        (),
+        (),
+    )
     assert _decode(CID, json.dumps(_doc(offset=1, rows=0, version=1)).encode(), "e").rows == 0
 
 
-@pytest.mark.parametrize(("bad", "what"), [
-    (b"{", "Expecting"),
-    (json.dumps({"version": 1}).encode(), "KeyError"),
-    (json.dumps(_doc(version=0)).encode(), "invalid pointer"),
-    (json.dumps(_doc(offset=0)).encode(), "invalid pointer"),
-    (json.dumps(_doc(rows=-1)).encode(), "invalid pointer"),
-    (json.dumps(_doc(rows=True)).encode(), "invalid pointer"),
-    (json.dumps(_doc(version=1.0)).encode(), "invalid pointer"),
-    (json.dumps(_doc(path=5)).encode(), "invalid pointer"),
-    (json.dumps(_doc(installed_at="soon")).encode(), "invalid history"),
-    (json.dumps(_doc(installed_at=1.0, history=[{"version": 1}])).encode(), "invalid history"),
-    (json.dumps(_doc(installed_at=1.0, history=[{"version": 1, "installed_at": 1.0,
-                                                 "stored_at": "x"}])).encode(),
-     "invalid history"),
-])
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [
+        (b"{", "Expecting"),
+        (json.dumps({"version": 1}).encode(), "KeyError"),
+        (json.dumps(_doc(version=0)).encode(), "invalid pointer"),
+        (json.dumps(_doc(offset=0)).encode(), "invalid pointer"),
+        (json.dumps(_doc(rows=-1)).encode(), "invalid pointer"),
+        (json.dumps(_doc(rows=True)).encode(), "invalid pointer"),
+        (json.dumps(_doc(version=1.0)).encode(), "invalid pointer"),
+        (json.dumps(_doc(path=5)).encode(), "invalid pointer"),
+        (json.dumps(_doc(installed_at="soon")).encode(), "invalid history"),
+        (json.dumps(_doc(installed_at=1.0, history=[{"version": 1}])).encode(), "invalid history"),
+        (
+            json.dumps(
+                _doc(
+                    installed_at=1.0,
+                    history=[{"version": 1, "installed_at": 1.0, "stored_at": "x"}],
+                )
+            ).encode(),
+            "invalid history",
+        ),
+    ],
+)
 def test_a_corrupt_pointer_is_refused_naming_its_key(bad: bytes, what: str) -> None:
     with pytest.raises(CorruptCurrent, match=rf"^{KEY}: .*{what}"):
         _decode(CID, bad, "e")
 
 
 def test_history_entries_carry_their_store_times() -> None:
-    doc = _doc(installed_at=9.0, history=[{"version": 2, "installed_at": 8.0, "stored_at": 8.5},
-                                          {"version": 1, "installed_at": 7.0}])
+    doc = _doc(
+        installed_at=9.0,
+        history=[
+            {"version": 2, "installed_at": 8.0, "stored_at": 8.5},
+            {"version": 1, "installed_at": 7.0},
+        ],
+    )
     cur = _decode(CID, json.dumps(doc).encode(), "e")
     assert cur.installed_at == 9.0
     assert cur.history == ((2, 8.0), (1, 7.0))
@@ -107,8 +156,7 @@ def test_history_entries_carry_their_store_times() -> None:
 def test_versions_are_snappy_parquet() -> None:
     data = encode_rows([Row(id="a", document="d", metadata={"k": 1}, embedding=[1.0])])
     meta = pq.ParquetFile(io.BytesIO(data)).metadata
-    assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {
-        "SNAPPY"}
+    assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"SNAPPY"}
 
 
 # ------------------------------------------------------------------------- installs, end to end

@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from wal3 import LocalStore
 from verify.oracle import reference_fold
+from wal3 import LocalStore
 
 from ..host.live import SERVICE_KEY, live_server
 
@@ -33,21 +33,41 @@ def random_records(rng: random.Random, n: int, ids: int) -> list[dict[str, Any]]
             if rng.random() < 0.7:
                 rec["document"] = f"text {rng.randrange(1000)}"
             if rng.random() < 0.6:
-                rec["metadata"] = {f"k{rng.randrange(4)}": rng.choice(
-                    [None, rng.randrange(100), f"v{rng.randrange(9)}", True, 0.5])
-                    for _ in range(rng.randint(1, 3))}
+                rec["metadata"] = {
+                    f"k{rng.randrange(4)}": rng.choice(
+                        [None, rng.randrange(100), f"v{rng.randrange(9)}", True, 0.5]
+                    )
+                    for _ in range(rng.randint(1, 3))
+                }
             if rng.random() < 0.5:
                 rec["embedding"] = [round(rng.uniform(-1, 1), 3) for _ in range(4)]
         out.append(rec)
     return out
 
 
-def run_compactor(hosts: list[str], store: str, env: dict[str, str], *extra: str
-                  ) -> subprocess.CompletedProcess[str]:
+def run_compactor(
+    hosts: list[str], store: str, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "compactor_client", "run", "--hosts", ",".join(hosts),
-         "--store", store, "--spark-master", "local[2]", "--once", *extra],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "compactor_client",
+            "run",
+            "--hosts",
+            ",".join(hosts),
+            "--store",
+            store,
+            "--spark-master",
+            "local[2]",
+            "--once",
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def compacted_rows(out_dir: Path, cid: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -56,8 +76,11 @@ def compacted_rows(out_dir: Path, cid: str) -> tuple[dict[str, Any], dict[str, d
     rows = {}
     for row in table.to_pylist():
         emb = row["embedding"]
-        rows[row["id"]] = {"document": row["document"], "metadata": json.loads(row["metadata"]),
-                           "embedding": None if emb is None else [round(x, 3) for x in emb]}
+        rows[row["id"]] = {
+            "document": row["document"],
+            "metadata": json.loads(row["metadata"]),
+            "embedding": None if emb is None else [round(x, 3) for x in emb],
+        }
     return current, rows
 
 
@@ -73,18 +96,27 @@ def assert_matches(out_dir: Path, cid: str, records: list[dict[str, Any]]) -> di
     return current
 
 
-async def test_compactor_round_trip_on_local_and_s3_hosts(tmp_path: Path, moto_endpoint: str,
-                                                          s3_bucket: str) -> None:
+async def test_compactor_round_trip_on_local_and_s3_hosts(
+    tmp_path: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
     rng = random.Random(6)
     out_dir = tmp_path / "compacted-store"
-    env = dict(os.environ, COMPACTOR_API_KEY=SERVICE_KEY, AWS_ENDPOINT_URL=moto_endpoint,
-               AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-               AWS_REGION="us-east-1", COMPACTOR_PROGRESS="0")
+    env = dict(
+        os.environ,
+        COMPACTOR_API_KEY=SERVICE_KEY,
+        AWS_ENDPOINT_URL=moto_endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_REGION="us-east-1",
+        COMPACTOR_PROGRESS="0",
+    )
     written: dict[tuple[int, str], list[dict[str, Any]]] = {}
     os.environ["AWS_ENDPOINT_URL"] = moto_endpoint
     try:
-        async with live_server(str(tmp_path / "local"), gc_grace_s=0) as a, \
-                live_server(f"s3://{s3_bucket}/hostb", gc_grace_s=0) as b:
+        async with (
+            live_server(str(tmp_path / "local"), gc_grace_s=0) as a,
+            live_server(f"s3://{s3_bucket}/hostb", gc_grace_s=0) as b,
+        ):
             hosts = [a, b]
             for h, live in enumerate(hosts):
                 async with live.client() as c:
@@ -94,8 +126,10 @@ async def test_compactor_round_trip_on_local_and_s3_hosts(tmp_path: Path, moto_e
                         recs = random_records(rng, 60, 12)
                         written[(h, cid)] = recs
                         for i in range(0, len(recs), 7):  # several fragments per log
-                            r = await c.post(f"/v1/tenants/{tenant}/logs/{cid}/records",
-                                             json={"records": recs[i:i + 7]})
+                            r = await c.post(
+                                f"/v1/tenants/{tenant}/logs/{cid}/records",
+                                json={"records": recs[i : i + 7]},
+                            )
                             assert r.status_code == 200, r.text
                     assert (await c.post("/v1/dirty/rollup")).status_code == 200
 
@@ -106,15 +140,17 @@ async def test_compactor_round_trip_on_local_and_s3_hosts(tmp_path: Path, moto_e
             for (h, cid), recs in written.items():
                 first_versions[cid] = assert_matches(out_dir, cid, recs)
                 async with hosts[h].client() as c:
-                    tenant = (await _tenant_of(c, cid))
+                    tenant = await _tenant_of(c, cid)
                     st = (await c.get(f"/v1/tenants/{tenant}/logs/{cid}")).json()
                     assert st["compaction_offset"] == st["next_offset"] == len(recs) + 1
             for live in hosts:
                 async with live.client() as c:
-                    assert (await c.get("/v1/dirty", params={"min_records": 0})).json()["logs"] == []
+                    assert (await c.get("/v1/dirty", params={"min_records": 0})).json()[
+                        "logs"
+                    ] == []
                     # GC reclaims everything compacted but the root's last fragment, which fences
                     # writers (grace 0: apply, then delete; each pass drops at most 90 %).
-                    for (h, cid) in written:
+                    for h, cid in written:
                         if hosts[h] is not live:
                             continue
                         tenant = await _tenant_of(c, cid)
@@ -126,8 +162,9 @@ async def test_compactor_round_trip_on_local_and_s3_hosts(tmp_path: Path, moto_e
                         st = (await c.get(f"/v1/tenants/{tenant}/logs/{cid}")).json()
                         assert st["fragments"] == 1 and st["oldest_offset"] < st["next_offset"]
                         if st["oldest_offset"] > 1:
-                            r = await c.get(f"/v1/tenants/{tenant}/logs/{cid}/records",
-                                            params={"from": 1})
+                            r = await c.get(
+                                f"/v1/tenants/{tenant}/logs/{cid}/records", params={"from": 1}
+                            )
                             assert r.status_code == 410 and r.json()["error"]["code"] == "purged"
 
             # Round two builds on the previous version.
@@ -135,8 +172,9 @@ async def test_compactor_round_trip_on_local_and_s3_hosts(tmp_path: Path, moto_e
                 more = random_records(rng, 25, 12)
                 async with hosts[h].client() as c:
                     tenant = await _tenant_of(c, cid)
-                    r = await c.post(f"/v1/tenants/{tenant}/logs/{cid}/records",
-                                     json={"records": more})
+                    r = await c.post(
+                        f"/v1/tenants/{tenant}/logs/{cid}/records", json={"records": more}
+                    )
                     assert r.status_code == 200
                 recs.extend(more)
             for live in hosts:
@@ -174,14 +212,20 @@ async def test_two_compactors_two_hosts_each_collection_once(tmp_path: Path) -> 
                     cid = str(uuid.UUID(int=(h << 8) + j + 1, version=4))
                     recs = random_records(rng, 20, 6)
                     written[cid] = recs
-                    r = await c.post(f"/v1/tenants/alice/logs/{cid}/records",
-                                     json={"records": recs})
+                    r = await c.post(
+                        f"/v1/tenants/alice/logs/{cid}/records", json={"records": recs}
+                    )
                     assert r.status_code == 200
                 await c.post("/v1/dirty/rollup")
         urls = [a.url, b.url]
-        runs = await asyncio.gather(*(
-            asyncio.to_thread(run_compactor, urls, str(out_dir), env, "--member-id", m,
-                              "--members", "c1,c2") for m in ("c1", "c2")))
+        runs = await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    run_compactor, urls, str(out_dir), env, "--member-id", m, "--members", "c1,c2"
+                )
+                for m in ("c1", "c2")
+            )
+        )
         for done in runs:
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         for cid, recs in written.items():

@@ -13,20 +13,45 @@ from compactor_client import errors
 from compactor_client.errors import CompactorError, LogHostError, error_class
 
 # Modules that define error classes (sparkutil and the CLI import pyspark/httpx lazily only).
-MODULES = ["errors", "cli", "integrity", "executor", "versions", "fold", "pipeline", "scheduler",
-           "membership", "client", "models", "parquet_io", "metrics", "stores"]
+MODULES = [
+    "errors",
+    "cli",
+    "integrity",
+    "executor",
+    "versions",
+    "fold",
+    "pipeline",
+    "scheduler",
+    "membership",
+    "client",
+    "models",
+    "parquet_io",
+    "metrics",
+    "stores",
+]
 
 
 def test_every_error_class_the_package_defines_derives_from_the_root() -> None:
     defined = []
     for name in MODULES:
         mod = importlib.import_module(f"compactor_client.{name}")
-        defined += [c for _, c in inspect.getmembers(mod, inspect.isclass)
-                    if issubclass(c, BaseException) and c.__module__ == mod.__name__]
+        defined += [
+            c
+            for _, c in inspect.getmembers(mod, inspect.isclass)
+            if issubclass(c, BaseException) and c.__module__ == mod.__name__
+        ]
     names = {c.__name__ for c in defined}
-    assert names >= {"LogHostError", "SettingsError", "CorruptFragmentError",
-                     "UnverifiableFragmentError", "GapError", "FoldError", "CorruptCurrent",
-                     "InvalidRecord", "PlanError"}, names
+    assert names >= {
+        "LogHostError",
+        "SettingsError",
+        "CorruptFragmentError",
+        "UnverifiableFragmentError",
+        "GapError",
+        "FoldError",
+        "CorruptCurrent",
+        "InvalidRecord",
+        "PlanError",
+    }, names
     for cls in defined:
         assert issubclass(cls, CompactorError), cls
 
@@ -46,8 +71,14 @@ def test_existing_callers_catch_what_they_caught() -> None:
     )
     from compactor_client.versions import CorruptCurrent
 
-    for cls in (SettingsError, GapError, InvalidRecord, CorruptFragmentError,
-                UnverifiableFragmentError, CorruptCurrent):
+    for cls in (
+        SettingsError,
+        GapError,
+        InvalidRecord,
+        CorruptFragmentError,
+        UnverifiableFragmentError,
+        CorruptCurrent,
+    ):
         assert issubclass(cls, ValueError), cls
     assert issubclass(LogHostError, CompactorError)
     with pytest.raises(LogHostError):

@@ -52,8 +52,9 @@ class S3SecondsStore(LocalStore):
         m = await super().head(key)
         return ObjectMeta(m.key, m.etag, m.size, float(math.floor(m.last_modified)))
 
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectMeta]:
         async for m in super().list(prefix, start_after=start_after):
             yield ObjectMeta(m.key, m.etag, m.size, float(math.floor(m.last_modified)))
 
@@ -100,23 +101,34 @@ class _Host:
     def __init__(self, logs: list[DirtyLog]) -> None:
         self.logs = logs
 
-    async def dirty(self, *, min_records: int | None = None, limit: int | None = None
-                    ) -> DirtyResult:
+    async def dirty(
+        self, *, min_records: int | None = None, limit: int | None = None
+    ) -> DirtyResult:
         return DirtyResult(server_id="h", logs=list(self.logs))
 
 
 def _dirty(cid: str, start: int = 1) -> DirtyLog:
-    return DirtyLog(tenant="t", collection_id=cid, start=start, limit=start + 100,
-                    num_records=100, first_insertion_us=0, reinsert_count=0, score=100.0)
+    return DirtyLog(
+        tenant="t",
+        collection_id=cid,
+        start=start,
+        limit=start + 100,
+        num_records=100,
+        first_insertion_us=0,
+        reinsert_count=0,
+        score=100.0,
+    )
 
 
-async def test_a_stall_stamp_from_a_fast_clock_does_not_delay_the_take_over(
-        tmp_path: Path) -> None:
+async def test_a_stall_stamp_from_a_fast_clock_does_not_delay_the_take_over(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "s")
     members = ["a", "b"]
     # A collection owned by b (alive, but stuck on it), for which a is next in line.
-    cid = next(f"00000000-0000-4000-8000-{n:012x}" for n in range(1, 1000)
-               if rank_of("a", f"00000000-0000-4000-8000-{n:012x}", members) == 1)
+    cid = next(
+        f"00000000-0000-4000-8000-{n:012x}"
+        for n in range(1, 1000)
+        if rank_of("a", f"00000000-0000-4000-8000-{n:012x}", members) == 1
+    )
     host = _Host([_dirty(cid)])
     real = [1_800_000_000.0]
     skew = [86_400.0]  # a's node runs a day fast when a first sees the collection
@@ -125,8 +137,14 @@ async def test_a_stall_stamp_from_a_fast_clock_does_not_delay_the_take_over(
         return real[0] + skew[0]
 
     def member() -> Scheduler:  # a --once round: a new process each time
-        return Scheduler([host], member_id="a", members=members, takeover_s=600.0,
-                         clock=clock, ledger=ProgressLedger(store, "a"))
+        return Scheduler(
+            [host],
+            member_id="a",
+            members=members,
+            takeover_s=600.0,
+            clock=clock,
+            ledger=ProgressLedger(store, "a"),
+        )
 
     assert (await member().select_round()).selected == []  # owned by b; the clock starts
     skew[0] = 0.0  # a is rescheduled onto a node with a correct clock (or NTP steps it back)
@@ -134,4 +152,5 @@ async def test_a_stall_stamp_from_a_fast_clock_does_not_delay_the_take_over(
         real[0] += 600.0
         sel = await member().select_round()
     assert [c.log.collection_id for c in sel.selected] == [cid], (
-        "b has been stuck on it for 100 minutes (10 x takeover_s); a still waits for a day")
+        "b has been stuck on it for 100 minutes (10 x takeover_s); a still waits for a day"
+    )

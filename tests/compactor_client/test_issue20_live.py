@@ -26,8 +26,16 @@ from compactor_client.scheduler import owner_of
 from compactor_client.sparkutil import build_session, ship_package
 from wal3 import LocalStore
 
-from ..host.live import SERVICE_KEY, Live, assert_error, live_server, log_path, metric, \
-    metrics_text, record
+from ..host.live import (
+    SERVICE_KEY,
+    Live,
+    assert_error,
+    live_server,
+    log_path,
+    metric,
+    metrics_text,
+    record,
+)
 from .test_e2e import compacted_rows, reference_fold
 
 pytestmark = pytest.mark.slow
@@ -35,9 +43,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = build_session("local[2]", app_name="issue20-tests", ui=False,
-                            conf={"spark.default.parallelism": "2",
-                                  "spark.sql.shuffle.partitions": "2"})
+    session = build_session(
+        "local[2]",
+        app_name="issue20-tests",
+        ui=False,
+        conf={"spark.default.parallelism": "2", "spark.sql.shuffle.partitions": "2"},
+    )
     ship_package(session.sparkContext)
     try:
         yield session
@@ -45,14 +56,22 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
-async def compact_round(spark: Any, live: Live, store_dir: Path, member_id: str = "c1",
-                        members: tuple[str, ...] = ()) -> int:
+async def compact_round(
+    spark: Any, live: Live, store_dir: Path, member_id: str = "c1", members: tuple[str, ...] = ()
+) -> int:
     """Roll the host's dirty log up, then one real compactor round against ``live``; its exit
     status (0: every collection ok)."""
     async with live.client() as c:
         assert (await c.post("/v1/dirty/rollup")).status_code == 200
-    settings = cli.Settings(hosts=(live.url,), api_key=SERVICE_KEY, store=str(store_dir),
-                            member_id=member_id, members=members, once=True, min_records=1)
+    settings = cli.Settings(
+        hosts=(live.url,),
+        api_key=SERVICE_KEY,
+        store=str(store_dir),
+        member_id=member_id,
+        members=members,
+        once=True,
+        min_records=1,
+    )
     return await cli.run(settings, spark=spark, registry=CollectorRegistry())
 
 
@@ -69,20 +88,22 @@ def batch(tag: str, n: int) -> list[dict[str, Any]]:
 def assert_compacted_view(store_dir: Path, cid: str, records: list[dict[str, Any]]) -> None:
     current, got = compacted_rows(store_dir, cid)
     want = reference_fold(records)
-    assert {k: v["document"] for k, v in got.items()} == {k: v["document"]
-                                                          for k, v in want.items()}
+    assert {k: v["document"] for k, v in got.items()} == {k: v["document"] for k, v in want.items()}
     assert current["rows"] == len(want)
 
 
 # ----------------------------------------------------------------------------------- item 2
 
 
-async def test_a_forked_backlog_is_dirty_compacted_and_then_writable(spark: Any,
-                                                                     tmp_path: Path) -> None:
+async def test_a_forked_backlog_is_dirty_compacted_and_then_writable(
+    spark: Any, tmp_path: Path
+) -> None:
     store_dir = tmp_path / "s"
     src, dst = str(uuid.uuid4()), str(uuid.uuid4())
-    async with live_server(str(store_dir), backpressure_uncompacted_records=5) as live, \
-            live.client() as c:
+    async with (
+        live_server(str(store_dir), backpressure_uncompacted_records=5) as live,
+        live.client() as c,
+    ):
         written = batch("a", 8)
         await append(c, src, written)
         r = await c.post(log_path("alice", src) + "/fork", json={"target_collection_id": dst})
@@ -104,7 +125,8 @@ async def test_a_forked_backlog_is_dirty_compacted_and_then_writable(spark: Any,
 
 @pytest.mark.parametrize("fork_at", [11, 8], ids=["boundary", "straddling"])
 async def test_a_fork_away_from_the_current_offset_compacts_correctly(
-        spark: Any, tmp_path: Path, fork_at: int) -> None:
+    spark: Any, tmp_path: Path, fork_at: int
+) -> None:
     store_dir = tmp_path / "s"
     src, dst = str(uuid.uuid4()), str(uuid.uuid4())
     async with live_server(str(store_dir)) as live, live.client() as c:
@@ -113,8 +135,9 @@ async def test_a_fork_away_from_the_current_offset_compacts_correctly(
         assert await compact_round(spark, live, store_dir) == 0  # CURRENT.json offset 6
         await append(c, src, b)  # [6, 11)
         await append(c, src, d)  # [11, 16)
-        r = await c.post(log_path("alice", src) + "/fork",
-                         json={"target_collection_id": dst, "offset": fork_at})
+        r = await c.post(
+            log_path("alice", src) + "/fork", json={"target_collection_id": dst, "offset": fork_at}
+        )
         assert r.status_code == 200, r.text
         state = r.json()
         # The invariant: the cursor stands on the copied version, and the log holds what is above.
@@ -136,8 +159,9 @@ def _tamper(path: Path) -> None:
     table = pq.read_table(path)
     bodies = [b.replace(b"original", b"TAMPERED") for b in table.column("body").to_pylist()]
     assert bodies != table.column("body").to_pylist()
-    new = table.set_column(table.schema.get_field_index("body"), "body",
-                           pa.array(bodies, pa.binary()))
+    new = table.set_column(
+        table.schema.get_field_index("body"), "body", pa.array(bodies, pa.binary())
+    )
     pq.write_table(new.replace_schema_metadata(table.schema.metadata), path)
 
 
@@ -169,15 +193,17 @@ async def test_the_compactor_refuses_a_tampered_fragment(spark: Any, tmp_path: P
 # ----------------------------------------------------------------------------------- item 7
 
 
-async def test_a_dead_member_does_not_leave_its_share_uncompacted(spark: Any,
-                                                                  tmp_path: Path) -> None:
+async def test_a_dead_member_does_not_leave_its_share_uncompacted(
+    spark: Any, tmp_path: Path
+) -> None:
     store_dir = tmp_path / "s"
     cids = [str(uuid.UUID(int=i + 1, version=4)) for i in range(8)]
     theirs = [x for x in cids if owner_of(x, ["c1", "c2"]) == "c2"]
     assert theirs, "the ids must give c2 a share"
     # c2 ran once, an hour ago, and is gone for good: its liveness record is stale.
-    await LocalStore(store_dir).put("compactors/live/c2.json",
-                                    json.dumps({"member_id": "c2", "at": 0.0}).encode())
+    await LocalStore(store_dir).put(
+        "compactors/live/c2.json", json.dumps({"member_id": "c2", "at": 0.0}).encode()
+    )
     async with live_server(str(store_dir)) as live, live.client() as c:
         for x in cids:
             await append(c, x, batch(x[:4], 3))

@@ -37,27 +37,39 @@ class _Host:
     def __init__(self, url: str, logs: list[DirtyLog]) -> None:
         self.base_url, self.logs, self.fail = url, logs, False
 
-    async def dirty(self, *, min_records: int | None = None, limit: int | None = None
-                    ) -> DirtyResult:
+    async def dirty(
+        self, *, min_records: int | None = None, limit: int | None = None
+    ) -> DirtyResult:
         if self.fail:
             raise RuntimeError(f"{self.base_url}: connect timeout")
         return DirtyResult(server_id=self.base_url, logs=self.logs)
 
 
 def _log(cid: str, start: int = 1) -> DirtyLog:
-    return DirtyLog(tenant="t", collection_id=cid, start=start, limit=start + 1000,
-                    num_records=1000)
+    return DirtyLog(
+        tenant="t", collection_id=cid, start=start, limit=start + 1000, num_records=1000
+    )
 
 
 def _owned_by(owner: str) -> str:
-    return next(cid for i in range(1000) if owner_of(
-        cid := f"00000000-0000-4000-8000-{i:012d}", MEMBERS) == owner)
+    return next(
+        cid
+        for i in range(1000)
+        if owner_of(cid := f"00000000-0000-4000-8000-{i:012d}", MEMBERS) == owner
+    )
 
 
 def _settings(**kw: object) -> Settings:
-    base: dict[str, object] = {"hosts": ("http://h1",), "api_key": "k", "store": "unused",
-                               "member_id": "c1", "members": tuple(MEMBERS), "min_records": 1,
-                               "liveness_ttl_s": 60.0, "takeover_s": 600.0}
+    base: dict[str, object] = {
+        "hosts": ("http://h1",),
+        "api_key": "k",
+        "store": "unused",
+        "member_id": "c1",
+        "members": tuple(MEMBERS),
+        "min_records": 1,
+        "liveness_ttl_s": 60.0,
+        "takeover_s": 600.0,
+    }
     base.update(kw)
     return Settings(**base)  # type: ignore[arg-type]
 
@@ -110,8 +122,12 @@ async def test_a_failed_poll_does_not_restart_the_stall_clock(tmp_path: Path) ->
     h2 = _Host("http://h2", [_log(cid, start=500)])  # a second host with a later mark of it
     wall = _Clock(1_900_000_000.0)
     c2 = Liveness(store, "c2", ttl_s=240.0, clock=wall)  # alive, but stuck
-    sched = make_scheduler(_settings(hosts=("http://h1", "http://h2"), liveness_ttl_s=240.0),
-                           store, [h1, h2], clock=wall)
+    sched = make_scheduler(
+        _settings(hosts=("http://h1", "http://h2"), liveness_ttl_s=240.0),
+        store,
+        [h1, h2],
+        clock=wall,
+    )
     first = None
     for rnd in range(60):  # a round a minute
         wall.t += 60

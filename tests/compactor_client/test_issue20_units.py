@@ -48,7 +48,8 @@ def _set_mtime(store: LocalStore, key: str, when: float) -> None:
 
 
 async def test_prune_dates_supersession_by_install_not_by_file_writes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """v1 stops being current when v2 is *installed* (t=1150), not when a crashed attempt at v2
     (t=1010) or the winner's own file (t=1100) was written; it must stay for the full grace."""
     store = LocalStore(tmp_path / "s")
@@ -104,8 +105,9 @@ async def test_install_records_its_time_and_keeps_a_bounded_history(tmp_path: Pa
     for i in range(versions.HISTORY_LIMIT + 3):
         pending = allocate_version("c", cur)
         await write_rows(store, pending, rows)
-        assert (await install_version(store, pending, offset=i + 2, rows=1,
-                                      now=100.0 + i)).installed
+        assert (
+            await install_version(store, pending, offset=i + 2, rows=1, now=100.0 + i)
+        ).installed
         cur = await read_current(store, "c")
         assert cur is not None and cur.installed_at == 100.0 + i
     assert cur is not None
@@ -119,9 +121,13 @@ async def test_install_records_its_time_and_keeps_a_bounded_history(tmp_path: Pa
 
 def _fragment(path: Path, bodies: list[bytes], start: int = 1, ts: int = 7) -> Setsum:
     offsets = list(range(start, start + len(bodies)))
-    table = pa.table({"offset": pa.array(offsets, pa.uint64()),
-                      "timestamp_us": pa.array([ts] * len(bodies), pa.uint64()),
-                      "body": pa.array(bodies, pa.binary())})
+    table = pa.table(
+        {
+            "offset": pa.array(offsets, pa.uint64()),
+            "timestamp_us": pa.array([ts] * len(bodies), pa.uint64()),
+            "body": pa.array(bodies, pa.binary()),
+        }
+    )
     pq.write_table(table, path)
     return Setsum.of_items(record_item(o, ts, b) for o, b in zip(offsets, bodies, strict=True))
 
@@ -131,8 +137,15 @@ def test_fragment_with_rewritten_body_fails_its_setsum(tmp_path: Path) -> None:
     good = b'{"id":"a","op":"add","document":"original"}'
     recorded = _fragment(tmp_path / "f.parquet", [good])
     _fragment(tmp_path / "f.parquet", [good.replace(b"original", b"TAMPERED")])
-    task = FragmentTask(cidx=0, url=(tmp_path / "f.parquet").as_uri(), start=1, limit=2, lo=1,
-                        hi=2, setsum=recorded.hexdigest())
+    task = FragmentTask(
+        cidx=0,
+        url=(tmp_path / "f.parquet").as_uri(),
+        start=1,
+        limit=2,
+        lo=1,
+        hi=2,
+        setsum=recorded.hexdigest(),
+    )
     out = read_fragment_task(task)
     assert len(out) == 1 and out[0][1][0] == "e", out
     assert out[0][1][2] == "corrupt_fragment"
@@ -143,8 +156,15 @@ def test_fragment_with_rewritten_body_fails_its_setsum(tmp_path: Path) -> None:
 
 def test_fragment_failing_its_md5_is_corrupt(tmp_path: Path) -> None:
     _fragment(tmp_path / "f.parquet", [b'{"id":"a","op":"add"}'])
-    task = FragmentTask(cidx=0, url=(tmp_path / "f.parquet").as_uri(), start=1, limit=2, lo=1,
-                        hi=2, content_md5="0" * 32)
+    task = FragmentTask(
+        cidx=0,
+        url=(tmp_path / "f.parquet").as_uri(),
+        start=1,
+        limit=2,
+        lo=1,
+        hi=2,
+        content_md5="0" * 32,
+    )
     out = read_fragment_task(task)
     assert out[0][1][0] == "e" and out[0][1][2] == "corrupt_fragment", out
 
@@ -153,8 +173,10 @@ def test_fragment_failing_its_md5_is_corrupt(tmp_path: Path) -> None:
 
 
 def _cand(cid: str, start: int = 1) -> Candidate:
-    return Candidate("http://h", DirtyLog(tenant="t", collection_id=cid, start=start,
-                                          limit=start + 10, num_records=10))
+    return Candidate(
+        "http://h",
+        DirtyLog(tenant="t", collection_id=cid, start=start, limit=start + 10, num_records=10),
+    )
 
 
 class _Source:
@@ -180,8 +202,12 @@ async def test_a_stale_member_loses_its_share_at_once(tmp_path: Path) -> None:
     cands = [_cand(f"col-{i}") for i in range(12)]
     theirs = [c for c in cands if owner_of(c.log.collection_id, ["c1", "c2"]) == "c2"]
     assert theirs, "the seed must give c2 a share"
-    sched = Scheduler([_Source(cands)], member_id="c1", members=["c1", "c2"],
-                      liveness=Liveness(store, "c1", ttl_s=60, clock=lambda: now[0]))
+    sched = Scheduler(
+        [_Source(cands)],
+        member_id="c1",
+        members=["c1", "c2"],
+        liveness=Liveness(store, "c1", ttl_s=60, clock=lambda: now[0]),
+    )
     sel = await sched.select_round()
     assert {c.log.collection_id for c in sel.selected} == {c.log.collection_id for c in cands}
     assert sel.members == ("c1",)
@@ -192,11 +218,13 @@ async def test_a_stalled_owner_is_taken_over_in_rendezvous_order(tmp_path: Path)
     rendezvous order takes a collection once it has made no progress for ``takeover_s``."""
     t = [0.0]
     cands = [_cand(f"col-{i}") for i in range(12)]
-    theirs = {c.log.collection_id for c in cands
-              if owner_of(c.log.collection_id, ["c1", "c2"]) == "c2"}
+    theirs = {
+        c.log.collection_id for c in cands if owner_of(c.log.collection_id, ["c1", "c2"]) == "c2"
+    }
     assert theirs
-    sched = Scheduler([_Source(cands)], member_id="c1", members=["c1", "c2"], takeover_s=100.0,
-                      clock=lambda: t[0])
+    sched = Scheduler(
+        [_Source(cands)], member_id="c1", members=["c1", "c2"], takeover_s=100.0, clock=lambda: t[0]
+    )
     first = await sched.select_round()
     assert not theirs & {c.log.collection_id for c in first.selected}
     t[0] = 99.0
@@ -206,8 +234,7 @@ async def test_a_stalled_owner_is_taken_over_in_rendezvous_order(tmp_path: Path)
     assert theirs <= {c.log.collection_id for c in later.selected}
     assert later.taken_over == len(theirs)
     # Progress by the owner (the dirty start moved) restarts the clock.
-    moved = [_cand(c.log.collection_id, 5) if c.log.collection_id in theirs else c
-             for c in cands]
+    moved = [_cand(c.log.collection_id, 5) if c.log.collection_id in theirs else c for c in cands]
     sched.sources = [_Source(moved)]
     t[0] = 150.0
     assert not theirs & {c.log.collection_id for c in (await sched.select_round()).selected}

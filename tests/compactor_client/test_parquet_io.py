@@ -24,20 +24,32 @@ from compactor_client.parquet_io import (
 RECORDS = [
     {"id": "a", "op": "add", "document": "A", "metadata": {"k": 1}, "embedding": [0.25, 0.5]},
     {"id": "b", "op": "upsert", "document": "B", "metadata": None, "embedding": None},
-    {"id": "a", "op": "update", "document": None, "metadata": {"k": None, "j": "x"},
-     "embedding": None},
+    {
+        "id": "a",
+        "op": "update",
+        "document": None,
+        "metadata": {"k": None, "j": "x"},
+        "embedding": None,
+    },
     {"id": "b", "op": "delete", "document": None, "metadata": None, "embedding": None},
-    {"id": "c", "op": "add", "document": None, "metadata": {"f": 1.5, "t": True},
-     "embedding": [1.0]},
+    {
+        "id": "c",
+        "op": "add",
+        "document": None,
+        "metadata": {"f": 1.5, "t": True},
+        "embedding": [1.0],
+    },
 ]
 
 
 def fragment(start: int, records: list[dict]) -> bytes:
-    table = pa.table({
-        "offset": pa.array(range(start, start + len(records)), pa.uint64()),
-        "timestamp_us": pa.array([7] * len(records), pa.uint64()),
-        "body": pa.array([json.dumps(r).encode() for r in records], pa.binary()),
-    })
+    table = pa.table(
+        {
+            "offset": pa.array(range(start, start + len(records)), pa.uint64()),
+            "timestamp_us": pa.array([7] * len(records), pa.uint64()),
+            "body": pa.array([json.dumps(r).encode() for r in records], pa.binary()),
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     return sink.getvalue().to_pybytes()
@@ -46,8 +58,13 @@ def fragment(start: int, records: list[dict]) -> bytes:
 def test_s3_options_from_env() -> None:
     opts = S3Options.from_env({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-1"})
     assert opts == S3Options(endpoint_override="127.0.0.1:9000", scheme="http", region="eu-1")
-    opts = S3Options.from_env({"AWS_ENDPOINT_URL_S3": "https://s3.local", "AWS_ENDPOINT_URL": "x",
-                               "AWS_DEFAULT_REGION": "r"})
+    opts = S3Options.from_env(
+        {
+            "AWS_ENDPOINT_URL_S3": "https://s3.local",
+            "AWS_ENDPOINT_URL": "x",
+            "AWS_DEFAULT_REGION": "r",
+        }
+    )
     assert opts == S3Options(endpoint_override="s3.local", scheme="https", region="r")
     assert S3Options.from_env({}) == S3Options()
 
@@ -85,11 +102,14 @@ def test_s3_read_fold_write_without_jvm(moto_endpoint: str, s3_bucket: str) -> N
     items = []
     for url, start, limit in ((url1, 1, 4), (url2, 4, 6)):
         items += read_fragment_task(
-            FragmentTask(cidx=0, url=url, start=start, limit=limit, lo=1, hi=6), s3)
+            FragmentTask(cidx=0, url=url, start=start, limit=limit, lo=1, hi=6), s3
+        )
     out_url = f"s3://{s3_bucket}/root/compacted/c/v0000000000000001/part-x.parquet"
     stats = fold_collection(
         FoldTask(cidx=0, collection_id="c", start=1, end=6, base_url=None, out_url=out_url),
-        sorted(items), s3)
+        sorted(items),
+        s3,
+    )
     assert stats.error is None and (stats.records_in, stats.rows_out) == (5, 2)
     assert set(read_version(out_url, s3)) == {"a", "c"}
     key = "root/compacted/c/v0000000000000001/part-x.parquet"

@@ -70,25 +70,32 @@ def random_records(rng: random.Random, n: int, ids: int = 12) -> list[dict[str, 
     for _ in range(n):
         md = None
         if rng.random() < 0.7:
-            md = {rng.choice("klmn"): rng.choice([None, 1, 2.5, True, "v", rng.randint(0, 9)])
-                  for _ in range(rng.randint(0, 3))}
-        out.append({
-            "id": f"doc-{rng.randrange(ids)}",
-            "op": rng.choice(["add", "add", "upsert", "upsert", "update", "delete"]),
-            "document": rng.choice([None, f"text {rng.randint(0, 99)}"]),
-            "metadata": md,
-            "embedding": rng.choice([None, [rng.uniform(-1, 1) for _ in range(3)]]),
-        })
+            md = {
+                rng.choice("klmn"): rng.choice([None, 1, 2.5, True, "v", rng.randint(0, 9)])
+                for _ in range(rng.randint(0, 3))
+            }
+        out.append(
+            {
+                "id": f"doc-{rng.randrange(ids)}",
+                "op": rng.choice(["add", "add", "upsert", "upsert", "update", "delete"]),
+                "document": rng.choice([None, f"text {rng.randint(0, 99)}"]),
+                "metadata": md,
+                "embedding": rng.choice([None, [rng.uniform(-1, 1) for _ in range(3)]]),
+            }
+        )
     return out
 
 
 def fragment_bytes(start: int, records: list[dict[str, Any]]) -> bytes:
-    table = pa.table({
-        "offset": pa.array(range(start, start + len(records)), pa.uint64()),
-        "timestamp_us": pa.array([1_000_000 + i for i in range(len(records))], pa.uint64()),
-        "body": pa.array([json.dumps(r, separators=(",", ":")).encode() for r in records],
-                         pa.binary()),
-    })
+    table = pa.table(
+        {
+            "offset": pa.array(range(start, start + len(records)), pa.uint64()),
+            "timestamp_us": pa.array([1_000_000 + i for i in range(len(records))], pa.uint64()),
+            "body": pa.array(
+                [json.dumps(r, separators=(",", ":")).encode() for r in records], pa.binary()
+            ),
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
     return sink.getvalue().to_pybytes()
@@ -102,16 +109,21 @@ class Log:
         self.records: list[dict[str, Any]] = []
         self.fragments: list[FragmentInfo] = []
 
-    async def append_fragment(self, records: list[dict[str, Any]], *, corrupt: bool = False
-                              ) -> FragmentInfo:
+    async def append_fragment(
+        self, records: list[dict[str, Any]], *, corrupt: bool = False
+    ) -> FragmentInfo:
         start = len(self.records) + 1
         key = f"logs/{self.cid}/{start:08d}.parquet"
         data = b"not parquet at all" if corrupt else fragment_bytes(start, records)
         await self.store.put(key, data)
         self.records.extend(records)
-        frag = FragmentInfo(url=self.store.url_for(key), start=start,
-                            limit=start + len(records), num_bytes=len(data),
-                            content_md5=hashlib.md5(data).hexdigest())
+        frag = FragmentInfo(
+            url=self.store.url_for(key),
+            start=start,
+            limit=start + len(records),
+            num_bytes=len(data),
+            content_md5=hashlib.md5(data).hexdigest(),
+        )
         self.fragments.append(frag)
         return frag
 
@@ -128,8 +140,9 @@ class FakeLogApi:
         self.cursors = cursors if cursors is not None else {}
         self.compact_calls: list[tuple[str, int]] = []
 
-    async def fragments(self, tenant: str, collection_id: str, *, from_offset: int | None = None
-                        ) -> list[FragmentInfo]:
+    async def fragments(
+        self, tenant: str, collection_id: str, *, from_offset: int | None = None
+    ) -> list[FragmentInfo]:
         return [f for f in self.logs[collection_id].fragments if f.limit > (from_offset or 1)]
 
     async def compact(self, tenant: str, collection_id: str, offset: int) -> int:
@@ -139,15 +152,27 @@ class FakeLogApi:
 
 
 def candidate(log: Log, start: int = 1) -> Candidate:
-    return Candidate(HOST, DirtyLog(tenant="t", collection_id=log.cid, start=start,
-                                    limit=log.end, num_records=log.end - start, score=1.0))
+    return Candidate(
+        HOST,
+        DirtyLog(
+            tenant="t",
+            collection_id=log.cid,
+            start=start,
+            limit=log.end,
+            num_records=log.end - start,
+            score=1.0,
+        ),
+    )
 
 
 def normalise(rows: dict[str, Row]) -> dict[str, tuple[Any, str, Any]]:
     """Rows comparable across the float32 round trip of embeddings."""
     return {
-        k: (r.document, metadata_json(r.metadata),
-            None if r.embedding is None else np.asarray(r.embedding, np.float32).tolist())
+        k: (
+            r.document,
+            metadata_json(r.metadata),
+            None if r.embedding is None else np.asarray(r.embedding, np.float32).tolist(),
+        )
         for k, r in rows.items()
     }
 
@@ -219,8 +244,12 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     r1 = await pipeline.run_round([candidate(log) for log in logs.values()])
     status = {o.collection_id: o for o in r1.outcomes}
     assert {k: o.status for k, o in status.items()} == {
-        "alpha": "compacted", "beta": "compacted", "zeta": "compacted",
-        "gamma": "failed", "delta": "failed"}
+        "alpha": "compacted",
+        "beta": "compacted",
+        "zeta": "compacted",
+        "gamma": "failed",
+        "delta": "failed",
+    }
     assert status["gamma"].stage == "plan" and "purged" in (status["gamma"].error or "")
     assert status["delta"].stage == "fold"
     assert not r1.ok
@@ -249,9 +278,14 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     merged = fragment_bytes(1, beta_all)
     await store.put("logs/beta/merged.parquet", merged)
     logs["beta"].records = beta_all
-    logs["beta"].fragments = [FragmentInfo(url=store.url_for("logs/beta/merged.parquet"),
-                                           start=1, limit=31,
-                                           content_md5=hashlib.md5(merged).hexdigest())]
+    logs["beta"].fragments = [
+        FragmentInfo(
+            url=store.url_for("logs/beta/merged.parquet"),
+            start=1,
+            limit=31,
+            content_md5=hashlib.md5(merged).hexdigest(),
+        )
+    ]
     # delta's log is repaired; zeta gets nothing new but its cursor was lost behind the data
     # (a crash between installing CURRENT.json and advancing the cursor).
     logs["delta"].records, logs["delta"].fragments = [], []
@@ -259,17 +293,28 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     api.cursors["zeta"] = 1
     api.compact_calls.clear()
 
-    r2 = await pipeline.run_round([candidate(logs[c], start=api.cursors.get(c, 1))
-                                   for c in ("alpha", "beta", "delta", "zeta")])
+    r2 = await pipeline.run_round(
+        [
+            candidate(logs[c], start=api.cursors.get(c, 1))
+            for c in ("alpha", "beta", "delta", "zeta")
+        ]
+    )
     status = {o.collection_id: o.status for o in r2.outcomes}
-    assert status == {"alpha": "compacted", "beta": "compacted", "delta": "compacted",
-                      "zeta": "skipped"}
+    assert status == {
+        "alpha": "compacted",
+        "beta": "compacted",
+        "delta": "compacted",
+        "zeta": "skipped",
+    }
     assert r2.ok
     await assert_current_matches(store, logs["alpha"], version=2)
     await assert_current_matches(store, logs["beta"], version=2)
     await assert_current_matches(store, logs["delta"], version=1)
     assert {o.collection_id: o.records_in for o in r2.outcomes if o.status == "compacted"} == {
-        "alpha": 25, "beta": 15, "delta": 12}
+        "alpha": 25,
+        "beta": 15,
+        "delta": 12,
+    }
     assert sorted(api.compact_calls) == [("alpha", 146), ("beta", 31), ("delta", 13), ("zeta", 6)]
     # Version 1 of alpha is still readable: versions are immutable, and the previous one is kept.
     assert await store.get(v1_alpha)
@@ -331,8 +376,9 @@ class RacingApi(FakeLogApi):
         self.rival = rival
         self.rival_result: RoundResult | None = None
 
-    async def fragments(self, tenant: str, collection_id: str, *, from_offset: int | None = None
-                        ) -> list[FragmentInfo]:
+    async def fragments(
+        self, tenant: str, collection_id: str, *, from_offset: int | None = None
+    ) -> list[FragmentInfo]:
         if self.rival_result is None:
             self.rival_result = await self.rival()
         return await super().fragments(tenant, collection_id, from_offset=from_offset)
@@ -345,9 +391,14 @@ async def test_loser_of_a_race_discards_and_does_not_advance(spark: Any, tmp_pat
     cursors: dict[str, int] = {}
     winner_api = FakeLogApi({"contested": log}, cursors)
     out = io.StringIO()
-    winner = CompactionPipeline(spark, store, {HOST: winner_api}, progress=True,
-                                console=Console(file=out, force_terminal=False, width=100),
-                                progress_interval_s=0.05)
+    winner = CompactionPipeline(
+        spark,
+        store,
+        {HOST: winner_api},
+        progress=True,
+        console=Console(file=out, force_terminal=False, width=100),
+        progress_interval_s=0.05,
+    )
     cands = [candidate(log)]
     loser_api = RacingApi({"contested": log}, cursors, lambda: winner.run_round(cands))
     loser = CompactionPipeline(spark, store, {HOST: loser_api})
@@ -365,8 +416,9 @@ async def test_loser_of_a_race_discards_and_does_not_advance(spark: Any, tmp_pat
     assert "spark tasks" in out.getvalue() and "installing" in out.getvalue()
 
 
-def test_spark_job_reads_and_writes_s3_through_pyarrow(spark: Any, moto_endpoint: str,
-                                                       s3_bucket: str) -> None:
+def test_spark_job_reads_and_writes_s3_through_pyarrow(
+    spark: Any, moto_endpoint: str, s3_bucket: str
+) -> None:
     """Executors reach S3 with pyarrow's own client: no hadoop-aws jars, no s3a:// config."""
     import boto3
 
@@ -379,14 +431,19 @@ def test_spark_job_reads_and_writes_s3_through_pyarrow(spark: Any, moto_endpoint
         expected[cid] = fold({}, records)
         for start in (1, 16):
             key = f"logs/{cid}/{start}.parquet"
-            boto.put_object(Bucket=s3_bucket, Key=key,
-                            Body=fragment_bytes(start, records[start - 1:start + 14]))
+            boto.put_object(
+                Bucket=s3_bucket,
+                Key=key,
+                Body=fragment_bytes(start, records[start - 1 : start + 14]),
+            )
             url = f"s3://{s3_bucket}/{key}"
             frag_tasks.append(FragmentTask(cidx, url, start, start + 15, 1, 31))
         fold_tasks.append(FoldTask(cidx, cid, 1, 31, None, f"s3://{s3_bucket}/out/{cid}.parquet"))
     stats = run_compaction_job(spark.sparkContext, fold_tasks, frag_tasks, s3)
     assert sorted((s.collection_id, s.error, s.records_in) for s in stats) == [
-        ("s1", None, 30), ("s2", None, 30)]
+        ("s1", None, 30),
+        ("s2", None, 30),
+    ]
     for cid in ("s1", "s2"):
         got = read_version(f"s3://{s3_bucket}/out/{cid}.parquet", s3)
         assert normalise(got) == normalise(expected[cid])
@@ -395,8 +452,9 @@ def test_spark_job_reads_and_writes_s3_through_pyarrow(spark: Any, moto_endpoint
 # ------------------------------------------------------------- the CLI against stub hosts
 
 
-def make_host_app(logs: dict[str, Log], owned: list[str], cursors: dict[str, int],
-                  calls: list[tuple[str, int]]) -> FastAPI:
+def make_host_app(
+    logs: dict[str, Log], owned: list[str], cursors: dict[str, int], calls: list[tuple[str, int]]
+) -> FastAPI:
     """A stub log host: dirty set, fragments and compaction for the collections it owns."""
     app = FastAPI()
 
@@ -406,9 +464,18 @@ def make_host_app(logs: dict[str, Log], owned: list[str], cursors: dict[str, int
         for cid in owned:
             start, end = cursors.get(cid, 1), logs[cid].end
             if end > start:
-                out.append({"tenant": "t", "collection_id": cid, "start": start, "limit": end,
-                            "num_records": end - start, "first_insertion_us": 1,
-                            "reinsert_count": 0, "score": float(end - start)})
+                out.append(
+                    {
+                        "tenant": "t",
+                        "collection_id": cid,
+                        "start": start,
+                        "limit": end,
+                        "num_records": end - start,
+                        "first_insertion_us": 1,
+                        "reinsert_count": 0,
+                        "score": float(end - start),
+                    }
+                )
         return {"server_id": "stub", "logs": out}
 
     @app.get("/v1/tenants/{tenant}/logs/{cid}/fragments")
@@ -433,8 +500,9 @@ class Served:
         self.sock.listen(64)  # bound and listening before start: no startup wait needed
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> Served:
         self.thread.start()
@@ -446,8 +514,9 @@ class Served:
         self.sock.close()
 
 
-async def test_cli_two_compactors_two_hosts_each_collection_once(spark: Any, tmp_path: Path
-                                                                  ) -> None:
+async def test_cli_two_compactors_two_hosts_each_collection_once(
+    spark: Any, tmp_path: Path
+) -> None:
     store = LocalStore(tmp_path / "store")
     rng = random.Random(5)
     cids = [f"col-{i}" for i in range(8)]
@@ -460,9 +529,14 @@ async def test_cli_two_compactors_two_hosts_each_collection_once(spark: Any, tmp
     app_a = make_host_app(logs, cids[:4], cursors, calls)
     app_b = make_host_app(logs, cids[4:] + ["col-0"], cursors, calls)
     with Served(app_a) as host_a, Served(app_b) as host_b:
-        common = dict(hosts=(host_a.url, host_b.url), api_key="k",
-                      store=(tmp_path / "store").as_uri(),
-                      members=("m1", "m2"), once=True, budget_records=10_000)
+        common = dict(
+            hosts=(host_a.url, host_b.url),
+            api_key="k",
+            store=(tmp_path / "store").as_uri(),
+            members=("m1", "m2"),
+            once=True,
+            budget_records=10_000,
+        )
         regs = [CollectorRegistry(), CollectorRegistry()]
         codes = await asyncio.gather(
             cli.run(cli.Settings(member_id="m1", **common), spark=spark, registry=regs[0]),
@@ -484,8 +558,9 @@ async def test_cli_once_exits_1_when_a_host_is_unreachable(spark: Any, tmp_path:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     registry = CollectorRegistry()
-    settings = cli.Settings(hosts=(dead,), api_key="k", store=str(tmp_path / "store"),
-                            member_id="solo", once=True)
+    settings = cli.Settings(
+        hosts=(dead,), api_key="k", store=str(tmp_path / "store"), member_id="solo", once=True
+    )
     assert await cli.run(settings, spark=spark, registry=registry) == 1
     assert sample(registry, "compactor_failures_total", stage="poll") == 1
     assert sample(registry, "compactor_rounds_total", outcome="failed") == 1
@@ -493,16 +568,23 @@ async def test_cli_once_exits_1_when_a_host_is_unreachable(spark: Any, tmp_path:
 
 def test_cli_settings_flags_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
-    env = {"COMPACTOR_HOSTS": "http://a:1,http://b:2/", "COMPACTOR_API_KEY": "envkey",
-           "COMPACTOR_STORE": "/data/store", "COMPACTOR_MIN_RECORDS": "7",
-           "COMPACTOR_MEMBERS": "x,y", "COMPACTOR_MEMBER_ID": "y", "COMPACTOR_INTERVAL_S": "2.5"}
+    env = {
+        "COMPACTOR_HOSTS": "http://a:1,http://b:2/",
+        "COMPACTOR_API_KEY": "envkey",
+        "COMPACTOR_STORE": "/data/store",
+        "COMPACTOR_MIN_RECORDS": "7",
+        "COMPACTOR_MEMBERS": "x,y",
+        "COMPACTOR_MEMBER_ID": "y",
+        "COMPACTOR_INTERVAL_S": "2.5",
+    }
     s = cli.settings_from(parser.parse_args(["run", "--min-records", "9", "--once"]), env)
     assert s.hosts == ("http://a:1", "http://b:2") and s.api_key == "envkey"
     assert s.min_records == 9 and s.interval_s == 2.5 and s.once and s.members == ("x", "y")
     assert s.spark_master is None and s.budget_records == 10_000_000
     assert s.keep_versions == 2 and s.prune_grace_s == 300.0
-    s = cli.settings_from(parser.parse_args(["run", "--keep-versions", "3"]),
-                          {**env, "COMPACTOR_PRUNE_GRACE_S": "60"})
+    s = cli.settings_from(
+        parser.parse_args(["run", "--keep-versions", "3"]), {**env, "COMPACTOR_PRUNE_GRACE_S": "60"}
+    )
     assert s.keep_versions == 3 and s.prune_grace_s == 60.0
     with pytest.raises(cli.SettingsError):
         cli.settings_from(parser.parse_args(["run", "--keep-versions", "0"]), env)

@@ -25,10 +25,22 @@ from compactor_client.scheduler import (
 )
 
 
-def cand(cid: str, *, host: str = "http://h1", start: int = 1, limit: int = 10,
-         num: int = 9, score: float = 1.0, tenant: str = "t") -> Candidate:
-    return Candidate(host, DirtyLog(tenant=tenant, collection_id=cid, start=start, limit=limit,
-                                    num_records=num, score=score))
+def cand(
+    cid: str,
+    *,
+    host: str = "http://h1",
+    start: int = 1,
+    limit: int = 10,
+    num: int = 9,
+    score: float = 1.0,
+    tenant: str = "t",
+) -> Candidate:
+    return Candidate(
+        host,
+        DirtyLog(
+            tenant=tenant, collection_id=cid, start=start, limit=limit, num_records=num, score=score
+        ),
+    )
 
 
 COLLECTIONS = [f"coll-{i:04d}" for i in range(2000)]
@@ -61,17 +73,28 @@ def test_rendezvous_weights_agree_across_processes() -> None:
     make each compactor compute different owners; comparing in one process cannot see it."""
     root = Path(__file__).resolve().parents[2]
     pairs = [["m1", "coll-0000"], ["m2", "coll-0000"], ["m3", "coll-0042"], ["ab", "c"]]
-    code = ("import json, sys\n"
-            "from compactor_client.scheduler import rendezvous_weight, owner_of\n"
-            "pairs = json.loads(sys.argv[1])\n"
-            "print(json.dumps({'w': [rendezvous_weight(m, c) for m, c in pairs],\n"
-            "                  'o': [owner_of(f'coll-{i:04d}', ['m1', 'm2', 'm3']) for i in range(50)]}))\n")
-    mine = {"w": [rendezvous_weight(m, c) for m, c in pairs],
-            "o": [owner_of(f"coll-{i:04d}", ["m1", "m2", "m3"]) for i in range(50)]}
+    code = (
+        "import json, sys\n"
+        "from compactor_client.scheduler import rendezvous_weight, owner_of\n"
+        "pairs = json.loads(sys.argv[1])\n"
+        "print(json.dumps({'w': [rendezvous_weight(m, c) for m, c in pairs],\n"
+        "                  'o': [owner_of(f'coll-{i:04d}', ['m1', 'm2', 'm3']) for i in range(50)]}))\n"
+    )
+    mine = {
+        "w": [rendezvous_weight(m, c) for m, c in pairs],
+        "o": [owner_of(f"coll-{i:04d}", ["m1", "m2", "m3"]) for i in range(50)],
+    }
     for seed in ("0", "1", "12345"):  # distinct string-hash seeds, distinct processes
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(pairs)], env=env, cwd=root,
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(pairs)],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         assert json.loads(out.stdout) == mine, f"PYTHONHASHSEED={seed}"
 
 
@@ -107,14 +130,16 @@ def test_single_member_takes_everything() -> None:
 
 
 def test_merge_lowest_start_wins() -> None:
-    merged = merge_candidates([
-        cand("x", host="http://h1", start=5, limit=20),
-        cand("x", host="http://h2", start=3, limit=10),
-        cand("y", host="http://h2", start=1),
-        cand("x", host="http://h3", start=7, limit=30),
-        cand("y", host="http://h1", start=1, limit=99),
-        cand("x", tenant="other", host="http://h3", start=9),
-    ])
+    merged = merge_candidates(
+        [
+            cand("x", host="http://h1", start=5, limit=20),
+            cand("x", host="http://h2", start=3, limit=10),
+            cand("y", host="http://h2", start=1),
+            cand("x", host="http://h3", start=7, limit=30),
+            cand("y", host="http://h1", start=1, limit=99),
+            cand("x", tenant="other", host="http://h3", start=9),
+        ]
+    )
     by_key = {c.key: c for c in merged}
     assert len(merged) == 3
     assert by_key[("t", "x")].host_url == "http://h2" and by_key[("t", "x")].log.start == 3
@@ -160,8 +185,9 @@ class FakeHost:
         self.error = error
         self.calls: list[tuple[int | None, int | None]] = []
 
-    async def dirty(self, *, min_records: int | None = None, limit: int | None = None
-                    ) -> DirtyResult:
+    async def dirty(
+        self, *, min_records: int | None = None, limit: int | None = None
+    ) -> DirtyResult:
         self.calls.append((min_records, limit))
         if self.error:
             raise self.error

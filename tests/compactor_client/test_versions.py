@@ -52,7 +52,11 @@ async def test_first_then_second_version(store: LocalStore) -> None:
     assert (cur.version, cur.offset, cur.rows, cur.path) == (1, 11, 2, v1.data_key)
     doc = json.loads((await store.get(current_key("c1"))).data)
     assert {k: doc[k] for k in ("version", "offset", "rows", "path")} == {
-        "version": 1, "offset": 11, "rows": 2, "path": v1.data_key}
+        "version": 1,
+        "offset": 11,
+        "rows": 2,
+        "path": v1.data_key,
+    }
     assert doc["history"] == [{"version": 1, "installed_at": doc["installed_at"]}]
 
     v2 = allocate_version("c1", cur)
@@ -170,8 +174,9 @@ def _store_clock_reads(store: LocalStore, cid: str, when: float) -> None:
     _set_mtime(store, current_key(cid), when)
 
 
-async def _install_next(store: LocalStore, cid: str, offset: int, *, crashed_attempt: bool = False
-                        ) -> str:
+async def _install_next(
+    store: LocalStore, cid: str, offset: int, *, crashed_attempt: bool = False
+) -> str:
     """Install the next version (optionally leaving a crashed rival's file beside it)."""
     base = await read_current(store, cid)
     if crashed_attempt:
@@ -184,8 +189,9 @@ async def _install_next(store: LocalStore, cid: str, offset: int, *, crashed_att
 
 
 async def test_prune_keeps_the_newest_versions_and_waits_out_the_grace(store: LocalStore) -> None:
-    paths = [await _install_next(store, "c", 10 * (i + 1), crashed_attempt=(i == 3))
-             for i in range(5)]
+    paths = [
+        await _install_next(store, "c", 10 * (i + 1), crashed_attempt=(i == 3)) for i in range(5)
+    ]
     cur = await read_current(store, "c")
     assert cur is not None and cur.version == 5 and cur.path == paths[4]
     before = set(await keys(store))

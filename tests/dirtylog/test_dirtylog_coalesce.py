@@ -27,7 +27,9 @@ logs = st.lists(st.one_of(marks, marks, marks, purges, clears), max_size=40)
 cursors = st.one_of(st.none(), st.dictionaries(st.sampled_from(IDS), st.integers(1, 70)))
 
 
-def model(records: list[DirtyRecord], compacted: dict[uuid.UUID, int] | None) -> dict[uuid.UUID, Coalesced]:
+def model(
+    records: list[DirtyRecord], compacted: dict[uuid.UUID, int] | None
+) -> dict[uuid.UUID, Coalesced]:
     """The rules written the other way round: look back from the end to each collection's last purge."""
     out: dict[uuid.UUID, Coalesced] = {}
     for c in IDS:
@@ -36,7 +38,7 @@ def model(records: list[DirtyRecord], compacted: dict[uuid.UUID, int] | None) ->
         ]
         last_purge = max(purges_of_c, default=-1)
         live = []
-        for r in records[last_purge + 1:]:
+        for r in records[last_purge + 1 :]:
             if r.kind != RecordKind.MARK_DIRTY or r.collection_id != c:
                 continue
             start, reinserts = r.log_position, r.reinsert_count
@@ -47,8 +49,12 @@ def model(records: list[DirtyRecord], compacted: dict[uuid.UUID, int] | None) ->
             if start < r.end:
                 live.append((start, r.end, r.initial_insertion_epoch_us, reinserts))
         if live:
-            out[c] = Coalesced(min(x[0] for x in live), max(x[1] for x in live), min(x[2] for x in live),
-                               max(x[3] for x in live))
+            out[c] = Coalesced(
+                min(x[0] for x in live),
+                max(x[1] for x in live),
+                min(x[2] for x in live),
+                max(x[3] for x in live),
+            )
     return out
 
 
@@ -61,23 +67,35 @@ def test_coalesce_matches_the_model(
 
 
 @given(logs, cursors)
-def test_duplicating_the_window_changes_nothing(records: list[DirtyRecord],
-                                                compacted: dict[uuid.UUID, int] | None) -> None:
+def test_duplicating_the_window_changes_nothing(
+    records: list[DirtyRecord], compacted: dict[uuid.UUID, int] | None
+) -> None:
     """A crashed roll-up re-reads its window: reading records twice must be harmless."""
     assert coalesce(records + records, compacted) == coalesce(records, compacted)
 
 
 @given(logs, cursors, st.integers(0, 1000))
-def test_carrying_the_result_forward_preserves_it(records: list[DirtyRecord],
-                                                  compacted: dict[uuid.UUID, int] | None, now: int) -> None:
+def test_carrying_the_result_forward_preserves_it(
+    records: list[DirtyRecord], compacted: dict[uuid.UUID, int] | None, now: int
+) -> None:
     """Re-appended carries, read alone or together with their sources, give the same spans."""
     first = coalesce(records, compacted)
-    carried = [DirtyRecord(c, s.start, s.num_records, s.first_insertion_us, s.reinsert_count + 1,
-                           RecordKind.MARK_DIRTY) for c, s in first.items()]
+    carried = [
+        DirtyRecord(
+            c,
+            s.start,
+            s.num_records,
+            s.first_insertion_us,
+            s.reinsert_count + 1,
+            RecordKind.MARK_DIRTY,
+        )
+        for c, s in first.items()
+    ]
     for window in (carried, records + carried, records + [DirtyRecord.clear(now)] + carried):
         again = coalesce(window, compacted)
         assert {c: (s.start, s.limit, s.first_insertion_us) for c, s in again.items()} == {
-            c: (s.start, s.limit, s.first_insertion_us) for c, s in first.items()}
+            c: (s.start, s.limit, s.first_insertion_us) for c, s in first.items()
+        }
         assert all(again[c].reinsert_count == first[c].reinsert_count + 1 for c in first)
 
 
@@ -93,4 +111,5 @@ def test_a_mark_after_a_purge_is_never_dropped(
 @given(logs)
 def test_clear_is_a_no_op(records: list[DirtyRecord]) -> None:
     assert coalesce([DirtyRecord.clear(1)] + records + [DirtyRecord.clear(2)]) == coalesce(
-        [r for r in records if r.kind != RecordKind.CLEAR])
+        [r for r in records if r.kind != RecordKind.CLEAR]
+    )

@@ -28,8 +28,13 @@ class Scenario:
 
     def rollup(self) -> RollUp:
         # Small pages and batches so every run makes several reads and appends.
-        return RollUp(self.backend, self.compaction, clock=self.clock, max_records_per_read=3,
-                      max_records_per_append=2)
+        return RollUp(
+            self.backend,
+            self.compaction,
+            clock=self.clock,
+            max_records_per_read=3,
+            max_records_per_append=2,
+        )
 
     async def build(self, *, with_prior_rollup: bool) -> None:
         for i in range(6):
@@ -77,7 +82,9 @@ async def assert_converged(s: Scenario, ref: RollUpResult) -> None:
 
 @pytest.mark.parametrize("with_prior_rollup", [False, True])
 @pytest.mark.parametrize("after_effect", [False, True])
-async def test_crash_at_every_call_point_converges(with_prior_rollup: bool, after_effect: bool) -> None:
+async def test_crash_at_every_call_point_converges(
+    with_prior_rollup: bool, after_effect: bool
+) -> None:
     ref, ops = await reference(with_prior_rollup)
     # The enumeration really visits each step of the algorithm.
     expected_ops = {"load_cursor", "next_offset", "read", "append", "cas_cursor", "gc"}

@@ -42,8 +42,9 @@ class Pair:
         await live_hook.mark_dirty(cid(9), 1, 1)
 
     async def hand_over(self) -> None:
-        await hand_over(self.gone, self.live, self.compaction, max_records_per_read=2,
-                        max_records_per_append=1)
+        await hand_over(
+            self.gone, self.live, self.compaction, max_records_per_read=2, max_records_per_append=1
+        )
 
     async def live_set(self) -> dict:
         return spans((await RollUp(self.live, self.compaction, clock=self.clock).run()).entries)
@@ -78,7 +79,8 @@ async def test_marks_written_during_a_hand_over_stay_with_the_departed_log() -> 
     await late.mark_dirty(cid(7), 1, 2)
     assert cid(7) not in await p.live_set()
     assert spans((await RollUp(p.gone, p.compaction, clock=p.clock).run()).entries) == {
-        cid(7): (1, 3)}
+        cid(7): (1, 3)
+    }
     assert result.collections == 3
 
 

@@ -116,8 +116,9 @@ async def test_hook_appends_one_48_byte_mark_per_fragment() -> None:
     assert await hook.mark_dirty(cid(2), 1, 1) == 2
     page = await b.read(1, 10)
     assert [len(body) for _, body in page] == [48, 48]
-    assert DirtyRecord.decode(page[0][1]) == DirtyRecord(cid(1), 11, 5, clock.now_us - 1_000_000, 0,
-                                                          RecordKind.MARK_DIRTY)
+    assert DirtyRecord.decode(page[0][1]) == DirtyRecord(
+        cid(1), 11, 5, clock.now_us - 1_000_000, 0, RecordKind.MARK_DIRTY
+    )
     assert DirtyRecord.decode(page[1][1]).initial_insertion_epoch_us == clock.now_us
 
 

@@ -35,8 +35,14 @@ def test_round_trip_over_all_field_ranges(record: DirtyRecord) -> None:
 
 def test_exact_byte_layout_against_hand_built_bytes() -> None:
     cid = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
-    record = DirtyRecord(cid, 0x0102030405060708, 0x1112131415161718, 0x2122232425262728, 0x31323334,
-                         RecordKind.PURGE)
+    record = DirtyRecord(
+        cid,
+        0x0102030405060708,
+        0x1112131415161718,
+        0x2122232425262728,
+        0x31323334,
+        RecordKind.PURGE,
+    )
     expected = (
         bytes.fromhex("00112233445566778899aabbccddeeff")  # UUID, RFC 4122 byte order
         + bytes.fromhex("0807060504030201")  # log_position LE
@@ -56,10 +62,18 @@ def test_constructors() -> None:
     c = uuid.uuid4()
     mark = DirtyRecord.mark(c, 7, 3, 99)
     assert (mark.collection_id, mark.log_position, mark.num_records, mark.end) == (c, 7, 3, 10)
-    assert (mark.initial_insertion_epoch_us, mark.reinsert_count, mark.kind) == (99, 0, RecordKind.MARK_DIRTY)
+    assert (mark.initial_insertion_epoch_us, mark.reinsert_count, mark.kind) == (
+        99,
+        0,
+        RecordKind.MARK_DIRTY,
+    )
     assert mark.encode()[44] == 1
     purge = DirtyRecord.purge(c, 5)
-    assert (purge.kind, purge.collection_id, purge.initial_insertion_epoch_us) == (RecordKind.PURGE, c, 5)
+    assert (purge.kind, purge.collection_id, purge.initial_insertion_epoch_us) == (
+        RecordKind.PURGE,
+        c,
+        5,
+    )
     clear = DirtyRecord.clear(5)
     assert clear.kind == RecordKind.CLEAR and clear.collection_id.int == 0
     assert clear.encode()[:32] == bytes(32) and clear.encode()[44] == 3
@@ -126,8 +140,14 @@ def test_decode_rejects_non_bytes() -> None:
     ],
 )
 def test_encode_rejects_out_of_range_fields(field: str, value: object) -> None:
-    fields = dict(collection_id=uuid.uuid4(), log_position=1, num_records=1, initial_insertion_epoch_us=1,
-                  reinsert_count=0, kind=RecordKind.MARK_DIRTY)
+    fields = dict(
+        collection_id=uuid.uuid4(),
+        log_position=1,
+        num_records=1,
+        initial_insertion_epoch_us=1,
+        reinsert_count=0,
+        kind=RecordKind.MARK_DIRTY,
+    )
     fields[field] = value
     with pytest.raises(DirtyRecordError):
         DirtyRecord(**fields).encode()  # type: ignore[arg-type]

@@ -311,7 +311,11 @@ async def test_inspect_records() -> None:
     got = await inspect_records(w.backend, 1, 10)
     assert [g.offset for g in got] == [1, 2, 3]
     assert got[0].as_dict()["kind"] == "mark_dirty" and got[0].as_dict()["log_position"] == 3
-    assert got[1].record is None and "48 bytes" in (got[1].error or "") and got[1].raw_hex == b"junk".hex()
+    assert (
+        got[1].record is None
+        and "48 bytes" in (got[1].error or "")
+        and got[1].raw_hex == b"junk".hex()
+    )
     assert got[2].as_dict()["kind"] == "purge"
     assert [g.offset for g in await inspect_records(w.backend, 2, 1)] == [2]
 
@@ -338,15 +342,26 @@ def test_select_qualifies_and_orders() -> None:
         _entry(4, 2, now, 0),  # small and fresh: not yet
         _entry(5, 100, now - 60_000_000, 0),  # big and older than 1
     ]
-    got = select_entries(entries, min_records=50, limit=10, now_us=now, max_age_s=300, max_reinserts=5)
+    got = select_entries(
+        entries, min_records=50, limit=10, now_us=now, max_age_s=300, max_reinserts=5
+    )
     assert [e.collection_id for e in got] == [cid(5), cid(1), cid(2), cid(3)]
     assert got[0].score == pytest.approx(200.0)
-    assert [e.collection_id for e in select_entries(entries, min_records=50, limit=1, now_us=now)] == [cid(5)]
+    assert [
+        e.collection_id for e in select_entries(entries, min_records=50, limit=1, now_us=now)
+    ] == [cid(5)]
     assert select_entries(entries, min_records=1, limit=0, now_us=now) == []
     assert len(select_entries(entries, min_records=0, limit=10, now_us=now)) == 5
     d = got[0].as_dict()
     assert d["collection_id"] == str(cid(5)) and set(d) == {
-        "collection_id", "start", "limit", "num_records", "first_insertion_us", "reinsert_count", "score"}
+        "collection_id",
+        "start",
+        "limit",
+        "num_records",
+        "first_insertion_us",
+        "reinsert_count",
+        "score",
+    }
 
 
 async def test_rollup_select_uses_the_rolled_up_set() -> None:

@@ -54,7 +54,7 @@ class DirtyLogMachine(RuleBasedStateMachine):
         self.compaction = HookedCompactionOffsets()
         self.hook = DirtyLogHook(self.backend, self.clock)
         self.rollup = self._new_rollup()
-        self.next: dict[uuid.UUID, int] = {c: 1 for c in IDS}
+        self.next: dict[uuid.UUID, int] = dict.fromkeys(IDS, 1)
         self.marks: dict[uuid.UUID, list[tuple[int, int]]] = {c: [] for c in IDS}
         self.purged: set[uuid.UUID] = set()  # purged with no successful write since
         self.successes = 0
@@ -64,8 +64,13 @@ class DirtyLogMachine(RuleBasedStateMachine):
             self.loop.close()
 
     def _new_rollup(self, page: int = 3) -> RollUp:
-        return RollUp(self.backend, self.compaction, clock=self.clock, max_records_per_read=page,
-                      max_records_per_append=2)
+        return RollUp(
+            self.backend,
+            self.compaction,
+            clock=self.clock,
+            max_records_per_read=page,
+            max_records_per_append=2,
+        )
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -180,7 +185,9 @@ class DirtyLogMachine(RuleBasedStateMachine):
             uncompacted = [(max(s, cursor), e) for s, e in self.marks[c] if e > cursor]
             if not uncompacted:
                 continue
-            assert c in entries, f"{c} has uncompacted marks {uncompacted} but fell out of the dirty set"
+            assert c in entries, (
+                f"{c} has uncompacted marks {uncompacted} but fell out of the dirty set"
+            )
             entry = entries[c]
             assert entry.start <= min(s for s, _ in uncompacted)
             assert entry.limit >= max(e for _, e in uncompacted)
@@ -212,5 +219,7 @@ class DirtyLogMachine(RuleBasedStateMachine):
         assert [e.score for e in chosen] == sorted((e.score for e in chosen), reverse=True)
 
 
-DirtyLogMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+DirtyLogMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None
+)
 TestDirtyLogStateful = DirtyLogMachine.TestCase

@@ -21,10 +21,20 @@ def test_every_error_class_the_dirty_log_defines_derives_from_the_root() -> None
     import dirtylog.memory
     import dirtylog.selection
 
-    mods = [record_module, rollup_module, dirtylog.backend, dirtylog.hook, dirtylog.memory,
-            dirtylog.selection]
-    defined = [c for m in mods for _, c in inspect.getmembers(m, inspect.isclass)
-               if issubclass(c, BaseException) and c.__module__ == m.__name__]
+    mods = [
+        record_module,
+        rollup_module,
+        dirtylog.backend,
+        dirtylog.hook,
+        dirtylog.memory,
+        dirtylog.selection,
+    ]
+    defined = [
+        c
+        for m in mods
+        for _, c in inspect.getmembers(m, inspect.isclass)
+        if issubclass(c, BaseException) and c.__module__ == m.__name__
+    ]
     assert {c.__name__ for c in defined} >= {"DirtyRecordError", "RollUpError"}
     for cls in defined:
         assert issubclass(cls, DirtyLogError), cls

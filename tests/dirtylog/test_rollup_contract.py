@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Sequence
 
 import pytest
-from wal3.errors import CursorConflict
 
 from dirtylog import (
     DirtyLogHook,
@@ -29,6 +28,7 @@ from dirtylog import (
     score,
 )
 from dirtylog.rollup import Coalescer, Observations, RollUpError
+from wal3.errors import CursorConflict
 
 from .helpers import T0_US, FakeClock, cid, decoded_from, spans
 
@@ -36,15 +36,26 @@ from .helpers import T0_US, FakeClock, cid, decoded_from, spans
 class World:
     """A dirty log, compaction cursors, log tails, a hook and a roll-up on one fake clock."""
 
-    def __init__(self, settle_s: float = 30.0, compaction: MemoryCompactionOffsets | None = None,
-                 backend: MemoryLogBackend | None = None, **kw: object) -> None:
+    def __init__(
+        self,
+        settle_s: float = 30.0,
+        compaction: MemoryCompactionOffsets | None = None,
+        backend: MemoryLogBackend | None = None,
+        **kw: object,
+    ) -> None:
         self.clock = FakeClock()
         self.backend = backend if backend is not None else MemoryLogBackend()
         self.compaction = compaction if compaction is not None else MemoryCompactionOffsets()
         self.tails = MemoryLogTails(settle_s)
         self.hook = DirtyLogHook(self.backend, self.clock)
-        self.rollup = RollUp(self.backend, self.compaction, clock=self.clock, tails=self.tails,
-                             monotonic=self.mono, **kw)  # type: ignore[arg-type]
+        self.rollup = RollUp(
+            self.backend,
+            self.compaction,
+            clock=self.clock,
+            tails=self.tails,
+            monotonic=self.mono,
+            **kw,
+        )  # type: ignore[arg-type]
 
     def mono(self) -> float:
         return self.clock.now_us / 1e6
@@ -127,8 +138,9 @@ def test_a_collection_missing_from_the_tails_has_an_empty_log() -> None:
 def test_carried_sightings_are_the_oldest_settled_and_the_newest_unsettled() -> None:
     a, b = cid(1), cid(2)
     sightings = {1: 10.0, 2: 20.0, 3: 90.0, 4: 95.0, 5: 5.0, 6: 91.0, 7: 92.0}
-    folder = Coalescer(tails={a: 100, b: 100}, settle_s=30.0,
-                       seen_at=sightings.__getitem__, now=100.0)
+    folder = Coalescer(
+        tails={a: 100, b: 100}, settle_s=30.0, seen_at=sightings.__getitem__, now=100.0
+    )
     folder.add(mark(a, 1, 5, T0_US + 1), 1)  # settled, seen at 10
     folder.add(mark(a, 6, 5, T0_US + 2), 2)  # settled, seen at 20
     folder.add(mark(a, 11, 5, T0_US + 3), 3)  # unsettled, 90
@@ -147,7 +159,9 @@ def test_carried_sightings_are_the_oldest_settled_and_the_newest_unsettled() -> 
     folder.add(mark(b, 11, 5), 2)  # settled, seen at 20
     folder.add(mark(b, 16, 5), 6)  # unsettled, seen at 91
     assert {(c, s.start): t for c, s, t in folder.carried_seen() if c == b} == {
-        (b, 11): 20.0, (b, 16): 91.0}
+        (b, 11): 20.0,
+        (b, 16): 91.0,
+    }
     # A collection's settled and unsettled spans are one entry, widened.
     assert folder.result()[a].start == 1 and folder.result()[a].limit == 26
 
@@ -322,10 +336,17 @@ async def test_hand_over_reports_and_appends_each_collection_once() -> None:
     await hook.mark_dirty(b, 1, 5)
     await hook.mark_dirty(a, 6, 5)
     first = await hand_over(source, target, MemoryCompactionOffsets())
-    assert (first.collections, first.records_read, first.cursor_from, first.cursor_to) == (2, 3, 1, 4)
+    assert (first.collections, first.records_read, first.cursor_from, first.cursor_to) == (
+        2,
+        3,
+        1,
+        4,
+    )
     moved = await decoded_from(target, 1)
     assert sorted((r.collection_id, r.log_position, r.end) for _, r in moved) == [
-        (a, 1, 11), (b, 1, 6)]
+        (a, 1, 11),
+        (b, 1, 6),
+    ]
     await source.append_many([DirtyRecord.clear(T0_US).encode()] * 2)
     idle = await hand_over(source, target, MemoryCompactionOffsets())
     assert (idle.collections, idle.records_read, idle.cursor_from, idle.cursor_to) == (0, 2, 4, 4)
@@ -347,13 +368,15 @@ async def test_hand_over_clips_with_the_tails_it_is_given_or_the_targets() -> No
 # ----------------------------------------------------------------------------------- RollUp API
 
 
-@pytest.mark.parametrize("kw", [{"max_records_per_read": 0}, {"max_records_per_append": 0},
-                                {"max_attempts": 0}])
+@pytest.mark.parametrize(
+    "kw", [{"max_records_per_read": 0}, {"max_records_per_append": 0}, {"max_attempts": 0}]
+)
 def test_page_sizes_and_attempts_below_one_are_refused(kw: dict[str, int]) -> None:
     with pytest.raises(ValueError) as e:
         RollUp(MemoryLogBackend(), MemoryCompactionOffsets(), **kw)
     assert str(e.value) == (
-        "max_records_per_read, max_records_per_append, max_attempts must be >= 1")
+        "max_records_per_read, max_records_per_append, max_attempts must be >= 1"
+    )
 
 
 async def test_one_record_per_append_and_a_single_attempt_are_allowed() -> None:
@@ -416,8 +439,10 @@ async def test_select_honours_max_age_and_the_given_now() -> None:
     await w.committed(a, 1, 2)
     await w.rollup.run()
     assert w.rollup.select(min_records=100, limit=5, max_age_s=60) == []
-    assert [e.collection_id for e in w.rollup.select(
-        min_records=100, limit=5, max_age_s=60, now_us=T0_US + 61_000_000)] == [a]
+    assert [
+        e.collection_id
+        for e in w.rollup.select(min_records=100, limit=5, max_age_s=60, now_us=T0_US + 61_000_000)
+    ] == [a]
 
 
 class ConflictingCas(MemoryLogBackend):
@@ -442,8 +467,12 @@ async def test_conflicts_are_counted_and_retried_up_to_max_attempts(caplog) -> N
         result = await w.rollup.run()
     assert result.conflicts == 2 and backend.cas_calls == 3
     messages = [r.getMessage() for r in caplog.records]
-    assert messages.count(
-        "dirty-log roll-up lost a cursor race (cursor stable_prefix moved (test)); retrying") == 2
+    assert (
+        messages.count(
+            "dirty-log roll-up lost a cursor race (cursor stable_prefix moved (test)); retrying"
+        )
+        == 2
+    )
 
     backend = ConflictingCas(5)
     w = World(backend=backend, max_attempts=2)
@@ -465,7 +494,9 @@ async def test_a_gc_failure_is_reported_in_the_result_and_the_log(caplog) -> Non
     assert result.gc_error == repr(error)
     assert w.rollup.last_result == result
     assert 0 <= result.duration_s <= after - before
-    assert f"dirty-log GC failed after roll-up: {error!r}" in [r.getMessage() for r in caplog.records]
+    assert f"dirty-log GC failed after roll-up: {error!r}" in [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 async def test_a_failed_periodic_run_is_logged_and_reported(caplog) -> None:
@@ -522,8 +553,10 @@ class BrokenRead(MemoryLogBackend):
 
 
 async def test_a_short_or_gapped_read_fails_the_roll_up_with_its_offsets() -> None:
-    for mode, text in (("empty", "dirty log returned nothing at 1, before its end 3"),
-                       ("shifted", "dirty log read expected offset 1, got 2")):
+    for mode, text in (
+        ("empty", "dirty log returned nothing at 1, before its end 3"),
+        ("shifted", "dirty log read expected offset 1, got 2"),
+    ):
         backend = BrokenRead(mode)
         await DirtyLogHook(backend, FakeClock()).mark_dirty(cid(1), 1, 3)
         await DirtyLogHook(backend, FakeClock()).mark_dirty(cid(2), 1, 3)

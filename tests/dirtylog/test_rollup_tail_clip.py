@@ -32,8 +32,13 @@ class World:
         self.compaction = MemoryCompactionOffsets()
         self.tails = MemoryLogTails(settle_s)
         self.hook = DirtyLogHook(self.backend, self.clock)
-        self.rollup = RollUp(self.backend, self.compaction, clock=self.clock, tails=self.tails,
-                             monotonic=lambda: self.clock.now_us / 1e6)
+        self.rollup = RollUp(
+            self.backend,
+            self.compaction,
+            clock=self.clock,
+            tails=self.tails,
+            monotonic=lambda: self.clock.now_us / 1e6,
+        )
 
     async def committed(self, c: uuid.UUID, first: int, n: int) -> None:
         """A write that landed: marked, and the log's tail moved past it."""
@@ -150,8 +155,13 @@ async def test_a_mark_is_aged_by_the_rollups_sightings_not_its_insertion_time() 
     w.clock.advance_s(29)
     assert spans((await w.rollup.run()).entries) == {a: (3, 7)}  # still inside settle_s
     # A restart: a new roll-up has seen nothing, so the carried mark is young again.
-    w.rollup = RollUp(w.backend, w.compaction, clock=w.clock, tails=w.tails,
-                      monotonic=lambda: w.clock.now_us / 1e6)
+    w.rollup = RollUp(
+        w.backend,
+        w.compaction,
+        clock=w.clock,
+        tails=w.tails,
+        monotonic=lambda: w.clock.now_us / 1e6,
+    )
     w.clock.advance_s(2)
     assert spans((await w.rollup.run()).entries) == {a: (3, 7)}
     w.clock.advance_s(29)

@@ -39,18 +39,23 @@ def stepped_watch(ttl_s: float = TTL_S) -> tuple[ClaimWatch, StepClock]:
     return ClaimWatch(ttl_s, clock=clock), clock
 
 
-async def source_with_version(base: ObjectStore, alice: httpx.AsyncClient,
-                              svc: httpx.AsyncClient, src: str, per_fragment: int) -> None:
+async def source_with_version(
+    base: ObjectStore, alice: httpx.AsyncClient, svc: httpx.AsyncClient, src: str, per_fragment: int
+) -> None:
     """``src`` holds three fragments of ``per_fragment`` records, [1, 1 + 3n); a compacted
     version of its first two at 1 + 2n, and its compaction cursor there."""
     for n in range(3):
-        r = await alice.post(log_path("alice", src) + "/records",
-                             json={"records": [record(f"s{n}-{i}") for i in range(per_fragment)]})
+        r = await alice.post(
+            log_path("alice", src) + "/records",
+            json={"records": [record(f"s{n}-{i}") for i in range(per_fragment)]},
+        )
         assert r.status_code == 200, r.text
     offset = 1 + 2 * per_fragment
     path = version_prefix(uuid.UUID(src), 1) + "part-x.parquet"
     await base.put(path, f"parquet bytes of the source's [1, {offset})".encode())
-    await base.put(current_key(uuid.UUID(src)), json.dumps(
-        {"version": 1, "offset": offset, "rows": offset - 1, "path": path}).encode())
+    await base.put(
+        current_key(uuid.UUID(src)),
+        json.dumps({"version": 1, "offset": offset, "rows": offset - 1, "path": path}).encode(),
+    )
     r = await svc.post(log_path("alice", src) + "/compaction", json={"offset": offset})
     assert r.status_code == 200, r.text

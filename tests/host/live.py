@@ -19,10 +19,9 @@ import httpx
 from host.api import create_app, uvicorn_config
 from host.config import Settings
 from host.server import Server
-from wal3 import ObjectStore
-
 from verify.testkit import QuietUvicorn, free_port
 from verify.testkit import wait_until as wait_until  # re-exported for the API tests
+from wal3 import ObjectStore
 
 SERVICE_KEY = "svc-key"
 KEYS = f"{SERVICE_KEY}=*,alice-key=alice,bob-key=bob"
@@ -53,14 +52,24 @@ class Live:
 
 
 @contextlib.asynccontextmanager
-async def live_server(store_url: str | None = None, *, store: ObjectStore | None = None,
-                      port: int | None = None, **settings: Any) -> AsyncIterator[Live]:
+async def live_server(
+    store_url: str | None = None,
+    *,
+    store: ObjectStore | None = None,
+    port: int | None = None,
+    **settings: Any,
+) -> AsyncIterator[Live]:
     """Run a log host on a free 127.0.0.1 port (or ``port``) until the block ends."""
     port = port or free_port()
-    base: dict[str, Any] = {"store": store_url or "unused", "listen": f"127.0.0.1:{port}",
-                            "api_keys": KEYS, "server_id": f"test-{port}",
-                            "rollup_interval_s": 3600.0, "idle_close_s": 3600.0,
-                            "gc_interval_s": 3600.0}
+    base: dict[str, Any] = {
+        "store": store_url or "unused",
+        "listen": f"127.0.0.1:{port}",
+        "api_keys": KEYS,
+        "server_id": f"test-{port}",
+        "rollup_interval_s": 3600.0,
+        "idle_close_s": 3600.0,
+        "gc_interval_s": 3600.0,
+    }
     base.update(settings)
     cfg = Settings(**base)
     server = Server(cfg, store=store)
@@ -100,9 +109,16 @@ class Proc:
         return self.proc.wait(timeout=60)
 
 
-def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_id: str = "p0",
-                 extra_env: dict[str, str] | None = None, api_keys: str | None = KEYS,
-                 extra_args: list[str] | None = None) -> Proc:
+def spawn_server(
+    store: str,
+    log_dir: Path,
+    *,
+    port: int | None = None,
+    server_id: str = "p0",
+    extra_env: dict[str, str] | None = None,
+    api_keys: str | None = KEYS,
+    extra_args: list[str] | None = None,
+) -> Proc:
     """Start ``loghost serve`` as a subprocess and wait until it answers /healthz.
 
     ``api_keys=None`` starts it with no LOGHOST_API_KEYS at all; ``extra_args`` are appended to
@@ -117,9 +133,23 @@ def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_i
     log = log_dir / f"server-{server_id}-{port}.log"
     out = open(log, "ab")  # noqa: SIM115 - owned by the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "serve", "--store", store, "--listen",
-         f"127.0.0.1:{port}", "--server-id", server_id, *(extra_args or [])],
-        env=env, stdout=out, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "host.cli",
+            "serve",
+            "--store",
+            store,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--server-id",
+            server_id,
+            *(extra_args or []),
+        ],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -139,7 +169,8 @@ def spawn_server(store: str, log_dir: Path, *, port: int | None = None, server_i
 # Shared helpers of the API tests.
 
 PROMETHEUS_SAMPLE = re.compile(
-    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)'
+)
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -176,8 +207,9 @@ def log_path(tenant: str, collection_id: Any) -> str:
     return f"/v1/tenants/{tenant}/logs/{collection_id}"
 
 
-async def read_all(client: httpx.AsyncClient, path: str, start: int = 1,
-                   limit: int = 1000) -> list[dict[str, Any]]:
+async def read_all(
+    client: httpx.AsyncClient, path: str, start: int = 1, limit: int = 1000
+) -> list[dict[str, Any]]:
     """Every record of a log from ``start`` to its tail, following next_offset."""
     out: list[dict[str, Any]] = []
     nxt = start

@@ -34,14 +34,29 @@ from .live import (
 
 BASE = log_path("alice", CID)
 RECORD_KEYS = {"id", "op", "document", "metadata", "embedding"}
-STATE_KEYS = {"collection_id", "tenant", "oldest_offset", "next_offset", "compaction_offset",
-              "setsum", "sealed", "fragments", "bytes"}
+STATE_KEYS = {
+    "collection_id",
+    "tenant",
+    "oldest_offset",
+    "next_offset",
+    "compaction_offset",
+    "setsum",
+    "sealed",
+    "fragments",
+    "bytes",
+}
 FRAGMENT_KEYS = {"url", "start", "limit", "num_bytes", "setsum", "content_md5"}
 CURSOR_KEYS = {"name", "offset", "epoch_us", "writer", "witness"}
-METRIC_NAMES = ("loghost_appends_total", "loghost_append_bytes_total",
-                "loghost_append_latency_seconds", "loghost_open_logs",
-                "loghost_log_evictions_total", "loghost_backpressure_total",
-                "loghost_contention_total", "loghost_leader_hint_failures_total")
+METRIC_NAMES = (
+    "loghost_appends_total",
+    "loghost_append_bytes_total",
+    "loghost_append_latency_seconds",
+    "loghost_open_logs",
+    "loghost_log_evictions_total",
+    "loghost_backpressure_total",
+    "loghost_contention_total",
+    "loghost_leader_hint_failures_total",
+)
 
 
 @pytest.fixture
@@ -73,8 +88,9 @@ async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live
         yield lv
 
 
-async def append(c: httpx.AsyncClient, *records: dict[str, Any], path: str = BASE,
-                 **extra: Any) -> dict[str, Any]:
+async def append(
+    c: httpx.AsyncClient, *records: dict[str, Any], path: str = BASE, **extra: Any
+) -> dict[str, Any]:
     r = await c.post(path + "/records", json={"records": list(records), **extra})
     assert r.status_code == 200, r.text
     return r.json()
@@ -120,8 +136,12 @@ def url_to_path(url: str) -> Path:
 
 async def test_append_and_read_shapes(client: httpx.AsyncClient) -> None:
     recs = [
-        record("a", document="héllo wörld ✓", metadata={"s": "x", "i": 7, "f": 1.5, "b": True,
-                                                         "n": None}, embedding=[0.5, -1.25, 3]),
+        record(
+            "a",
+            document="héllo wörld ✓",
+            metadata={"s": "x", "i": 7, "f": 1.5, "b": True, "n": None},
+            embedding=[0.5, -1.25, 3],
+        ),
         record("b", "update", document=None),
         record("c", "upsert", metadata={}),
         record("d", "delete"),
@@ -164,11 +184,11 @@ async def test_records_are_contiguous_from_offset_with_limit(client: httpx.Async
     assert r.status_code == 200 and r.json() == {"records": [], "next_offset": 8}
 
 
-async def test_stored_body_is_compact_utf8_json_in_the_fragment(
-        service: httpx.AsyncClient) -> None:
+async def test_stored_body_is_compact_utf8_json_in_the_fragment(service: httpx.AsyncClient) -> None:
     client = service
-    sent = record("ü-1", document="naïve café ☕", metadata={"k": "välue", "n": 3},
-                  embedding=[1.5, 2.0])
+    sent = record(
+        "ü-1", document="naïve café ☕", metadata={"k": "välue", "n": 3}, embedding=[1.5, 2.0]
+    )
     await append(client, sent)
     r = await client.get(BASE + "/fragments", params={"from": 1})
     frags = r.json()["fragments"]
@@ -192,8 +212,9 @@ async def test_idempotent_retry_returns_first_answer(client: httpx.AsyncClient) 
     again = await append(client, record("x1"), record("x2"), idempotency_key="k-1")
     assert again == {**first, "deduplicated": True}
     # a different body under the same key is refused, never silently dropped (issue 21)
-    r = await client.post(BASE + "/records", json={"records": [record("zzz")],
-                                                   "idempotency_key": "k-1"})
+    r = await client.post(
+        BASE + "/records", json={"records": [record("zzz")], "idempotency_key": "k-1"}
+    )
     assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_mismatch", r.text
     state = (await client.get(BASE)).json()
     assert state["next_offset"] == first["next_offset"]
@@ -203,9 +224,15 @@ async def test_idempotent_retry_returns_first_answer(client: httpx.AsyncClient) 
 
 async def test_concurrent_retries_with_one_key_append_once(client: httpx.AsyncClient) -> None:
     await append(client, record("seed"))
-    answers = await asyncio.gather(*(
-        client.post(BASE + "/records", json={"records": [record("once"), record("twice")],
-                                             "idempotency_key": "same"}) for _ in range(12)))
+    answers = await asyncio.gather(
+        *(
+            client.post(
+                BASE + "/records",
+                json={"records": [record("once"), record("twice")], "idempotency_key": "same"},
+            )
+            for _ in range(12)
+        )
+    )
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     # one appended, the others say they were deduplicated; all name the same offsets
     assert len({(a.json()["first_offset"], a.json()["count"]) for a in answers}) == 1
@@ -219,15 +246,16 @@ async def test_concurrent_retries_with_one_key_append_once(client: httpx.AsyncCl
 
 def _readers_inside(live: Live, cid: str) -> int:
     # Long-polls wait outside use() (they never pin a slot): count users and waiters.
-    return sum(h.users + h.waiters for h in live.server.manager.handles()
-               if str(h.collection_id) == cid)
+    return sum(
+        h.users + h.waiters for h in live.server.manager.handles() if str(h.collection_id) == cid
+    )
 
 
-async def test_long_poll_gets_records_appended_while_waiting(live: Live,
-                                                             client: httpx.AsyncClient) -> None:
+async def test_long_poll_gets_records_appended_while_waiting(
+    live: Live, client: httpx.AsyncClient
+) -> None:
     await append(client, record("before"))
-    read = asyncio.create_task(client.get(BASE + "/records",
-                                          params={"from": 2, "wait_ms": 20_000}))
+    read = asyncio.create_task(client.get(BASE + "/records", params={"from": 2, "wait_ms": 20_000}))
     # The read is parked inside the server before anything is appended.
     await wait_until(lambda: _readers_inside(live, CID) >= 1 or read.done(), "reader waiting")
     assert not read.done(), read.result().text
@@ -305,15 +333,19 @@ async def test_cursor_compare_and_swap(client: httpx.AsyncClient) -> None:
     assert set(got) == CURSOR_KEYS and got["offset"] == 2 and got["witness"] == created["witness"]
 
     # creating again (witness null) conflicts
-    assert_error(await client.put(path, json={"offset": 3, "witness": None}), 409,
-                 "cursor_conflict")
+    assert_error(
+        await client.put(path, json={"offset": 3, "witness": None}), 409, "cursor_conflict"
+    )
     r = await client.put(path, json={"offset": 4, "witness": got["witness"]})
     assert r.status_code == 200, r.text
     moved = r.json()
     assert moved["offset"] == 4 and moved["witness"] != got["witness"]
     # the stale witness loses and changes nothing
-    assert_error(await client.put(path, json={"offset": 5, "witness": got["witness"]}), 409,
-                 "cursor_conflict")
+    assert_error(
+        await client.put(path, json={"offset": 5, "witness": got["witness"]}),
+        409,
+        "cursor_conflict",
+    )
     assert (await client.get(path)).json()["offset"] == 4
     # CAS may move a cursor back (it is not the compaction cursor)
     r = await client.put(path, json={"offset": 3, "witness": moved["witness"]})
@@ -347,8 +379,9 @@ async def test_seal_then_appends_conflict(service: httpx.AsyncClient) -> None:
     r = await client.post(BASE + "/seal")
     assert r.status_code == 200, r.text
     assert (await client.get(BASE)).json()["sealed"] is True
-    assert_error(await client.post(BASE + "/records", json={"records": [record("b")]}), 409,
-                 "sealed")
+    assert_error(
+        await client.post(BASE + "/records", json={"records": [record("b")]}), 409, "sealed"
+    )
     # still readable, nothing appended
     assert [x["record"]["id"] for x in await read_all(client, BASE)] == ["a"]
 
@@ -416,8 +449,9 @@ async def test_gc_then_read_below_oldest_is_purged(service: httpx.AsyncClient) -
     assert [x["offset"] for x in kept] == [4, 5, 6]
     assert [x["record"]["id"] for x in kept] == ["r3", "r4", "r5"]
     # a cursor cannot be created below the oldest retained offset either
-    assert_error(await client.put(BASE + "/cursors/late", json={"offset": 2, "witness": None}),
-                 410, "purged")
+    assert_error(
+        await client.put(BASE + "/cursors/late", json={"offset": 2, "witness": None}), 410, "purged"
+    )
 
 
 async def test_manual_gc_purges_and_never_500s(service: httpx.AsyncClient) -> None:
@@ -463,8 +497,16 @@ async def test_health_ready_docs(live: Live) -> None:
         paths = r.json()["paths"]
         recs = "/v1/tenants/{tenant}/logs/{collection_id}/records"
         assert {"get", "post"} <= set(paths[recs])
-        for suffix in ("", "/fragments", "/cursors/{name}", "/compaction", "/seal", "/fork",
-                       "/gc", "/scrub"):
+        for suffix in (
+            "",
+            "/fragments",
+            "/cursors/{name}",
+            "/compaction",
+            "/seal",
+            "/fork",
+            "/gc",
+            "/scrub",
+        ):
             assert "/v1/tenants/{tenant}/logs/{collection_id}" + suffix in paths, suffix
         r = await anon.get("/docs")
         assert r.status_code == 200 and "text/html" in r.headers["content-type"]
@@ -473,8 +515,15 @@ async def test_health_ready_docs(live: Live) -> None:
 async def test_readyz_is_503_while_the_store_fails(s3_fault_proxy: Any, s3_bucket: str) -> None:
     from wal3 import S3Store
 
-    store = S3Store(bucket=s3_bucket, prefix="ready", endpoint_url=s3_fault_proxy.endpoint,
-                    region="us-east-1", max_attempts=2, base_backoff_s=0.01, max_backoff_s=0.02)
+    store = S3Store(
+        bucket=s3_bucket,
+        prefix="ready",
+        endpoint_url=s3_fault_proxy.endpoint,
+        region="us-east-1",
+        max_attempts=2,
+        base_backoff_s=0.01,
+        max_backoff_s=0.02,
+    )
     async with live_server(store=store) as lv, httpx.AsyncClient(base_url=lv.url) as anon:
         assert (await anon.get("/readyz")).status_code == 200
         s3_fault_proxy.fail_next("internal_error", method="HEAD", count=20)
@@ -508,25 +557,42 @@ BAD_APPEND_BODIES: list[tuple[str, bytes, str]] = [
     ("empty id", b'{"records": [{"id": "", "op": "add"}]}', "id"),
     ("id not a string", b'{"records": [{"id": 1, "op": "add"}]}', "id"),
     ("missing op", b'{"records": [{"id": "a"}]}', "op"),
-    ("document not a string", b'{"records": [{"id": "a", "op": "add", "document": 5}]}',
-     "document"),
+    (
+        "document not a string",
+        b'{"records": [{"id": "a", "op": "add", "document": 5}]}',
+        "document",
+    ),
     ("metadata a list", b'{"records": [{"id": "a", "op": "add", "metadata": [1]}]}', "metadata"),
-    ("metadata value nested", b'{"records": [{"id": "a", "op": "add", "metadata": {"k": {}}}]}',
-     "metadata"),
-    ("metadata value list", b'{"records": [{"id": "a", "op": "add", "metadata": {"k": [1]}}]}',
-     "metadata"),
-    ("embedding a string", b'{"records": [{"id": "a", "op": "add", "embedding": "1,2"}]}',
-     "embedding"),
-    ("embedding of strings", b'{"records": [{"id": "a", "op": "add", "embedding": ["1"]}]}',
-     "embedding"),
+    (
+        "metadata value nested",
+        b'{"records": [{"id": "a", "op": "add", "metadata": {"k": {}}}]}',
+        "metadata",
+    ),
+    (
+        "metadata value list",
+        b'{"records": [{"id": "a", "op": "add", "metadata": {"k": [1]}}]}',
+        "metadata",
+    ),
+    (
+        "embedding a string",
+        b'{"records": [{"id": "a", "op": "add", "embedding": "1,2"}]}',
+        "embedding",
+    ),
+    (
+        "embedding of strings",
+        b'{"records": [{"id": "a", "op": "add", "embedding": ["1"]}]}',
+        "embedding",
+    ),
     ("embedding NaN", b'{"records": [{"id": "a", "op": "add", "embedding": [NaN]}]}', ""),
-    ("unknown record field", b'{"records": [{"id": "a", "op": "add", "colour": "red"}]}',
-     "colour"),
+    ("unknown record field", b'{"records": [{"id": "a", "op": "add", "colour": "red"}]}', "colour"),
     ("unknown top-level field", b'{"records": [{"id": "a", "op": "add"}], "mode": 1}', "mode"),
     ("records not a list", b'{"records": {"id": "a", "op": "add"}}', "records"),
     ("records missing", b"{}", "records"),
-    ("idempotency key not a string",
-     b'{"records": [{"id": "a", "op": "add"}], "idempotency_key": 7}', "idempotency_key"),
+    (
+        "idempotency key not a string",
+        b'{"records": [{"id": "a", "op": "add"}], "idempotency_key": 7}',
+        "idempotency_key",
+    ),
     ("body an array", b"[]", ""),
     ("body null", b"null", ""),
     ("empty body", b"", ""),
@@ -534,21 +600,31 @@ BAD_APPEND_BODIES: list[tuple[str, bytes, str]] = [
     ("trailing garbage", b'{"records": [{"id": "a", "op": "add"}]} x', ""),
     ("non-UTF-8 body", b"\xff\xfe\x00{", ""),
     ("non-UTF-8 inside a string", b'{"records": [{"id": "\xc3\x28", "op": "add"}]}', ""),
-    ("deeply nested", b'{"records": [{"id": "a", "op": "add", "metadata": {"k": '
-     + b"[" * 5000 + b"]" * 5000 + b"}}]}", ""),
+    (
+        "deeply nested",
+        b'{"records": [{"id": "a", "op": "add", "metadata": {"k": '
+        + b"[" * 5000
+        + b"]" * 5000
+        + b"}}]}",
+        "",
+    ),
     ("deeply nested top level", b"[" * 100_000 + b"]" * 100_000, ""),
 ]
 
 
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize(("body", "field"), [(b, f) for _, b, f in BAD_APPEND_BODIES],
-                         ids=[n for n, _, _ in BAD_APPEND_BODIES])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [(b, f) for _, b, f in BAD_APPEND_BODIES],
+    ids=[n for n, _, _ in BAD_APPEND_BODIES],
+)
 async def test_bad_append_is_400_naming_the_field(shared: Live, body: bytes, field: str) -> None:
     fresh = log_path("alice", uuid.uuid4())
     async with shared.client("alice-key") as c:
         for path in (fresh, BASE):  # a new log and an existing one
-            r = await c.post(path + "/records", content=body,
-                             headers={"content-type": "application/json"})
+            r = await c.post(
+                path + "/records", content=body, headers={"content-type": "application/json"}
+            )
             err = assert_error(r, 400)
             if field:
                 assert field in err["message"], err
@@ -559,8 +635,13 @@ async def test_bad_append_is_400_naming_the_field(shared: Live, body: bytes, fie
 
 BAD_REQUESTS: list[tuple[str, str, str, bytes | None, str]] = [
     ("bad uuid", "GET", "/v1/tenants/alice/logs/not-a-uuid", None, "collection_id"),
-    ("bad uuid on append", "POST", "/v1/tenants/alice/logs/12345/records",
-     b'{"records": [{"id": "a", "op": "add"}]}', "collection_id"),
+    (
+        "bad uuid on append",
+        "POST",
+        "/v1/tenants/alice/logs/12345/records",
+        b'{"records": [{"id": "a", "op": "add"}]}',
+        "collection_id",
+    ),
     ("bad tenant", "GET", f"/v1/tenants/al!ce/logs/{CID}", None, "tenant"),
     ("negative from", "GET", BASE + "/records?from=-1", None, "from"),
     ("zero from", "GET", BASE + "/records?from=0", None, "from"),
@@ -573,37 +654,57 @@ BAD_REQUESTS: list[tuple[str, str, str, bytes | None, str]] = [
     ("huge wait", "GET", BASE + "/records?wait_ms=" + "9" * 20, None, "wait_ms"),
     ("fragments negative from", "GET", BASE + "/fragments?from=-3", None, "from"),
     ("compaction negative", "POST", BASE + "/compaction", b'{"offset": -1}', "offset"),
-    ("compaction huge", "POST", BASE + "/compaction", b'{"offset": ' + b"9" * 40 + b"}",
-     "offset"),
+    ("compaction huge", "POST", BASE + "/compaction", b'{"offset": ' + b"9" * 40 + b"}", "offset"),
     ("compaction string", "POST", BASE + "/compaction", b'{"offset": "3"}', "offset"),
     ("compaction unknown field", "POST", BASE + "/compaction", b'{"offset": 1, "x": 1}', "x"),
     ("compaction invalid JSON", "POST", BASE + "/compaction", b"{", ""),
-    ("cursor negative", "PUT", BASE + "/cursors/c1", b'{"offset": -1, "witness": null}',
-     "offset"),
-    ("cursor huge", "PUT", BASE + "/cursors/c1",
-     b'{"offset": ' + b"9" * 40 + b', "witness": null}', "offset"),
-    ("cursor witness type", "PUT", BASE + "/cursors/c1", b'{"offset": 1, "witness": 5}',
-     "witness"),
-    ("cursor unknown field", "PUT", BASE + "/cursors/c1",
-     b'{"offset": 1, "witness": null, "force": true}', "force"),
+    ("cursor negative", "PUT", BASE + "/cursors/c1", b'{"offset": -1, "witness": null}', "offset"),
+    (
+        "cursor huge",
+        "PUT",
+        BASE + "/cursors/c1",
+        b'{"offset": ' + b"9" * 40 + b', "witness": null}',
+        "offset",
+    ),
+    ("cursor witness type", "PUT", BASE + "/cursors/c1", b'{"offset": 1, "witness": 5}', "witness"),
+    (
+        "cursor unknown field",
+        "PUT",
+        BASE + "/cursors/c1",
+        b'{"offset": 1, "witness": null, "force": true}',
+        "force",
+    ),
     ("cursor bad name", "PUT", BASE + "/cursors/a%20b", b'{"offset": 1, "witness": null}', ""),
     ("cursor name too long", "GET", BASE + "/cursors/" + "a" * 300, None, ""),
     ("cursor non-UTF-8", "PUT", BASE + "/cursors/c1", b'{"offset": 1, "witness": "\xff"}', ""),
-    ("fork bad uuid", "POST", BASE + "/fork", b'{"target_collection_id": "nope"}',
-     "target_collection_id"),
+    (
+        "fork bad uuid",
+        "POST",
+        BASE + "/fork",
+        b'{"target_collection_id": "nope"}',
+        "target_collection_id",
+    ),
     ("fork missing target", "POST", BASE + "/fork", b"{}", "target_collection_id"),
-    ("fork into itself", "POST", BASE + "/fork",
-     b'{"target_collection_id": "' + CID.encode() + b'"}', "target_collection_id"),
+    (
+        "fork into itself",
+        "POST",
+        BASE + "/fork",
+        b'{"target_collection_id": "' + CID.encode() + b'"}',
+        "target_collection_id",
+    ),
     ("fork deeply nested", "POST", BASE + "/fork", b"[" * 20_000 + b"]" * 20_000, ""),
 ]
 
 
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize(("method", "path", "body", "field"),
-                         [(m, p, b, f) for _, m, p, b, f in BAD_REQUESTS],
-                         ids=[n for n, *_ in BAD_REQUESTS])
-async def test_bad_input_is_400(shared: Live, method: str, path: str, body: bytes | None,
-                                field: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [(m, p, b, f) for _, m, p, b, f in BAD_REQUESTS],
+    ids=[n for n, *_ in BAD_REQUESTS],
+)
+async def test_bad_input_is_400(
+    shared: Live, method: str, path: str, body: bytes | None, field: str
+) -> None:
     # the service key: its routes (compaction, fork, fragments) are among the cases
     async with shared.client() as c:
         kw: dict[str, Any] = {}
@@ -616,8 +717,12 @@ async def test_bad_input_is_400(shared: Live, method: str, path: str, body: byte
 
 async def test_dirty_purge_bad_input_is_400(live: Live) -> None:
     async with live.client() as svc:
-        for body in (b'{"collection_ids": ["x"]}', b'{"collection_ids": []}', b"{",
-                     b'{"collection_ids": "abc"}'):
+        for body in (
+            b'{"collection_ids": ["x"]}',
+            b'{"collection_ids": []}',
+            b"{",
+            b'{"collection_ids": "abc"}',
+        ):
             assert_error(await svc.post("/v1/dirty/purge", content=body), 400)
 
 
@@ -625,12 +730,23 @@ async def test_dirty_purge_bad_input_is_400(live: Live) -> None:
 
 
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize("header", [
-    None, "Bearer nope", "Bearer", "Basic c3ZjLWtleTo=", "svc-key", "Bearersvc-key",
-    "Token svc-key", "Bearer svc-key-but-longer", "Bearer " + "x" * 5000,
-])
-async def test_401_for_missing_unknown_or_malformed_authorization(shared: Live,
-                                                                  header: str | None) -> None:
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Bearer nope",
+        "Bearer",
+        "Basic c3ZjLWtleTo=",
+        "svc-key",
+        "Bearersvc-key",
+        "Token svc-key",
+        "Bearer svc-key-but-longer",
+        "Bearer " + "x" * 5000,
+    ],
+)
+async def test_401_for_missing_unknown_or_malformed_authorization(
+    shared: Live, header: str | None
+) -> None:
     headers = {} if header is None else {"Authorization": header}
     fresh = log_path("alice", uuid.uuid4())
     async with httpx.AsyncClient(base_url=shared.url, headers=headers) as c:
@@ -641,8 +757,7 @@ async def test_401_for_missing_unknown_or_malformed_authorization(shared: Live,
         assert_error(await c.get(BASE + "/cursors/compaction"), 401)
         assert_error(await c.get("/v1/dirty"), 401)
         # bad input does not get past authentication either
-        assert_error(await c.post("/v1/tenants/alice/logs/not-a-uuid/records", content=b"{"),
-                     401)
+        assert_error(await c.post("/v1/tenants/alice/logs/not-a-uuid/records", content=b"{"), 401)
     async with shared.client() as svc:  # and nothing was created or appended
         assert_error(await svc.get(fresh), 404)
         assert (await svc.get(BASE)).json()["next_offset"] == 3
@@ -651,8 +766,7 @@ async def test_401_for_missing_unknown_or_malformed_authorization(shared: Live,
 # A tenant key on another tenant's path (403) is a cell of the matrix in test_authz.py.
 
 
-async def test_404_never_written_log(client: httpx.AsyncClient,
-                                     service: httpx.AsyncClient) -> None:
+async def test_404_never_written_log(client: httpx.AsyncClient, service: httpx.AsyncClient) -> None:
     path = log_path("alice", uuid.uuid4())
     assert_error(await client.get(path), 404)
     assert_error(await client.get(path + "/records"), 404)
@@ -666,8 +780,10 @@ async def test_404_never_written_log(client: httpx.AsyncClient,
 
 
 async def test_413_request_over_configured_size(tmp_path: Path) -> None:
-    async with live_server(str(tmp_path / "store"), max_request_bytes=2048) as lv, \
-            lv.client("alice-key") as c:
+    async with (
+        live_server(str(tmp_path / "store"), max_request_bytes=2048) as lv,
+        lv.client("alice-key") as c,
+    ):
         big = {"records": [record("a", document="x" * 4000)]}
         assert_error(await c.post(BASE + "/records", json=big), 413)
 
@@ -686,8 +802,10 @@ async def test_413_request_over_configured_size(tmp_path: Path) -> None:
 
 
 async def test_429_compaction_backpressure(tmp_path: Path) -> None:
-    async with live_server(str(tmp_path / "store"), backpressure_uncompacted_records=3) as lv, \
-            lv.client() as c:
+    async with (
+        live_server(str(tmp_path / "store"), backpressure_uncompacted_records=3) as lv,
+        lv.client() as c,
+    ):
         await append(c, record(1), record(2), record(3))
         await append(c, record(4))  # backlog 3 <= 3 before it: accepted
         r = await c.post(BASE + "/records", json={"records": [record(5)]})
@@ -730,8 +848,9 @@ async def test_429_batching_backpressure(tmp_path: Path, setting: str) -> None:
         await append(c, record("warm"))  # opened and bound
         store.gate.clear()
         doc = "x" * 700
-        first = asyncio.create_task(c.post(BASE + "/records",
-                                           json={"records": [record("held", document=doc)]}))
+        first = asyncio.create_task(
+            c.post(BASE + "/records", json={"records": [record("held", document=doc)]})
+        )
         await wait_until(lambda: store.waiting >= 1 or first.done(), "first append in flight")
         assert not first.done(), first.result().text
         r = await c.post(BASE + "/records", json={"records": [record("over", document=doc)]})
@@ -773,14 +892,14 @@ async def test_429_contention_when_every_open_log_is_busy(tmp_path: Path) -> Non
         assert [x["record"]["id"] for x in await read_all(c, BASE)] == ["warm", "held"]
 
 
-async def test_fragment_urls_on_s3_are_readable_by_a_bulk_reader(moto_endpoint: str,
-                                                                 s3_bucket: str) -> None:
+async def test_fragment_urls_on_s3_are_readable_by_a_bulk_reader(
+    moto_endpoint: str, s3_bucket: str
+) -> None:
     import boto3
 
     from wal3 import S3Store
 
-    store = S3Store(bucket=s3_bucket, prefix="root", endpoint_url=moto_endpoint,
-                    region="us-east-1")
+    store = S3Store(bucket=s3_bucket, prefix="root", endpoint_url=moto_endpoint, region="us-east-1")
     async with live_server(store=store) as lv, lv.client() as c:
         await append(c, record("s3-a", document="über"))
         await append(c, record("s3-b"), record("s3-c"))
@@ -805,13 +924,30 @@ async def test_fragment_urls_on_s3_are_readable_by_a_bulk_reader(moto_endpoint: 
 
 async def test_bad_input_never_500_on_any_endpoint(live: Live) -> None:
     """A sweep of junk bodies over every body-taking endpoint: always a 4xx with the error shape."""
-    junk = [b"", b"{", b"[]", b"null", b"1", b'"s"', b"\xff\xff", b'{"a": 1}',
-            b"[" * 20_000 + b"]" * 20_000, b'{"offset": 1e400}', b'{"offset": 1.5}',
-            b'{"offset": true}', b'{"records": [null]}', b'{"records": [1]}']
+    junk = [
+        b"",
+        b"{",
+        b"[]",
+        b"null",
+        b"1",
+        b'"s"',
+        b"\xff\xff",
+        b'{"a": 1}',
+        b"[" * 20_000 + b"]" * 20_000,
+        b'{"offset": 1e400}',
+        b'{"offset": 1.5}',
+        b'{"offset": true}',
+        b'{"records": [null]}',
+        b'{"records": [1]}',
+    ]
     async with live.client("alice-key") as c:
         await append_singles(c, 2)
-        for path, method in ((BASE + "/records", "POST"), (BASE + "/compaction", "POST"),
-                             (BASE + "/cursors/c", "PUT"), (BASE + "/fork", "POST")):
+        for path, method in (
+            (BASE + "/records", "POST"),
+            (BASE + "/compaction", "POST"),
+            (BASE + "/cursors/c", "PUT"),
+            (BASE + "/fork", "POST"),
+        ):
             for body in junk:
                 r = await c.request(method, path, content=body)
                 assert 400 <= r.status_code < 500, (path, body[:40], r.status_code, r.text)
@@ -819,4 +955,4 @@ async def test_bad_input_never_500_on_any_endpoint(live: Live) -> None:
     async with live.client() as svc:
         text = await metrics_text(svc)
         assert metric_sum(text, "loghost_requests_total") > 0
-        assert "status=\"500\"" not in text
+        assert 'status="500"' not in text

@@ -48,7 +48,8 @@ def test_the_authorization_header() -> None:
     assert _status(auth, "Bearer ") == "malformed Authorization header; expected Bearer <key>"
     assert _status(auth, "Basic good") == "malformed Authorization header; expected Bearer <key>"
     assert _status(auth, "Bearer " + "k" * 513) == (
-        "malformed Authorization header; expected Bearer <key>")
+        "malformed Authorization header; expected Bearer <key>"
+    )
     assert _status(auth, "Bearer " + long) == "ok"  # 512 is allowed
     assert _status(auth, "Bearer nope") == "unknown API key"
     assert _status(auth, "bearer   good ") == "ok"
@@ -93,8 +94,12 @@ def test_messages_an_operator_reads() -> None:
     with pytest.raises(ValueError) as v:
         parse_grant("a b")
     assert str(v.value).endswith("(tenant names match [A-Za-z0-9_.-]{1,128})")
-    with pytest.raises(ValueError, match=re.escape(
-            "a key is listed in both LOGHOST_API_KEYS and the keys file with different grants")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "a key is listed in both LOGHOST_API_KEYS and the keys file with different grants"
+        ),
+    ):
         merge_keys({"k": "acme"}, {"k": "globex"})
 
 
@@ -111,5 +116,6 @@ def test_reloading_logs_what_happened(tmp_path: Path, caplog: pytest.LogCaptureF
     loaded = [r for r in caplog.records if r.getMessage() == "API keys loaded"]
     assert loaded and loaded[0].keys == 2  # type: ignore[attr-defined]
     failed = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert failed == [f"API keys file not loaded, the keys in use stay: API keys file {f}: "
-                      "holds no key"]
+    assert failed == [
+        f"API keys file not loaded, the keys in use stay: API keys file {f}: holds no key"
+    ]

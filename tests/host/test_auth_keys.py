@@ -40,10 +40,23 @@ def test_key_syntax_tenant_reader_and_service() -> None:
     assert parse_grant("*") == Principal("*", "", Role.SERVICE)
 
 
-@pytest.mark.parametrize("text", [
-    "ka", "ka=", "=acme", "ka=acme:write", "ka=*:read", "ka=ac me", "ka=acme:", "ka=:read",
-    "ka=acme\nka=globex", "ka=" + "a" * 129, "k" * 513 + "=acme", "ka=acme/x",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ka",
+        "ka=",
+        "=acme",
+        "ka=acme:write",
+        "ka=*:read",
+        "ka=ac me",
+        "ka=acme:",
+        "ka=:read",
+        "ka=acme\nka=globex",
+        "ka=" + "a" * 129,
+        "k" * 513 + "=acme",
+        "ka=acme/x",
+    ],
+)
 def test_bad_key_entries_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_keys(text)
@@ -101,8 +114,10 @@ def test_a_tenant_key_acts_for_exactly_its_tenant(pair: tuple[str, str], role: R
             Authenticator.authorize_cursor_write(who, b, "mine")
 
 
-@pytest.mark.parametrize("path_tenant", ["al", "Alice", "ALICE", "alice.x", "alice.", "alic",
-                                         "alice_", "alice-", "xalice", ".alice"])
+@pytest.mark.parametrize(
+    "path_tenant",
+    ["al", "Alice", "ALICE", "alice.x", "alice.", "alic", "alice_", "alice-", "xalice", ".alice"],
+)
 async def test_near_names_are_refused_over_http(tmp_path: Path, path_tenant: str) -> None:
     async with live_server(str(tmp_path / "store")) as lv, lv.client("alice-key") as c:
         path = log_path(path_tenant, uuid.uuid4())
@@ -113,10 +128,18 @@ async def test_near_names_are_refused_over_http(tmp_path: Path, path_tenant: str
             assert (await svc.get(path)).status_code == 404
 
 
-@pytest.mark.parametrize(("tenant", "status"), [
-    ("alice%0A", 400), ("alice%0D%0A", 400), ("alice%00", 400), ("alice%20", 400),
-    ("%61lice", 200), ("al%2Fice", 404), ("al/ice", 404),
-])
+@pytest.mark.parametrize(
+    ("tenant", "status"),
+    [
+        ("alice%0A", 400),
+        ("alice%0D%0A", 400),
+        ("alice%00", 400),
+        ("alice%20", 400),
+        ("%61lice", 200),
+        ("al%2Fice", 404),
+        ("al/ice", 404),
+    ],
+)
 async def test_encoded_tenant_names(tmp_path: Path, tenant: str, status: int) -> None:
     """Path parameters arrive percent-decoded: ``alice%0A`` is "alice\\n", which must not pass as
     a name (``$`` in a regex matches before a final newline), for a tenant key or for the
@@ -132,8 +155,15 @@ async def test_encoded_tenant_names(tmp_path: Path, tenant: str, status: int) ->
 
 
 def test_reserved_cursor_names_ignore_case() -> None:
-    for name in ("compaction", "Compaction", "COMPACTION", "stable_prefix", "_x", "loghost_y",
-                 "LogHost"):
+    for name in (
+        "compaction",
+        "Compaction",
+        "COMPACTION",
+        "stable_prefix",
+        "_x",
+        "loghost_y",
+        "LogHost",
+    ):
         assert is_reserved_cursor(name), name
     for name in ("mine", "compactions_seen", "reader_1", "x_compaction"):
         assert not is_reserved_cursor(name), name
@@ -176,13 +206,14 @@ def write_atomically(path: Path, text: str) -> None:
 async def test_the_keys_file_is_re_read_when_it_changes(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("first-key=acme\nsvc-file-key=*\n")
-    async with live_server(str(tmp_path / "store"), api_keys="",
-                           api_keys_file=str(keys)) as lv:
+    async with live_server(str(tmp_path / "store"), api_keys="", api_keys_file=str(keys)) as lv:
         path = log_path("acme", uuid.uuid4())
         async with httpx.AsyncClient(base_url=lv.url, trust_env=False) as c:
+
             async def status(key: str) -> int:
-                r = await c.post(path + "/records", headers=auth(key),
-                                 json={"records": [record("x")]})
+                r = await c.post(
+                    path + "/records", headers=auth(key), json={"records": [record("x")]}
+                )
                 return r.status_code
 
             assert await status("first-key") == 200
@@ -211,7 +242,10 @@ async def test_reload_reads_the_file_even_when_it_looks_unchanged(tmp_path: Path
         f.write("bbbb-key=acme\n")
     os.utime(keys, ns=(st0.st_atime_ns, st0.st_mtime_ns))
     if (keys.stat().st_ino, keys.stat().st_size, keys.stat().st_mtime_ns) != (
-            st0.st_ino, st0.st_size, st0.st_mtime_ns):
+        st0.st_ino,
+        st0.st_size,
+        st0.st_mtime_ns,
+    ):
         pytest.skip("this file system changed the file's signature")
     assert a.authenticate("Bearer aaaa-key").tenant == "acme"  # unchanged as far as stat tells
     assert a.reload() is True
@@ -224,11 +258,16 @@ async def test_sighup_reloads_the_keys_file_in_a_running_server(tmp_path: Path) 
     keys = tmp_path / "keys"
     keys.write_text("old1-key=acme,svc1-key=*\n")
     st0 = keys.stat()
-    proc = spawn_server(str(tmp_path / "store"), tmp_path, api_keys=None,
-                        extra_env={"LOGHOST_API_KEYS_FILE": str(keys)})
+    proc = spawn_server(
+        str(tmp_path / "store"),
+        tmp_path,
+        api_keys=None,
+        extra_env={"LOGHOST_API_KEYS_FILE": str(keys)},
+    )
     try:
         path = log_path("acme", uuid.uuid4())
         async with httpx.AsyncClient(base_url=proc.url, trust_env=False) as c:
+
             async def status(key: str) -> int:
                 return (await c.get(path, headers=auth(key))).status_code
 
@@ -251,9 +290,16 @@ async def test_sighup_reloads_the_keys_file_in_a_running_server(tmp_path: Path) 
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.text(_ALPHABET, min_size=1, max_size=20), names,
-                          st.sampled_from(["", ":read"])), min_size=1, max_size=8,
-                unique_by=lambda t: t[0]))
+@given(
+    st.lists(
+        st.tuples(
+            st.text(_ALPHABET, min_size=1, max_size=20), names, st.sampled_from(["", ":read"])
+        ),
+        min_size=1,
+        max_size=8,
+        unique_by=lambda t: t[0],
+    )
+)
 def test_every_listed_key_authenticates_as_its_grant(entries: list[tuple[str, str, str]]) -> None:
     text = ",".join(f"{k}={t}{r}" for k, t, r in entries)
     a = Authenticator(parse_keys(text))

@@ -29,7 +29,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from fastapi import FastAPI
-from starlette.routing import Mount, Route
+from starlette.routing import Mount
 
 from wal3 import LocalStore
 
@@ -40,8 +40,12 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 READER_KEY = "alice-read-key"
 API_KEYS = f"{KEYS},{READER_KEY}=alice:read"
 CALLERS: dict[str, str | None] = {
-    "none": None, "wrong": "Bearer not-a-key", "other": "Bearer bob-key",
-    "tenant": "Bearer alice-key", "reader": f"Bearer {READER_KEY}", "service": "Bearer svc-key",
+    "none": None,
+    "wrong": "Bearer not-a-key",
+    "other": "Bearer bob-key",
+    "tenant": "Bearer alice-key",
+    "reader": f"Bearer {READER_KEY}",
+    "service": "Bearer svc-key",
 }
 COLUMNS = tuple(CALLERS)
 BASE = "/v1/tenants/{tenant}/logs/{collection_id}"
@@ -104,8 +108,10 @@ def app_routes(app: FastAPI) -> set[tuple[str, str]]:
     except ImportError:  # an older FastAPI: app.routes is flat
         routes: list[Any] = list(app.routes)
     else:
-        routes = [*iter_route_contexts(app.routes), *(r for r in app.routes
-                                                      if isinstance(r, Mount))]
+        routes = [
+            *iter_route_contexts(app.routes),
+            *(r for r in app.routes if isinstance(r, Mount)),
+        ]
     out: set[tuple[str, str]] = set()
     for r in routes:
         if isinstance(r, Mount):
@@ -125,29 +131,43 @@ class Env:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env(tmp_path_factory: pytest.TempPathFactory, recorded_apps: list[FastAPI]
-              ) -> AsyncIterator[Env]:
+async def env(
+    tmp_path_factory: pytest.TempPathFactory, recorded_apps: list[FastAPI]
+) -> AsyncIterator[Env]:
     root = tmp_path_factory.mktemp("authz") / "store"
-    async with live_server(store=LocalStore(root, fsync=False), api_keys=API_KEYS,
-                           gc_grace_s=0.0) as lv:
+    async with live_server(
+        store=LocalStore(root, fsync=False), api_keys=API_KEYS, gc_grace_s=0.0
+    ) as lv:
         app = recorded_apps[-1]
-        async with lv.client() as svc, httpx.AsyncClient(base_url=lv.url, timeout=30,
-                                                         trust_env=False) as anon:
+        async with (
+            lv.client() as svc,
+            httpx.AsyncClient(base_url=lv.url, timeout=30, trust_env=False) as anon,
+        ):
             yield Env(lv, app, root, svc, anon)
 
 
 def store_files(root: Path) -> dict[str, bytes]:
     """Every object of the store, by path."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()} if root.exists() else {}
+    return (
+        {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        if root.exists()
+        else {}
+    )
 
 
 async def fresh_log(env: Env) -> tuple[str, str]:
     """A new log of alice's (2 records, cursor ``pos`` at 1): its id and the cursor's witness."""
     cid = str(uuid.uuid4())
     path = log_path("alice", cid)
-    r = await env.svc.post(path + "/records", json={"records": [
-        record("s1", document="alice secret 1"), record("s2", document="alice secret 2")]})
+    r = await env.svc.post(
+        path + "/records",
+        json={
+            "records": [
+                record("s1", document="alice secret 1"),
+                record("s2", document="alice secret 2"),
+            ]
+        },
+    )
     assert r.status_code == 200, r.text
     r = await env.svc.put(path + "/cursors/pos", json={"offset": 1, "witness": None})
     assert r.status_code == 200, r.text
@@ -196,10 +216,12 @@ async def test_the_matrix_covers_every_route(env: Env) -> None:
     assert set(MATRIX) - routes == set(), "rows of MATRIX for routes the app does not have"
 
 
-@pytest.mark.parametrize(("method", "template", "caller"), CELLS,
-                         ids=[f"{m} {p} {c}" for m, p, c in CELLS])
-async def test_every_route_for_every_caller(env: Env, method: str, template: str,
-                                            caller: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "template", "caller"), CELLS, ids=[f"{m} {p} {c}" for m, p, c in CELLS]
+)
+async def test_every_route_for_every_caller(
+    env: Env, method: str, template: str, caller: str
+) -> None:
     row = MATRIX[(method, template)]
     expected = row.status(caller)
     per_log = template.startswith(BASE)
@@ -226,11 +248,22 @@ async def test_every_route_for_every_caller(env: Env, method: str, template: str
 
 
 RESERVED_SPELLINGS = [
-    ("compaction", 403), ("Compaction", 403), ("COMPACTION", 403), ("%63ompaction", 403),
-    ("stable_prefix", 403), ("_system", 403), ("loghost_gc", 403), ("Loghost_x", 403),
-    ("compaction%0A", 400), ("compaction%0D%0A", 400), ("compaction%00", 400),
-    ("compaction%20", 400), ("%20compaction", 400), ("compaction.json", 400),
-    ("compaction%2Ejson", 400), ("..%2Fcursor%2Fcompaction", 404),
+    ("compaction", 403),
+    ("Compaction", 403),
+    ("COMPACTION", 403),
+    ("%63ompaction", 403),
+    ("stable_prefix", 403),
+    ("_system", 403),
+    ("loghost_gc", 403),
+    ("Loghost_x", 403),
+    ("compaction%0A", 400),
+    ("compaction%0D%0A", 400),
+    ("compaction%00", 400),
+    ("compaction%20", 400),
+    ("%20compaction", 400),
+    ("compaction.json", 400),
+    ("compaction%2Ejson", 400),
+    ("..%2Fcursor%2Fcompaction", 404),
     ("compaction%2F", 307),  # the slash redirect, to a path that then answers 403
 ]
 
@@ -240,13 +273,17 @@ async def compaction_view(env: Env, cid: str) -> dict[str, Any]:
     cursor = await env.svc.get(path + "/cursors/compaction")
     assert cursor.status_code == 200, cursor.text
     state = await env.svc.get(path)
-    return {"cursor": cursor.json(), "state": state.json(),
-            "cursors": sorted(p.name for p in (env.root / "logs" / cid / "cursor").iterdir())}
+    return {
+        "cursor": cursor.json(),
+        "state": state.json(),
+        "cursors": sorted(p.name for p in (env.root / "logs" / cid / "cursor").iterdir()),
+    }
 
 
 @pytest.mark.parametrize("caller", ["tenant", "reader"])
-async def test_a_tenant_cannot_move_reset_or_delete_the_compaction_cursor(env: Env,
-                                                                          caller: str) -> None:
+async def test_a_tenant_cannot_move_reset_or_delete_the_compaction_cursor(
+    env: Env, caller: str
+) -> None:
     cid, _ = await fresh_log(env)
     path = log_path("alice", cid)
     r = await env.svc.post(path + "/compaction", json={"offset": 2})
@@ -256,13 +293,17 @@ async def test_a_tenant_cannot_move_reset_or_delete_the_compaction_cursor(env: E
     attempts: list[tuple[str, str, Any, int]] = []
     for name, status in RESERVED_SPELLINGS:  # the same for a reader (which writes no cursor)
         for offset in (1, 2, 3):  # back (reset), stay, ahead of every compacted version
-            attempts.append(("PUT", f"/cursors/{name}", {"offset": offset, "witness": witness},
-                             status))
-            attempts.append(("PUT", f"/cursors/{name}", {"offset": offset, "witness": None},
-                             status))
+            attempts.append(
+                ("PUT", f"/cursors/{name}", {"offset": offset, "witness": witness}, status)
+            )
+            attempts.append(
+                ("PUT", f"/cursors/{name}", {"offset": offset, "witness": None}, status)
+            )
         attempts.append(("DELETE", f"/cursors/{name}", None, status))
-    attempts += [("POST", "/compaction", {"offset": 3}, 403),
-                 ("POST", "/compaction", {"offset": 1}, 403)]
+    attempts += [
+        ("POST", "/compaction", {"offset": 3}, 403),
+        ("POST", "/compaction", {"offset": 1}, 403),
+    ]
     for method, suffix, body, status in attempts:
         r = await send(env, method, path + suffix, caller, body)
         assert r.status_code == status, (method, suffix, body, r.text)
@@ -271,9 +312,16 @@ async def test_a_tenant_cannot_move_reset_or_delete_the_compaction_cursor(env: E
     # method overrides are not honoured: a GET or POST stays what it is
     for override in ("DELETE", "PUT"):
         for method in ("GET", "POST"):
-            r = await env.anon.request(method, path + "/cursors/compaction", headers={
-                "Authorization": CALLERS[caller] or "", "X-HTTP-Method-Override": override,
-                "X-Method-Override": override}, json={"offset": 3, "witness": None})
+            r = await env.anon.request(
+                method,
+                path + "/cursors/compaction",
+                headers={
+                    "Authorization": CALLERS[caller] or "",
+                    "X-HTTP-Method-Override": override,
+                    "X-Method-Override": override,
+                },
+                json={"offset": 3, "witness": None},
+            )
             assert r.status_code in (200, 405), r.text
     assert await compaction_view(env, cid) == before
 
@@ -305,12 +353,14 @@ async def test_a_tenant_key_cannot_lose_data_it_appended(env: Env) -> None:
     assert len(original) == 5
     # every request the tenant may try, allowed or not (the allowed ones must not lose data)
     tries: list[tuple[str, str, Any]] = [
-        ("PUT", "/cursors/old", {"offset": 1, "witness": None}), ("DELETE", "/cursors/old", None),
+        ("PUT", "/cursors/old", {"offset": 1, "witness": None}),
+        ("DELETE", "/cursors/old", None),
         ("PUT", "/cursors/mine", {"offset": 6, "witness": None}),  # at the tail, and kept
         ("POST", "/compaction", {"offset": 6}),
         ("PUT", "/cursors/compaction", {"offset": 6, "witness": None}),
         ("DELETE", "/cursors/compaction", None),
-        ("POST", "/gc", None), ("POST", "/seal", None),
+        ("POST", "/gc", None),
+        ("POST", "/seal", None),
         ("POST", "/fork", {"target_collection_id": str(uuid.uuid4()), "offset": 6}),
     ]
     for method, suffix, body in tries:
@@ -329,10 +379,11 @@ async def test_a_tenant_key_cannot_lose_data_it_appended(env: Env) -> None:
 # ---------------------------------------------------------------------------- hostile shapes
 
 
-@pytest.mark.parametrize(("template", "caller"),
-                         [(p, c) for (m, p) in MATRIX if m == "GET" for c in COLUMNS],
-                         ids=[f"HEAD {p} {c}" for (m, p) in MATRIX if m == "GET"
-                              for c in COLUMNS])
+@pytest.mark.parametrize(
+    ("template", "caller"),
+    [(p, c) for (m, p) in MATRIX if m == "GET" for c in COLUMNS],
+    ids=[f"HEAD {p} {c}" for (m, p) in MATRIX if m == "GET" for c in COLUMNS],
+)
 async def test_head_gets_no_further_than_get(env: Env, template: str, caller: str) -> None:
     """HEAD is a method override of sorts: the API routes do not serve it (405), the rest
     answer it as GET; where GET is refused, HEAD is never a success."""
@@ -340,8 +391,9 @@ async def test_head_gets_no_further_than_get(env: Env, template: str, caller: st
     cid, witness = await fresh_log(env) if template.startswith(BASE) else (str(uuid.uuid4()), "")
     url, _ = request_for("GET", template, cid, witness)
     auth_header = CALLERS[caller]
-    r = await env.anon.head(url, headers={} if auth_header is None else
-                            {"Authorization": auth_header})
+    r = await env.anon.head(
+        url, headers={} if auth_header is None else {"Authorization": auth_header}
+    )
     assert r.status_code in (expected, 405), (caller, url, r.status_code)
     if expected >= 400:
         assert r.status_code >= 400, (caller, url, r.status_code)
@@ -356,10 +408,15 @@ async def test_unnormalized_paths_reach_no_route_unchecked(env: Env) -> None:
     before = await compaction_view(env, cid)
     base = log_path("alice", cid)
     raw_paths = [
-        f"{base}/cursors/../compaction", f"{base}/cursors/..%2Fcompaction",
-        f"{base}/./compaction", f"{base}//compaction", f"/v1/tenants/alice//logs/{cid}/compaction",
-        f"{base}/cursors/compaction/.", f"{base}/cursors/./compaction",
-        f"{base}/cursors/%2e%2e/compaction", f"/v1/tenants/bob/../alice/logs/{cid}/compaction",
+        f"{base}/cursors/../compaction",
+        f"{base}/cursors/..%2Fcompaction",
+        f"{base}/./compaction",
+        f"{base}//compaction",
+        f"/v1/tenants/alice//logs/{cid}/compaction",
+        f"{base}/cursors/compaction/.",
+        f"{base}/cursors/./compaction",
+        f"{base}/cursors/%2e%2e/compaction",
+        f"/v1/tenants/bob/../alice/logs/{cid}/compaction",
     ]
     host, port = env.live.url.removeprefix("http://").split(":")
     import asyncio
@@ -368,10 +425,12 @@ async def test_unnormalized_paths_reach_no_route_unchecked(env: Env) -> None:
         for path in raw_paths:
             body = b'{"offset": 3, "witness": null}'
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
-                         f"Authorization: Bearer alice-key\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                         + body)
+            writer.write(
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer alice-key\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
             status_line = await reader.readline()
             writer.close()

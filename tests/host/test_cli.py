@@ -49,16 +49,21 @@ async def store(tmp_path: Path) -> Path:
     root = tmp_path / "store"
     async with live_server(str(root)) as lv, lv.client("alice-key") as c, lv.client() as svc:
         for i in range(5):
-            r = await c.post(log_path("alice", LOG1) + "/records",
-                             json={"records": [record(f"one-{i}", document=f"d{i}")]})
+            r = await c.post(
+                log_path("alice", LOG1) + "/records",
+                json={"records": [record(f"one-{i}", document=f"d{i}")]},
+            )
             assert r.status_code == 200, r.text
-        r = await c.post(log_path("alice", LOG2) + "/records",
-                         json={"records": [record("two-0"), record("two-1", "delete")]})
+        r = await c.post(
+            log_path("alice", LOG2) + "/records",
+            json={"records": [record("two-0"), record("two-1", "delete")]},
+        )
         assert r.status_code == 200, r.text
         # the cursor only (POST .../compaction would also start the server's own collector); it
         # is reserved for the service
-        r = await svc.put(log_path("alice", LOG1) + "/cursors/compaction",
-                          json={"offset": 3, "witness": None})
+        r = await svc.put(
+            log_path("alice", LOG1) + "/cursors/compaction", json={"offset": 3, "witness": None}
+        )
         assert r.status_code == 200, r.text
     return root
 
@@ -80,7 +85,7 @@ def test_scrub_exits_1_after_corrupting_a_fragment(store: Path) -> None:
     victim = frags[2]
     data = bytearray(victim.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 8] = bytes(b ^ 0xFF for b in data[mid:mid + 8])
+    data[mid : mid + 8] = bytes(b ^ 0xFF for b in data[mid : mid + 8])
     victim.write_bytes(bytes(data))
 
     out = loghost("scrub", str(store))

@@ -37,9 +37,15 @@ async def test_one_mark_per_fragment_and_the_pull_api(tmp_path: Path) -> None:
         async with live.client() as c:
             # Concurrent appends per collection: group commit makes fewer fragments than calls.
             async def write(cid: str, n: int) -> None:
-                await asyncio.gather(*(c.post(f"/v1/tenants/alice/logs/{cid}/records",
-                                              json={"records": [record(f"{cid}-{i}")]})
-                                       for i in range(n)))
+                await asyncio.gather(
+                    *(
+                        c.post(
+                            f"/v1/tenants/alice/logs/{cid}/records",
+                            json={"records": [record(f"{cid}-{i}")]},
+                        )
+                        for i in range(n)
+                    )
+                )
 
             await asyncio.gather(*(write(cid, 3 + i) for i, cid in enumerate(ids)))
             store = LocalStore(store_dir)
@@ -63,9 +69,21 @@ async def test_one_mark_per_fragment_and_the_pull_api(tmp_path: Path) -> None:
             for i, cid in enumerate(ids):
                 e = listed[cid]
                 assert (e["tenant"], e["start"], e["limit"], e["num_records"]) == (
-                    "alice", 1, 4 + i, 3 + i)
-                assert set(e) == {"tenant", "collection_id", "start", "limit", "num_records",
-                                  "first_insertion_us", "reinsert_count", "score"}
+                    "alice",
+                    1,
+                    4 + i,
+                    3 + i,
+                )
+                assert set(e) == {
+                    "tenant",
+                    "collection_id",
+                    "start",
+                    "limit",
+                    "num_records",
+                    "first_insertion_us",
+                    "reinsert_count",
+                    "score",
+                }
             scores = [e["score"] for e in (await c.get("/v1/dirty")).json()["logs"]]
             assert scores == sorted(scores, reverse=True)
             assert len((await c.get("/v1/dirty", params={"min_records": 7})).json()["logs"]) == 2
@@ -76,8 +94,10 @@ async def test_one_mark_per_fragment_and_the_pull_api(tmp_path: Path) -> None:
                 r = await c.post(f"/v1/tenants/alice/logs/{cid}/compaction", json={"offset": tail})
                 assert r.json() == {"compaction_offset": tail}
             # (noted in memory at once)
-            assert {e["collection_id"] for e in (await c.get("/v1/dirty",
-                                                             params={"min_records": 0})).json()["logs"]} == set(ids[3:])
+            assert {
+                e["collection_id"]
+                for e in (await c.get("/v1/dirty", params={"min_records": 0})).json()["logs"]
+            } == set(ids[3:])
             r = await c.post("/v1/dirty/rollup")
             assert {e["collection_id"] for e in r.json()["logs"]} == set(ids[3:])
             # ... partial compaction narrows the range ...
@@ -86,8 +106,9 @@ async def test_one_mark_per_fragment_and_the_pull_api(tmp_path: Path) -> None:
             e = {e["collection_id"]: e for e in r.json()["logs"]}[ids[3]]
             assert (e["start"], e["limit"], e["num_records"]) == (3, 7, 4)
             # ... and new appends bring a compacted collection back.
-            await c.post(f"/v1/tenants/alice/logs/{ids[0]}/records",
-                         json={"records": [record("again")]})
+            await c.post(
+                f"/v1/tenants/alice/logs/{ids[0]}/records", json={"records": [record("again")]}
+            )
             r = await c.post("/v1/dirty/rollup")
             back = {e["collection_id"]: e for e in r.json()["logs"]}[ids[0]]
             assert back["start"] == back["limit"] - 1
@@ -99,25 +120,34 @@ async def test_one_mark_per_fragment_and_the_pull_api(tmp_path: Path) -> None:
             assert ids[5] not in {e["collection_id"] for e in r.json()["logs"]}
             inspected = (await c.get("/v1/dirty/inspect", params={"limit": 5})).json()
             assert inspected["records"] and "kind" in str(inspected["records"][0])
-            assert (await c.get("/v1/dirty", headers={"Authorization": "Bearer alice-key"})
-                    ).status_code == 403
+            assert (
+                await c.get("/v1/dirty", headers={"Authorization": "Bearer alice-key"})
+            ).status_code == 403
 
             metrics = (await c.get("/metrics")).text
-            for name in ("loghost_dirty_collections ", "loghost_dirty_oldest_uncompacted_age_seconds",
-                         "loghost_rollup_duration_seconds_count", "loghost_dirty_reinsertions_total",
-                         "loghost_dirty_untracked_collections 0.0"):
+            for name in (
+                "loghost_dirty_collections ",
+                "loghost_dirty_oldest_uncompacted_age_seconds",
+                "loghost_rollup_duration_seconds_count",
+                "loghost_dirty_reinsertions_total",
+                "loghost_dirty_untracked_collections 0.0",
+            ):
                 assert name in metrics, name
 
 
-@pytest.mark.parametrize("crash", [
-    ("crash_after", r"dirty/srv/manifest/MANIFEST$", 0),     # re-append landed, not seen
-    ("crash_before", r"dirty/srv/manifest/MANIFEST$", 0),    # re-append lost
-    ("crash_before", r"cursor/stable_prefix\.json$", 1),     # cursor not advanced
-    ("crash_after", r"cursor/stable_prefix\.json$", 1),      # cursor advanced, not seen
-    ("crash_after", r"dirty/srv/gc/GARBAGE$", 0),            # in the dirty log's own GC
-])
-async def test_rollup_crash_at_each_step_loses_nothing(tmp_path: Path,
-                                                       crash: tuple[str, str, int]) -> None:
+@pytest.mark.parametrize(
+    "crash",
+    [
+        ("crash_after", r"dirty/srv/manifest/MANIFEST$", 0),  # re-append landed, not seen
+        ("crash_before", r"dirty/srv/manifest/MANIFEST$", 0),  # re-append lost
+        ("crash_before", r"cursor/stable_prefix\.json$", 1),  # cursor not advanced
+        ("crash_after", r"cursor/stable_prefix\.json$", 1),  # cursor advanced, not seen
+        ("crash_after", r"dirty/srv/gc/GARBAGE$", 0),  # in the dirty log's own GC
+    ],
+)
+async def test_rollup_crash_at_each_step_loses_nothing(
+    tmp_path: Path, crash: tuple[str, str, int]
+) -> None:
     kind, key, after = crash
     base = LocalStore(tmp_path / "s")
     ids = [uuid.UUID(int=i + 1, version=4) for i in range(5)]
@@ -137,7 +167,7 @@ async def test_rollup_crash_at_each_step_loses_nothing(tmp_path: Path,
         await hook.mark_dirty(cid, 1, 10 + i)
     await RollUp(backend, Offsets()).run()  # a first, clean roll-up
     compacted[ids[0]] = 11  # fully compacted
-    compacted[ids[1]] = 5   # partly
+    compacted[ids[1]] = 5  # partly
     await hook.mark_dirty(ids[2], 13, 2)
     await backend.writer.close()
 
@@ -148,7 +178,7 @@ async def test_rollup_crash_at_each_step_loses_nothing(tmp_path: Path,
     for _ in range(3):
         try:
             result = await RollUp(crashed_backend, Offsets()).run()
-        except Exception as e:  # noqa: BLE001 - the crash, or the writer it killed
+        except Exception as e:
             crashed = e
             break
         if result.gc_error is not None:  # GC is best effort inside a roll-up
@@ -178,20 +208,25 @@ async def test_no_collection_with_uncompacted_records_falls_out(tmp_path: Path) 
                 cid = rng.choice(ids)
                 if op < 0.55:
                     n = rng.randint(1, 4)
-                    r = await c.post(f"/v1/tenants/alice/logs/{cid}/records",
-                                     json={"records": [record(f"{step}-{j}") for j in range(n)]})
+                    r = await c.post(
+                        f"/v1/tenants/alice/logs/{cid}/records",
+                        json={"records": [record(f"{step}-{j}") for j in range(n)]},
+                    )
                     assert r.status_code == 200
                 elif op < 0.8:
                     st = await c.get(f"/v1/tenants/alice/logs/{cid}")
                     if st.status_code == 200:
                         body = st.json()
                         target = rng.randint(body["compaction_offset"], body["next_offset"])
-                        r = await c.post(f"/v1/tenants/alice/logs/{cid}/compaction",
-                                         json={"offset": target})
+                        r = await c.post(
+                            f"/v1/tenants/alice/logs/{cid}/compaction", json={"offset": target}
+                        )
                         assert r.status_code == 200
                 else:
-                    before = {h.collection_id: h.writer.manifest.next_offset
-                              for h in server.manager.handles()}
+                    before = {
+                        h.collection_id: h.writer.manifest.next_offset
+                        for h in server.manager.handles()
+                    }
                     await server.rollup_now()
                     assert server.untracked_collections(before) == set()
                     entries = server.dirty.rollup.entries()  # type: ignore[union-attr]
@@ -203,8 +238,9 @@ async def test_no_collection_with_uncompacted_records_falls_out(tmp_path: Path) 
             metrics = (await c.get("/metrics")).text
             assert "loghost_dirty_untracked_collections 0.0" in metrics
         # The dirty log's consumed prefix is reclaimed by its own GC over time.
-        cursor = await CursorStore(server.store, dirty_prefix(live.settings.server_id),
-                                   "t").load("stable_prefix")
+        cursor = await CursorStore(server.store, dirty_prefix(live.settings.server_id), "t").load(
+            "stable_prefix"
+        )
         assert cursor is not None and cursor.cursor.offset > 1
 
 
@@ -214,8 +250,10 @@ async def test_a_departed_servers_dirty_set_is_adopted(tmp_path: Path) -> None:
     ids = _ids(4)
     async with live_server(store_dir, server_id="gone") as gone, gone.client() as c:
         for i, cid in enumerate(ids):
-            r = await c.post(f"/v1/tenants/alice/logs/{cid}/records",
-                             json={"records": [record(f"r{j}") for j in range(i + 1)]})
+            r = await c.post(
+                f"/v1/tenants/alice/logs/{cid}/records",
+                json={"records": [record(f"r{j}") for j in range(i + 1)]},
+            )
             assert r.status_code == 200, r.text
         # ids[0] gets compacted before the host goes: it must not be handed over.
         r = await c.post(f"/v1/tenants/alice/logs/{ids[0]}/compaction", json={"offset": 2})
@@ -229,26 +267,36 @@ async def test_a_departed_servers_dirty_set_is_adopted(tmp_path: Path) -> None:
         assert body["adopted_server_id"] == "gone" and body["collections"] == 3
         listed = {e["collection_id"]: e for e in (await c.get("/v1/dirty")).json()["logs"]}
         assert {k: (e["tenant"], e["start"], e["limit"]) for k, e in listed.items()} == {
-            ids[1]: ("alice", 1, 3), ids[2]: ("alice", 1, 4), ids[3]: ("alice", 1, 5)}
+            ids[1]: ("alice", 1, 3),
+            ids[2]: ("alice", 1, 4),
+            ids[3]: ("alice", 1, 5),
+        }
         # A second adoption finds nothing new; bad requests are refused with the error shape.
         again = await c.post("/v1/dirty/adopt", json={"server_id": "gone"})
         assert again.status_code == 200 and again.json()["collections"] == 0
-        for bad, status in ((json_body("live"), 400), (json_body("nobody"), 404),
-                            (json_body("a/b"), 400), (json_body(".."), 400),
-                            ({"server_id": 7}, 400), ({}, 400)):
+        for bad, status in (
+            (json_body("live"), 400),
+            (json_body("nobody"), 404),
+            (json_body("a/b"), 400),
+            (json_body(".."), 400),
+            ({"server_id": 7}, 400),
+            ({}, 400),
+        ):
             r = await c.post("/v1/dirty/adopt", json=bad)
             assert r.status_code == status, (bad, r.text)
             assert set(r.json()["error"]) >= {"code", "message"}
         tenant_key = {"Authorization": "Bearer alice-key"}
-        assert (await c.post("/v1/dirty/adopt", json=json_body("gone"), headers=tenant_key)
-                ).status_code == 403
+        assert (
+            await c.post("/v1/dirty/adopt", json=json_body("gone"), headers=tenant_key)
+        ).status_code == 403
     # The departed host comes back after all: it finds its set handed over (nothing lost, no
     # stale entries), and new writes are tracked by it as usual.
     async with live_server(store_dir, server_id="gone") as back, back.client() as c:
         assert (await c.post("/v1/dirty/rollup")).json()["logs"] == []
         await c.post(f"/v1/tenants/alice/logs/{ids[0]}/records", json={"records": [record("n")]})
-        assert [e["collection_id"] for e in (await c.post("/v1/dirty/rollup")).json()["logs"]
-                ] == [ids[0]]
+        assert [e["collection_id"] for e in (await c.post("/v1/dirty/rollup")).json()["logs"]] == [
+            ids[0]
+        ]
 
 
 def json_body(server_id: str) -> dict[str, str]:

@@ -51,14 +51,17 @@ def references(html: str) -> list[str]:
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
-async def test_docs_pages_load_everything_from_the_server_itself(tmp_path: Path,
-                                                                 page: str) -> None:
-    async with live_server(str(tmp_path / "store")) as lv, \
-            httpx.AsyncClient(base_url=lv.url, trust_env=False) as c:
+async def test_docs_pages_load_everything_from_the_server_itself(tmp_path: Path, page: str) -> None:
+    async with (
+        live_server(str(tmp_path / "store")) as lv,
+        httpx.AsyncClient(base_url=lv.url, trust_env=False) as c,
+    ):
         r = await c.get(page)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), r.text
         assert not re.search(r"(?:https?:)?//[A-Za-z0-9]", r.text), (
-            "the page names another host", re.findall(r"(?:https?:)?//[^\s'\"]+", r.text))
+            "the page names another host",
+            re.findall(r"(?:https?:)?//[^\s'\"]+", r.text),
+        )
         refs = references(r.text)
         kinds = {urlsplit(u).path.rsplit(".", 1)[-1] for u in refs}
         assert {"js", "json"} <= kinds, refs  # the script and the API description at least
@@ -77,8 +80,10 @@ async def test_docs_pages_load_everything_from_the_server_itself(tmp_path: Path,
 async def test_swagger_ui_renders_openapi_3_1(tmp_path: Path) -> None:
     """FastAPI describes the API as OpenAPI 3.1, which Swagger UI renders from version 5 on
     (an older bundle shows an error instead of the API)."""
-    async with live_server(str(tmp_path / "store")) as lv, \
-            httpx.AsyncClient(base_url=lv.url, trust_env=False) as c:
+    async with (
+        live_server(str(tmp_path / "store")) as lv,
+        httpx.AsyncClient(base_url=lv.url, trust_env=False) as c,
+    ):
         spec = (await c.get("/openapi.json")).json()
         assert spec["openapi"].startswith("3.1")
         bundle = (await c.get("/docs/assets/swagger-ui-bundle.js")).text
@@ -86,10 +91,17 @@ async def test_swagger_ui_renders_openapi_3_1(tmp_path: Path) -> None:
         assert 5 in versions, sorted(versions)[:20]
 
 
-@pytest.mark.parametrize("path", [
-    "/docs/assets/../core.py", "/docs/assets/..%2Fcore.py", "/docs/assets/%2e%2e/core.py",
-    "/docs/assets/..%2F..%2Fhost%2Fauth.py", "/docs/assets/", "/docs/assets/missing.js",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/docs/assets/../core.py",
+        "/docs/assets/..%2Fcore.py",
+        "/docs/assets/%2e%2e/core.py",
+        "/docs/assets/..%2F..%2Fhost%2Fauth.py",
+        "/docs/assets/",
+        "/docs/assets/missing.js",
+    ],
+)
 async def test_the_assets_directory_serves_nothing_else(tmp_path: Path, path: str) -> None:
     """The static mount is public: it must not hand out files outside the bundled assets."""
     async with live_server(str(tmp_path / "store")) as lv:

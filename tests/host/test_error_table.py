@@ -61,8 +61,7 @@ ENGINE: list[tuple[w.Wal3Error, int, str, str | None, dict[str, Any]]] = [
     (w.NoCursors("none"), 409, "no_cursors", None, {}),
     (w.GarbageRejected("no"), 409, "gc_rejected", None, {}),
     (w.Backpressure("slow", "batching", 0.1), 429, "backpressure", "1", {"reason": "batching"}),
-    (w.Backpressure("slow", "compaction", 7.4), 429, "backpressure", "7",
-     {"reason": "compaction"}),
+    (w.Backpressure("slow", "compaction", 7.4), 429, "backpressure", "7", {"reason": "compaction"}),
     (w.CursorNotFound("no cursor"), 404, "not_found", None, {}),
     (w.LogNotFound("no log"), 404, "not_found", None, {}),
     (w.InvalidCursorName("bad"), 400, "invalid_request", None, {}),
@@ -86,8 +85,10 @@ from wal3.gc import FloorLost
 from wal3.store import ResolvedPreconditionFailed
 
 SUBCLASSES: list[tuple[type[w.Wal3Error], int, str]] = [
-    (ClaimLost, 409, "contention"), (CreationInProgress, 409, "contention"),
-    (FloorLost, 409, "gc_rejected"), (ResolvedPreconditionFailed, 409, "contention"),
+    (ClaimLost, 409, "contention"),
+    (CreationInProgress, 409, "contention"),
+    (FloorLost, 409, "gc_rejected"),
+    (ResolvedPreconditionFailed, 409, "contention"),
 ]
 
 HOST: list[tuple[ApiError, int, str, dict[str, str]]] = [
@@ -109,10 +110,14 @@ HOST: list[tuple[ApiError, int, str, dict[str, str]]] = [
 ]
 
 
-@pytest.mark.parametrize(("exc", "status", "code", "retry", "extra"), ENGINE,
-                         ids=[type(e[0]).__name__ + ":" + e[2] for e in ENGINE])
-def test_engine_answers_on_the_table(exc: w.Wal3Error, status: int, code: str,
-                                     retry: str | None, extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("exc", "status", "code", "retry", "extra"),
+    ENGINE,
+    ids=[type(e[0]).__name__ + ":" + e[2] for e in ENGINE],
+)
+def test_engine_answers_on_the_table(
+    exc: w.Wal3Error, status: int, code: str, retry: str | None, extra: dict[str, Any]
+) -> None:
     api = to_api_error(exc)
     assert api is not None
     assert (api.status, api.code) == (status, code)
@@ -121,7 +126,9 @@ def test_engine_answers_on_the_table(exc: w.Wal3Error, status: int, code: str,
     assert ANSWERS[exc.kind].status == status and ANSWERS[exc.kind].code == code
 
 
-@pytest.mark.parametrize(("cls", "status", "code"), SUBCLASSES, ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize(
+    ("cls", "status", "code"), SUBCLASSES, ids=lambda v: getattr(v, "__name__", str(v))
+)
 def test_subclasses_answer_as_their_parents(cls: type[w.Wal3Error], status: int, code: str) -> None:
     exc = cls.__new__(cls)
     Exception.__init__(exc, "x")
@@ -129,14 +136,18 @@ def test_subclasses_answer_as_their_parents(cls: type[w.Wal3Error], status: int,
     assert api is not None and (api.status, api.code) == (status, code)
 
 
-@pytest.mark.parametrize(("exc", "status", "code", "headers"), HOST,
-                         ids=[f"{type(h[0]).__name__}:{h[2]}" for h in HOST])
-def test_host_answers_on_the_table(exc: ApiError, status: int, code: str,
-                                   headers: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("exc", "status", "code", "headers"), HOST, ids=[f"{type(h[0]).__name__}:{h[2]}" for h in HOST]
+)
+def test_host_answers_on_the_table(
+    exc: ApiError, status: int, code: str, headers: dict[str, str]
+) -> None:
     assert (exc.status, exc.code) == (status, code)
     assert exc.headers == headers
-    assert (type(exc).status, type(exc).code) == (ANSWERS[type(exc).kind].status,
-                                                  ANSWERS[type(exc).kind].code)
+    assert (type(exc).status, type(exc).code) == (
+        ANSWERS[type(exc).kind].status,
+        ANSWERS[type(exc).kind].code,
+    )
 
 
 def test_a_conflict_code_outside_the_table_is_refused() -> None:
@@ -156,9 +167,15 @@ def test_non_errors_are_not_mapped() -> None:
 @pytest.fixture
 async def client(tmp_path: Path) -> Any:
     """The real app (create_app) with one extra route that raises the error it is told to."""
-    cfg = Settings(store=str(tmp_path / "store"), listen="127.0.0.1:1", api_keys=KEYS,
-                   server_id="test-table", rollup_interval_s=3600.0, idle_close_s=3600.0,
-                   gc_interval_s=3600.0)
+    cfg = Settings(
+        store=str(tmp_path / "store"),
+        listen="127.0.0.1:1",
+        api_keys=KEYS,
+        server_id="test-table",
+        rollup_interval_s=3600.0,
+        idle_close_s=3600.0,
+        gc_interval_s=3600.0,
+    )
     store = LocalStore(tmp_path / "store")
     server = Server(cfg, store=store)
     app = create_app(server)
@@ -168,8 +185,9 @@ async def client(tmp_path: Path) -> Any:
         raise errors[i]
 
     app.add_api_route("/_test/raise/{i}", _raise, methods=["GET"])
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://127.0.0.1") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+    ) as c:
         yield c
     await store.close()
 

@@ -54,8 +54,9 @@ async def test_a_held_claim_expires_only_after_its_ttl_unchanged(tmp_path: Path)
 async def test_a_renewal_restarts_the_wait(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "s")
     holder_clock = StepClock()
-    holder = await claim_log(store, PREFIX, purpose="fork", holder="a",
-                             watch=ClaimWatch(TTL_S, clock=holder_clock))
+    holder = await claim_log(
+        store, PREFIX, purpose="fork", holder="a", watch=ClaimWatch(TTL_S, clock=holder_clock)
+    )
     assert holder is not None
     watch, clock = stepped_watch()
     with pytest.raises(CreationInProgress):
@@ -76,8 +77,7 @@ async def test_two_takers_of_an_expired_claim_one_wins(tmp_path: Path) -> None:
         with pytest.raises(CreationInProgress):
             await _claim(store, w)
         c.advance(TTL_S)
-    results = await asyncio.gather(*(_claim(store, w) for w, _ in watches),
-                                   return_exceptions=True)
+    results = await asyncio.gather(*(_claim(store, w) for w, _ in watches), return_exceptions=True)
     won = [r for r in results if not isinstance(r, BaseException)]
     assert len(won) == 1 and won[0] is not None, results
     assert all(isinstance(r, CreationInProgress) for r in results if r not in won), results
@@ -87,8 +87,9 @@ async def test_a_taken_over_claimant_is_fenced_off(tmp_path: Path) -> None:
     """The old claimant was only slow: its next write finds its claim gone and stops."""
     store = LocalStore(tmp_path / "s")
     old_clock = StepClock()
-    old = await claim_log(store, PREFIX, purpose="fork", holder="old",
-                          watch=ClaimWatch(TTL_S, clock=old_clock))
+    old = await claim_log(
+        store, PREFIX, purpose="fork", holder="old", watch=ClaimWatch(TTL_S, clock=old_clock)
+    )
     assert old is not None
     watch, clock = stepped_watch()
     with pytest.raises(CreationInProgress):
@@ -126,15 +127,21 @@ async def test_a_commit_sent_keeps_the_claim(tmp_path: Path) -> None:
 
 async def test_a_creation_cleans_leftovers_and_drops_its_claim(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "s")
-    for key in (f"{PREFIX}/cursor/compaction.json", f"{PREFIX}/log/Bucket=0/x.parquet",
-                f"{PREFIX}/snapshot/SNAPSHOT.x", f"compacted/{T}/CURRENT.json",
-                f"compacted/{T}/v0000000000000001/part-a.parquet"):
+    for key in (
+        f"{PREFIX}/cursor/compaction.json",
+        f"{PREFIX}/log/Bucket=0/x.parquet",
+        f"{PREFIX}/snapshot/SNAPSHOT.x",
+        f"compacted/{T}/CURRENT.json",
+        f"compacted/{T}/v0000000000000001/part-a.parquet",
+    ):
         await store.put(key, b"left by a dead fork")
     await store.put(f"{PREFIX}/TENANT", json.dumps({"tenant": "alice"}).encode())
     assert await create_collection_log(store, T, PREFIX, "w", ClaimWatch(TTL_S))
     assert await load_manifest(store, PREFIX) is not None
-    left = sorted([m.key async for m in store.list(f"{PREFIX}/")]
-                  + [m.key async for m in store.list(f"compacted/{T}/")])
+    left = sorted(
+        [m.key async for m in store.list(f"{PREFIX}/")]
+        + [m.key async for m in store.list(f"compacted/{T}/")]
+    )
     assert left == [f"{PREFIX}/TENANT", f"{PREFIX}/manifest/MANIFEST"]
     with pytest.raises(ObjectNotFound):
         await store.head(join(PREFIX, CLAIM_PATH))
@@ -157,8 +164,9 @@ async def test_a_dead_claim_is_released_and_its_holder_fenced(tmp_path: Path) ->
     stops the holder should it only have been slow."""
     store = LocalStore(tmp_path / "s")
     holder_clock = StepClock()
-    held = await claim_log(store, PREFIX, purpose="fork", holder="a",
-                           watch=ClaimWatch(TTL_S, clock=holder_clock))
+    held = await claim_log(
+        store, PREFIX, purpose="fork", holder="a", watch=ClaimWatch(TTL_S, clock=holder_clock)
+    )
     assert held is not None
     key = join(PREFIX, CLAIM_PATH)
     watch, clock = stepped_watch()

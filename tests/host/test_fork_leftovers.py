@@ -7,14 +7,14 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+
 from host.forks import current_key, fork_collection
 from host.manager import log_prefix
 from wal3 import FaultRule, FaultyStore, LocalStore, LogWriter
-from wal3.errors import ObjectNotFound, SimulatedCrash
 from wal3.claim import ClaimWatch, CreationInProgress
+from wal3.errors import ObjectNotFound, SimulatedCrash
 from wal3.layout import load_manifest
-
-import pytest
 
 from .claimkit import TTL_S, stepped_watch
 
@@ -26,28 +26,39 @@ async def _log(store: LocalStore, cid: uuid.UUID, n: int) -> None:
     await w.close()
 
 
-async def _fork(store: object, src: uuid.UUID, dst: uuid.UUID, offset: int,
-                watch: ClaimWatch) -> object:
+async def _fork(
+    store: object, src: uuid.UUID, dst: uuid.UUID, offset: int, watch: ClaimWatch
+) -> object:
     m = (await load_manifest(store, log_prefix(src)))[0]  # type: ignore[arg-type]
 
     async def mark(*_: object) -> None:
         return None
 
-    return await fork_collection(store, source=src, target=dst,  # type: ignore[arg-type]
-                                 source_prefix=log_prefix(src), target_prefix=log_prefix(dst),
-                                 source_manifest=m, offset=offset, writer_name="t",
-                                 mark_dirty=mark, claims=watch)
+    return await fork_collection(
+        store,
+        source=src,
+        target=dst,  # type: ignore[arg-type]
+        source_prefix=log_prefix(src),
+        target_prefix=log_prefix(dst),
+        source_manifest=m,
+        offset=offset,
+        writer_name="t",
+        mark_dirty=mark,
+        claims=watch,
+    )
 
 
 async def test_a_retry_from_an_uncompacted_source_drops_a_stale_version_pointer(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     store = LocalStore(tmp_path / "s")
     a, b, t = (uuid.UUID(int=n, version=4) for n in (1, 2, 3))
     await _log(store, a, 15)
     path = f"compacted/{a}/v{1:016d}/part-x.parquet"
     await store.put(path, b"A's rows")
-    await store.put(current_key(a), json.dumps({"version": 1, "offset": 11, "rows": 3,
-                                                "path": path}).encode())
+    await store.put(
+        current_key(a), json.dumps({"version": 1, "offset": 11, "rows": 3, "path": path}).encode()
+    )
     await _log(store, b, 20)  # never compacted
     faulty = FaultyStore(store, seed=1)
     faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"CURRENT\.json$", times=1))

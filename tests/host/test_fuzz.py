@@ -68,15 +68,35 @@ CODE_WORD = re.compile(r"^[a-z][a-z_]*$")
 BOB_CID = "3f0c2d8e-9a41-4d7b-8e25-5c6b7a8d9e10"  # an existing log of bob's
 NEVER_WRITTEN = "9e8d7c6b-5a49-4382-a716-151413121110"
 CURSOR_NAMES = ["compaction", "reader", "fresh_cursor"]
-BAD_AUTHORIZATION = [None, "", "Bearer", "Bearer ", "Bearer wrong-key", "Basic c3ZjLWtleTo=",
-                     SERVICE_KEY, "Token svc-key", "Bearer svc-key-x", "bearer " + "k" * 600,
-                     "Bearer alice-key bob-key"]
+BAD_AUTHORIZATION = [
+    None,
+    "",
+    "Bearer",
+    "Bearer ",
+    "Bearer wrong-key",
+    "Basic c3ZjLWtleTo=",
+    SERVICE_KEY,
+    "Token svc-key",
+    "Bearer svc-key-x",
+    "bearer " + "k" * 600,
+    "Bearer alice-key bob-key",
+]
 
-_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-           response_schema_conformance, negative_data_rejection]
-_SETTINGS = dict(derandomize=True, database=None, deadline=None,
-                 phases=[Phase.explicit, Phase.generate],  # no shrinking: bounded time
-                 suppress_health_check=list(HealthCheck), print_blob=False)
+_CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+_SETTINGS = dict(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: bounded time
+    suppress_health_check=list(HealthCheck),
+    print_blob=False,
+)
 
 
 def _operations_of_the_app() -> list[tuple[str, str]]:
@@ -86,8 +106,9 @@ def _operations_of_the_app() -> list[tuple[str, str]]:
     schema the running server serves, and check it lists the same operations.
     """
     with tempfile.TemporaryDirectory() as d:
-        app = create_app(Server(Settings(store=str(Path(d) / "s"), api_keys=KEYS,
-                                         server_id="schema-probe")))
+        app = create_app(
+            Server(Settings(store=str(Path(d) / "s"), api_keys=KEYS, server_id="schema-probe"))
+        )
         paths = app.openapi()["paths"]
     return sorted((m.upper(), p) for p, ops in paths.items() for m in ops)
 
@@ -96,16 +117,24 @@ def _routes_of_the_app() -> list[tuple[str, str]]:
     """(METHOD, path) of every route of the app, included routers flattened (FastAPI >= 0.16x
     keeps an included router as one node of ``app.routes``)."""
     with tempfile.TemporaryDirectory() as d:
-        app = create_app(Server(Settings(store=str(Path(d) / "s"), api_keys=KEYS,
-                                         server_id="routes-probe")))
+        app = create_app(
+            Server(Settings(store=str(Path(d) / "s"), api_keys=KEYS, server_id="routes-probe"))
+        )
     try:
         from fastapi.routing import iter_route_contexts
     except ImportError:  # an older FastAPI: app.routes is flat
         routes: list[Any] = list(app.routes)
     else:
         routes = list(iter_route_contexts(app.routes))
-    return sorted({(m, r.path) for r in routes if getattr(r, "path", None)
-                   for m in (getattr(r, "methods", None) or ()) if m != "HEAD"})
+    return sorted(
+        {
+            (m, r.path)
+            for r in routes
+            if getattr(r, "path", None)
+            for m in (getattr(r, "methods", None) or ())
+            if m != "HEAD"
+        }
+    )
 
 
 OPERATIONS = _operations_of_the_app()
@@ -133,7 +162,7 @@ class ThreadedServer:
     def _run(self) -> None:
         try:
             asyncio.run(self._main())
-        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+        except BaseException as e:
             self._error = e
             self._ready.set()
 
@@ -168,9 +197,16 @@ def _ensure_logs(live: Live) -> None:
             h = {"Authorization": f"Bearer {key}"}
             path = log_path(tenant, cid)
             if c.get(path, headers=h).status_code == 404:
-                r = c.post(path + "/records", headers=h, json={
-                    "records": [record(i, document=f"doc {i}", metadata={"i": i},
-                                       embedding=[i, 0.5]) for i in range(5)]})
+                r = c.post(
+                    path + "/records",
+                    headers=h,
+                    json={
+                        "records": [
+                            record(i, document=f"doc {i}", metadata={"i": i}, embedding=[i, 0.5])
+                            for i in range(5)
+                        ]
+                    },
+                )
                 assert r.status_code == 200, r.text
             r = c.put(path + "/cursors/reader", headers=h, json={"offset": 2, "witness": None})
             assert r.status_code in (200, 409), r.text  # created, or already there
@@ -206,10 +242,15 @@ def schema(fuzz_live: Live) -> Any:
     # Authorization is sent by each test itself (the service key, or a bad one), not generated
     # from the security scheme.  Unknown query parameters are ignored by design (as HTTP servers
     # do), so they are not "negative data"; unknown body fields are (and are fuzzed).
-    config = schemathesis.Config.from_dict({"generation": {
-        "allow-extra-parameters": False, "with-security-parameters": False}})
-    return schemathesis.openapi.from_url(fuzz_live.url + "/openapi.json", config=config,
-                                         timeout=30, proxies={"http": "", "https": ""})
+    config = schemathesis.Config.from_dict(
+        {"generation": {"allow-extra-parameters": False, "with-security-parameters": False}}
+    )
+    return schemathesis.openapi.from_url(
+        fuzz_live.url + "/openapi.json",
+        config=config,
+        timeout=30,
+        proxies={"http": "", "https": ""},
+    )
 
 
 # ----------------------------------------------------------------------------- strategies
@@ -221,54 +262,78 @@ def _param_names(op: Any) -> set[str]:
 
 # (tenant, collection id) pairs: mostly the owner on its own log (also spelt in capitals and
 # without dashes), then a never-written id and other tenants' logs (404 either way).
-PATHS = [("alice", CID), ("alice", CID), ("alice", CID.upper()), ("alice", uuid.UUID(CID).hex),
-         ("bob", BOB_CID), ("alice", NEVER_WRITTEN), ("bob", CID), ("carol", BOB_CID)]
+PATHS = [
+    ("alice", CID),
+    ("alice", CID),
+    ("alice", CID.upper()),
+    ("alice", uuid.UUID(CID).hex),
+    ("bob", BOB_CID),
+    ("alice", NEVER_WRITTEN),
+    ("bob", CID),
+    ("carol", BOB_CID),
+]
 
 
 def _path_parameters(names: set[str]) -> st.SearchStrategy[dict[str, str]]:
     pairs = st.sampled_from(PATHS)
     if "name" in names:
         return st.tuples(pairs, st.sampled_from(CURSOR_NAMES)).map(
-            lambda t: {"tenant": t[0][0], "collection_id": t[0][1], "name": t[1]})
+            lambda t: {"tenant": t[0][0], "collection_id": t[0][1], "name": t[1]}
+        )
     return pairs.map(lambda t: {"tenant": t[0], "collection_id": t[1]})
 
 
-def _with_path(op: Any, mode: GenerationMode, names: set[str],
-               body: st.SearchStrategy[Any] | None = None) -> st.SearchStrategy[Any]:
+def _with_path(
+    op: Any, mode: GenerationMode, names: set[str], body: st.SearchStrategy[Any] | None = None
+) -> st.SearchStrategy[Any]:
     """Cases on a known tenant and a valid collection id (and a valid cursor name)."""
     if body is None:
-        return _path_parameters(names).flatmap(
-            lambda pp: op.as_strategy(mode, path_parameters=pp))
+        return _path_parameters(names).flatmap(lambda pp: op.as_strategy(mode, path_parameters=pp))
     return st.tuples(_path_parameters(names), body).flatmap(
-        lambda t: op.as_strategy(mode, path_parameters=t[0], body=t[1]))
+        lambda t: op.as_strategy(mode, path_parameters=t[0], body=t[1])
+    )
 
 
 _IDS = st.sampled_from([CID, BOB_CID, NEVER_WRITTEN]) | st.uuids().map(str)
 _FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=32)
 _RECORD = st.fixed_dictionaries(
-    {"id": st.text(min_size=1, max_size=8),
-     "op": st.sampled_from(["add", "update", "upsert", "delete"])},
-    optional={"document": st.none() | st.text(max_size=20),
-              "metadata": st.none() | st.dictionaries(
-                  st.text(max_size=5), st.none() | st.booleans() | st.integers() | _FLOATS
-                  | st.text(max_size=5), max_size=3),
-              "embedding": st.none() | st.lists(_FLOATS | st.integers(-9, 9), max_size=4)})
+    {
+        "id": st.text(min_size=1, max_size=8),
+        "op": st.sampled_from(["add", "update", "upsert", "delete"]),
+    },
+    optional={
+        "document": st.none() | st.text(max_size=20),
+        "metadata": st.none()
+        | st.dictionaries(
+            st.text(max_size=5),
+            st.none() | st.booleans() | st.integers() | _FLOATS | st.text(max_size=5),
+            max_size=3,
+        ),
+        "embedding": st.none() | st.lists(_FLOATS | st.integers(-9, 9), max_size=4),
+    },
+)
 
 
 def _valid_bodies(method: str, path: str) -> st.SearchStrategy[Any] | None:
     """Bodies valid for the server, which random strings and integers would rarely be."""
     if path.endswith("/fork"):
-        return st.fixed_dictionaries({"target_collection_id": _IDS},
-                                     optional={"offset": st.integers(1, 12)})
+        return st.fixed_dictionaries(
+            {"target_collection_id": _IDS}, optional={"offset": st.integers(1, 12)}
+        )
     if path == "/v1/dirty/purge":
         return st.fixed_dictionaries({"collection_ids": st.lists(_IDS, min_size=1, max_size=4)})
     if path == "/v1/dirty/adopt":
-        return st.fixed_dictionaries({"server_id": st.sampled_from([DEPARTED, "never-was"])
-                                      | st.from_regex(r"[a-z0-9][a-z0-9.-]{0,12}", fullmatch=True)})
+        return st.fixed_dictionaries(
+            {
+                "server_id": st.sampled_from([DEPARTED, "never-was"])
+                | st.from_regex(r"[a-z0-9][a-z0-9.-]{0,12}", fullmatch=True)
+            }
+        )
     if path.endswith("/records") and method == "POST":
         return st.fixed_dictionaries(
             {"records": st.lists(_RECORD, min_size=1, max_size=3)},
-            optional={"idempotency_key": st.text(min_size=1, max_size=8)})
+            optional={"idempotency_key": st.text(min_size=1, max_size=8)},
+        )
     if path.endswith("/compaction"):
         return st.fixed_dictionaries({"offset": st.integers(1, 12)})
     if "/cursors/" in path and method == "PUT":
@@ -283,8 +348,11 @@ def case_strategy(op: Any, method: str, path: str) -> st.SearchStrategy[Any]:
     parts = [op.as_strategy(pos), op.as_strategy(neg)]
     bodies = _valid_bodies(method, path)
     if "collection_id" in names:
-        parts += [_with_path(op, pos, names), _with_path(op, pos, names),
-                  _with_path(op, neg, names)]
+        parts += [
+            _with_path(op, pos, names),
+            _with_path(op, pos, names),
+            _with_path(op, neg, names),
+        ]
         if bodies is not None:
             parts += [_with_path(op, pos, names, bodies)] * 2
     elif bodies is not None:
@@ -298,23 +366,33 @@ def explicit_cases(op: Any, method: str, path: str, tail: int) -> list[Any]:
     target = str(uuid.uuid5(uuid.NAMESPACE_URL, f"fuzz-fork-{tail}"))
     other = str(uuid.uuid5(uuid.NAMESPACE_URL, f"fuzz-fork-past-{tail}"))
     table: dict[tuple[str, str], list[dict[str, Any]]] = {
-        ("POST", "/records"): [{"body": {"records": [record("explicit", document="d",
-                                                             metadata={"k": 1.5},
-                                                             embedding=[0.25, 1])]}}],
-        ("GET", "/records"): [{"query": {"from": 1, "limit": 2}},
-                              {"query": {"from": tail, "wait_ms": 50}},
-                              {"query": {"from": tail + 1000}}],
+        ("POST", "/records"): [
+            {
+                "body": {
+                    "records": [
+                        record("explicit", document="d", metadata={"k": 1.5}, embedding=[0.25, 1])
+                    ]
+                }
+            }
+        ],
+        ("GET", "/records"): [
+            {"query": {"from": 1, "limit": 2}},
+            {"query": {"from": tail, "wait_ms": 50}},
+            {"query": {"from": tail + 1000}},
+        ],
         ("GET", ""): [{}],
         ("GET", "/fragments"): [{}, {"query": {"from": 1, "limit": 1}}],
         ("GET", "/cursors/{name}"): [{"name": "reader"}],
         ("DELETE", "/cursors/{name}"): [{"name": "reader"}],
-        ("PUT", "/cursors/{name}"): [{"name": "explicit_at_tail",
-                                      "body": {"offset": tail, "witness": None}},
-                                     {"name": "explicit_past_tail",
-                                      "body": {"offset": tail + 1, "witness": None}}],
+        ("PUT", "/cursors/{name}"): [
+            {"name": "explicit_at_tail", "body": {"offset": tail, "witness": None}},
+            {"name": "explicit_past_tail", "body": {"offset": tail + 1, "witness": None}},
+        ],
         ("POST", "/compaction"): [{"body": {"offset": 1}}, {"body": {"offset": tail + 1}}],
-        ("POST", "/fork"): [{"body": {"target_collection_id": target}},
-                            {"body": {"target_collection_id": other, "offset": tail + 1}}],
+        ("POST", "/fork"): [
+            {"body": {"target_collection_id": target}},
+            {"body": {"target_collection_id": other, "offset": tail + 1}},
+        ],
         ("POST", "/seal"): [{}],
         ("POST", "/gc"): [{}],
         ("GET", "/scrub"): [{}],
@@ -322,15 +400,14 @@ def explicit_cases(op: Any, method: str, path: str, tail: int) -> list[Any]:
     base = "/v1/tenants/{tenant}/logs/{collection_id}"
     out = []
     if path.startswith(base):
-        for spec in table.get((method, path[len(base):]), []):
+        for spec in table.get((method, path[len(base) :]), []):
             pp = dict(alice, **({"name": spec["name"]} if "name" in spec else {}))
             kw: dict[str, Any] = {"path_parameters": pp, "query": spec.get("query")}
             if "body" in spec:
                 kw.update(body=spec["body"], media_type="application/json")
             out.append(op.Case(**kw))
     elif path == "/v1/dirty/purge":
-        out.append(op.Case(body={"collection_ids": [NEVER_WRITTEN]},
-                           media_type="application/json"))
+        out.append(op.Case(body={"collection_ids": [NEVER_WRITTEN]}, media_type="application/json"))
     elif path == "/v1/dirty/adopt":
         out.append(op.Case(body={"server_id": DEPARTED}, media_type="application/json"))
     elif path == "/v1/dirty/inspect":
@@ -341,8 +418,12 @@ def explicit_cases(op: Any, method: str, path: str, tail: int) -> list[Any]:
 
 
 def _alice_tail(live: Live) -> int:
-    r = httpx.get(live.url + log_path("alice", CID), timeout=30, trust_env=False,
-                  headers={"Authorization": "Bearer alice-key"})
+    r = httpx.get(
+        live.url + log_path("alice", CID),
+        timeout=30,
+        trust_env=False,
+        headers={"Authorization": "Bearer alice-key"},
+    )
     assert r.status_code == 200, r.text
     return int(r.json()["next_offset"])
 
@@ -385,7 +466,8 @@ def assert_state_invariants(case: Any, response: Any) -> None:
         assert 1 <= body["oldest_offset"] <= body["next_offset"], body
         assert body["compaction_offset"] <= body["next_offset"], (
             f"compaction cursor past the tail after {case.method} {response.request.url} "
-            f"{response.request.body!r}: {body}")
+            f"{response.request.body!r}: {body}"
+        )
 
 
 _SESSION = requests.Session()
@@ -396,11 +478,14 @@ def call(case: Any, base_url: str, headers: dict[str, str] | None) -> Any:
     """Send one case; a schemathesis Response (``.request`` is what went on the wire)."""
     assert base_url.startswith("http://127.0.0.1:"), base_url
     try:
-        return case.call(base_url=base_url, headers=headers, timeout=REQUEST_TIMEOUT_S,
-                         session=_SESSION)
+        return case.call(
+            base_url=base_url, headers=headers, timeout=REQUEST_TIMEOUT_S, session=_SESSION
+        )
     except requests.Timeout:
-        pytest.fail(f"no answer within {REQUEST_TIMEOUT_S}s (a hang):\n"
-                    f"{case.as_curl_command(headers=headers, base_url=base_url)}")
+        pytest.fail(
+            f"no answer within {REQUEST_TIMEOUT_S}s (a hang):\n"
+            f"{case.as_curl_command(headers=headers, base_url=base_url)}"
+        )
 
 
 class Failures:
@@ -414,8 +499,9 @@ class Failures:
     def __init__(self) -> None:
         self.found: dict[str, str] = {}
 
-    def record(self, exc: BaseException, case: Any, headers: dict[str, str] | None,
-               base_url: str) -> None:
+    def record(
+        self, exc: BaseException, case: Any, headers: dict[str, str] | None, base_url: str
+    ) -> None:
         text = str(exc)
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         if first not in self.found:
@@ -424,8 +510,11 @@ class Failures:
 
     def check(self) -> None:
         if self.found:
-            pytest.fail(f"{len(self.found)} distinct failure(s):\n\n"
-                        + "\n\n".join(list(self.found.values())[:10]), pytrace=False)
+            pytest.fail(
+                f"{len(self.found)} distinct failure(s):\n\n"
+                + "\n\n".join(list(self.found.values())[:10]),
+                pytrace=False,
+            )
 
 
 def _route_matches(templates: list[str], url: str) -> bool:
@@ -461,18 +550,20 @@ def test_fuzz_with_the_service_key(schema: Any, fuzz_live: Live, method: str, pa
             response = call(case, fuzz_live.url, headers)
             seen[response.status_code] = seen.get(response.status_code, 0) + 1
             # schemathesis' checks: not_a_server_error, conformance, negative data rejected
-            case.validate_response(response, checks=_CHECKS,
-                                   transport_kwargs={"base_url": fuzz_live.url})
+            case.validate_response(
+                response, checks=_CHECKS, transport_kwargs={"base_url": fuzz_live.url}
+            )
             assert_error_shape(case, response)
             assert_state_invariants(case, response)
-        except (Exception, pytest.fail.Exception) as e:  # noqa: BLE001 - reported below
+        except (Exception, pytest.fail.Exception) as e:
             failures.record(e, case, headers, fuzz_live.url)
 
     test = run
     for c in explicit_cases(op, method, path, _alice_tail(fuzz_live)):
         test = example(case=c)(test)
     settings(max_examples=MAX_EXAMPLES, **_SETTINGS)(
-        given(case=case_strategy(op, method, path))(test))()
+        given(case=case_strategy(op, method, path))(test)
+    )()
     failures.check()
     # the fuzzer reached the operation itself, not only the 400s of invalid ids
     if path not in PUBLIC:
@@ -488,8 +579,8 @@ def test_fuzz_without_a_valid_key(schema: Any, fuzz_live: Live, method: str, pat
     if "collection_id" in names:
         cases = cases | _with_path(op, GenerationMode.POSITIVE, names)
     authorization = st.sampled_from(BAD_AUTHORIZATION) | st.text(
-        st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40).map(
-        lambda k: f"Bearer {k}")
+        st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40
+    ).map(lambda k: f"Bearer {k}")
     valid = {f"Bearer {k.split('=')[0]}" for k in KEYS.split(",")}
     templates = [p for _, p in OPERATIONS]
     failures = Failures()
@@ -505,7 +596,7 @@ def test_fuzz_without_a_valid_key(schema: Any, fuzz_live: Live, method: str, pat
         headers = None if header is None else {"Authorization": header}
         try:
             check_refused(case, headers)
-        except (Exception, pytest.fail.Exception) as e:  # noqa: BLE001 - reported below
+        except (Exception, pytest.fail.Exception) as e:
             failures.record(e, case, headers, fuzz_live.url)
 
     def check_refused(case: Any, headers: dict[str, str] | None) -> None:
@@ -522,7 +613,8 @@ def test_fuzz_without_a_valid_key(schema: Any, fuzz_live: Live, method: str, pat
             return  # the generated path matches no route at all: the router's 404
         assert response.status_code == 401, (
             f"{response.status_code} without a valid key: {response.text[:300]}\n"
-            f"{case.as_curl_command(headers=headers, base_url=fuzz_live.url)}")
+            f"{case.as_curl_command(headers=headers, base_url=fuzz_live.url)}"
+        )
         assert response.json()["error"]["code"] == "unauthorized"
 
     run()

@@ -34,8 +34,11 @@ async def test_a_cursor_below_another_process_collection_is_refused(tmp_path: Pa
         gc = GarbageCollector(outside, prefix, GcOptions(grace_s=0, retain_fragments=0))
         assert (await gc.run_once()).phase == "done"
         await outside.close()
-        assert_error(await alice.put(BASE + "/cursors/late", json={"offset": 2, "witness": None}),
-                     410, "purged")
+        assert_error(
+            await alice.put(BASE + "/cursors/late", json={"offset": 2, "witness": None}),
+            410,
+            "purged",
+        )
         # The refused pin is undone: it must not hold collection back either.
         assert (await alice.get(BASE + "/cursors/late")).status_code == 404
         ok = await alice.put(BASE + "/cursors/late", json={"offset": 5, "witness": None})

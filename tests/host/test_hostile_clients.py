@@ -56,8 +56,11 @@ async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
 
 def _waiting(lv: Live, cid: str | None = None) -> int:
     """Requests parked on logs: users (before the fix long-polls were users) and waiters."""
-    return sum(h.users + getattr(h, "waiters", 0) for h in lv.server.manager.handles()
-               if cid is None or str(h.collection_id) == cid)
+    return sum(
+        h.users + getattr(h, "waiters", 0)
+        for h in lv.server.manager.handles()
+        if cid is None or str(h.collection_id) == cid
+    )
 
 
 # ------------------------------------------------------------------------------ 7. slowloris
@@ -65,11 +68,12 @@ def _waiting(lv: Live, cid: str | None = None) -> int:
 
 async def test_slowloris_connections_are_closed_by_the_server(tmp_path: Path) -> None:
     cid = str(uuid.uuid4())
-    async with live_server(str(tmp_path / "store"), header_timeout_s=0.5,
-                           body_timeout_s=0.5) as lv:
-        head = (f"POST {log_path('alice', cid)}/records HTTP/1.1\r\nHost: x\r\n"
-                f"Authorization: Bearer alice-key\r\nContent-Type: application/json\r\n"
-                f"Content-Length: 100\r\n\r\n").encode()
+    async with live_server(str(tmp_path / "store"), header_timeout_s=0.5, body_timeout_s=0.5) as lv:
+        head = (
+            f"POST {log_path('alice', cid)}/records HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer alice-key\r\nContent-Type: application/json\r\n"
+            f"Content-Length: 100\r\n\r\n"
+        ).encode()
         attacks = {
             "silent": b"",
             "partial request line": b"GET /heal",
@@ -96,8 +100,7 @@ async def test_slowloris_connections_are_closed_by_the_server(tmp_path: Path) ->
 
 
 async def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
-    async with live_server(str(tmp_path / "store"), max_connections=3,
-                           header_timeout_s=60.0) as lv:
+    async with live_server(str(tmp_path / "store"), max_connections=3, header_timeout_s=60.0) as lv:
         held = [await asyncio.open_connection("127.0.0.1", _port(lv)) for _ in range(3)]
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
@@ -124,17 +127,20 @@ async def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
 async def test_client_hanging_up_mid_body_is_not_a_server_error(tmp_path: Path) -> None:
     cid = str(uuid.uuid4())
     async with live_server(str(tmp_path / "store")) as lv:
-        head = (f"POST {log_path('alice', cid)}/records HTTP/1.1\r\nHost: x\r\n"
-                f"Authorization: Bearer alice-key\r\nContent-Length: 1000\r\n\r\n").encode()
+        head = (
+            f"POST {log_path('alice', cid)}/records HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer alice-key\r\nContent-Length: 1000\r\n\r\n"
+        ).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
         writer.write(head + b'{"records": [')
         await writer.drain()
         writer.close()
         async with lv.client() as c:
+
             async def counted() -> bool:
                 text = await metrics_text(c)
-                return any(metric(text, "loghost_requests_total", status=s) for s in
-                           ("499", "500"))
+                return any(metric(text, "loghost_requests_total", status=s) for s in ("499", "500"))
+
             await wait_until(counted, "the cut request to be counted", BOUND_S)
             text = await metrics_text(c)
         assert metric(text, "loghost_requests_total", status="500") is None, text
@@ -146,8 +152,12 @@ async def test_client_hanging_up_mid_body_is_not_a_server_error(tmp_path: Path) 
 
 async def _long_poll_then_hang_up(lv: Live, tenant: str, key: str, cid: str) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
-    writer.write((f"GET {log_path(tenant, cid)}/records?from=2&wait_ms=30000 HTTP/1.1\r\n"
-                  f"Host: x\r\nAuthorization: Bearer {key}\r\n\r\n").encode())
+    writer.write(
+        (
+            f"GET {log_path(tenant, cid)}/records?from=2&wait_ms=30000 HTTP/1.1\r\n"
+            f"Host: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+        ).encode()
+    )
     await writer.drain()
     await wait_until(lambda: _waiting(lv, cid) >= 1, "the long-poll to park", BOUND_S)
     writer.close()
@@ -158,20 +168,24 @@ async def test_hung_up_long_polls_neither_pin_slots_nor_keep_waiting(tmp_path: P
     async with live_server(str(tmp_path / "store"), max_open_logs=3) as lv:
         async with lv.client("bob-key") as bob:
             for cid in bobs:
-                r = await bob.post(log_path("bob", cid) + "/records",
-                                   json={"records": [record("b")]})
+                r = await bob.post(
+                    log_path("bob", cid) + "/records", json={"records": [record("b")]}
+                )
                 assert r.status_code == 200, r.text
         for cid in bobs:
             await _long_poll_then_hang_up(lv, "bob", "bob-key", cid)
         # every slot is open and waited on; another tenant still gets new logs opened
         async with lv.client("alice-key") as alice:
             for _ in range(3):
-                r = await alice.post(log_path("alice", uuid.uuid4()) + "/records",
-                                     json={"records": [record("a")]})
+                r = await alice.post(
+                    log_path("alice", uuid.uuid4()) + "/records", json={"records": [record("a")]}
+                )
                 assert r.status_code == 200, r.text
+
             # and the server stopped waiting for the clients that hung up
             async def none_waiting() -> bool:
                 return metric(await metrics_text(alice), "loghost_long_polls") == 0.0
+
             await wait_until(none_waiting, "hung-up long-polls to end", BOUND_S)
 
 
@@ -180,22 +194,27 @@ async def test_long_polls_are_limited_per_tenant(tmp_path: Path) -> None:
         cids = {t: str(uuid.uuid4()) for t in ("alice", "bob")}
         async with lv.client("alice-key") as alice, lv.client("bob-key") as bob:
             for c, t in ((alice, "alice"), (bob, "bob")):
-                r = await c.post(log_path(t, cids[t]) + "/records",
-                                 json={"records": [record("x")]})
+                r = await c.post(log_path(t, cids[t]) + "/records", json={"records": [record("x")]})
                 assert r.status_code == 200, r.text
             params = {"from": 2, "wait_ms": 10_000}
-            waits = [asyncio.create_task(alice.get(log_path("alice", cids["alice"]) + "/records",
-                                                   params=params)) for _ in range(2)]
+            waits = [
+                asyncio.create_task(
+                    alice.get(log_path("alice", cids["alice"]) + "/records", params=params)
+                )
+                for _ in range(2)
+            ]
             await wait_until(lambda: _waiting(lv) >= 2, "two long-polls parked", BOUND_S)
             r = await alice.get(log_path("alice", cids["alice"]) + "/records", params=params)
             err = assert_error(r, 429, "backpressure")
             assert err["reason"] == "long_poll"
             # another tenant is not affected
-            other = asyncio.create_task(bob.get(log_path("bob", cids["bob"]) + "/records",
-                                                params=params))
+            other = asyncio.create_task(
+                bob.get(log_path("bob", cids["bob"]) + "/records", params=params)
+            )
             await wait_until(lambda: _waiting(lv) >= 3, "bob's long-poll parked", BOUND_S)
-            r = await alice.post(log_path("alice", cids["alice"]) + "/records",
-                                 json={"records": [record("wake")]})
+            r = await alice.post(
+                log_path("alice", cids["alice"]) + "/records", json={"records": [record("wake")]}
+            )
             assert r.status_code == 200
             for t in waits:
                 got = await t
@@ -242,8 +261,15 @@ def test_many_tiny_records_are_refused_without_parsing_them_all(tmp_path: Path) 
 async def test_large_bodies_decoded_in_slices_keep_the_rules(tmp_path: Path) -> None:
     """Bodies over the slicing threshold are validated as strictly, and stored identically."""
     cid = str(uuid.uuid4())
-    recs = [record(i, document="d" * 100, metadata={"n": i, "f": 1.5, "b": True, "z": None},
-                   embedding=[i, 0.25]) for i in range(2000)]
+    recs = [
+        record(
+            i,
+            document="d" * 100,
+            metadata={"n": i, "f": 1.5, "b": True, "z": None},
+            embedding=[i, 0.25],
+        )
+        for i in range(2000)
+    ]
     async with live_server(str(tmp_path / "store")) as lv, lv.client("alice-key") as c:
         path = log_path("alice", cid) + "/records"
         bad = recs[:1500] + [record("x", op="nope")] + recs[1500:]
@@ -256,7 +282,8 @@ async def test_large_bodies_decoded_in_slices_keep_the_rules(tmp_path: Path) -> 
         assert r.status_code == 200 and r.json()["count"] == 2000, r.text
         got = (await c.get(path, params={"from": 1, "limit": 2000})).json()["records"]
         assert [x["record"] for x in got] == [
-            {"document": None, "metadata": None, "embedding": None, **x} for x in recs]
+            {"document": None, "metadata": None, "embedding": None, **x} for x in recs
+        ]
 
 
 async def test_records_bound_is_in_the_schema(tmp_path: Path) -> None:
@@ -270,13 +297,18 @@ async def test_records_bound_is_in_the_schema(tmp_path: Path) -> None:
 
 
 def test_reused_idempotency_key_with_another_body_is_refused_across_a_restart(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     store = str(tmp_path / "store")
     cid = str(uuid.uuid4())
-    first_body = {"records": [record("r1", document="one"), record("r2")],
-                  "idempotency_key": "batch-1"}
-    other_body = {"records": [record("r1", document="two"), record("r2")],
-                  "idempotency_key": "batch-1"}
+    first_body = {
+        "records": [record("r1", document="one"), record("r2")],
+        "idempotency_key": "batch-1",
+    }
+    other_body = {
+        "records": [record("r1", document="two"), record("r2")],
+        "idempotency_key": "batch-1",
+    }
     proc = spawn_server(store, tmp_path, server_id="idem")
     try:
         with httpx.Client(base_url=proc.url, headers=auth("alice-key"), timeout=30) as c:
@@ -309,21 +341,39 @@ def test_reused_idempotency_key_with_another_body_is_refused_across_a_restart(
 # --------------------------------------------------------------------------- 8. small ones
 
 
-@pytest.mark.parametrize("spelling", [
-    "{%s}", "urn:uuid:%s", "%s-upper", "arabic-indic",
-])
-async def test_redirect_names_the_log_canonically(tmp_path: Path, redis_server: Any,
-                                                  spelling: str) -> None:
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "{%s}",
+        "urn:uuid:%s",
+        "%s-upper",
+        "arabic-indic",
+    ],
+)
+async def test_redirect_names_the_log_canonically(
+    tmp_path: Path, redis_server: Any, spelling: str
+) -> None:
     cid = uuid.uuid4()
     store = str(tmp_path / "store")
     pa, pb = free_port(), free_port()
-    async with live_server(store, port=pa, server_id="a", redis_url=redis_server.url,
-                           advertise_url=f"http://127.0.0.1:{pa}") as a, \
-            live_server(store, port=pb, server_id="b", redis_url=redis_server.url,
-                        advertise_url=f"http://127.0.0.1:{pb}") as b:
+    async with (
+        live_server(
+            store,
+            port=pa,
+            server_id="a",
+            redis_url=redis_server.url,
+            advertise_url=f"http://127.0.0.1:{pa}",
+        ) as a,
+        live_server(
+            store,
+            port=pb,
+            server_id="b",
+            redis_url=redis_server.url,
+            advertise_url=f"http://127.0.0.1:{pb}",
+        ) as b,
+    ):
         async with a.client("alice-key") as ca, b.client("alice-key") as cb:
-            r = await ca.post(log_path("alice", cid) + "/records",
-                              json={"records": [record("x")]})
+            r = await ca.post(log_path("alice", cid) + "/records", json={"records": [record("x")]})
             assert r.status_code == 200, r.text
             if spelling == "%s-upper":
                 odd = str(cid).upper()
@@ -334,8 +384,7 @@ async def test_redirect_names_the_log_canonically(tmp_path: Path, redis_server: 
             assert uuid.UUID(odd) == cid
             r = await cb.get(log_path("alice", odd) + "/records", params={"from": 1})
             assert_error(r, 307, "not_leader")
-            assert r.headers["location"] == \
-                f"{a.url}{log_path('alice', cid)}/records?from=1"
+            assert r.headers["location"] == f"{a.url}{log_path('alice', cid)}/records?from=1"
 
 
 class _BrokenProbeStore(LocalStore):
@@ -360,8 +409,9 @@ async def test_cursor_names_with_a_trailing_newline_are_refused(tmp_path: Path) 
     async with live_server(str(tmp_path / "store")) as lv, lv.client() as c:
         r = await c.post(log_path("alice", cid) + "/records", json={"records": [record("x")]})
         assert r.status_code == 200
-        r = await c.put(log_path("alice", cid) + "/cursors/mine%0A",
-                        json={"offset": 1, "witness": None})
+        r = await c.put(
+            log_path("alice", cid) + "/cursors/mine%0A", json={"offset": 1, "witness": None}
+        )
         assert_error(r, 400)
         assert not list((tmp_path / "store").rglob("mine*"))
 
@@ -369,15 +419,16 @@ async def test_cursor_names_with_a_trailing_newline_are_refused(tmp_path: Path) 
 async def test_tenant_names_with_a_trailing_newline_are_refused(tmp_path: Path) -> None:
     cid = str(uuid.uuid4())
     async with live_server(str(tmp_path / "store")) as lv, lv.client() as service:
-        r = await service.post(log_path("alice%0A", cid) + "/records",
-                               json={"records": [record("x")]})
+        r = await service.post(
+            log_path("alice%0A", cid) + "/records", json={"records": [record("x")]}
+        )
         assert_error(r, 400)
         assert not list((tmp_path / "store").rglob("TENANT"))
 
 
-async def test_compactor_client_follows_redirects_only_to_listed_hosts(tmp_path: Path,
-                                                                        redis_server: Any
-                                                                        ) -> None:
+async def test_compactor_client_follows_redirects_only_to_listed_hosts(
+    tmp_path: Path, redis_server: Any
+) -> None:
     """A Location from Redis pointing elsewhere never receives the service key."""
     cid = str(uuid.uuid4())
     seen: list[str] = []
@@ -391,9 +442,11 @@ async def test_compactor_client_follows_redirects_only_to_listed_hosts(tmp_path:
         await send({"type": "http.response.body", "body": b"{}"})
 
     import uvicorn
+
     trap_port = free_port()
-    trap_server = uvicorn.Server(uvicorn.Config(trap, host="127.0.0.1", port=trap_port,
-                                                log_config=None, lifespan="off"))
+    trap_server = uvicorn.Server(
+        uvicorn.Config(trap, host="127.0.0.1", port=trap_port, log_config=None, lifespan="off")
+    )
     trap_task = asyncio.create_task(trap_server.serve())
     try:
         await wait_until(lambda: trap_server.started, "trap server up")
@@ -402,15 +455,25 @@ async def test_compactor_client_follows_redirects_only_to_listed_hosts(tmp_path:
             assert r.status_code == 200
         # A hint naming the trap (a compromised or confused Redis).
         import redis.asyncio as aioredis
+
         rc = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
         try:
-            await rc.set("loghost:leader:" + cid, json.dumps(
-                {"server_id": "evil", "url": f"http://127.0.0.1:{trap_port}",
-                 "incarnation": "x"}), px=60_000)
+            await rc.set(
+                "loghost:leader:" + cid,
+                json.dumps(
+                    {
+                        "server_id": "evil",
+                        "url": f"http://127.0.0.1:{trap_port}",
+                        "incarnation": "x",
+                    }
+                ),
+                px=60_000,
+            )
         finally:
             await rc.aclose()
-        async with live_server(str(tmp_path / "store"), redis_url=redis_server.url,
-                               server_id="other") as lv2:
+        async with live_server(
+            str(tmp_path / "store"), redis_url=redis_server.url, server_id="other"
+        ) as lv2:
             async with LogHostClient(lv2.url, "svc-key", redirect_hosts=[lv2.url]) as client:
                 with pytest.raises(ClientNotLeader):
                     await client.state("alice", cid)

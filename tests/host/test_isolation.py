@@ -57,19 +57,25 @@ def service_only(suffix: str) -> bool:
 async def _populated(root: Path) -> AsyncIterator[Live]:
     async with live_server(store=LocalStore(root, fsync=False)) as lv:
         async with lv.client("alice-key") as alice:
-            a = alice.post(log_path("alice", ALICE_LOG) + "/records",
-                           json={"records": [record("sx1"), record("sx2"), record("sx3")],
-                                 "idempotency_key": "alice-k1"})
+            a = alice.post(
+                log_path("alice", ALICE_LOG) + "/records",
+                json={
+                    "records": [record("sx1"), record("sx2"), record("sx3")],
+                    "idempotency_key": "alice-k1",
+                },
+            )
             assert (await a).status_code == 200
-            r = await alice.put(log_path("alice", ALICE_LOG) + "/cursors/mine",
-                                json={"offset": 2, "witness": None})
+            r = await alice.put(
+                log_path("alice", ALICE_LOG) + "/cursors/mine", json={"offset": 2, "witness": None}
+            )
             assert r.status_code == 200, r.text
         async with lv.client() as svc:  # compaction is the service's
             r = await svc.post(log_path("alice", ALICE_LOG) + "/compaction", json={"offset": 2})
             assert r.status_code == 200, r.text
         async with lv.client("bob-key") as bob:
-            r = await bob.post(log_path("bob", BOB_LOG) + "/records",
-                               json={"records": [record("b1")]})
+            r = await bob.post(
+                log_path("bob", BOB_LOG) + "/records", json={"records": [record("b1")]}
+            )
             assert r.status_code == 200, r.text
         yield lv
 
@@ -102,17 +108,21 @@ async def snapshot(lv: Live, tenant: str, cid: str) -> dict[str, Any]:
     return {"state": state, "records": records, "cursors": cursors}
 
 
-async def call(c: httpx.AsyncClient, method: str, url: str, body: dict[str, Any] | None
-               ) -> httpx.Response:
-    return await c.request(method, url, json=body) if body is not None else \
-        await c.request(method, url)
+async def call(
+    c: httpx.AsyncClient, method: str, url: str, body: dict[str, Any] | None
+) -> httpx.Response:
+    return (
+        await c.request(method, url, json=body)
+        if body is not None
+        else await c.request(method, url)
+    )
 
 
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(("method", "suffix", "body"), endpoints(), ids=ENDPOINT_IDS)
-async def test_bob_can_neither_act_on_nor_learn_of_alices_log(shared: Live, method: str,
-                                                              suffix: str,
-                                                              body: dict[str, Any] | None) -> None:
+async def test_bob_can_neither_act_on_nor_learn_of_alices_log(
+    shared: Live, method: str, suffix: str, body: dict[str, Any] | None
+) -> None:
     """Alice's collection named through bob's own path.  (Bob's key on alice's path is 403: a
     cell of the matrix in test_authz.py.)"""
     before = await snapshot(shared, "alice", ALICE_LOG)
@@ -131,16 +141,19 @@ async def test_bob_can_neither_act_on_nor_learn_of_alices_log(shared: Live, meth
         target = body["target_collection_id"]  # type: ignore[index]
         async with shared.client("alice-key") as alice:
             assert_error(await alice.get(log_path("alice", target)), 404)
-            r = await alice.post(log_path("alice", target) + "/records",
-                                 json={"records": [record("mine")]})
+            r = await alice.post(
+                log_path("alice", target) + "/records", json={"records": [record("mine")]}
+            )
             assert r.status_code == 200, r.text
 
 
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize("suffix", ["", "/records", "/fragments", "/cursors/mine",
-                                    "/cursors/compaction", "/scrub"])
-async def test_404_for_foreign_log_is_indistinguishable_from_no_log(shared: Live,
-                                                                    suffix: str) -> None:
+@pytest.mark.parametrize(
+    "suffix", ["", "/records", "/fragments", "/cursors/mine", "/cursors/compaction", "/scrub"]
+)
+async def test_404_for_foreign_log_is_indistinguishable_from_no_log(
+    shared: Live, suffix: str
+) -> None:
     never = str(uuid.uuid4())
     async with shared.client("bob-key" if not service_only(suffix) else "svc-key") as bob:
         foreign = await bob.get(log_path("bob", ALICE_LOG) + suffix)
@@ -157,20 +170,23 @@ async def test_cannot_fork_into_or_out_of_another_tenants_log(live: Live) -> Non
     # forking is the service's (tenant keys get 403: the matrix in test_authz.py); acting for
     # one tenant it cannot fork into another tenant's collection
     async with live.client() as svc:
-        r = await svc.post(log_path("bob", BOB_LOG) + "/fork",
-                           json={"target_collection_id": ALICE_LOG})
+        r = await svc.post(
+            log_path("bob", BOB_LOG) + "/fork", json={"target_collection_id": ALICE_LOG}
+        )
         assert_error(r, 404)
         assert "alice" not in r.text
-        r = await svc.post(log_path("alice", ALICE_LOG) + "/fork",
-                           json={"target_collection_id": BOB_LOG})
+        r = await svc.post(
+            log_path("alice", ALICE_LOG) + "/fork", json={"target_collection_id": BOB_LOG}
+        )
         assert_error(r, 404)
     assert await snapshot(live, "alice", ALICE_LOG) == alice_before
     assert await snapshot(live, "bob", BOB_LOG) == bob_before
     # a fork into a fresh collection belongs to the forking tenant only
     fresh = str(uuid.uuid4())
     async with live.client() as svc:
-        r = await svc.post(log_path("bob", BOB_LOG) + "/fork",
-                           json={"target_collection_id": fresh, "offset": 1})
+        r = await svc.post(
+            log_path("bob", BOB_LOG) + "/fork", json={"target_collection_id": fresh, "offset": 1}
+        )
         assert r.status_code == 200, r.text
         assert r.json()["tenant"] == "bob"
     async with live.client("bob-key") as bob:
@@ -183,8 +199,10 @@ async def test_cannot_fork_into_or_out_of_another_tenants_log(live: Live) -> Non
 async def test_idempotency_keys_do_not_cross_tenants(live: Live) -> None:
     """bob reusing alice's idempotency key on his own log gets his own append, not alice's answer."""
     async with live.client("bob-key") as bob:
-        r = await bob.post(log_path("bob", BOB_LOG) + "/records",
-                           json={"records": [record("b2")], "idempotency_key": "alice-k1"})
+        r = await bob.post(
+            log_path("bob", BOB_LOG) + "/records",
+            json={"records": [record("b2")], "idempotency_key": "alice-k1"},
+        )
         assert r.status_code == 200, r.text
         assert r.json() == {"first_offset": 2, "count": 1, "next_offset": 3}
 
@@ -197,8 +215,9 @@ async def test_service_key_acts_on_every_tenant(live: Live) -> None:
         for tenant, cid in (("alice", ALICE_LOG), ("bob", BOB_LOG)):
             r = await svc.get(log_path(tenant, cid))
             assert r.status_code == 200 and r.json()["tenant"] == tenant
-            r = await svc.post(log_path(tenant, cid) + "/records",
-                               json={"records": [record("svc")]})
+            r = await svc.post(
+                log_path(tenant, cid) + "/records", json={"records": [record("svc")]}
+            )
             assert r.status_code == 200, r.text
         r = await svc.post("/v1/dirty/rollup")
         listed = {e["collection_id"]: e["tenant"] for e in r.json()["logs"]}
@@ -225,19 +244,25 @@ def json_log() -> Iterator[io.StringIO]:
         root.setLevel(old_level)
 
 
-async def test_logs_carry_request_context_and_never_keys(tmp_path: Path,
-                                                         json_log: io.StringIO) -> None:
+async def test_logs_carry_request_context_and_never_keys(
+    tmp_path: Path, json_log: io.StringIO
+) -> None:
     secrets = [k.split("=")[0] for k in KEYS.split(",")] + ["unknown-sekrit-key-42"]
     async with live_server(str(tmp_path / "store")) as lv:
         async with lv.client("alice-key") as alice:
-            r = await alice.post(log_path("alice", ALICE_LOG) + "/records",
-                                 json={"records": [record("a")]},
-                                 headers={"X-Request-Id": "rid-append-1"})
+            r = await alice.post(
+                log_path("alice", ALICE_LOG) + "/records",
+                json={"records": [record("a")]},
+                headers={"X-Request-Id": "rid-append-1"},
+            )
             assert r.status_code == 200 and r.headers["x-request-id"] == "rid-append-1"
-            r = await alice.get(log_path("alice", ALICE_LOG) + "/records",
-                                headers={"X-Request-Id": "rid-read-1"})
+            r = await alice.get(
+                log_path("alice", ALICE_LOG) + "/records", headers={"X-Request-Id": "rid-read-1"}
+            )
             assert r.status_code == 200
-            r = await alice.get(log_path("alice", uuid.uuid4()), headers={"X-Request-Id": "rid-404"})
+            r = await alice.get(
+                log_path("alice", uuid.uuid4()), headers={"X-Request-Id": "rid-404"}
+            )
             assert r.status_code == 404
         async with lv.client("bob-key") as bob:
             assert (await bob.get(log_path("alice", ALICE_LOG))).status_code == 403
@@ -245,10 +270,12 @@ async def test_logs_carry_request_context_and_never_keys(tmp_path: Path,
             assert (await svc.get("/v1/dirty")).status_code == 200
             assert (await svc.get(log_path("alice", ALICE_LOG))).status_code == 200
         async with httpx.AsyncClient(base_url=lv.url) as anon:
-            for header in ("Bearer unknown-sekrit-key-42", "Basic unknown-sekrit-key-42",
-                           "unknown-sekrit-key-42"):
-                r = await anon.get(log_path("alice", ALICE_LOG),
-                                   headers={"Authorization": header})
+            for header in (
+                "Bearer unknown-sekrit-key-42",
+                "Basic unknown-sekrit-key-42",
+                "unknown-sekrit-key-42",
+            ):
+                r = await anon.get(log_path("alice", ALICE_LOG), headers={"Authorization": header})
                 assert r.status_code == 401
                 assert "unknown-sekrit-key-42" not in r.text
     text = json_log.getvalue()

@@ -73,8 +73,10 @@ SEQ2 = r"FragmentSeqNo=0*2\.parquet$"
 async def _two_fragment_source(alice: httpx.AsyncClient) -> None:
     """SRC holds [1, 5) in two fragments, never compacted (a fork copies both, cursor at 1)."""
     for n in range(2):
-        r = await alice.post(log_path("alice", SRC) + "/records",
-                             json={"records": [record(f"s{n}-{i}") for i in range(2)]})
+        r = await alice.post(
+            log_path("alice", SRC) + "/records",
+            json={"records": [record(f"s{n}-{i}") for i in range(2)]},
+        )
         assert r.status_code == 200, r.text
 
 
@@ -89,8 +91,7 @@ async def _contention(r: httpx.Response) -> bool:
     return r.status_code == 409 and r.json()["error"]["code"] == "contention"
 
 
-async def test_a_straggling_cleanup_delete_removes_an_acknowledged_fragment(
-        tmp_path: Path) -> None:
+async def test_a_straggling_cleanup_delete_removes_an_acknowledged_fragment(tmp_path: Path) -> None:
     """Before the fix: the first write's failed clean-up released its claim while its other
     delete was in flight; the retry got in at once, created the log and was acknowledged, and
     then that delete removed its fragment.  Now the deletes run in a task group (the failure
@@ -99,15 +100,17 @@ async def test_a_straggling_cleanup_delete_removes_an_acknowledged_fragment(
     base = LocalStore(tmp_path / "s")
     faulty = FaultyStore(base, seed=1)
     store = GateStore(faulty)
-    async with live_server(store=store, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=store, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         watch, clock = stepped_watch()
         live.server.manager.claims = watch
         await _two_fragment_source(alice)
         # A fork fails after its copies (its cursor write meets an outage: it may still land, so
         # the fork keeps its claim): the target keeps two copied fragments for the next claimant.
-        outage = faulty.add_rule(FaultRule("error", ops={"put"},
-                                           key_regex=rf"logs/{DST}/cursor/"))
+        outage = faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=rf"logs/{DST}/cursor/"))
         r = await svc.post(log_path("alice", SRC) + "/fork", json={"target_collection_id": DST})
         assert r.status_code == 503, r.text
         faulty.remove_rule(outage)
@@ -120,8 +123,9 @@ async def test_a_straggling_cleanup_delete_removes_an_acknowledged_fragment(
         # The tenant writes the target.  Its clean-up deletes both leftovers at once: the delete
         # of seq 1 is slow (held), the delete of seq 2 fails -> 503.
         slow = store.hold("delete", rf"logs/{DST}/log/.*{SEQ1}")
-        faulty.add_rule(FaultRule("error", ops={"delete"}, key_regex=rf"logs/{DST}/log/.*{SEQ2}",
-                                  times=1))
+        faulty.add_rule(
+            FaultRule("error", ops={"delete"}, key_regex=rf"logs/{DST}/log/.*{SEQ2}", times=1)
+        )
         r = await alice.post(log_path("alice", DST) + "/records", json={"records": [record("t")]})
         assert r.status_code == 503, r.text
         assert slow.reached.is_set() and not slow.landed.is_set()
@@ -142,13 +146,16 @@ async def test_a_straggling_cleanup_delete_removes_an_acknowledged_fragment(
             linked = True
         except ObjectNotFound:
             linked = False
-        assert linked, ("the acknowledged record's fragment was deleted by the released attempt; "
-                        f"reading it: {r.status_code} {r.text}")
+        assert linked, (
+            "the acknowledged record's fragment was deleted by the released attempt; "
+            f"reading it: {r.status_code} {r.text}"
+        )
         assert [x["record"]["id"] for x in r.json()["records"]] == ["t"]
 
 
 async def test_a_straggling_fork_copy_becomes_the_first_written_logs_records(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Before the fix: a fork whose copy failed released its claim while its other copy was in
     flight; the tenant's first write got in at once, and the straggling copy of the source's
     first fragment landed at the target's seq 1 just before the tenant's own upload, which read
@@ -158,16 +165,20 @@ async def test_a_straggling_fork_copy_becomes_the_first_written_logs_records(
     base = LocalStore(tmp_path / "s")
     faulty = FaultyStore(base, seed=1)
     store = GateStore(faulty)
-    async with live_server(store=store, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=store, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         watch, clock = stepped_watch()
         live.server.manager.claims = watch
         await _two_fragment_source(alice)
         copy1 = store.hold("put", rf"logs/{DST}/log/.*{SEQ1}")  # a slow copy
         copy2 = store.hold("put", rf"logs/{DST}/log/.*{SEQ2}")  # fails once copy 1 is out
         faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=rf"logs/{DST}/log/.*{SEQ2}"))
-        fork = asyncio.create_task(svc.post(log_path("alice", SRC) + "/fork",
-                                            json={"target_collection_id": DST}))
+        fork = asyncio.create_task(
+            svc.post(log_path("alice", SRC) + "/fork", json={"target_collection_id": DST})
+        )
         await copy1.reached.wait()
         await copy2.reached.wait()
         copy2.release.set()
@@ -202,18 +213,22 @@ async def test_a_shorter_local_ttl_takes_over_a_live_fork(tmp_path: Path) -> Non
     base = LocalStore(tmp_path / "s")
     store = GateStore(base)
     clock = StepClock()
-    async with live_server(store=store, gc_grace_s=600.0) as a, \
-            live_server(store=store, gc_grace_s=0.0) as b, \
-            a.client("alice-key") as alice_a, a.client() as svc_a, \
-            b.client("alice-key") as alice_b:
+    async with (
+        live_server(store=store, gc_grace_s=600.0) as a,
+        live_server(store=store, gc_grace_s=0.0) as b,
+        a.client("alice-key") as alice_a,
+        a.client() as svc_a,
+        b.client("alice-key") as alice_b,
+    ):
         a.server.manager.claims = ClaimWatch(claim_ttl_s(600.0), clock=clock)
         b.server.manager.claims = ClaimWatch(claim_ttl_s(0.0), clock=clock)
         await source_with_version(base, alice_a, svc_a, SRC, 2)
 
         # A forks SRC into DST; it is reading the source's compacted file (a large object).
         reading = store.hold("get", rf"compacted/{SRC}/v.*part-x\.parquet$")
-        fork = asyncio.create_task(svc_a.post(log_path("alice", SRC) + "/fork",
-                                              json={"target_collection_id": DST}))
+        fork = asyncio.create_task(
+            svc_a.post(log_path("alice", SRC) + "/fork", json={"target_collection_id": DST})
+        )
         try:
             await reading.reached.wait()
             body = {"records": [record("t")]}
@@ -236,8 +251,11 @@ async def test_a_shorter_local_ttl_takes_over_a_live_fork(tmp_path: Path) -> Non
         # starts), never another attempt's.
         pointer = json.loads((await base.get(current_key(uuid.UUID(DST)))).data)
         assert (pointer["offset"], pointer["path"].startswith(f"compacted/{DST}/")) == (5, True)
-        assert [x["record"]["id"] for x in await read_all(alice_b, log_path("alice", DST), 5)] \
-            == ["s2-0", "s2-1", "t"]
+        assert [x["record"]["id"] for x in await read_all(alice_b, log_path("alice", DST), 5)] == [
+            "s2-0",
+            "s2-1",
+            "t",
+        ]
 
 
 # --------------------------------------------------------------- 3. settle by comparing wall clocks
@@ -257,7 +275,8 @@ class _SteppedTime:
 
 
 async def test_a_wall_clock_step_drops_the_mark_of_a_write_in_flight(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before the fix: a forward step of the host's wall clock made an in-flight write's mark
     look settled (its insertion time was compared with the roll-up's wall clock); the tail probe
     found no fragment yet, the mark was dropped, and the write landed in no dirty set.  Now a mark
@@ -267,15 +286,19 @@ async def test_a_wall_clock_step_drops_the_mark_of_a_write_in_flight(
     cid = "00000000-0000-4000-8000-0000000000a3"
     # Settle time max(60 s, GC grace) = 60 s here (300 s with the default grace: a step of more
     # than five minutes then does the same).
-    async with live_server(store=store, gc_grace_s=60.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=store, gc_grace_s=60.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         assert live.server.dirty is not None
         assert live.server.dirty.backend.settle_s == 60.0
         dirty_writer = live.server.dirty.backend.writer
         before = dirty_writer.manifest.next_offset
         upload = store.hold("put", rf"logs/{cid}/log/")
-        write = asyncio.create_task(alice.post(log_path("alice", cid) + "/records",
-                                               json={"records": [record("x")]}))
+        write = asyncio.create_task(
+            alice.post(log_path("alice", cid) + "/records", json={"records": [record("x")]})
+        )
         try:
             await upload.reached.wait()  # the fragment's upload is in flight ...
             assert await dirty_writer.wait_for_commit(before, 30.0)  # ... and its mark is durable
@@ -302,12 +325,12 @@ _PREFIX = f"logs/{_T}"
 
 
 async def _claim(store: ObjectStore, watch: ClaimWatch | None = None) -> Claim | None:
-    return await claim_log(store, _PREFIX, purpose="create", holder="t",
-                           watch=watch or ClaimWatch(TTL_S))
+    return await claim_log(
+        store, _PREFIX, purpose="create", holder="t", watch=watch or ClaimWatch(TTL_S)
+    )
 
 
-async def test_a_cancelled_claimant_with_a_delete_in_flight_keeps_its_claim(
-        tmp_path: Path) -> None:
+async def test_a_cancelled_claimant_with_a_delete_in_flight_keeps_its_claim(tmp_path: Path) -> None:
     """A first write cancelled (its client hung up) while a clean-up delete is out: that delete
     may still land, so the claim is kept until it expires; the cancelled attempt is closed."""
     base = LocalStore(tmp_path / "s")
@@ -324,7 +347,8 @@ async def test_a_cancelled_claimant_with_a_delete_in_flight_keeps_its_claim(
 
 
 async def test_a_cancelled_claimant_with_nothing_in_flight_releases_its_claim(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Cancelled while only reading (no write of it issued): nothing can land, so the claim is
     released at once (shielded from the cancellation) and the next attempt gets in without the
     TTL wait."""
@@ -366,8 +390,9 @@ async def test_a_released_or_failed_claim_takes_no_more_writes(tmp_path: Path) -
     # A write that fails ambiguously closes the claim and keeps it (it may still land).
     other = uuid.UUID(int=0xA5, version=4)
     faulty = FaultyStore(LocalStore(tmp_path / "t"), seed=1)
-    claim = await claim_log(faulty, f"logs/{other}", purpose="create", holder="t",
-                            watch=ClaimWatch(TTL_S))
+    claim = await claim_log(
+        faulty, f"logs/{other}", purpose="create", holder="t", watch=ClaimWatch(TTL_S)
+    )
     assert claim is not None
     faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=r"/cursor/"))
     with pytest.raises(StoreUnavailable):
@@ -376,8 +401,9 @@ async def test_a_released_or_failed_claim_takes_no_more_writes(tmp_path: Path) -
     await claim.abandon(StoreUnavailable("boom"))
     faulty.clear_rules()
     with pytest.raises(CreationInProgress):
-        await claim_log(faulty, f"logs/{other}", purpose="create", holder="u",
-                        watch=ClaimWatch(TTL_S))
+        await claim_log(
+            faulty, f"logs/{other}", purpose="create", holder="u", watch=ClaimWatch(TTL_S)
+        )
 
 
 async def test_run_all_waits_for_every_sibling_and_raises_the_failure_itself() -> None:

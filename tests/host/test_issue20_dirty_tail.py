@@ -25,21 +25,27 @@ async def _dirty(c: httpx.AsyncClient) -> dict[str, dict[str, int]]:
     return {e["collection_id"]: e for e in r.json()["logs"]}
 
 
-async def test_a_lost_batchs_mark_leaves_the_dirty_set(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_lost_batchs_mark_leaves_the_dirty_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = str(tmp_path / "s")
     # Two hosts on one store without a leader hint: both serve the log, so one batch loses.
     # Marks settle after max(floor, gc grace): both lowered so the test need not wait minutes.
     monkeypatch.setattr(host.dirty, "MIN_SETTLE_S", 0.5, raising=False)
-    async with live_server(store, gc_grace_s=0) as a, live_server(store, gc_grace_s=0) as b, \
-            a.client() as ca, b.client() as cb:
+    async with (
+        live_server(store, gc_grace_s=0) as a,
+        live_server(store, gc_grace_s=0) as b,
+        a.client() as ca,
+        b.client() as cb,
+    ):
         r = await cb.post(PATH + "/records", json={"records": [record("b0")]})
         assert r.status_code == 200, r.text  # offset 1, through b
         r = await ca.post(PATH + "/records", json={"records": [record("a0")]})
         assert r.status_code == 200 and r.json()["first_offset"] == 2, r.text
         # b still believes the tail is 2: its five records are marked [2, 7), then lose.
-        r = await cb.post(PATH + "/records", json={"records": [record(f"b{i}") for i in
-                                                               range(1, 6)]})
+        r = await cb.post(
+            PATH + "/records", json={"records": [record(f"b{i}") for i in range(1, 6)]}
+        )
         assert r.status_code == 409, r.text
         assert (await cb.get(PATH)).json()["next_offset"] == 3
 

@@ -43,8 +43,9 @@ SRC = "00000000-0000-4000-8000-000000000001"
 DST = "00000000-0000-4000-8000-000000000002"
 
 
-async def _append_to_target(live: Live, alice: httpx.AsyncClient, n: int, tag: str,
-                            advance: Callable[[], None]) -> httpx.Response:
+async def _append_to_target(
+    live: Live, alice: httpx.AsyncClient, n: int, tag: str, advance: Callable[[], None]
+) -> httpx.Response:
     """Append to DST; a 409 ``contention`` is the failed fork's claim standing: wait it out."""
     body = {"records": [record(f"{tag}-{i}") for i in range(n)]}
     r = await alice.post(log_path("alice", DST) + "/records", json=body)
@@ -62,23 +63,28 @@ async def _compacted_keys(store: ObjectStore, cid: str) -> list[str]:
 async def test_r1_a_failed_forks_cursor_and_base_are_not_inherited(tmp_path: Path) -> None:
     base = LocalStore(tmp_path / "store")
     faulty = FaultyStore(base, seed=1)
-    async with live_server(store=faulty, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=faulty, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         watch, clock = stepped_watch()
         live.server.manager.claims = watch  # (an attribute the fix adds; harmless before)
         await source_with_version(base, alice, svc, SRC, 5)
         # The fork hits a store outage on the target's manifest (its commit point).
-        rule = faulty.add_rule(FaultRule("error", ops={"put"},
-                                         key_regex=rf"{DST}/manifest/MANIFEST$", times=4))
+        rule = faulty.add_rule(
+            FaultRule("error", ops={"put"}, key_regex=rf"{DST}/manifest/MANIFEST$", times=4)
+        )
         r = await svc.post(log_path("alice", SRC) + "/fork", json={"target_collection_id": DST})
         assert r.status_code != 200 and rule.fired == 4, r.text
         faulty.disable()
 
         # The tenant gives up on the fork and writes the target itself.  (The fork's manifest
         # put may still land: its claim holds the target until it expires.)
-        acked = [(await _append_to_target(live, alice, 2, f"t{n}",
-                                          lambda: clock.advance(TTL_S))).json()
-                 for n in range(3)]
+        acked = [
+            (await _append_to_target(live, alice, 2, f"t{n}", lambda: clock.advance(TTL_S))).json()
+            for n in range(3)
+        ]
         assert [(a["first_offset"], a["next_offset"]) for a in acked] == [(1, 3), (3, 5), (5, 7)]
         st = (await svc.get(log_path("alice", DST))).json()
         assert (st["oldest_offset"], st["next_offset"]) == (1, 7)
@@ -88,27 +94,32 @@ async def test_r1_a_failed_forks_cursor_and_base_are_not_inherited(tmp_path: Pat
         r = await svc.post(log_path("alice", DST) + "/gc")  # no cursor: nothing to collect
         assert r.status_code == 409 and r.json()["error"]["code"] == "no_cursors", r.text
         records = await read_all(alice, log_path("alice", DST), 1)
-        assert [x["record"]["id"] for x in records] == [f"t{n}-{i}" for n in range(3)
-                                                        for i in range(2)]
+        assert [x["record"]["id"] for x in records] == [
+            f"t{n}-{i}" for n in range(3) for i in range(2)
+        ]
         r = await svc.post("/v1/dirty/rollup")
         spans = {e["collection_id"]: e["start"] for e in r.json()["logs"]}
         assert spans.get(DST) == 1, spans
 
 
-async def test_r1b_a_first_append_during_a_fork_does_not_create_the_target(
-        tmp_path: Path) -> None:
+async def test_r1b_a_first_append_during_a_fork_does_not_create_the_target(tmp_path: Path) -> None:
     base = LocalStore(tmp_path / "store")
     store = GateStore(base)
-    async with live_server(store=store, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=store, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         await source_with_version(base, alice, svc, SRC, 5)
         gate = store.hold("put", rf"logs/{DST}/manifest/MANIFEST$")
-        fork = asyncio.create_task(svc.post(log_path("alice", SRC) + "/fork",
-                                            json={"target_collection_id": DST}))
+        fork = asyncio.create_task(
+            svc.post(log_path("alice", SRC) + "/fork", json={"target_collection_id": DST})
+        )
         try:
             await gate.reached.wait()  # cursor, base and mark written; manifest on its way
-            during = await alice.post(log_path("alice", DST) + "/records",
-                                      json={"records": [record("t0"), record("t1")]})
+            during = await alice.post(
+                log_path("alice", DST) + "/records", json={"records": [record("t0"), record("t1")]}
+            )
         finally:
             gate.release.set()
         forked = await fork
@@ -119,8 +130,9 @@ async def test_r1b_a_first_append_during_a_fork_does_not_create_the_target(
         assert (st["compaction_offset"], st["next_offset"]) == (11, 16), st
         assert during.status_code == 409 and during.json()["error"]["code"] == "contention"
         # The tenant's retry appends to the forked log.
-        r = await alice.post(log_path("alice", DST) + "/records",
-                             json={"records": [record("t0"), record("t1")]})
+        r = await alice.post(
+            log_path("alice", DST) + "/records", json={"records": [record("t0"), record("t1")]}
+        )
         assert r.status_code == 200 and r.json()["first_offset"] == 16, r.text
 
 
@@ -130,16 +142,22 @@ async def test_a_crashed_forks_copied_fragments_are_not_adopted(tmp_path: Path) 
     by read repair."""
     base = LocalStore(tmp_path / "store")
     faulty = FaultyStore(base, seed=1)
-    async with live_server(store=faulty, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=faulty, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         watch, clock = stepped_watch()
         live.server.manager.claims = watch
         for n in range(3):
-            r = await alice.post(log_path("alice", SRC) + "/records",
-                                 json={"records": [record(f"s{n}-{i}") for i in range(5)]})
+            r = await alice.post(
+                log_path("alice", SRC) + "/records",
+                json={"records": [record(f"s{n}-{i}") for i in range(5)]},
+            )
             assert r.status_code == 200, r.text
-        faulty.add_rule(FaultRule("crash_before", ops={"put"},
-                                  key_regex=rf"{DST}/manifest/MANIFEST$", times=1))
+        faulty.add_rule(
+            FaultRule("crash_before", ops={"put"}, key_regex=rf"{DST}/manifest/MANIFEST$", times=1)
+        )
         r = await svc.post(log_path("alice", SRC) + "/fork", json={"target_collection_id": DST})
         assert r.status_code != 200
         faulty.disable()
@@ -164,16 +182,19 @@ def _u(n: int) -> uuid.UUID:
 async def _mklog(store: ObjectStore, cid: U, batches: int, n: int = 5) -> None:
     w = await LogWriter.open(store, log_prefix(cid))
     for b in range(batches):
-        await w.append_many([json.dumps({"id": f"{cid.int}-{b}-{i}", "op": "add"}).encode()
-                             for i in range(n)])
+        await w.append_many(
+            [json.dumps({"id": f"{cid.int}-{b}-{i}", "op": "add"}).encode() for i in range(n)]
+        )
     await w.close()
 
 
 async def _set_version(store: ObjectStore, cid: U, version: int, offset: int) -> None:
     path = f"compacted/{cid}/v{version:016d}/part-x.parquet"
     await store.put(path, f"version {version} of {cid}".encode())
-    await store.put(current_key(cid), json.dumps(
-        {"version": version, "offset": offset, "rows": 1, "path": path}).encode())
+    await store.put(
+        current_key(cid),
+        json.dumps({"version": version, "offset": offset, "rows": 1, "path": path}).encode(),
+    )
 
 
 Mark = Callable[[U, int, int], Awaitable[None]]
@@ -182,9 +203,17 @@ Mark = Callable[[U, int, int], Awaitable[None]]
 async def _fork(store: ObjectStore, src: U, dst: U, offset: int, mark: Mark) -> Any:
     loaded = await load_manifest(store, log_prefix(src))
     assert loaded is not None
-    return await fork_collection(store, source=src, target=dst, source_prefix=log_prefix(src),
-                                 target_prefix=log_prefix(dst), source_manifest=loaded[0],
-                                 offset=offset, writer_name="t", mark_dirty=mark)
+    return await fork_collection(
+        store,
+        source=src,
+        target=dst,
+        source_prefix=log_prefix(src),
+        target_prefix=log_prefix(dst),
+        source_manifest=loaded[0],
+        offset=offset,
+        writer_name="t",
+        mark_dirty=mark,
+    )
 
 
 async def _outcome(task: Awaitable[Any]) -> str:
@@ -208,8 +237,11 @@ async def _assert_whole(store: ObjectStore, dst: U) -> tuple[int, int, int]:
     except ObjectNotFound:
         cur = None
     assert c.cursor.offset == (cur["offset"] if cur is not None else 1), (c.cursor.offset, cur)
-    assert m.oldest_offset <= c.cursor.offset <= m.next_offset, (m.oldest_offset,
-                                                                c.cursor.offset, m.next_offset)
+    assert m.oldest_offset <= c.cursor.offset <= m.next_offset, (
+        m.oldest_offset,
+        c.cursor.offset,
+        m.next_offset,
+    )
     if cur is not None:
         assert cur["path"].startswith(f"compacted/{dst}/")
         await store.head(cur["path"])
@@ -243,8 +275,10 @@ async def test_r2_two_forks_from_two_sources_into_one_target(tmp_path: Path) -> 
     second_outcome = await _outcome(_fork(store, sa, t, 16, mark_second))
     second_marked.set()  # (refused before marking: let the first go on)
     first_outcome = await _outcome(first)
-    assert (first_outcome, second_outcome) in {("committed", "LogExists"),
-                                               ("committed", "CreationInProgress")}
+    assert (first_outcome, second_outcome) in {
+        ("committed", "LogExists"),
+        ("committed", "CreationInProgress"),
+    }
     # sb's fork: never compacted, so no base and the cursor at 1 (before: sa's 11 and base).
     assert await _assert_whole(store, t) == (1, 1, 6)
 

@@ -17,10 +17,10 @@ import pytest
 from host.forks import current_key, fork_collection
 from host.manager import log_prefix
 from wal3 import LocalStore, LogWriter
+from wal3.claim import CreationInProgress
 from wal3.cursors import COMPACTION, CursorStore
 from wal3.errors import ObjectNotFound, SimulatedCrash
 from wal3.faulty import FaultRule, FaultyStore
-from wal3.claim import CreationInProgress
 from wal3.layout import load_manifest
 
 from .claimkit import TTL_S, stepped_watch
@@ -46,13 +46,15 @@ async def _source(store: LocalStore) -> None:
     await w.close()
     path = f"compacted/{SRC}/v{1:016d}/part-t.parquet"
     await store.put(path, b"version bytes")
-    await store.put(current_key(SRC), json.dumps(
-        {"version": 1, "offset": 6, "rows": 1, "path": path}).encode())
+    await store.put(
+        current_key(SRC), json.dumps({"version": 1, "offset": 6, "rows": 1, "path": path}).encode()
+    )
 
 
 @pytest.mark.parametrize("step", STEPS, ids=[f"{k}:{r}" for k, r in STEPS])
-async def test_a_fork_killed_at_any_step_then_retried_is_whole(tmp_path: Path,
-                                                               step: tuple[str, str]) -> None:
+async def test_a_fork_killed_at_any_step_then_retried_is_whole(
+    tmp_path: Path, step: tuple[str, str]
+) -> None:
     base = LocalStore(tmp_path / "s")
     await _source(base)
     loaded = await load_manifest(base, log_prefix(SRC))
@@ -69,17 +71,34 @@ async def test_a_fork_killed_at_any_step_then_retried_is_whole(tmp_path: Path,
     rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, times=1))  # type: ignore[arg-type]
     watch, clock = stepped_watch()
     with pytest.raises(SimulatedCrash):
-        await fork_collection(faulty, source=SRC, target=DST, source_prefix=log_prefix(SRC),
-                              target_prefix=log_prefix(DST), source_manifest=loaded[0],
-                              offset=11, writer_name="t", mark_dirty=mark, claims=watch)
+        await fork_collection(
+            faulty,
+            source=SRC,
+            target=DST,
+            source_prefix=log_prefix(SRC),
+            target_prefix=log_prefix(DST),
+            source_manifest=loaded[0],
+            offset=11,
+            writer_name="t",
+            mark_dirty=mark,
+            claims=watch,
+        )
     assert rule.fired == 1
     assert await load_manifest(base, log_prefix(DST)) is None  # a crashed fork is invisible
 
     async def retry() -> object:
-        return await fork_collection(base, source=SRC, target=DST,
-                                     source_prefix=log_prefix(SRC), target_prefix=log_prefix(DST),
-                                     source_manifest=loaded[0], offset=11, writer_name="t",
-                                     mark_dirty=mark, claims=watch)
+        return await fork_collection(
+            base,
+            source=SRC,
+            target=DST,
+            source_prefix=log_prefix(SRC),
+            target_prefix=log_prefix(DST),
+            source_manifest=loaded[0],
+            offset=11,
+            writer_name="t",
+            mark_dirty=mark,
+            claims=watch,
+        )
 
     with pytest.raises(CreationInProgress):  # the dead attempt's claim, first seen now
         await retry()
@@ -111,9 +130,17 @@ async def test_a_fork_below_the_compacted_version_keeps_the_cursor_on_it(tmp_pat
     async def mark(cid: uuid.UUID, first: int, count: int) -> None:
         marks.append((cid, first, count))
 
-    result = await fork_collection(store, source=SRC, target=DST, source_prefix=log_prefix(SRC),
-                                   target_prefix=log_prefix(DST), source_manifest=loaded[0],
-                                   offset=3, writer_name="t", mark_dirty=mark)
+    result = await fork_collection(
+        store,
+        source=SRC,
+        target=DST,
+        source_prefix=log_prefix(SRC),
+        target_prefix=log_prefix(DST),
+        source_manifest=loaded[0],
+        offset=3,
+        writer_name="t",
+        mark_dirty=mark,
+    )
     assert result.compaction_offset == 6 and result.version == 1
     assert result.start <= 3
     assert marks == [(DST, 6, 10)]
@@ -132,9 +159,17 @@ async def test_a_fork_of_a_never_compacted_log_starts_at_1(tmp_path: Path) -> No
     async def mark(cid: uuid.UUID, first: int, count: int) -> None:
         marks.append((cid, first, count))
 
-    result = await fork_collection(store, source=SRC, target=DST, source_prefix=log_prefix(SRC),
-                                   target_prefix=log_prefix(DST), source_manifest=loaded[0],
-                                   offset=11, writer_name="t", mark_dirty=mark)
+    result = await fork_collection(
+        store,
+        source=SRC,
+        target=DST,
+        source_prefix=log_prefix(SRC),
+        target_prefix=log_prefix(DST),
+        source_manifest=loaded[0],
+        offset=11,
+        writer_name="t",
+        mark_dirty=mark,
+    )
     # No compacted data: no cursor ahead of what the log holds.
     assert (result.compaction_offset, result.start, result.version) == (1, 1, None)
     assert marks == [(DST, 1, 15)]

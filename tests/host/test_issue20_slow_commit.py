@@ -32,11 +32,15 @@ async def _rollup(c: httpx.AsyncClient) -> dict[str, tuple[int, int]]:
 
 
 async def test_a_commit_landing_after_its_mark_settled_stays_dirty(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(host.dirty, "MIN_SETTLE_S", 0.0, raising=False)
     store = GateStore(LocalStore(tmp_path / "s"))
-    async with live_server(store=store, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=store, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         r = await alice.post(PATH + "/records", json={"records": [record(0)]})
         assert r.status_code == 200, r.text
         assert (await _rollup(svc))[CID] == (1, 2)
@@ -45,8 +49,9 @@ async def test_a_commit_landing_after_its_mark_settled_stays_dirty(
         assert CID not in await _rollup(svc)
 
         gate = store.hold("put", rf"logs/{CID}/manifest/MANIFEST$")
-        slow = asyncio.create_task(alice.post(PATH + "/records", json={
-            "records": [record(i) for i in range(1, 6)]}))
+        slow = asyncio.create_task(
+            alice.post(PATH + "/records", json={"records": [record(i) for i in range(1, 6)]})
+        )
         try:
             await gate.reached.wait()  # uploaded and marked; the commit is in flight
             # The mark is "settled" by age, but the write may still land: it must stay.
@@ -61,15 +66,19 @@ async def test_a_commit_landing_after_its_mark_settled_stays_dirty(
 
 
 async def test_a_forks_mark_stays_while_its_manifest_is_in_flight(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same for a fork: its target is marked before its manifest exists.  While the
     manifest put is in flight the target has no log (its tail reads 1), but its creation claim
     stands, so the mark is not settled."""
     monkeypatch.setattr(host.dirty, "MIN_SETTLE_S", 0.0, raising=False)
     store = GateStore(LocalStore(tmp_path / "s"))
     dst = "00000000-0000-4000-8000-0000000000c2"
-    async with live_server(store=store, gc_grace_s=0.0) as live, \
-            live.client("alice-key") as alice, live.client() as svc:
+    async with (
+        live_server(store=store, gc_grace_s=0.0) as live,
+        live.client("alice-key") as alice,
+        live.client() as svc,
+    ):
         for n in range(3):
             r = await alice.post(PATH + "/records", json={"records": [record(n)] * 5})
             assert r.status_code == 200, r.text

@@ -83,16 +83,20 @@ HOLDER_LEASE_MS = 3000  # longer than the taker's, short enough to wait out its 
 
 @pytest.mark.parametrize("taker_lease_ms", [0, 1000])
 async def test_hosts_with_different_lease_settings_never_read_stale(
-        tmp_path: Path, taker_lease_ms: int) -> None:
+    tmp_path: Path, taker_lease_ms: int
+) -> None:
     store = str(tmp_path / "store")
     cid = str(uuid.uuid4())
     path = log_path("alice", cid)
     # No Redis: both hosts serve the log (fail open), as during an outage.
-    async with live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
-            live_server(store, api_keys=KEYS, read_lease_ms=taker_lease_ms) as g:
+    async with (
+        live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
+        live_server(store, api_keys=KEYS, read_lease_ms=taker_lease_ms) as g,
+    ):
         async with h.client("ak") as ch, g.client("ak") as cg:
-            assert (await ch.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ch.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
             assert (await ch.get(path)).json()["next_offset"] == 2  # H leases its manifest
             # G takes the log over and acknowledges r2 after the fence for H's lease (recorded
             # in H's manifest: 3.75 s), not for its own setting (0 or 1.25 s).
@@ -108,22 +112,28 @@ async def test_hosts_with_different_lease_settings_never_read_stale(
 
 
 async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "store"
     cid = str(uuid.uuid4())
     path = log_path("alice", cid)
     # Host P's store: its first take-over manifest write lands, and the writer dies right after
     # (SimulatedCrash: the writer fails; the process and its host live on).
     faulty = FaultyStore(LocalStore(root), seed=1)
-    async with live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
-            live_server(store=faulty, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as p:
+    async with (
+        live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
+        live_server(store=faulty, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as p,
+    ):
         async with h.client("ak") as ch, p.client("ak") as cp:
-            assert (await ch.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ch.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
             assert (await ch.get(path)).json()["next_offset"] == 2  # H leases its manifest
-            crash = faulty.add_rule(FaultRule("crash_after", ops={"put"},
-                                              key_regex=rf"logs/{cid}/manifest/MANIFEST$",
-                                              times=1))
+            crash = faulty.add_rule(
+                FaultRule(
+                    "crash_after", ops={"put"}, key_regex=rf"logs/{cid}/manifest/MANIFEST$", times=1
+                )
+            )
             r = await cp.post(path + "/records", json={"records": [record("r2")]})
             assert crash.fired == 1
             assert r.status_code >= 500, r.text  # r2 is in the store, its writer failed
@@ -138,47 +148,72 @@ async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
 
 
 async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "store"
     cid, other = str(uuid.uuid4()), str(uuid.uuid4())
     path = log_path("alice", cid)
     faulty = FaultyStore(LocalStore(root), seed=1)
     manifest = rf"logs/{cid}/manifest/MANIFEST$"
-    async with live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
-            live_server(store=faulty, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS,
-                        max_open_logs=1, shutdown_grace_s=0) as p:
+    async with (
+        live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
+        live_server(
+            store=faulty,
+            api_keys=KEYS,
+            read_lease_ms=HOLDER_LEASE_MS,
+            max_open_logs=1,
+            shutdown_grace_s=0,
+        ) as p,
+    ):
         async with h.client("ak") as ch, p.client("ak") as cp:
-            assert (await ch.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ch.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
             assert (await ch.get(path)).json()["next_offset"] == 2  # H leases its manifest
             # P takes the log over (r2, answered after its fence: not waited for here) ...
             tasks: list[asyncio.Task[Any]] = []
             try:
-                r2 = asyncio.create_task(cp.post(path + "/records",
-                                                 json={"records": [record("r2")]}))
+                r2 = asyncio.create_task(
+                    cp.post(path + "/records", json={"records": [record("r2")]})
+                )
                 tasks.append(r2)
-                await wait_until(lambda: _handle(p, cid) is not None
-                                 and _handle(p, cid).writer.manifest.next_offset == 3,
-                                 "P's take-over write landed", BOUND_S)
+                await wait_until(
+                    lambda: (
+                        _handle(p, cid) is not None
+                        and _handle(p, cid).writer.manifest.next_offset == 3
+                    ),
+                    "P's take-over write landed",
+                    BOUND_S,
+                )
                 # ... and its next write (r3) lands with its answer lost, the read-back failing
                 # too: the writer recovers by loading the manifest it wrote without knowing it.
-                lost = faulty.add_rule(FaultRule("lost_response", ops={"put"},
-                                                 key_regex=manifest, times=1))
-                heads = faulty.add_rule(FaultRule("error", ops={"head"}, key_regex=manifest,
-                                                  times=2))
-                r3 = asyncio.create_task(cp.post(path + "/records",
-                                                 json={"records": [record("r3")]}))
+                lost = faulty.add_rule(
+                    FaultRule("lost_response", ops={"put"}, key_regex=manifest, times=1)
+                )
+                heads = faulty.add_rule(
+                    FaultRule("error", ops={"head"}, key_regex=manifest, times=2)
+                )
+                r3 = asyncio.create_task(
+                    cp.post(path + "/records", json={"records": [record("r3")]})
+                )
                 tasks.append(r3)
-                await wait_until(lambda: _handle(p, cid).writer.manifest.next_offset == 4
-                                 and not _handle(p, cid).writer.authored,
-                                 "P's writer learned r3's manifest by loading it", BOUND_S)
+                await wait_until(
+                    lambda: (
+                        _handle(p, cid).writer.manifest.next_offset == 4
+                        and not _handle(p, cid).writer.authored
+                    ),
+                    "P's writer learned r3's manifest by loading it",
+                    BOUND_S,
+                )
                 assert lost.fired == 1 and heads.fired == 2
                 # An append to another log evicts this one (max_open_logs=1; r2 and r3 wait for
                 # the fence outside the log) ...
-                assert (await cp.post(log_path("alice", other) + "/records",
-                                      json={"records": [record("x")]})).status_code == 200
-                await wait_until(lambda: _handle(p, cid) is None, "the log was evicted",
-                                 BOUND_S)
+                assert (
+                    await cp.post(
+                        log_path("alice", other) + "/records", json={"records": [record("x")]}
+                    )
+                ).status_code == 200
+                await wait_until(lambda: _handle(p, cid) is None, "the log was evicted", BOUND_S)
                 # ... and its next writer answers r4 ...
                 r = await cp.post(path + "/records", json={"records": [record("r4")]})
                 assert r.status_code == 200, r.text
@@ -194,28 +229,39 @@ async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
 # ---------------------------------------------------------- 3: monotonic reads across hosts
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: during a take-over's fence the taker (and any "
-                   "host that loads the manifest) shows the new record while the old holder's "
-                   "lease answers without it: a read that starts after another read returned "
-                   "the record misses it")
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3: during a take-over's fence the taker (and any "
+    "host that loads the manifest) shows the new record while the old holder's "
+    "lease answers without it: a read that starts after another read returned "
+    "the record misses it",
+)
 async def test_a_record_one_read_returned_is_seen_by_every_later_read(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     cid = str(uuid.uuid4())
     path = log_path("alice", cid)
     # G's shutdown does not wait for the fenced append (the test never waits its fence out).
-    async with live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h, \
-            live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS,
-                        shutdown_grace_s=0) as g:
+    async with (
+        live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h,
+        live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS, shutdown_grace_s=0) as g,
+    ):
         async with h.client("ak") as ch, g.client("ak") as cg, g.client("ar") as reader:
-            assert (await ch.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ch.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
             assert (await ch.get(path)).json()["next_offset"] == 2  # H leases its manifest
-            append = asyncio.create_task(cg.post(path + "/records",
-                                                 json={"records": [record("r2")]}))
+            append = asyncio.create_task(
+                cg.post(path + "/records", json={"records": [record("r2")]})
+            )
             try:
-                await wait_until(lambda: _handle(g, cid) is not None
-                                 and _handle(g, cid).writer.manifest.next_offset == 3,
-                                 "G's take-over write landed", BOUND_S)
+                await wait_until(
+                    lambda: (
+                        _handle(g, cid) is not None
+                        and _handle(g, cid).writer.manifest.next_offset == 3
+                    ),
+                    "G's take-over write landed",
+                    BOUND_S,
+                )
                 # A reader (any key of the tenant) reads r2 through G ...
                 assert await _ids(reader, path) == ["r1", "r2"]
                 # ... then reads again through H, and must not lose it.
@@ -236,8 +282,10 @@ async def test_an_answer_of_compressible_records_is_not_built_whole(tmp_path: Pa
         async with lv.client("ak") as c:
             doc = "a" * (256 << 10)  # 256 KiB of one letter: snappy stores it in ~12 KiB
             for i in range(8):  # 8 appends of 2 MiB of records: 16 MiB stored in ~1 MiB
-                r = await c.post(path + "/records", json={"records": [
-                    record(f"{i}-{j}", document=doc) for j in range(8)]})
+                r = await c.post(
+                    path + "/records",
+                    json={"records": [record(f"{i}-{j}", document=doc) for j in range(8)]},
+                )
                 assert r.status_code == 200, r.text
         h = _handle(lv, cid)
         m = h.writer.manifest
@@ -256,15 +304,20 @@ async def test_an_answer_of_compressible_records_is_not_built_whole(tmp_path: Pa
 
 
 async def test_a_retry_listing_metadata_in_another_order_is_the_same_request(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     store = str(tmp_path / "store")
     path = log_path("alice", uuid.uuid4()) + "/records"
     async with live_server(store, api_keys=KEYS) as lv:
         async with lv.client("ak") as c:
-            first = b'{"idempotency_key":"k1","records":[{"id":"1","op":"add",' \
-                    b'"metadata":{"lang":"en","n":1}}]}'
-            retry = b'{"records":[{"op":"add","metadata":{"n":1,"lang":"en"},"id":"1"}],' \
-                    b'"idempotency_key":"k1"}'
+            first = (
+                b'{"idempotency_key":"k1","records":[{"id":"1","op":"add",'
+                b'"metadata":{"lang":"en","n":1}}]}'
+            )
+            retry = (
+                b'{"records":[{"op":"add","metadata":{"n":1,"lang":"en"},"id":"1"}],'
+                b'"idempotency_key":"k1"}'
+            )
             r1 = await c.post(path, content=first, headers={"content-type": "application/json"})
             assert r1.status_code == 200, r1.text
             r2 = await c.post(path, content=retry, headers={"content-type": "application/json"})
@@ -275,15 +328,17 @@ async def test_a_retry_listing_metadata_in_another_order_is_the_same_request(
 # ------------------------------------------------------ 6: state fields no lease vouches for
 
 
-async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(
-        tmp_path: Path) -> None:
+async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     path = log_path("alice", uuid.uuid4())
-    async with live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h, \
-            live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as g:
+    async with (
+        live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
+        live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as g,
+    ):
         async with h.client("ak") as ch, g.client("svc") as operator:
-            assert (await ch.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ch.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
             assert (await ch.get(path)).json()["sealed"] is False  # H leases its manifest
             r = await operator.post(path + "/seal")
             assert r.status_code == 200 and r.json()["sealed"] is True, r.text
@@ -291,13 +346,15 @@ async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(
 
 
 async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     store = str(tmp_path / "store")
     path = log_path("alice", uuid.uuid4())
     async with live_server(store, api_keys=KEYS) as h, live_server(store, api_keys=KEYS) as g:
         async with h.client("ak") as ch, g.client("svc") as compactor:
-            assert (await ch.post(path + "/records", json={"records": [
-                record("r1"), record("r2")]})).status_code == 200
+            assert (
+                await ch.post(path + "/records", json={"records": [record("r1"), record("r2")]})
+            ).status_code == 200
             assert (await ch.get(path)).json()["compaction_offset"] == 1
             r = await compactor.post(path + "/compaction", json={"offset": 3})
             assert r.status_code == 200 and r.json()["compaction_offset"] == 3, r.text
@@ -310,7 +367,8 @@ async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
 
 @pytest.mark.parametrize("field", ["metadata", "embedding"])
 async def test_no_single_validation_call_takes_an_unbounded_record(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str
+) -> None:
     from host import api
 
     largest = [0]
@@ -336,9 +394,9 @@ async def test_no_single_validation_call_takes_an_unbounded_record(
     monkeypatch.setattr(api, "_RECORDS", SpyChunks())
     n = 600_000 if field == "metadata" else 4_000_000
     if field == "metadata":
-        inner = b'{' + b",".join(b'"%d":0' % i for i in range(n)) + b'}'
+        inner = b"{" + b",".join(b'"%d":0' % i for i in range(n)) + b"}"
     else:
-        inner = b'[' + b",".join([b"0"] * n) + b']'
+        inner = b"[" + b",".join([b"0"] * n) + b"]"
     body = b'{"records":[{"id":"1","op":"add","%s":%s}]}' % (field.encode(), inner)
     path = log_path("alice", uuid.uuid4()) + "/records"
     async with live_server(str(tmp_path / "store"), api_keys=KEYS) as lv:

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from wal3 import Limits, LogReader
 from verify.testkit import free_port
+from wal3 import Limits, LogReader
 
 from .live import Live, assert_error, live_server, log_path, record, wait_until
 
@@ -41,21 +41,24 @@ async def test_read_only_key_cannot_take_its_tenants_whole_long_poll_cap(tmp_pat
     the tenant's own key: that key's long-poll waits (and is answered), it is not a 429."""
     cid = str(uuid.uuid4())
     path = log_path("alice", cid) + "/records"
-    async with live_server(str(tmp_path / "store"), api_keys=KEYS,
-                           max_long_polls_per_tenant=2) as lv:
+    async with live_server(
+        str(tmp_path / "store"), api_keys=KEYS, max_long_polls_per_tenant=2
+    ) as lv:
         async with lv.client("ak") as ak, lv.client("ar") as ar:
             assert (await ak.post(path, json={"records": [record("1")]})).status_code == 200
             params = {"from": 2, "wait_ms": 15_000}
             readers = [asyncio.create_task(ar.get(path, params=params)) for _ in range(2)]
-            await wait_until(lambda: _waiting(lv) >= 2, "the reader's long-polls parked",
-                             BOUND_S)
+            await wait_until(lambda: _waiting(lv) >= 2, "the reader's long-polls parked", BOUND_S)
             # the read-only key is at its own cap ...
             err = assert_error(await ar.get(path, params=params), 429, "backpressure")
             assert err["reason"] == "long_poll"
             # ... and the tenant key still long-polls
             mine = asyncio.create_task(ak.get(path, params=params))
-            await wait_until(lambda: _waiting(lv) >= 3 or mine.done(),
-                             "the tenant key's long-poll parked", BOUND_S)
+            await wait_until(
+                lambda: _waiting(lv) >= 3 or mine.done(),
+                "the tenant key's long-poll parked",
+                BOUND_S,
+            )
             r = await ak.post(path, json={"records": [record("2")]})
             assert r.status_code == 200, r.text
             for t in (mine, *readers):
@@ -67,8 +70,14 @@ async def test_read_only_key_cannot_take_its_tenants_whole_long_poll_cap(tmp_pat
 # ------------------------------------------------- V5: the connection cap and authentication
 
 
-async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: str,
-                   path: str, key: str | None = None, body: bytes = b"") -> int:
+async def _request(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    method: str,
+    path: str,
+    key: str | None = None,
+    body: bytes = b"",
+) -> int:
     """One HTTP/1.1 request on a kept-alive connection; the status (the body is read and
     dropped).  Raises ConnectionError / IncompleteReadError when the server closed it."""
     head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
@@ -95,8 +104,13 @@ async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Pat
     cid = str(uuid.uuid4())
     append = log_path("alice", cid) + "/records"
     body = b'{"records":[{"id":"1","op":"add"}]}'
-    async with live_server(str(tmp_path / "store"), api_keys=KEYS, max_connections=4,
-                           max_unauthenticated_connections=2, header_timeout_s=60.0) as lv:
+    async with live_server(
+        str(tmp_path / "store"),
+        api_keys=KEYS,
+        max_connections=4,
+        max_unauthenticated_connections=2,
+        header_timeout_s=60.0,
+    ) as lv:
         port = _port(lv)
         # The application's connection, authenticated by its first request.
         app = await asyncio.open_connection("127.0.0.1", port)
@@ -128,7 +142,8 @@ async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Pat
 
 
 async def test_reader_that_never_reads_is_cut_off_and_pins_one_fragment_at_most(
-        tmp_path: Path, recorded_apps: list[Any]) -> None:
+    tmp_path: Path, recorded_apps: list[Any]
+) -> None:
     """V3: an answer of up to 8 MiB was built whole and handed to a socket nobody reads, with no
     time limit: N such connections pinned N x 8 MiB for ever.  Large answers are now streamed a
     fragment at a time (the next is read only once the socket took the last), and an answer the
@@ -141,8 +156,10 @@ async def test_reader_that_never_reads_is_cut_off_and_pins_one_fragment_at_most(
         async with lv.client("ak") as ak:
             for i in range(7):  # seven appends, one fragment of ~1 MiB each
                 docs = [os.urandom(2000).hex() for _ in range(fragment_bytes // 4000)]
-                r = await ak.post(path, json={"records": [record(f"{i}-{j}", document=d)
-                                                          for j, d in enumerate(docs)]})
+                r = await ak.post(
+                    path,
+                    json={"records": [record(f"{i}-{j}", document=d) for j, d in enumerate(docs)]},
+                )
                 assert r.status_code == 200, r.text
         await wait_until(lambda: not table.connections, "the appending client gone", BOUND_S)
         sock = socket.socket()
@@ -150,18 +167,26 @@ async def test_reader_that_never_reads_is_cut_off_and_pins_one_fragment_at_most(
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", _port(lv)))
         try:
-            await asyncio.get_running_loop().sock_sendall(sock, (
-                f"GET {path}?from=1&limit=10000 HTTP/1.1\r\nHost: x\r\n"
-                f"Authorization: Bearer ar\r\n\r\n").encode())
+            await asyncio.get_running_loop().sock_sendall(
+                sock,
+                (
+                    f"GET {path}?from=1&limit=10000 HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer ar\r\n\r\n"
+                ).encode(),
+            )
             # ... and never read.  The server stalls on the full socket holding at most about
             # one fragment's share of the answer, not the whole of it (7 MiB) ...
             conn = await _only_connection(table)
-            await wait_until(lambda: conn.flow.write_paused or conn.transport.is_closing(),
-                             "the answer to fill the socket", BOUND_S)
+            await wait_until(
+                lambda: conn.flow.write_paused or conn.transport.is_closing(),
+                "the answer to fill the socket",
+                BOUND_S,
+            )
             assert conn.transport.get_write_buffer_size() < 3 * fragment_bytes
             # ... and closes the connection once the client failed to take it in time.
-            await wait_until(lambda: not table.connections, "the server to cut the reader off",
-                             BOUND_S)
+            await wait_until(
+                lambda: not table.connections, "the server to cut the reader off", BOUND_S
+            )
         finally:
             sock.close()
         async with lv.client("ak") as ak:  # and serves everyone else as before
@@ -184,8 +209,10 @@ async def test_streamed_answers_hold_what_a_whole_answer_holds(tmp_path: Path) -
         async with lv.client("ak") as ak:
             for i in range(4):  # four fragments of ~600 KB: answers span several groups
                 docs = [os.urandom(1500).hex() for _ in range(200)]
-                r = await ak.post(path, json={"records": [record(f"{i}-{j}", document=d)
-                                                          for j, d in enumerate(docs)]})
+                r = await ak.post(
+                    path,
+                    json={"records": [record(f"{i}-{j}", document=d) for j, d in enumerate(docs)]},
+                )
                 assert r.status_code == 200, r.text
             reader = LogReader(lv.server.store, f"logs/{cid}")
             for start, limit in ((1, 10_000), (1, 350), (150, 500), (799, 10_000)):
@@ -193,11 +220,13 @@ async def test_streamed_answers_hold_what_a_whole_answer_holds(tmp_path: Path) -
                 assert got.status_code == 200, got.text
                 if (start, limit) == (1, 10_000):
                     assert got.headers.get("transfer-encoding") == "chunked"  # it streamed
-                want = await reader.read(start, Limits(max_records=limit,
-                                                       max_bytes=lv.settings.max_request_bytes))
+                want = await reader.read(
+                    start, Limits(max_records=limit, max_bytes=lv.settings.max_request_bytes)
+                )
                 body = got.json()
-                assert [(x["offset"], x["timestamp_us"], x["record"]) for x in body["records"]] \
-                    == [(w.offset, w.timestamp_us, json.loads(w.body)) for w in want]
+                assert [(x["offset"], x["timestamp_us"], x["record"]) for x in body["records"]] == [
+                    (w.offset, w.timestamp_us, json.loads(w.body)) for w in want
+                ]
                 assert body["next_offset"] == want[-1].offset + 1
 
 
@@ -205,7 +234,8 @@ async def test_streamed_answers_hold_what_a_whole_answer_holds(tmp_path: Path) -
 
 
 async def test_reused_key_with_other_records_is_refused_after_its_records_are_collected(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """V7: once the first append's records were compacted and collected, a retry could no
     longer be compared with them, and a reused key with other records answered 200
     ``deduplicated`` (the new records silently dropped).  The key now carries a hash of its
@@ -222,24 +252,24 @@ async def test_reused_key_with_other_records_is_refused_after_its_records_are_co
             assert r.status_code == 200, r.text
             acked = r.json()
             for i in range(5):
-                assert (await ak.post(path + "/records",
-                                      json={"records": [record(f"f{i}")]})).status_code == 200
+                assert (
+                    await ak.post(path + "/records", json={"records": [record(f"f{i}")]})
+                ).status_code == 200
             r = await svc.post(path + "/compaction", json={"offset": 4})
             assert r.status_code == 200, r.text
 
             async def collected() -> bool:
                 assert (await svc.post(path + "/gc")).status_code == 200
                 return bool((await ak.get(path)).json()["oldest_offset"] > 1)
+
             await wait_until(collected, "the first append's records to be collected", BOUND_S)
-            assert_error(await ak.post(path + "/records", json=other), 409,
-                         "idempotency_mismatch")
+            assert_error(await ak.post(path + "/records", json=other), 409, "idempotency_mismatch")
             same = await ak.post(path + "/records", json=first)
             assert same.status_code == 200, same.text
             assert same.json() == {**acked, "deduplicated": True}
     async with live_server(store, api_keys=KEYS, gc_grace_s=0) as lv:  # a restart
         async with lv.client("ak") as ak:
-            assert_error(await ak.post(path + "/records", json=other), 409,
-                         "idempotency_mismatch")
+            assert_error(await ak.post(path + "/records", json=other), 409, "idempotency_mismatch")
             same = await ak.post(path + "/records", json=first)
             assert same.json() == {**acked, "deduplicated": True}
             assert (await ak.get(path)).json()["next_offset"] == 7  # nothing appended twice
@@ -255,7 +285,8 @@ async def _ids(c: httpx.AsyncClient, path: str) -> list[str]:
 
 
 async def test_no_stale_read_after_another_host_wrote_through_a_redis_stall(
-        tmp_path: Path, redis_server: Any) -> None:
+    tmp_path: Path, redis_server: Any
+) -> None:
     """V2: Redis stalled for under a second (SIGSTOP); host B, asked to append meanwhile, could
     not reach it, failed open and wrote the log.  Host A, the holder, never saw Redis fail, so
     its tenure held and it kept answering reads, state and long-polls from its in-memory
@@ -268,21 +299,27 @@ async def test_no_stale_read_after_another_host_wrote_through_a_redis_stall(
     pa, pb = free_port(), free_port()
     # A long TTL: A's next renewal (and so any Redis failure A could see) is far away.
     common = {"redis_url": redis_server.url, "leader_ttl_ms": 120_000, "api_keys": KEYS}
-    async with live_server(store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}",
-                           **common) as a, \
-            live_server(store, port=pb, server_id="b", advertise_url=f"http://127.0.0.1:{pb}",
-                        **common) as b:
+    async with (
+        live_server(
+            store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}", **common
+        ) as a,
+        live_server(
+            store, port=pb, server_id="b", advertise_url=f"http://127.0.0.1:{pb}", **common
+        ) as b,
+    ):
         async with a.client("ak") as ca, b.client("ak") as cb:
             r = await ca.post(path + "/records", json={"records": [record("r1")]})
             assert r.status_code == 200, r.text
             assert await _ids(ca, path) == ["r1"]
-            poll = asyncio.create_task(ca.get(path + "/records",
-                                              params={"from": 2, "wait_ms": 20_000}))
+            poll = asyncio.create_task(
+                ca.get(path + "/records", params={"from": 2, "wait_ms": 20_000})
+            )
             await wait_until(lambda: _waiting(a) >= 1, "A's long-poll parked", BOUND_S)
             redis_server.pause()
             try:
-                r = await cb.post(path + "/records", json={"records": [record("r2")]},
-                                  follow_redirects=False)
+                r = await cb.post(
+                    path + "/records", json={"records": [record("r2")]}, follow_redirects=False
+                )
             finally:
                 redis_server.resume()
             assert r.status_code == 200, r.text  # B failed open and wrote: acknowledged
@@ -296,7 +333,8 @@ async def test_no_stale_read_after_another_host_wrote_through_a_redis_stall(
 
 
 async def test_no_stale_read_after_redis_restarts_empty_and_another_host_takes_over(
-        tmp_path: Path, redis_server: Any) -> None:
+    tmp_path: Path, redis_server: Any
+) -> None:
     """V2, the other way Redis can mislead: it restarts empty, host B claims the log with a
     *confirmed* hold and writes it, while host A (whose next renewal is far away) still believes
     its own tenure.  A's reads must see B's acknowledged record all the same."""
@@ -304,18 +342,24 @@ async def test_no_stale_read_after_redis_restarts_empty_and_another_host_takes_o
     path = log_path("alice", uuid.uuid4())
     pa, pb = free_port(), free_port()
     common = {"redis_url": redis_server.url, "leader_ttl_ms": 120_000, "api_keys": KEYS}
-    async with live_server(store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}",
-                           **common) as a, \
-            live_server(store, port=pb, server_id="b", advertise_url=f"http://127.0.0.1:{pb}",
-                        **common) as b:
+    async with (
+        live_server(
+            store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}", **common
+        ) as a,
+        live_server(
+            store, port=pb, server_id="b", advertise_url=f"http://127.0.0.1:{pb}", **common
+        ) as b,
+    ):
         async with a.client("ak") as ca, b.client("ak") as cb:
-            assert (await ca.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ca.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
             assert await _ids(ca, path) == ["r1"]
             redis_server.stop()
             redis_server.start()  # empty: nobody holds the log now
-            r = await cb.post(path + "/records", json={"records": [record("r2")]},
-                              follow_redirects=False)
+            r = await cb.post(
+                path + "/records", json={"records": [record("r2")]}, follow_redirects=False
+            )
             assert r.status_code == 200, r.text
             assert b.server.leader.failures == 0  # B's claim was confirmed, not failed open
             assert await _ids(ca, path) == ["r1", "r2"]
@@ -323,26 +367,37 @@ async def test_no_stale_read_after_redis_restarts_empty_and_another_host_takes_o
 
 
 async def test_a_take_over_waits_out_its_fence_without_pinning_an_open_log_slot(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """V2's fence must not become a way to pin open-log slots: the append that took the log
     over waits for its fence after leaving the log (its handle has no user meanwhile)."""
     store = str(tmp_path / "store")
     cid = str(uuid.uuid4())
     path = log_path("alice", cid)
     # A long lease: the fence (1.25 x) outlasts the checks below by far; the test never waits it.
-    async with live_server(store, api_keys=KEYS, read_lease_ms=20_000) as a, \
-            live_server(store, api_keys=KEYS, read_lease_ms=20_000, shutdown_grace_s=0) as b:
+    async with (
+        live_server(store, api_keys=KEYS, read_lease_ms=20_000) as a,
+        live_server(store, api_keys=KEYS, read_lease_ms=20_000, shutdown_grace_s=0) as b,
+    ):
         async with a.client("ak") as ca:
-            assert (await ca.post(path + "/records",
-                                  json={"records": [record("r1")]})).status_code == 200
+            assert (
+                await ca.post(path + "/records", json={"records": [record("r1")]})
+            ).status_code == 200
         async with b.client("ak") as cb:
-            append = asyncio.create_task(cb.post(path + "/records",
-                                                 json={"records": [record("r2")]}))
+            append = asyncio.create_task(
+                cb.post(path + "/records", json={"records": [record("r2")]})
+            )
 
             def fenced_and_free() -> bool:
                 hs = [h for h in b.server.manager.handles() if str(h.collection_id) == cid]
-                return bool(hs) and hs[0].writer.manifest.next_offset == 3 \
-                    and hs[0].users == 0 and not append.done()
-            await wait_until(fenced_and_free, "B's take-over written, answer held, log free",
-                             BOUND_S)
+                return (
+                    bool(hs)
+                    and hs[0].writer.manifest.next_offset == 3
+                    and hs[0].users == 0
+                    and not append.done()
+                )
+
+            await wait_until(
+                fenced_and_free, "B's take-over written, answer held, log free", BOUND_S
+            )
             append.cancel()

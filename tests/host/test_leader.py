@@ -23,7 +23,9 @@ PREFIX = "loghost:leader:"
 MakeHint = Callable[..., RedisLeaderHint]
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float = 10.0) -> None:
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool], what: str, timeout_s: float = 10.0
+) -> None:
     """Poll ``predicate`` until true; fail (not hang) after ``timeout_s``.  Never a timing assert."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -53,7 +55,9 @@ async def make_hint(redis_server: Any) -> AsyncIterator[MakeHint]:
     hints: list[RedisLeaderHint] = []
 
     def make(server_id: str, url: str | None = None, **kw: Any) -> RedisLeaderHint:
-        hint = RedisLeaderHint(redis_server.url, server_id, url or f"http://{server_id}.test:8080", **kw)
+        hint = RedisLeaderHint(
+            redis_server.url, server_id, url or f"http://{server_id}.test:8080", **kw
+        )
         hints.append(hint)
         return hint
 
@@ -79,11 +83,17 @@ async def held_by(rclient: aioredis.Redis, collection_id: str, hint: RedisLeader
 # -- claims and redirects ----------------------------------------------------------------------
 
 
-async def test_first_claimer_holds_and_second_is_redirected(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_first_claimer_holds_and_second_is_redirected(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     a, b = make_hint("a"), make_hint("b")
     assert await a.claim("c1") is None
     assert await b.claim("c1") == "http://a.test:8080"
-    assert await holder_of(rclient, "c1") == {"server_id": "a", "url": "http://a.test:8080", "incarnation": a.incarnation}
+    assert await holder_of(rclient, "c1") == {
+        "server_id": "a",
+        "url": "http://a.test:8080",
+        "incarnation": a.incarnation,
+    }
     assert 0 < await rclient.pttl(PREFIX + "c1") <= a.ttl_ms
     assert a.held == {"c1"} and b.held == frozenset()
     # b is free to serve logs nobody holds.
@@ -100,7 +110,9 @@ async def test_racing_claims_have_exactly_one_winner(make_hint: MakeHint) -> Non
     assert {r for r in results if r is not None} == {winners[0].advertise_url}
 
 
-async def test_same_server_id_reclaims_after_restart(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_same_server_id_reclaims_after_restart(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     lost: list[str] = []
     old = make_hint("pod-0", "http://10.0.0.1:8080", on_lost=lost.append)
     other = make_hint("pod-1")
@@ -123,7 +135,9 @@ async def test_same_server_id_reclaims_after_restart(make_hint: MakeHint, rclien
 # -- release -----------------------------------------------------------------------------------
 
 
-async def test_release_by_non_holder_does_nothing_by_holder_frees(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_release_by_non_holder_does_nothing_by_holder_frees(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     a, b = make_hint("a"), make_hint("b")
     # b claims first, its key vanishes (as if expired), then a takes the log: b still thinks it holds it.
     assert await b.claim("c") is None
@@ -142,7 +156,9 @@ async def test_release_by_non_holder_does_nothing_by_holder_frees(make_hint: Mak
     assert a.failures == b.failures == 0
 
 
-async def test_release_racing_a_renewal_does_not_leave_a_stale_key(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_release_racing_a_renewal_does_not_leave_a_stale_key(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     a = make_hint("a")
     assert await a.claim("c") is None
     # Reproduce the interleaving deterministically: release()'s DEL lands before the renewal
@@ -165,7 +181,9 @@ async def test_release_racing_a_renewal_does_not_leave_a_stale_key(make_hint: Ma
 # -- renewal and loss --------------------------------------------------------------------------
 
 
-async def test_renewal_keeps_key_alive_past_its_ttl(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_renewal_keeps_key_alive_past_its_ttl(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     renewed = make_hint("a", ttl_ms=600, renew_every_ms=100)
     control = make_hint("b", ttl_ms=600)  # never started: its key is not renewed
     await renewed.start()
@@ -180,7 +198,9 @@ async def test_renewal_keeps_key_alive_past_its_ttl(make_hint: MakeHint, rclient
     assert renewed.failures == 0
 
 
-async def test_takeover_after_expiry_triggers_on_lost(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_takeover_after_expiry_triggers_on_lost(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     lost = asyncio.Event()
     released: list[str] = []
 
@@ -230,7 +250,9 @@ async def test_redis_stopped_claims_fail_open_and_count_failures(
     assert a.held == {"before", "during", "during-2"}
 
 
-async def test_wedged_redis_claim_times_out_and_fails_open(make_hint: MakeHint, redis_server: Any) -> None:
+async def test_wedged_redis_claim_times_out_and_fails_open(
+    make_hint: MakeHint, redis_server: Any
+) -> None:
     errors: list[BaseException] = []
     a = make_hint("a", timeout_s=0.2, on_failure=errors.append)
     assert await a.claim("warm") is None  # a pooled connection exists before the wedge
@@ -268,7 +290,9 @@ async def test_redis_restarted_empty_renewal_reestablishes_claims(
 # -- close, batching, odd values ---------------------------------------------------------------
 
 
-async def test_close_releases_all_keys_and_only_ours(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_close_releases_all_keys_and_only_ours(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     a = make_hint("a", renew_batch=7)  # several release batches
     b = make_hint("b")
     await a.start()
@@ -289,7 +313,9 @@ async def test_close_releases_all_keys_and_only_ours(make_hint: MakeHint, rclien
     await a.close()  # idempotent
 
 
-async def test_renewal_is_one_script_call_per_batch(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_renewal_is_one_script_call_per_batch(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     a = make_hint("a", renew_batch=100)
     for i in range(250):
         assert await a.claim(f"log-{i}") is None
@@ -302,7 +328,9 @@ async def test_renewal_is_one_script_call_per_batch(make_hint: MakeHint, rclient
     assert a.renewed == 500
 
 
-async def test_unparseable_value_fails_open_without_touching_it(make_hint: MakeHint, rclient: aioredis.Redis) -> None:
+async def test_unparseable_value_fails_open_without_touching_it(
+    make_hint: MakeHint, rclient: aioredis.Redis
+) -> None:
     errors: list[BaseException] = []
     a = make_hint("a", on_failure=errors.append)
     await rclient.set(PREFIX + "weird", "not json")

@@ -33,8 +33,14 @@ PREFIX = "loghost:leader:"
 @contextlib.asynccontextmanager
 async def leader_server(store: str, name: str, redis_url: str, **settings: Any):  # type: ignore[no-untyped-def]
     port = free_port()
-    async with live_server(store, port=port, server_id=name, redis_url=redis_url,
-                           advertise_url=f"http://127.0.0.1:{port}", **settings) as lv:
+    async with live_server(
+        store,
+        port=port,
+        server_id=name,
+        redis_url=redis_url,
+        advertise_url=f"http://127.0.0.1:{port}",
+        **settings,
+    ) as lv:
         assert lv.url == f"http://127.0.0.1:{port}"
         yield lv
 
@@ -52,12 +58,14 @@ async def test_second_server_redirects_to_the_first(tmp_path: Path, redis_server
     store = str(tmp_path / "store")
     log_a, log_b = str(uuid.uuid4()), str(uuid.uuid4())
     async with contextlib.AsyncExitStack() as outer:
-        b = await outer.enter_async_context(leader_server(store, "srv-b", redis_server.url,
-                                                          leader_ttl_ms=500))
+        b = await outer.enter_async_context(
+            leader_server(store, "srv-b", redis_server.url, leader_ttl_ms=500)
+        )
         async with leader_server(store, "srv-a", redis_server.url, leader_ttl_ms=500) as a:
             async with a.client("alice-key") as ca, b.client("alice-key") as cb:
-                r = await ca.post(log_path("alice", log_a) + "/records",
-                                  json={"records": [record("a1")]})
+                r = await ca.post(
+                    log_path("alice", log_a) + "/records", json={"records": [record("a1")]}
+                )
                 assert r.status_code == 200, r.text
                 held = await holder(redis_server.url, log_a)
                 assert held is not None and held["server_id"] == "srv-a" and held["url"] == a.url
@@ -96,19 +104,22 @@ async def test_second_server_redirects_to_the_first(tmp_path: Path, redis_server
                 assert r.status_code == 200 and r.json()["first_offset"] == 2, r.text
 
                 # the other way round for a log B opened first
-                r = await cb.post(log_path("alice", log_b) + "/records",
-                                  json={"records": [record("b1")]})
+                r = await cb.post(
+                    log_path("alice", log_b) + "/records", json={"records": [record("b1")]}
+                )
                 assert r.status_code == 200, r.text
                 r = await ca.get(log_path("alice", log_b) + "/records", params={"from": 1})
                 assert_error(r, 307, "not_leader")
                 assert r.headers["location"] == b.url + log_path("alice", log_b) + "/records?from=1"
-                assert (metric(await metrics_text(cb), "loghost_not_leader_redirects_total")
-                        or 0) >= 3
+                assert (
+                    metric(await metrics_text(cb), "loghost_not_leader_redirects_total") or 0
+                ) >= 3
         # srv-a shut down gracefully: its hint is released and srv-b serves the log now
         assert await holder(redis_server.url, log_a) is None
         async with b.client("alice-key") as cb:
-            r = await cb.post(log_path("alice", log_a) + "/records",
-                              json={"records": [record("after")]})
+            r = await cb.post(
+                log_path("alice", log_a) + "/records", json={"records": [record("after")]}
+            )
             assert r.status_code == 200, r.text
             assert r.json()["first_offset"] == 3
             ids = [x["record"]["id"] for x in await read_all(cb, log_path("alice", log_a))]
@@ -126,8 +137,14 @@ class Acks:
     statuses: dict[int, int] = field(default_factory=dict)
 
 
-async def writer(srv: Live, name: str, cids: list[str], acks: Acks, stop: asyncio.Event,
-                 redis_down: asyncio.Event) -> None:
+async def writer(
+    srv: Live,
+    name: str,
+    cids: list[str],
+    acks: Acks,
+    stop: asyncio.Event,
+    redis_down: asyncio.Event,
+) -> None:
     """Append through one server, following 307s and retrying 409/429/503 with the same key."""
     async with srv.client("alice-key") as c:
         n = 0
@@ -158,21 +175,26 @@ async def writer(srv: Live, name: str, cids: list[str], acks: Acks, stop: asynci
 
 
 async def test_redis_stopped_mid_test_both_keep_serving_and_nothing_is_lost(
-        tmp_path: Path, redis_server: Any) -> None:
+    tmp_path: Path, redis_server: Any
+) -> None:
     store = str(tmp_path / "store")
     shared, only_a, only_b = (str(uuid.uuid4()) for _ in range(3))
     acks = Acks()
     stop, redis_down = asyncio.Event(), asyncio.Event()
-    async with leader_server(store, "srv-a", redis_server.url, leader_ttl_ms=1000) as a, \
-            leader_server(store, "srv-b", redis_server.url, leader_ttl_ms=1000) as b:
+    async with (
+        leader_server(store, "srv-a", redis_server.url, leader_ttl_ms=1000) as a,
+        leader_server(store, "srv-b", redis_server.url, leader_ttl_ms=1000) as b,
+    ):
         async with a.client("alice-key") as ca, b.client("alice-key") as cb:
             for c, cid in ((ca, shared), (ca, only_a), (cb, only_b)):
-                r = await c.post(log_path("alice", cid) + "/records",
-                                 json={"records": [record(f"seed-{cid}")]})
+                r = await c.post(
+                    log_path("alice", cid) + "/records", json={"records": [record(f"seed-{cid}")]}
+                )
                 assert r.status_code == 200, r.text
                 acks.by_offset[(cid, 1)] = [f"seed-{cid}"]
-            r = await cb.post(log_path("alice", shared) + "/records",
-                              json={"records": [record("x")]})
+            r = await cb.post(
+                log_path("alice", shared) + "/records", json={"records": [record("x")]}
+            )
             assert_error(r, 307, "not_leader")  # the hint works before the outage
 
             writers = [
@@ -182,15 +204,20 @@ async def test_redis_stopped_mid_test_both_keep_serving_and_nothing_is_lost(
                 asyncio.create_task(writer(b, "wb2", [shared, only_a], acks, stop, redis_down)),
             ]
             try:
-                await wait_until(lambda: len(acks.by_offset) >= 40
-                                 or any(t.done() for t in writers), "acks before the outage")
+                await wait_until(
+                    lambda: len(acks.by_offset) >= 40 or any(t.done() for t in writers),
+                    "acks before the outage",
+                )
                 redis_server.stop()
                 redis_down.set()
                 await wait_until(
-                    lambda: all(acks.after_stop.get(w, 0) >= 15 for w in ("wa1", "wa2", "wb1",
-                                                                          "wb2"))
-                    or any(t.done() for t in writers), "acks on both servers during the outage",
-                    60.0)
+                    lambda: (
+                        all(acks.after_stop.get(w, 0) >= 15 for w in ("wa1", "wa2", "wb1", "wb2"))
+                        or any(t.done() for t in writers)
+                    ),
+                    "acks on both servers during the outage",
+                    60.0,
+                )
             finally:
                 stop.set()
                 await asyncio.gather(*writers)
@@ -200,20 +227,22 @@ async def test_redis_stopped_mid_test_both_keep_serving_and_nothing_is_lost(
             # both keep serving: a brand-new log on each, directly
             for c in (ca, cb):
                 fresh = str(uuid.uuid4())
-                r = await c.post(log_path("alice", fresh) + "/records",
-                                 json={"records": [record("fresh")]})
+                r = await c.post(
+                    log_path("alice", fresh) + "/records", json={"records": [record("fresh")]}
+                )
                 assert r.status_code == 200, r.text
 
-            assert (metric(await metrics_text(cb), "loghost_leader_hint_failures_total")
-                    or 0) > 0
+            assert (metric(await metrics_text(cb), "loghost_leader_hint_failures_total") or 0) > 0
             if acks.statuses.get(409):  # contention between the two writers is counted
-                contention = [metric(await metrics_text(c), "loghost_contention_total") or 0
-                              for c in (ca, cb)]
+                contention = [
+                    metric(await metrics_text(c), "loghost_contention_total") or 0 for c in (ca, cb)
+                ]
                 assert sum(contention) > 0, contention
 
             async def a_failed() -> bool:
-                return (metric(await metrics_text(ca), "loghost_leader_hint_failures_total")
-                        or 0) > 0
+                return (
+                    metric(await metrics_text(ca), "loghost_leader_hint_failures_total") or 0
+                ) > 0
 
             await wait_until(a_failed, "srv-a to count a leader-hint failure", 30.0, 0.1)
 
@@ -224,11 +253,10 @@ async def test_redis_stopped_mid_test_both_keep_serving_and_nothing_is_lost(
         assert [r["offset"] for r in recs] == list(range(1, len(recs) + 1))
     lost = []
     for (cid, first), ids in acks.by_offset.items():
-        got = [r["record"]["id"] for r in logs[cid][first - 1:first - 1 + len(ids)]]
+        got = [r["record"]["id"] for r in logs[cid][first - 1 : first - 1 + len(ids)]]
         if got != ids:
             lost.append((cid, first, ids, got))
     assert not lost, f"{len(lost)} acknowledged appends not found where acknowledged: {lost[:5]}"
     all_ids = [r["record"]["id"] for recs in logs.values() for r in recs]
     dupes = len(all_ids) - len(set(all_ids))
     print(f"{len(acks.by_offset)} acknowledged appends all present; {dupes} duplicated records")
-

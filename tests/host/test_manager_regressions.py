@@ -25,9 +25,13 @@ async def test_regression_finished_close_not_yet_forgotten_spins_the_loop(tmp_pa
     async def mark(cid: uuid.UUID, first: int, count: int) -> None:
         return None
 
-    mgr = LogManager(LocalStore(tmp_path), Settings(store="unused", api_keys="k=*",
-                                                    server_id="t"), Metrics(), NullLeaderHint(),
-                     mark)
+    mgr = LogManager(
+        LocalStore(tmp_path),
+        Settings(store="unused", api_keys="k=*", server_id="t"),
+        Metrics(),
+        NullLeaderHint(),
+        mark,
+    )
     cid = uuid.uuid4()
 
     async def nothing() -> None:

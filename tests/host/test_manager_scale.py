@@ -42,14 +42,21 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
     """
     ids = _ids(N_LOGS)
     gauge_samples: list[float] = []
-    proc = spawn_server(str(tmp_path / "store"), tmp_path, server_id="scale",
-                        extra_env={"LOGHOST_MAX_OPEN_LOGS": str(CAP),
-                                   "LOGHOST_IDLE_CLOSE_S": "3600"})
+    proc = spawn_server(
+        str(tmp_path / "store"),
+        tmp_path,
+        server_id="scale",
+        extra_env={"LOGHOST_MAX_OPEN_LOGS": str(CAP), "LOGHOST_IDLE_CLOSE_S": "3600"},
+    )
     try:
         limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-        async with httpx.AsyncClient(base_url=proc.url, headers=auth("alice-key"), limits=limits,
-                                     timeout=60.0) as c, \
-                httpx.AsyncClient(base_url=proc.url, headers=auth(), timeout=60.0) as svc:
+        async with (
+            httpx.AsyncClient(
+                base_url=proc.url, headers=auth("alice-key"), limits=limits, timeout=60.0
+            ) as c,
+            httpx.AsyncClient(base_url=proc.url, headers=auth(), timeout=60.0) as svc,
+        ):
+
             async def sample() -> None:
                 v = metric(await metrics_text(svc), "loghost_open_logs")
                 assert v is not None
@@ -63,8 +70,10 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
             async def worker() -> None:
                 while queue:
                     i, cid = queue.pop()
-                    body = {"records": [record(f"doc-{i}", document=cid)],
-                            "idempotency_key": f"k-{i}"}
+                    body = {
+                        "records": [record(f"doc-{i}", document=cid)],
+                        "idempotency_key": f"k-{i}",
+                    }
                     for _attempt in range(50):  # 429 (every open log busy) is allowed: retry
                         try:
                             r = await c.post(log_path("alice", cid) + "/records", json=body)
@@ -89,13 +98,16 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
             started = time.monotonic()
             await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
             elapsed = time.monotonic() - started  # reported only, never asserted
-            print(f"\n{N_LOGS} logs appended in {elapsed:.1f}s; statuses {statuses}; "
-                  f"{len(gauge_samples)} samples of open logs, max {max(gauge_samples)}; "
-                  f"transport errors {transport_errors}")
+            print(
+                f"\n{N_LOGS} logs appended in {elapsed:.1f}s; statuses {statuses}; "
+                f"{len(gauge_samples)} samples of open logs, max {max(gauge_samples)}; "
+                f"transport errors {transport_errors}"
+            )
 
             assert len(answers) == N_LOGS
-            assert all(a == {"first_offset": 1, "count": 1, "next_offset": 2}
-                       for a in answers.values())
+            assert all(
+                a == {"first_offset": 1, "count": 1, "next_offset": 2} for a in answers.values()
+            )
             assert len(gauge_samples) == N_LOGS // SAMPLE_EVERY
             assert max(gauge_samples) <= CAP, gauge_samples
             text = await metrics_text(svc)
@@ -115,9 +127,13 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
                 assert r.status_code == 200, r.text
                 recs = r.json()["records"]
                 assert len(recs) == 1, recs
-                assert recs[0]["record"] == {"id": f"doc-{position[cid]}", "op": "add",
-                                             "document": cid, "metadata": None,
-                                             "embedding": None}
+                assert recs[0]["record"] == {
+                    "id": f"doc-{position[cid]}",
+                    "op": "add",
+                    "document": cid,
+                    "metadata": None,
+                    "embedding": None,
+                }
             await sample()
             assert max(gauge_samples) <= CAP
     except BaseException:
@@ -129,16 +145,23 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
 
 async def test_concurrent_first_appends_open_a_log_once(tmp_path: Path) -> None:
     cid = str(uuid.uuid4())
-    async with live_server(str(tmp_path / "store")) as lv, lv.client("alice-key") as c, \
-            lv.client() as svc:
+    async with (
+        live_server(str(tmp_path / "store")) as lv,
+        lv.client("alice-key") as c,
+        lv.client() as svc,
+    ):
         warm = str(uuid.uuid4())  # open something else first so the counter exists
-        assert (await c.post(log_path("alice", warm) + "/records",
-                             json={"records": [record("w")]})).status_code == 200
+        assert (
+            await c.post(log_path("alice", warm) + "/records", json={"records": [record("w")]})
+        ).status_code == 200
         before = metric(await metrics_text(svc), "loghost_log_opens_total")
         assert before == 1
-        answers = await asyncio.gather(*(
-            c.post(log_path("alice", cid) + "/records", json={"records": [record(f"r{i}")]})
-            for i in range(40)))
+        answers = await asyncio.gather(
+            *(
+                c.post(log_path("alice", cid) + "/records", json={"records": [record(f"r{i}")]})
+                for i in range(40)
+            )
+        )
         assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
         offsets = sorted(a.json()["first_offset"] for a in answers)
         assert offsets == list(range(1, 41))
@@ -151,14 +174,16 @@ async def test_concurrent_first_reads_open_a_log_once(tmp_path: Path) -> None:
     cid = str(uuid.uuid4())
     store = str(tmp_path / "store")
     async with live_server(store) as lv, lv.client("alice-key") as c:
-        r = await c.post(log_path("alice", cid) + "/records",
-                         json={"records": [record("a"), record("b")]})
+        r = await c.post(
+            log_path("alice", cid) + "/records", json={"records": [record("a"), record("b")]}
+        )
         assert r.status_code == 200, r.text
     # a fresh server on the same store: the log is closed there; 30 readers race to open it
     async with live_server(store) as lv, lv.client("alice-key") as c, lv.client() as svc:
         before = metric(await metrics_text(svc), "loghost_log_opens_total") or 0
-        reads = await asyncio.gather(*(c.get(log_path("alice", cid) + "/records")
-                                       for _ in range(30)))
+        reads = await asyncio.gather(
+            *(c.get(log_path("alice", cid) + "/records") for _ in range(30))
+        )
         assert all(r.status_code == 200 for r in reads), [r.text for r in reads]
         assert all([x["record"]["id"] for x in r.json()["records"]] == ["a", "b"] for r in reads)
         after = metric(await metrics_text(svc), "loghost_log_opens_total")
@@ -168,11 +193,16 @@ async def test_concurrent_first_reads_open_a_log_once(tmp_path: Path) -> None:
 async def test_idle_logs_close_flushed_and_reopen(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     cids = [str(uuid.uuid4()) for _ in range(3)]
-    async with live_server(store, idle_close_s=0.2) as lv, lv.client("alice-key") as c, \
-            lv.client() as svc:
+    async with (
+        live_server(store, idle_close_s=0.2) as lv,
+        lv.client("alice-key") as c,
+        lv.client() as svc,
+    ):
         for cid in cids:
-            r = await c.post(log_path("alice", cid) + "/records",
-                             json={"records": [record(f"{cid}-1"), record(f"{cid}-2")]})
+            r = await c.post(
+                log_path("alice", cid) + "/records",
+                json={"records": [record(f"{cid}-1"), record(f"{cid}-2")]},
+            )
             assert r.status_code == 200, r.text
 
         async def all_closed() -> bool:
@@ -185,6 +215,7 @@ async def test_idle_logs_close_flushed_and_reopen(tmp_path: Path) -> None:
         for cid in cids:  # reopened on demand, content intact, appends continue
             r = await c.get(log_path("alice", cid) + "/records")
             assert [x["record"]["id"] for x in r.json()["records"]] == [f"{cid}-1", f"{cid}-2"]
-            r = await c.post(log_path("alice", cid) + "/records",
-                             json={"records": [record("again")]})
+            r = await c.post(
+                log_path("alice", cid) + "/records", json={"records": [record("again")]}
+            )
             assert r.status_code == 200 and r.json()["first_offset"] == 3, r.text

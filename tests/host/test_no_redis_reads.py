@@ -14,7 +14,9 @@ async def test_without_a_hint_every_host_sees_every_acknowledged_append(tmp_path
     store = str(tmp_path / "store")
     async with live_server(store) as a, live_server(store) as b:
         async with a.client("alice-key") as ca, b.client("alice-key") as cb:
-            assert (await ca.post(BASE + "/records", json={"records": [record(1)]})).status_code == 200
+            assert (
+                await ca.post(BASE + "/records", json={"records": [record(1)]})
+            ).status_code == 200
             first = await ca.get(BASE + "/records", params={"from": 1})
             assert [r["record"]["id"] for r in first.json()["records"]] == ["1"]  # a has it open
             r = await cb.post(BASE + "/records", json={"records": [record(2)]})

@@ -34,8 +34,9 @@ class Ledger:
         return [k for k in self.sent if k not in self.acked]
 
 
-async def appender(url: str, name: str, ledger: Ledger, stop: asyncio.Event,
-                   per_request: int = 3) -> None:
+async def appender(
+    url: str, name: str, ledger: Ledger, stop: asyncio.Event, per_request: int = 3
+) -> None:
     """Append until stopped or the server goes away; every request has its own idempotency key."""
     async with httpx.AsyncClient(base_url=url, headers=auth("alice-key"), timeout=30.0) as c:
         n = 0
@@ -47,9 +48,10 @@ async def appender(url: str, name: str, ledger: Ledger, stop: asyncio.Event,
             ledger.log_of[key] = cid
             n += 1
             try:
-                r = await c.post(log_path("alice", cid) + "/records",
-                                 json={"records": [record(i) for i in ids],
-                                       "idempotency_key": key})
+                r = await c.post(
+                    log_path("alice", cid) + "/records",
+                    json={"records": [record(i) for i in ids], "idempotency_key": key},
+                )
             except httpx.HTTPError:
                 return  # the server is gone: this append's outcome is unknown
             if r.status_code == 200:
@@ -79,17 +81,19 @@ async def check_ledger(url: str, ledger: Ledger) -> None:
         # retry everything with the same keys: acknowledged ones answer as before, append nothing
         before = {cid: len(recs) for cid, recs in logs.items()}
         for key, answer in ledger.acked.items():
-            r = await c.post(log_path("alice", ledger.log_of[key]) + "/records",
-                             json={"records": [record(i) for i in ledger.sent[key]],
-                                   "idempotency_key": key})
+            r = await c.post(
+                log_path("alice", ledger.log_of[key]) + "/records",
+                json={"records": [record(i) for i in ledger.sent[key]], "idempotency_key": key},
+            )
             assert r.status_code == 200, r.text
             assert r.json() == {**answer, "deduplicated": True}, (key, r.json(), answer)
         after = {cid: len(await _records_or_empty(c, cid)) for cid in LOGS}
         assert after == before
         for key in ledger.unacked:  # outcome unknown: the retry lands it at most once
-            r = await c.post(log_path("alice", ledger.log_of[key]) + "/records",
-                             json={"records": [record(i) for i in ledger.sent[key]],
-                                   "idempotency_key": key})
+            r = await c.post(
+                log_path("alice", ledger.log_of[key]) + "/records",
+                json={"records": [record(i) for i in ledger.sent[key]], "idempotency_key": key},
+            )
             assert r.status_code == 200, r.text
         for cid in LOGS:
             ids = [r["record"]["id"] for r in await _records_or_empty(c, cid)]
@@ -104,13 +108,18 @@ async def _records_or_empty(c: httpx.AsyncClient, cid: str) -> list[dict[str, An
     return await read_all(c, log_path("alice", cid))
 
 
-async def run_load_until(proc: Proc, ledger: Ledger, acks: int, appenders: int = 6
-                         ) -> tuple[asyncio.Event, list[asyncio.Task[None]]]:
+async def run_load_until(
+    proc: Proc, ledger: Ledger, acks: int, appenders: int = 6
+) -> tuple[asyncio.Event, list[asyncio.Task[None]]]:
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(appender(proc.url, f"a{i}", ledger, stop))
-             for i in range(appenders)]
-    await wait_until(lambda: len(ledger.acked) >= acks or all(t.done() for t in tasks),
-                     f"{acks} acknowledged appends", 60.0)
+    tasks = [
+        asyncio.create_task(appender(proc.url, f"a{i}", ledger, stop)) for i in range(appenders)
+    ]
+    await wait_until(
+        lambda: len(ledger.acked) >= acks or all(t.done() for t in tasks),
+        f"{acks} acknowledged appends",
+        60.0,
+    )
     assert len(ledger.acked) >= acks
     return stop, tasks
 
@@ -126,8 +135,9 @@ async def test_sigterm_exits_0_after_flushing(tmp_path: Path) -> None:
     proc = spawn_server(str(tmp_path / "store"), tmp_path, extra_env={"LOGHOST_LOG_LEVEL": "INFO"})
     try:
         async with httpx.AsyncClient(base_url=proc.url, headers=auth("alice-key")) as c:
-            r = await c.post(log_path("alice", LOGS[0]) + "/records",
-                             json={"records": [record("a")]})
+            r = await c.post(
+                log_path("alice", LOGS[0]) + "/records", json={"records": [record("a")]}
+            )
             assert r.status_code == 200, r.text
         rc = await asyncio.to_thread(proc.terminate)
     finally:
@@ -139,15 +149,17 @@ async def test_sigterm_exits_0_after_flushing(tmp_path: Path) -> None:
 
 
 async def test_acknowledged_appends_survive_sigterm_and_retries_dedupe_after_restart(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     store = str(tmp_path / "store")
     proc = spawn_server(store, tmp_path)
     ledger = Ledger()
     try:
         async with httpx.AsyncClient(base_url=proc.url, headers=auth("alice-key")) as c:
-            first = await c.post(log_path("alice", LOGS[0]) + "/records",
-                                 json={"records": [record("x1"), record("x2")],
-                                       "idempotency_key": "restart-key"})
+            first = await c.post(
+                log_path("alice", LOGS[0]) + "/records",
+                json={"records": [record("x1"), record("x2")], "idempotency_key": "restart-key"},
+            )
             assert first.status_code == 200, first.text
         stop, tasks = await run_load_until(proc, ledger, 60)
         # SIGTERM while appends are in flight: in-flight requests finish, then every log flushes
@@ -164,13 +176,15 @@ async def test_acknowledged_appends_survive_sigterm_and_retries_dedupe_after_res
     try:
         async with httpx.AsyncClient(base_url=again.url, headers=auth("alice-key")) as c:
             state = (await c.get(log_path("alice", LOGS[0]))).json()
-            retry = await c.post(log_path("alice", LOGS[0]) + "/records",
-                                 json={"records": [record("x1"), record("x2")],
-                                       "idempotency_key": "restart-key"})
+            retry = await c.post(
+                log_path("alice", LOGS[0]) + "/records",
+                json={"records": [record("x1"), record("x2")], "idempotency_key": "restart-key"},
+            )
             assert retry.status_code == 200, retry.text
             assert retry.json() == {**first.json(), "deduplicated": True}
-            assert (await c.get(log_path("alice", LOGS[0]))).json()["next_offset"] == \
-                state["next_offset"]
+            assert (await c.get(log_path("alice", LOGS[0]))).json()["next_offset"] == state[
+                "next_offset"
+            ]
             recs = await read_all(c, log_path("alice", LOGS[0]))
             assert [r["record"]["id"] for r in recs].count("x1") == 1
         ledger.sent["restart-key"] = ["x1", "x2"]
@@ -220,9 +234,23 @@ def _env_without_loghost() -> dict[str, str]:
 def test_serve_without_keys_refuses_to_start(tmp_path: Path) -> None:
     port = free_port()
     out = subprocess.run(
-        [sys.executable, "-m", "host.cli", "serve", "--store", str(tmp_path / "store"),
-         "--listen", f"127.0.0.1:{port}", "--server-id", "nokeys"],
-        env=_env_without_loghost(), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "host.cli",
+            "serve",
+            "--store",
+            str(tmp_path / "store"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--server-id",
+            "nokeys",
+        ],
+        env=_env_without_loghost(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0, out
     assert "key" in (out.stderr + out.stdout).lower()
     # it never served
@@ -235,8 +263,9 @@ def test_serve_without_keys_refuses_to_start(tmp_path: Path) -> None:
 
 
 async def test_dev_flag_creates_and_prints_a_working_key(tmp_path: Path) -> None:
-    proc = spawn_server(str(tmp_path / "store"), tmp_path, server_id="dev", api_keys=None,
-                        extra_args=["--dev"])
+    proc = spawn_server(
+        str(tmp_path / "store"), tmp_path, server_id="dev", api_keys=None, extra_args=["--dev"]
+    )
     try:
         found = re.findall(r"Bearer (\S+)", server_log(proc))
         assert found, server_log(proc)

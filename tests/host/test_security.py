@@ -36,12 +36,25 @@ from .live import CID, KEYS, Live, assert_error, live_server, log_path, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect",
-          "/redoc"}
+PUBLIC = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+}
 BOB_CID = "3f0c2d8e-9a41-4d7b-8e25-5c6b7a8d9e10"
 VALID_KEYS = [k.split("=")[0] for k in KEYS.split(",")]  # svc-key, alice-key, bob-key
-WRONG = ["Bearer not-a-key", "Bearer alice-key-", "Bearer ALICE-KEY", "alice-key",
-         "Basic alice-key", "Bearer svc-key svc-key"]
+WRONG = [
+    "Bearer not-a-key",
+    "Bearer alice-key-",
+    "Bearer ALICE-KEY",
+    "alice-key",
+    "Basic alice-key",
+    "Bearer svc-key svc-key",
+]
 BASE = "/v1/tenants/{tenant}/logs/{collection_id}"
 # per-log routes only a service key may use (see the role table in README.md)
 SERVICE_ONLY = ("/fragments", "/compaction", "/seal", "/fork", "/gc", "/scrub")
@@ -59,8 +72,9 @@ def app_routes(app: FastAPI) -> list[tuple[str, str]]:
         routes: list[Any] = [r for r in app.routes if isinstance(r, Route)]
     else:
         routes = list(iter_route_contexts(app.routes))
-    out = {(m, r.path) for r in routes if r.path is not None
-           for m in (r.methods or ()) if m != "HEAD"}
+    out = {
+        (m, r.path) for r in routes if r.path is not None for m in (r.methods or ()) if m != "HEAD"
+    }
     return sorted(out)
 
 
@@ -82,8 +96,9 @@ def _valid_body(method: str, template: str, target: str | None = None) -> dict[s
 
 
 def concrete(template: str, tenant: str = "alice", cid: str = CID, name: str = "reader") -> str:
-    return template.replace("{tenant}", tenant).replace("{collection_id}", cid).replace(
-        "{name}", name)
+    return (
+        template.replace("{tenant}", tenant).replace("{collection_id}", cid).replace("{name}", name)
+    )
 
 
 @dataclass
@@ -107,8 +122,11 @@ class Env:
 
 def store_snapshot(root: Path, under: str = "") -> dict[str, bytes]:
     base = root / under
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(base.rglob("*"))
-            if p.is_file()} if base.exists() else {}
+    return (
+        {str(p.relative_to(root)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+        if base.exists()
+        else {}
+    )
 
 
 async def alice_view(env: Env) -> dict[str, Any]:
@@ -118,13 +136,18 @@ async def alice_view(env: Env) -> dict[str, Any]:
     assert state.status_code == 200, state.text
     recs = await env.svc.get(path + "/records", params={"from": state.json()["oldest_offset"]})
     cursor = await env.svc.get(path + "/cursors/reader")
-    return {"state": state.json(), "records": recs.json(), "cursor": cursor.json(),
-            "objects": store_snapshot(env.root, f"logs/{CID}")}
+    return {
+        "state": state.json(),
+        "records": recs.json(),
+        "cursor": cursor.json(),
+        "objects": store_snapshot(env.root, f"logs/{CID}"),
+    }
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env(tmp_path_factory: pytest.TempPathFactory, recorded_apps: list[FastAPI]
-              ) -> AsyncIterator[Env]:
+async def env(
+    tmp_path_factory: pytest.TempPathFactory, recorded_apps: list[FastAPI]
+) -> AsyncIterator[Env]:
     root = tmp_path_factory.mktemp("security") / "store"
     built = len(recorded_apps)
     # fsync off: isolation is about what is stored, not durability (a real LocalStore all the same)
@@ -134,19 +157,28 @@ async def env(tmp_path_factory: pytest.TempPathFactory, recorded_apps: list[Fast
         for key, tenant, cid in (("alice-key", "alice", CID), ("bob-key", "bob", BOB_CID)):
             async with lv.client(key) as c:
                 path = log_path(tenant, cid)
-                r = await c.post(path + "/records", json={
-                    "records": [record(f"{tenant}-{i}", document=f"{tenant} secret {i}")
-                                for i in range(4)]})
+                r = await c.post(
+                    path + "/records",
+                    json={
+                        "records": [
+                            record(f"{tenant}-{i}", document=f"{tenant} secret {i}")
+                            for i in range(4)
+                        ]
+                    },
+                )
                 assert r.status_code == 200, r.text
                 r = await c.put(path + "/cursors/reader", json={"offset": 2, "witness": None})
                 assert r.status_code == 200, r.text
-        async with lv.client() as svc, httpx.AsyncClient(base_url=lv.url, timeout=30,
-                                                                 trust_env=False) as anon:
+        async with (
+            lv.client() as svc,
+            httpx.AsyncClient(base_url=lv.url, timeout=30, trust_env=False) as anon,
+        ):
             yield Env(lv, app, root, svc, anon)
 
 
-async def send(env: Env, method: str, url: str, authorization: str | None,
-               body: dict[str, Any] | None) -> httpx.Response:
+async def send(
+    env: Env, method: str, url: str, authorization: str | None, body: dict[str, Any] | None
+) -> httpx.Response:
     headers = {} if authorization is None else {"Authorization": authorization}
     return await env.anon.request(method, url, headers=headers, json=body)
 
@@ -157,9 +189,14 @@ async def send(env: Env, method: str, url: str, authorization: str | None,
 async def test_the_app_has_the_routes_this_file_expects(env: Env) -> None:
     routes = env.routes()
     paths = {p for _, p in routes}
-    assert PUBLIC <= paths, PUBLIC - paths
-    assert {"/v1/dirty", "/v1/dirty/rollup", "/v1/dirty/purge", "/v1/dirty/inspect",
-            "/v1/dirty/adopt"} <= paths
+    assert paths >= PUBLIC, PUBLIC - paths
+    assert {
+        "/v1/dirty",
+        "/v1/dirty/rollup",
+        "/v1/dirty/purge",
+        "/v1/dirty/inspect",
+        "/v1/dirty/adopt",
+    } <= paths
     assert len(env.per_log()) >= 12, env.per_log()
     # every protected route is either per log, or a service route under /v1/dirty
     for _, p in env.protected():
@@ -209,17 +246,27 @@ async def test_alices_id_on_bobs_path_is_404_like_a_never_written_id(env: Env) -
             bob = env.svc if template.endswith(SERVICE_ONLY) else bob_key
             never_written = str(uuid.uuid4())
             target = str(uuid.uuid4())
-            r = await bob.request(method, concrete(template, tenant="bob", cid=CID),
-                                  json=_valid_body(method, template, target))
+            r = await bob.request(
+                method,
+                concrete(template, tenant="bob", cid=CID),
+                json=_valid_body(method, template, target),
+            )
             err = assert_error(r, 404, "not_found")
             assert "alice" not in r.text, r.text
             if method == "POST" and template.endswith("/records"):
                 continue  # an append to a never-written id creates it: nothing to compare
-            other = await bob.request(method, concrete(template, tenant="bob", cid=never_written),
-                                      json=_valid_body(method, template, target))
+            other = await bob.request(
+                method,
+                concrete(template, tenant="bob", cid=never_written),
+                json=_valid_body(method, template, target),
+            )
             assert other.status_code == 404, (method, template, other.text)
             assert r.json() == json.loads(other.text.replace(never_written, CID)), (
-                method, template, err, other.json())
+                method,
+                template,
+                err,
+                other.json(),
+            )
             assert_error(await env.svc.get(log_path("bob", target)), 404)
     assert await alice_view(env) == before
 
@@ -236,8 +283,9 @@ async def test_fork_into_another_tenants_log_is_refused_and_touches_nothing(env:
     assert_error(r, r.status_code)
     assert "alice" not in r.text
     # the same at an explicit offset
-    r = await svc.post(log_path("bob", BOB_CID) + "/fork",
-                       json={"target_collection_id": CID, "offset": 1})
+    r = await svc.post(
+        log_path("bob", BOB_CID) + "/fork", json={"target_collection_id": CID, "offset": 1}
+    )
     assert r.status_code in (404, 409), r.text
     # from alice's log (named under bob's tenant) into a fresh id of bob's
     fresh = str(uuid.uuid4())
@@ -323,8 +371,11 @@ async def _use_every_key(c: httpx.AsyncClient) -> None:
         return {"Authorization": f"{scheme} {key}", "X-Request-Id": rid}
 
     alice = log_path("alice", CID)
-    r = await c.post(alice + "/records", json={"records": [record("a")]},
-                     headers=h("alice-key", "rid-alice-append"))
+    r = await c.post(
+        alice + "/records",
+        json={"records": [record("a")]},
+        headers=h("alice-key", "rid-alice-append"),
+    )
     assert r.status_code == 200, r.text
     r = await c.get(alice + "/records", headers=h("alice-key", "rid-alice-read"))
     assert r.status_code == 200
@@ -332,8 +383,11 @@ async def _use_every_key(c: httpx.AsyncClient) -> None:
     assert r.status_code == 404
     r = await c.get(alice, headers=h("bob-key", "rid-bob-403"))
     assert r.status_code == 403
-    r = await c.post(log_path("bob", BOB_CID) + "/records", json={"records": [record("b")]},
-                     headers=h("bob-key", "rid-bob-append"))
+    r = await c.post(
+        log_path("bob", BOB_CID) + "/records",
+        json={"records": [record("b")]},
+        headers=h("bob-key", "rid-bob-append"),
+    )
     assert r.status_code == 200
     r = await c.get("/v1/dirty", headers=h("svc-key", "rid-svc-dirty"))
     assert r.status_code == 200
@@ -355,8 +409,14 @@ async def test_keys_never_appear_in_the_server_log(logged_run: LoggedRun) -> Non
     for secret in VALID_KEYS + INVALID_KEYS:
         assert secret not in logged_run.text, f"key {secret[:24]!r} appears in the server log"
     # the requests were logged (so the absence of keys means something)
-    for rid in ("rid-alice-append", "rid-bob-403", "rid-svc-dirty", "rid-invalid-0-Bearer",
-                "rid-invalid-1-Basic", "rid-bare"):
+    for rid in (
+        "rid-alice-append",
+        "rid-bob-403",
+        "rid-svc-dirty",
+        "rid-invalid-0-Bearer",
+        "rid-invalid-1-Basic",
+        "rid-bare",
+    ):
         assert logged_run.by_rid.get(rid), f"no log line carries request_id {rid}"
     statuses = {x.get("status") for lines in logged_run.by_rid.values() for x in lines}
     assert {200, 401, 403, 404, 400} <= statuses, statuses
@@ -365,11 +425,15 @@ async def test_keys_never_appear_in_the_server_log(logged_run: LoggedRun) -> Non
 async def test_request_log_lines_carry_tenant_and_collection_id(logged_run: LoggedRun) -> None:
     """The log line of a per-log request says whose log it was (request_id, tenant,
     collection_id), whoever's key it was."""
-    for rid, tenant, cid in (("rid-alice-append", "alice", CID), ("rid-alice-read", "alice", CID),
-                             ("rid-bob-append", "bob", BOB_CID),
-                             ("rid-404", "alice", LOGGED_NEVER_WRITTEN),
-                             ("rid-svc-state", "alice", CID)):
+    for rid, tenant, cid in (
+        ("rid-alice-append", "alice", CID),
+        ("rid-alice-read", "alice", CID),
+        ("rid-bob-append", "bob", BOB_CID),
+        ("rid-404", "alice", LOGGED_NEVER_WRITTEN),
+        ("rid-svc-state", "alice", CID),
+    ):
         lines = [x for x in logged_run.by_rid.get(rid, []) if x.get("msg") == "request"]
         assert lines, f"no request line for {rid}"
         assert any(x.get("tenant") == tenant and x.get("collection_id") == cid for x in lines), (
-            f"{rid}: the request line lacks tenant={tenant} collection_id={cid}: {lines}")
+            f"{rid}: the request line lacks tenant={tenant} collection_id={cid}: {lines}"
+        )

@@ -14,15 +14,21 @@ from pathlib import Path
 import pytest
 
 from verify.reliability.run import run_isolated
-from verify.testkit import redis_executable
 from verify.reliability.scenarios import SCENARIOS
+from verify.testkit import redis_executable
 
 SEED = 1
 
 # The compactor scenario starts Spark twice (~15 s each): part of the suite, marked slow.
-PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in ("compactor_kill",
-                                                                   "compaction_invariants", "soak")
-                       else []) for name in SCENARIOS]
+PARAMS = [
+    pytest.param(
+        name,
+        marks=[pytest.mark.slow]
+        if name in ("compactor_kill", "compaction_invariants", "soak")
+        else [],
+    )
+    for name in SCENARIOS
+]
 
 
 @pytest.mark.parametrize("name", PARAMS)

@@ -30,8 +30,9 @@ SNAPSHOT = r"/snapshot/SNAPSHOT\."
 
 
 async def _write(store: FaultyStore | LocalStore, prefix: str, n: int) -> LogWriter:
-    w = await LogWriter.open(store, prefix, LogWriterOptions(snapshot_fragment_threshold=2,
-                                                              snapshot_threshold=2))
+    w = await LogWriter.open(
+        store, prefix, LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
+    )
     for i in range(n):
         await w.append(b"record-%d" % i)  # sequential: one fragment per record
     return w
@@ -40,12 +41,14 @@ async def _write(store: FaultyStore | LocalStore, prefix: str, n: int) -> LogWri
 async def _all_bodies(store: LocalStore, prefix: str) -> list[bytes]:
     reader = LogReader(store, prefix)
     m = await reader.manifest()
-    return [r.body for r in await reader.read(m.oldest_offset, Limits(max_records=10_000),
-                                              manifest=m)]
+    return [
+        r.body for r in await reader.read(m.oldest_offset, Limits(max_records=10_000), manifest=m)
+    ]
 
 
 async def test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Found by ``storms`` (seed 1): a snapshot put answered with a failed condition (S3's 409
     ConditionalRequestConflict: another request was writing the same key at the same moment) is
     taken as proof that the snapshot exists, and the next manifest links it.  It never existed:
@@ -63,7 +66,8 @@ async def test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store
 
 
 async def test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Same cause in garbage collection: the snapshot GC writes when it splits a snapshot that
     straddles the cutoff is assumed present after a failed condition, and phase 2 installs a root
     pointing at it."""
@@ -93,15 +97,17 @@ async def test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_sto
 
 
 async def test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Same cause in fork: a fragment copy that fails its condition is taken as "a retried fork
     copied it already", and the fork's manifest references a fragment the fork does not have."""
     base = LocalStore(tmp_path)
     w = await _write(base, "logs/src", 16)
     await w.close()
     faulty = FaultyStore(base, seed=3)
-    rule = faulty.add_rule(FaultRule("precondition", ops={"copy"}, key_regex=r"/log/Bucket=",
-                                     times=1))
+    rule = faulty.add_rule(
+        FaultRule("precondition", ops={"copy"}, key_regex=r"/log/Bucket=", times=1)
+    )
     await fork_log(faulty, "logs/src", "logs/dst", from_offset=5)
     assert rule.fired == 1
     report = await scrub_log(base, "logs/dst")
@@ -111,7 +117,8 @@ async def test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_st
 
 @pytest.mark.timeout(20)  # the bug livelocks the event loop: only the signal timeout ends it
 async def test_regression_cancelled_close_livelocks_the_next_request_for_that_log(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Found by ``crash_fragment_manifest`` (seed 13), where the whole in-process host hung.
 
     ``LogManager._close_handle`` removes its entry from ``_closing`` only if its own awaiter is
@@ -179,7 +186,8 @@ async def test_regression_cancelled_close_livelocks_the_next_request_for_that_lo
 
 
 async def test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotten_on_reopen(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Found by ``crash_snapshot`` (duplicates after a restart).  A reopened writer learns
     idempotency keys from ``manifest.fragments[-dedup_window_fragments:]``: the root's fragments
     only.  Keys in fragments already folded into a snapshot are forgotten, so a client retrying
@@ -192,8 +200,9 @@ async def test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotte
     for i in range(8):
         await w1.append_many([b"later-%d" % i])
     await w1.compact_manifest()
-    assert not any(f.start <= first.first_offset < f.limit for f in w1.manifest.fragments), \
+    assert not any(f.start <= first.first_offset < f.limit for f in w1.manifest.fragments), (
         "the keyed fragment must be inside a snapshot for this test"
+    )
     await w1.close()
     w2 = await LogWriter.open(store, "logs/k", opts)  # a restart, or another host
     again = await w2.append_many([b"once"], idempotency_key="key-1")  # the client's retry
@@ -224,7 +233,8 @@ class _GateStore:
 
 
 async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Found by ``redis_restart`` (seeds 2-5: one POST, its records twice in the log, the second
     copy acknowledged).  Writer A uploads a fragment; before A's manifest write lands, writer B
     (another host) read-repairs that fragment into the log and snapshots fold it away.  A's
@@ -253,18 +263,20 @@ async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_sn
     outcome: object
     try:
         outcome = await pending
-    except Exception as e:  # noqa: BLE001 - any refusal is checked against the log below
+    except Exception as e:
         outcome = e
     await a.close()
     await b.close()
     bodies = await _all_bodies(store, "logs/two")
-    assert bodies.count(b"from-a") == 1, f"A's records are in the log {bodies.count(b'from-a')} times"
-    assert not isinstance(outcome, Exception), \
+    assert bodies.count(b"from-a") == 1, (
+        f"A's records are in the log {bodies.count(b'from-a')} times"
+    )
+    assert not isinstance(outcome, Exception), (
         f"A was told {outcome!r} for records that are in the log"
+    )
 
 
-async def test_regression_append_joining_a_reads_open_of_a_new_log_gets_404(
-        tmp_path: Path) -> None:
+async def test_regression_append_joining_a_reads_open_of_a_new_log_gets_404(tmp_path: Path) -> None:
     """Found by ``two_hosts`` (seed 4): an append answered ``404 log ... was never written``.
 
     ``LogManager._get_or_open`` shares one open per log (single flight) without looking at
@@ -326,7 +338,8 @@ class _ReadGate:
 
 
 async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Found by ``crash_rollup_cursor`` (long form, seed 101: a keyed append retried across four
     restarts landed twice).  After a restart a writer learns idempotency keys lazily, at its first
     keyed append, from the manifest it has then.  If, while those footers are being read, another
@@ -368,7 +381,8 @@ async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped
 
 
 async def test_regression_idempotency_window_ends_at_the_gc_cutoff_after_reopen(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Found by ``crash_fragment_manifest`` (seed 8) and ``crash_gc_reset`` (seeds 8, 16): an
     append died with its host after its fragment was written; the next host read-repaired it;
     compaction and GC then moved the log's oldest offset past it; the client's retry, a few

@@ -9,17 +9,18 @@ from typing import Any
 
 import pytest
 
-from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
 from verify.sim import loop as simloop
 from verify.sim.report import run_range
 from verify.sim.run import run_seed
 from verify.sim.store import Actor, FaultRates, SimStore
+from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
 
 SHORT_FORM = (0, 300)  # the seeds `make test` runs (all six known bugs of 3c61663 show in them)
 
 
-def _run(main: Callable[[SimStore, Actor], Awaitable[Any]],
-         rates: FaultRates = FaultRates()) -> tuple[Any, list[str]]:
+def _run(
+    main: Callable[[SimStore, Actor], Awaitable[Any]], rates: FaultRates = FaultRates()
+) -> tuple[Any, list[str]]:
     """Run ``main(store, actor)`` on a virtual loop with a fresh simulated store."""
     trace: list[str] = []
 
@@ -123,7 +124,7 @@ def test_sticky_failures_repeat_on_one_key() -> None:
                 await v.put("k", b"x")
             failures += 1
             sim.rates = FaultRates()  # only the streak itself fails from now on
-        left = sim._sticky["k"]  # noqa: SLF001 - the streak is the point of the test
+        left = sim._sticky["k"]
         return failures, left, "k" in sim.objects
 
     (failures, left, landed), _ = _run(main, FaultRates(sticky=1.0))
@@ -197,8 +198,15 @@ def test_a_seed_replays_identically_in_another_process() -> None:
     # Another interpreter with another string-hash seed: nothing may depend on set order.
     env = dict(os.environ, PYTHONHASHSEED="7")
     code = "from verify.sim.run import run_seed; print(run_seed(3).trace_hash)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert out.stdout.strip() == run_seed(3).trace_hash
 
 
@@ -213,7 +221,12 @@ def test_a_ledger_resumes_an_interrupted_range_with_the_same_totals(tmp_path: An
     ledger.write_text("\n".join(lines[:2]) + "\n")  # killed after its first chunk
     resumed = run_range(0, 50, jobs=1, progress=False, ledger=ledger)
     assert (resumed.seeds, resumed.steps, resumed.ops, resumed.faults, resumed.stats) == (
-        whole.seeds, whole.steps, whole.ops, whole.faults, whole.stats)
+        whole.seeds,
+        whole.steps,
+        whole.ops,
+        whole.faults,
+        whole.stats,
+    )
     assert resumed.sittings == 2
     chunks = [json.loads(x).get("chunk") for x in ledger.read_text().splitlines()[1:]]
     assert [c for c in chunks if c is not None] == [0, 25]  # chunk 0 was not run again

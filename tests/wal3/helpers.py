@@ -35,8 +35,14 @@ async def read_all(store: ObjectStore, prefix: str) -> tuple[Manifest, list[LogR
 
 async def recomputed_setsum(store: ObjectStore, prefix: str, manifest: Manifest) -> Setsum:
     """The setsum of every live fragment recomputed from the objects, plus what was collected."""
-    pointers = await resolve_fragments(store, prefix.strip("/"), manifest.entries,
-                                       manifest.oldest_offset, Limits(), SnapshotCache())
+    pointers = await resolve_fragments(
+        store,
+        prefix.strip("/"),
+        manifest.entries,
+        manifest.oldest_offset,
+        Limits(),
+        SnapshotCache(),
+    )
     total = manifest.collected
     for p in pointers:
         got = await store.get(join(prefix, p.path))
@@ -129,8 +135,14 @@ class GateStore(ObjectStore):
         self._after(hit)
         return r
 
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
         hit = await self._before("put", key)
         r = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
         self._after(hit)
@@ -141,8 +153,9 @@ class GateStore(ObjectStore):
         await self.inner.delete(key)
         self._after(hit)
 
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectMeta]:
         async for m in self.inner.list(prefix, start_after=start_after):
             yield m
 
@@ -155,8 +168,7 @@ async def twelve_record_log(root: Path, prefix: str, cursor: int) -> tuple[Local
     eight in two depth-1 snapshots of four, and a compaction cursor at ``cursor`` (our own
     planner cuts it at 10 for a cursor at 10: both snapshots and fragment 9 go)."""
     store = LocalStore(root)
-    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100,
-                            writer_name="w")
+    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100, writer_name="w")
     w = await LogWriter.open(store, prefix, opts)
     for i in range(12):
         await w.append(f"r{i + 1}".encode())

@@ -36,8 +36,9 @@ class ScriptedStore(ObjectStore):
     def __init__(self, inner: ObjectStore, script: Script) -> None:
         self.inner, self.script = inner, script
 
-    async def _run(self, op: str, key: str, kw: dict[str, Any],
-                   call: Callable[[], Awaitable[Any]]) -> Any:
+    async def _run(
+        self, op: str, key: str, kw: dict[str, Any], call: Callable[[], Awaitable[Any]]
+    ) -> Any:
         verdict = await self.script(op, key, kw)
         if verdict == "fail":
             raise StoreUnavailable(f"scripted {op} failure of {key}")
@@ -52,18 +53,28 @@ class ScriptedStore(ObjectStore):
     async def head(self, key: str) -> ObjectMeta:
         return await self._run("head", key, {}, lambda: self.inner.head(key))  # type: ignore[no-any-return]
 
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
         kw = {"if_none_match": if_none_match, "if_match": if_match, "data": data}
         return await self._run(  # type: ignore[no-any-return]
-            "put", key, kw,
-            lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match))
+            "put",
+            key,
+            kw,
+            lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match),
+        )
 
     async def delete(self, key: str) -> None:
         await self._run("delete", key, {}, lambda: self.inner.delete(key))
 
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectMeta]:
         async for m in self.inner.list(prefix, start_after=start_after):
             yield m
 
@@ -81,13 +92,20 @@ class OtherWriter:
         self.links = 0
         self.uploads = 0
 
-    async def _put_frag(self, seq: int, off: int, prev: Setsum | None,
-                        body: bytes | None = None) -> EncodedFragment:
+    async def _put_frag(
+        self, seq: int, off: int, prev: Setsum | None, body: bytes | None = None
+    ) -> EncodedFragment:
         """Upload its fragment at ``seq``; a dead object there (one that does not follow the
         tail it follows) is overwritten with If-Match on its etag, as a writer does."""
         self.n += 1
-        frag = encode_fragment(seq, off, 1_000 + self.n, [body or f"{self.name}{self.n}".encode()],
-                               prev=prev, writer=self.name)
+        frag = encode_fragment(
+            seq,
+            off,
+            1_000 + self.n,
+            [body or f"{self.name}{self.n}".encode()],
+            prev=prev,
+            writer=self.name,
+        )
         key = join(self.prefix, frag.path)
         try:
             await self.store.put(key, frag.data, if_none_match="*")
@@ -128,10 +146,20 @@ class OtherWriter:
         seq = m.next_seq_no
         got = await self.store.get(join(self.prefix, fragment_path(seq)))
         d = decode_fragment(got.data)
-        ptr = FragmentPointer(fragment_path(seq), seq, d.start, d.limit, len(got.data), d.setsum,
-                              content_etag(got.data))
-        await self.store.put(join(self.prefix, MANIFEST_PATH),
-                             m.with_fragments([ptr], self.name).to_bytes(), if_match=etag)
+        ptr = FragmentPointer(
+            fragment_path(seq),
+            seq,
+            d.start,
+            d.limit,
+            len(got.data),
+            d.setsum,
+            content_etag(got.data),
+        )
+        await self.store.put(
+            join(self.prefix, MANIFEST_PATH),
+            m.with_fragments([ptr], self.name).to_bytes(),
+            if_match=etag,
+        )
         self.links += 1
         return seq
 
@@ -155,8 +183,9 @@ class OtherWriter:
 
     async def seal(self) -> None:
         m, etag = await load_manifest(self.store, self.prefix)  # type: ignore[misc]
-        await self.store.put(join(self.prefix, MANIFEST_PATH),
-                             m.with_sealed(self.name).to_bytes(), if_match=etag)
+        await self.store.put(
+            join(self.prefix, MANIFEST_PATH), m.with_sealed(self.name).to_bytes(), if_match=etag
+        )
 
 
 def stays_ahead(other: OtherWriter, rounds: dict[str, int]) -> Script:

@@ -40,10 +40,6 @@ from wal3.scrub import scrub_log
 
 from .helpers import Clock, GateStore, fill, read_all
 
-
-
-
-
 # 1 ------------------------------------------------------------------------------------------
 
 
@@ -70,21 +66,32 @@ async def test_a_failing_hook_never_duplicates_an_acknowledged_append(store: Obj
 
 
 async def test_gc_keeps_the_tail_so_a_stale_speculative_fragment_stays_fenced(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """With the compaction cursor at the tail, GC used to empty the root; then read repair took
     any orphan at the tail for a good one and linked a fragment whose append was 'not written'."""
     clock = Clock()
     w = await LogWriter.open(store, "logs/fence")
     await fill(w, 3)
     await CursorStore(store, "logs/fence", "t").init("compaction", w.manifest.next_offset)
-    gc = GarbageCollector(store, "logs/fence", GcOptions(grace_s=0, retain_fragments=0),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "logs/fence",
+        GcOptions(grace_s=0, retain_fragments=0),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     while (await gc.run_once()).phase == "done":
         pass
     # Another writer's speculative fragment at the tail: right slot and start, but it follows a
     # fragment of that writer's that was never linked (its append was answered "not written").
-    stale = encode_fragment(w.manifest.next_seq_no, w.manifest.next_offset, 1, [b"not-written"],
-                            prev=Setsum.of(b"a fragment that was never linked"))
+    stale = encode_fragment(
+        w.manifest.next_seq_no,
+        w.manifest.next_offset,
+        1,
+        [b"not-written"],
+        prev=Setsum.of(b"a fragment that was never linked"),
+    )
     await store.put(join("logs/fence", stale.path), stale.data, if_none_match="*")
     await w.append(b"next")
     await w.close()
@@ -98,7 +105,8 @@ async def test_gc_keeps_the_tail_so_a_stale_speculative_fragment_stays_fenced(
 
 
 async def test_gc_does_not_wedge_when_the_cutoff_falls_inside_a_snapshots_first_fragment(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """Splitting a straddling snapshot that loses nothing rebuilt it at the same content address,
     both live and listed for deletion: phase 3 refused on every run, for ever."""
     clock = Clock()
@@ -110,8 +118,13 @@ async def test_gc_does_not_wedge_when_the_cutoff_falls_inside_a_snapshots_first_
     assert w.manifest.snapshots and w.manifest.snapshots[0].start == 1
     cursors = CursorStore(store, "logs/split", "t")
     await cursors.init("compaction", 2)  # strictly inside the first fragment [1, 3)
-    gc = GarbageCollector(store, "logs/split", GcOptions(grace_s=0, retain_fragments=0),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "logs/split",
+        GcOptions(grace_s=0, retain_fragments=0),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     first = await gc.run_once()
     assert first.phase in ("idle", "done")
     # Once the cursor moves on, collection must go on too.
@@ -140,14 +153,12 @@ async def test_a_cursor_written_while_a_plan_is_pending_stops_the_plan(store: Ob
     await CursorStore(store, "logs/pin", "t").init("compaction", 10)
     # The collector dies right after writing its plan (phase 1).
     faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"gc/GARBAGE$", times=1))
-    gc = GarbageCollector(faulty, "logs/pin", GcOptions(grace_s=0, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(faulty, "logs/pin", GcOptions(grace_s=0, retain_fragments=0), clock=clock)
     with pytest.raises(SimulatedCrash):
         await gc.run_once()
     # A reader pins offset 2 with a new cursor while the plan is pending ("emergency" cursor).
     await CursorStore(store, "logs/pin", "reader").init("emergency", 2)
-    gc2 = GarbageCollector(store, "logs/pin", GcOptions(grace_s=0, retain_fragments=0),
-                           clock=clock)
+    gc2 = GarbageCollector(store, "logs/pin", GcOptions(grace_s=0, retain_fragments=0), clock=clock)
     await gc2.run_once()
     await gc2.run_once()
     for seq in range(2, 11):
@@ -158,7 +169,8 @@ async def test_a_cursor_written_while_a_plan_is_pending_stops_the_plan(store: Ob
 
 
 async def test_pinning_below_an_applied_plan_fails_and_undoes_the_cursor(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """The reader's half of the dance: a plan applied by another process (not through the
     server's writer) is seen, the pin is refused and the cursor does not stay behind."""
     clock = Clock()
@@ -168,8 +180,9 @@ async def test_pinning_below_an_applied_plan_fails_and_undoes_the_cursor(
     await CursorStore(store, "logs/pin2", "t").init("compaction", 10)
     # A collector in another process applies its plan and stops before deleting.
     faulty.add_rule(FaultRule("crash_before", ops={"delete"}, times=1))
-    gc = GarbageCollector(faulty, "logs/pin2", GcOptions(grace_s=0, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(
+        faulty, "logs/pin2", GcOptions(grace_s=0, retain_fragments=0), clock=clock
+    )
     with pytest.raises(SimulatedCrash):
         await gc.run_once()
     cursors = CursorStore(store, "logs/pin2", "reader")
@@ -190,8 +203,13 @@ async def test_a_sealed_log_is_collected_through_its_writer(store: ObjectStore) 
     await fill(w, 6)
     await CursorStore(store, "logs/sealed", "t").init("compaction", 7)
     await w.seal()
-    gc = GarbageCollector(store, "logs/sealed", GcOptions(grace_s=0, retain_fragments=0),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "logs/sealed",
+        GcOptions(grace_s=0, retain_fragments=0),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     while (await gc.run_once()).phase == "done":
         pass
     assert w.manifest.sealed and w.manifest.oldest_offset == 6
@@ -204,16 +222,19 @@ async def test_a_sealed_log_is_collected_through_its_writer(store: ObjectStore) 
 
 
 async def test_one_transient_upload_failure_is_retried_not_reported_as_contention(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """A single writer; one fragment's upload answers 503 four times and never lands; 8 appends in
     flight.  Most of them used to fail with LogContention, which claims another writer."""
     faulty = FaultyStore(store, seed=2)
-    rule = faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=r"FragmentSeqNo=0+3\.parquet$",
-                                     times=4))
+    rule = faulty.add_rule(
+        FaultRule("error", ops={"put"}, key_regex=r"FragmentSeqNo=0+3\.parquet$", times=4)
+    )
     opts = LogWriterOptions(batch_size_bytes=1, max_inflight_fragments=8)  # one append a batch
     w = await LogWriter.open(faulty, "logs/transient", opts)
-    results = await asyncio.gather(*(w.append(f"t{i}".encode()) for i in range(8)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(w.append(f"t{i}".encode()) for i in range(8)), return_exceptions=True
+    )
     await w.close()
     assert rule.fired == 4
     failures = [r for r in results if isinstance(r, BaseException)]
@@ -241,7 +262,8 @@ def test_cursor_names_are_matched_whole(name: str) -> None:
 
 
 async def test_a_keyed_retry_on_a_stale_writer_is_deduplicated_not_refused(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """Recovery used to reject in-flight batches as 'not written' before learning the keys that
     the other writer's fragments carry; a client believing it and retrying under a fresh key
     would store the record twice."""
@@ -261,7 +283,8 @@ async def test_a_keyed_retry_on_a_stale_writer_is_deduplicated_not_refused(
 
 
 async def test_gc_never_passes_the_compaction_cursor_nor_collects_without_one(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """GC cut at the lowest of *all* cursors: a reader cursor on a never-compacted log made it
     delete records no compaction had folded."""
     clock = Clock()
@@ -269,8 +292,13 @@ async def test_gc_never_passes_the_compaction_cursor_nor_collects_without_one(
     await fill(w, 10)
     cursors = CursorStore(store, "logs/intrinsic", "reader")
     await cursors.init("reader", 5)
-    gc = GarbageCollector(store, "logs/intrinsic", GcOptions(grace_s=0, retain_fragments=0),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "logs/intrinsic",
+        GcOptions(grace_s=0, retain_fragments=0),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     await gc.run_once()
     assert w.manifest.oldest_offset == 1  # no compaction cursor: nothing is collected
     await cursors.init("compaction", 3)
@@ -299,7 +327,8 @@ async def _holders(store: ObjectStore, prefix: str, body: bytes) -> list[str]:
 
 
 async def test_a_fragment_repaired_then_collected_is_acknowledged_not_refused(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """A's fragment is linked by B's read repair and collected before A recovers: A used to
     answer LogContention ("not written") for a record that is in the log."""
     a_store = GateStore(store)
@@ -320,12 +349,14 @@ async def test_a_fragment_repaired_then_collected_is_acknowledged_not_refused(
 
 
 async def test_a_pipelined_batch_collected_before_recovery_is_not_appended_again(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """X and Y are linked by another writer's repair; the compactor passes X and GC unlinks it
     before A recovers: A used to re-append X after Y (twice in the log, out of order)."""
     a_store = GateStore(store)
-    a = await LogWriter.open(a_store, "logs/rx", LogWriterOptions(writer_name="A",
-                                                                  batch_size_bytes=1))
+    a = await LogWriter.open(
+        a_store, "logs/rx", LogWriterOptions(writer_name="A", batch_size_bytes=1)
+    )
     await a.append(b"w0")
     manifest_put = a_store.hold("put", r"manifest/MANIFEST$")
     y_up = a_store.watch("put", _frag(3))
@@ -336,7 +367,7 @@ async def test_a_pipelined_batch_collected_before_recovery_is_not_appended_again
     b_store = FaultyStore(store, seed=0)
     b_store.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=_frag(4)))
     b = await LogWriter.open(b_store, "logs/rx", LogWriterOptions(writer_name="B"))
-    with pytest.raises(Exception):  # noqa: B017 - B repairs 2 and 3, then dies at 4
+    with pytest.raises(Exception):
         await b.append(b"B")
     await CursorStore(store, "logs/rx", "compactor").init("compaction", 3)
     await GarbageCollector(store, "logs/rx", GcOptions()).run_once()
@@ -348,7 +379,8 @@ async def test_a_pipelined_batch_collected_before_recovery_is_not_appended_again
 
 
 async def test_uploads_finishing_after_a_seal_are_answered_and_close_returns(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     a_store = GateStore(store)
     a = await LogWriter.open(a_store, "logs/sc", LogWriterOptions(batch_size_bytes=1))
     await a.append(b"w0")
@@ -367,20 +399,19 @@ async def test_uploads_finishing_after_a_seal_are_answered_and_close_returns(
     assert not a._inflight
 
 
-async def test_after_a_long_upload_outage_the_pipeline_recovers_fully(
-        store: ObjectStore) -> None:
+async def test_after_a_long_upload_outage_the_pipeline_recovers_fully(store: ObjectStore) -> None:
     """Dead speculative fragments: each recovery uncovers one; charging every waiting batch an
     attempt per recovery used to fail most of the next burst on a healthy store."""
     faulty = FaultyStore(store, seed=0)
     w = await LogWriter.open(faulty, "logs/outage", LogWriterOptions(batch_size_bytes=1))
     await w.append(b"w0")
     rule = faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=_frag(2), times=12))
-    await asyncio.gather(*(w.append(f"a{i}".encode()) for i in range(8)),
-                         return_exceptions=True)
+    await asyncio.gather(*(w.append(f"a{i}".encode()) for i in range(8)), return_exceptions=True)
     assert rule.fired == 12
     faulty.clear_rules()
-    after = await asyncio.gather(*(w.append(f"b{i}".encode()) for i in range(8)),
-                                 return_exceptions=True)
+    after = await asyncio.gather(
+        *(w.append(f"b{i}".encode()) for i in range(8)), return_exceptions=True
+    )
     await w.close()
     assert not [r for r in after if isinstance(r, BaseException)], after
     assert (await scrub_log(store, "logs/outage")).ok
@@ -404,8 +435,7 @@ async def test_the_only_writer_never_answers_contention(store: ObjectStore) -> N
 
     w = await LogWriter.open(store, "logs/only", LogWriterOptions(batch_size_bytes=1), hook=hook)
     await w.append(b"w0")
-    await asyncio.gather(*(w.append(f"a{i}".encode()) for i in (2, 3, 4)),
-                         return_exceptions=True)
+    await asyncio.gather(*(w.append(f"a{i}".encode()) for i in (2, 3, 4)), return_exceptions=True)
     phase["down"] = False
     r = await w.append(b"X")
     await w.close()
@@ -414,7 +444,8 @@ async def test_the_only_writer_never_answers_contention(store: ObjectStore) -> N
 
 
 async def test_two_writers_with_equal_records_and_timestamps_are_told_apart(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """Same body, same offset, same (frozen) timestamp: equal setsums made B's fragment look
     like A's, and both appends were acknowledged for one record."""
 
@@ -426,8 +457,7 @@ async def test_two_writers_with_equal_records_and_timestamps_are_told_apart(
     await w0.append(b"w0")
     await w0.close()
     a_store = GateStore(store)
-    a = await LogWriter.open(a_store, "logs/eq", LogWriterOptions(writer_name="A",
-                                                                  clock=Frozen()))
+    a = await LogWriter.open(a_store, "logs/eq", LogWriterOptions(writer_name="A", clock=Frozen()))
     b = await LogWriter.open(store, "logs/eq", LogWriterOptions(writer_name="B", clock=Frozen()))
     manifest_put = a_store.hold("put", r"manifest/MANIFEST$")
     ta = asyncio.create_task(a.append_many([b"payload"]))
@@ -454,8 +484,13 @@ async def test_gc_trusts_no_cursor_past_the_tail(store: ObjectStore) -> None:
     await CursorStore(store, "logs/ahead", "fork").init("compaction", 11)  # the leftover
     w = await LogWriter.open(store, "logs/ahead")
     await fill(w, 6)
-    gc = GarbageCollector(store, "logs/ahead", GcOptions(grace_s=0, retain_fragments=0),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "logs/ahead",
+        GcOptions(grace_s=0, retain_fragments=0),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     await gc.run_once()
     assert w.manifest.oldest_offset == 1
     await w.close()
@@ -465,8 +500,9 @@ async def test_gc_trusts_no_cursor_past_the_tail(store: ObjectStore) -> None:
 
 
 async def _snapshotted(store: ObjectStore, prefix: str) -> Manifest:
-    w = await LogWriter.open(store, prefix, LogWriterOptions(snapshot_fragment_threshold=4,
-                                                             snapshot_threshold=100))
+    w = await LogWriter.open(
+        store, prefix, LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100)
+    )
     for i in range(12):
         await w.append(f"r{i + 1}".encode())
     await w.compact_manifest()
@@ -484,8 +520,9 @@ async def test_a_snapshot_pointer_whose_range_lies_is_refused(store: ObjectStore
     t = Snapshot.build(list(snap.fragments[2:]), "x")
     await store.put(join("logs/lie", t.path), t.to_bytes())
     lie = replace(t.to_pointer(), start=1)
-    new = replace(m, snapshots=(lie, *m.snapshots[1:]),
-                  collected=m.collected + (s1.setsum - t.setsum))
+    new = replace(
+        m, snapshots=(lie, *m.snapshots[1:]), collected=m.collected + (s1.setsum - t.setsum)
+    )
     loaded = await load_manifest(store, "logs/lie")
     assert loaded is not None
     await store.put(join("logs/lie", MANIFEST_PATH), new.to_bytes(), if_match=loaded[1])
@@ -510,7 +547,8 @@ async def test_the_sweep_leaves_a_nested_logs_snapshots_alone(store: ObjectStore
 
 
 async def test_a_plan_starting_at_sequence_zero_does_not_wedge_the_collector(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     clock = Clock()
     w = await LogWriter.open(store, "logs/zero")
     await fill(w, 4)
@@ -518,21 +556,22 @@ async def test_a_plan_starting_at_sequence_zero_does_not_wedge_the_collector(
     await CursorStore(store, "logs/zero", "t").init("compaction", 1)
     plan = Garbage((), (), None, 0, 3, Setsum.zero(), 1)  # Rust's empty() start, "applied"
     await store.put(join("logs/zero", GARBAGE_PATH), plan.to_bytes())
-    gc = GarbageCollector(store, "logs/zero", GcOptions(grace_s=0, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(store, "logs/zero", GcOptions(grace_s=0, retain_fragments=0), clock=clock)
     assert (await gc.run_once()).phase in ("done", "idle", "discarded")
     assert (await gc.run_once()).phase in ("done", "idle")
 
 
 async def test_a_fragment_pointer_must_name_its_own_sequence_numbers_object(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """seq_no raised by 100 with paths unchanged parsed and read fine, and the sweep (which goes
     by seq_no) then deleted every live fragment."""
     w = await LogWriter.open(store, "logs/seqpath")
     await fill(w, 3)
     m = w.manifest
     await w.close()
-    bad = replace(m, fragments=tuple(replace(f, seq_no=f.seq_no + 100, _json=None)
-                                     for f in m.fragments))
+    bad = replace(
+        m, fragments=tuple(replace(f, seq_no=f.seq_no + 100, _json=None) for f in m.fragments)
+    )
     with pytest.raises(CorruptManifest, match="is not the path of fragment"):
         Manifest.from_bytes(bad.to_bytes())

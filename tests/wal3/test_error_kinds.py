@@ -45,22 +45,44 @@ def test_the_set_of_kinds_is_pinned() -> None:
     # A new kind needs a row in the server's table and a decision about its HTTP answer: this
     # list changes with it, on purpose.
     assert {k.value for k in ErrorKind} == {
-        "contention", "sealed", "full", "exists", "not_found", "purged", "cursor_conflict",
-        "no_cursors", "gc_rejected", "backpressure", "invalid", "unavailable", "closed",
-        "data_loss", "corrupt_fragment", "object_not_found", "process_death", "internal"}
+        "contention",
+        "sealed",
+        "full",
+        "exists",
+        "not_found",
+        "purged",
+        "cursor_conflict",
+        "no_cursors",
+        "gc_rejected",
+        "backpressure",
+        "invalid",
+        "unavailable",
+        "closed",
+        "data_loss",
+        "corrupt_fragment",
+        "object_not_found",
+        "process_death",
+        "internal",
+    }
 
 
 def test_every_class_in_errors_declares_its_kind() -> None:
-    declared = [c for _, c in inspect.getmembers(w, inspect.isclass)
-                if issubclass(c, Wal3Error) and c.__module__ == w.__name__]
+    declared = [
+        c
+        for _, c in inspect.getmembers(w, inspect.isclass)
+        if issubclass(c, Wal3Error) and c.__module__ == w.__name__
+    ]
     assert len(declared) >= 20
     for cls in declared:
         assert "kind" in cls.__dict__, f"{cls.__name__} declares no kind"
         assert isinstance(cls.__dict__["kind"], ErrorKind), cls
 
 
-@pytest.mark.parametrize("cls", sorted(_engine_error_classes(), key=lambda c: c.__qualname__),
-                         ids=lambda c: c.__qualname__)
+@pytest.mark.parametrize(
+    "cls",
+    sorted(_engine_error_classes(), key=lambda c: c.__qualname__),
+    ids=lambda c: c.__qualname__,
+)
 def test_every_engine_error_has_a_kind_of_the_set(cls: type[Wal3Error]) -> None:
     assert isinstance(cls.kind, ErrorKind), cls
     assert cls.kind in set(ErrorKind)
@@ -78,31 +100,34 @@ def test_the_set_is_closed_a_class_cannot_invent_a_kind() -> None:
     assert sub.kind is ErrorKind.SEALED
 
 
-@pytest.mark.parametrize(("cls", "kind"), [
-    (w.PreconditionFailed, ErrorKind.CONTENTION),
-    (w.LogContention, ErrorKind.CONTENTION),
-    (w.LogSealed, ErrorKind.SEALED),
-    (w.LogFull, ErrorKind.FULL),
-    (w.LogExists, ErrorKind.EXISTS),
-    (w.LogNotFound, ErrorKind.NOT_FOUND),
-    (w.CursorNotFound, ErrorKind.NOT_FOUND),
-    (w.LogPurged, ErrorKind.PURGED),
-    (w.CursorConflict, ErrorKind.CURSOR_CONFLICT),
-    (w.NoCursors, ErrorKind.NO_CURSORS),
-    (w.GarbageRejected, ErrorKind.GC_REJECTED),
-    (w.Backpressure, ErrorKind.BACKPRESSURE),
-    (w.InvalidCursorName, ErrorKind.INVALID),
-    (w.StoreUnavailable, ErrorKind.UNAVAILABLE),
-    (w.WriterClosed, ErrorKind.CLOSED),
-    (w.CorruptManifest, ErrorKind.DATA_LOSS),
-    (w.ScrubFailed, ErrorKind.DATA_LOSS),
-    (w.CorruptFragment, ErrorKind.CORRUPT_FRAGMENT),
-    (w.ObjectNotFound, ErrorKind.OBJECT_NOT_FOUND),
-    (w.StoreError, ErrorKind.INTERNAL),
-    (w.ProcessDeath, ErrorKind.PROCESS_DEATH),
-    (w.SimulatedCrash, ErrorKind.PROCESS_DEATH),
-    (w.Wal3Error, ErrorKind.INTERNAL),
-])
+@pytest.mark.parametrize(
+    ("cls", "kind"),
+    [
+        (w.PreconditionFailed, ErrorKind.CONTENTION),
+        (w.LogContention, ErrorKind.CONTENTION),
+        (w.LogSealed, ErrorKind.SEALED),
+        (w.LogFull, ErrorKind.FULL),
+        (w.LogExists, ErrorKind.EXISTS),
+        (w.LogNotFound, ErrorKind.NOT_FOUND),
+        (w.CursorNotFound, ErrorKind.NOT_FOUND),
+        (w.LogPurged, ErrorKind.PURGED),
+        (w.CursorConflict, ErrorKind.CURSOR_CONFLICT),
+        (w.NoCursors, ErrorKind.NO_CURSORS),
+        (w.GarbageRejected, ErrorKind.GC_REJECTED),
+        (w.Backpressure, ErrorKind.BACKPRESSURE),
+        (w.InvalidCursorName, ErrorKind.INVALID),
+        (w.StoreUnavailable, ErrorKind.UNAVAILABLE),
+        (w.WriterClosed, ErrorKind.CLOSED),
+        (w.CorruptManifest, ErrorKind.DATA_LOSS),
+        (w.ScrubFailed, ErrorKind.DATA_LOSS),
+        (w.CorruptFragment, ErrorKind.CORRUPT_FRAGMENT),
+        (w.ObjectNotFound, ErrorKind.OBJECT_NOT_FOUND),
+        (w.StoreError, ErrorKind.INTERNAL),
+        (w.ProcessDeath, ErrorKind.PROCESS_DEATH),
+        (w.SimulatedCrash, ErrorKind.PROCESS_DEATH),
+        (w.Wal3Error, ErrorKind.INTERNAL),
+    ],
+)
 def test_each_class_kind(cls: type[Wal3Error], kind: ErrorKind) -> None:
     assert cls.kind is kind
 
@@ -110,9 +135,12 @@ def test_each_class_kind(cls: type[Wal3Error], kind: ErrorKind) -> None:
 def test_corruption_is_data_loss() -> None:
     for cls in (w.CorruptManifest, w.CorruptFragment, w.ScrubFailed):
         assert cls.kind.is_data_loss, cls
-    assert {k for k in ErrorKind if k.is_data_loss} == {ErrorKind.DATA_LOSS,
-                                                         ErrorKind.CORRUPT_FRAGMENT}
+    assert {k for k in ErrorKind if k.is_data_loss} == {
+        ErrorKind.DATA_LOSS,
+        ErrorKind.CORRUPT_FRAGMENT,
+    }
     from host.forks import CorruptCompactedPointer
+
     assert CorruptCompactedPointer.kind is ErrorKind.DATA_LOSS
 
 
@@ -149,15 +177,15 @@ class _OtherDevice(FaultyStore):
 
 
 @pytest.mark.parametrize("target", [r"manifest/MANIFEST$", r"/log/Bucket="])
-async def test_any_process_death_propagates_and_is_never_retried(tmp_path: Any,
-                                                                  target: str) -> None:
+async def test_any_process_death_propagates_and_is_never_retried(
+    tmp_path: Any, target: str
+) -> None:
     store = LocalStore(tmp_path / "store")
     faulty = _OtherDevice(store, seed=3)
     try:
         w1 = await LogWriter.open(faulty, "logs/death")
         await w1.append(b"durable")
-        rule = faulty.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=target,
-                                         times=None))
+        rule = faulty.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=target, times=None))
         with pytest.raises(OtherDeath) as got:
             await w1.append(b"in-doubt")
         # The first crash ended the writer: nothing retried the put, nothing swallowed it.

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from wal3.errors import ObjectNotFound, PreconditionFailed, SimulatedCrash, StoreUnavailable, Wal3Error
+from wal3.errors import (
+    ObjectNotFound,
+    PreconditionFailed,
+    SimulatedCrash,
+    StoreUnavailable,
+    Wal3Error,
+)
 from wal3.faulty import FaultRule, FaultyStore, InjectedFault
 from wal3.localstore import LocalStore
 from wal3.store import content_etag, put_resolving
@@ -97,7 +103,14 @@ async def test_crash_after_at_an_exact_point(inner: LocalStore) -> None:
     """The brief's example: the third put of the manifest lands, then the process 'dies'."""
     store = FaultyStore(inner)
     rule = store.add_rule(
-        FaultRule(ops={"put"}, key_regex=r"manifest/MANIFEST$", kind="crash_after", after=2, times=1, probability=1.0)
+        FaultRule(
+            ops={"put"},
+            key_regex=r"manifest/MANIFEST$",
+            kind="crash_after",
+            after=2,
+            times=1,
+            probability=1.0,
+        )
     )
     await store.put("log/manifest/MANIFEST", b"1")
     await store.put("log/fragment/1", b"frag")  # not matched: does not count towards `after`
@@ -107,7 +120,9 @@ async def test_crash_after_at_an_exact_point(inner: LocalStore) -> None:
     assert (await inner.get("log/manifest/MANIFEST")).data == b"3"  # it landed
     await store.put("log/manifest/MANIFEST", b"4")
     assert (rule.seen, rule.fired) == (4, 1)
-    assert list(store.history) == [InjectedFault(seq=3, op="put", key="log/manifest/MANIFEST", kind="crash_after")]
+    assert list(store.history) == [
+        InjectedFault(seq=3, op="put", key="log/manifest/MANIFEST", kind="crash_after")
+    ]
 
 
 async def test_simulated_crash_is_not_a_store_error(inner: LocalStore) -> None:
@@ -159,7 +174,9 @@ async def test_latency_rules_and_base_latency(inner: LocalStore) -> None:
     assert len(sleep.delays) == 3
     assert all(0.01 <= d <= 0.03 for d in (sleep.delays[0], sleep.delays[2]))
     assert 0.51 <= sleep.delays[1] <= 0.53
-    assert store.stats()["faults"] == {"latency": 1}  # base latency is the store's speed, not a fault
+    assert store.stats()["faults"] == {
+        "latency": 1
+    }  # base latency is the store's speed, not a fault
 
 
 async def test_latency_combines_with_a_failure(inner: LocalStore) -> None:

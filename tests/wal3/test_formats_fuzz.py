@@ -31,26 +31,49 @@ CURSOR = {"position": {"offset": 42}, "epoch_us": 1700000000000000, "writer": "c
 BASE = Manifest.from_bytes((RUST / "bad_manifest1.json").read_bytes())
 # A plan that really applies to BASE: unlink its first root snapshot.
 FIRST = MANIFEST["snapshots"][0]
-APPLICABLE = {"snapshots_to_drop": [FIRST], "snapshots_to_make": [], "snapshot_for_root": None,
-              "fragments_to_drop_start": 1, "fragments_to_drop_limit": 9,
-              "fragments_are_uuids": False, "setsum_to_discard": FIRST["setsum"],
-              "first_to_keep": FIRST["limit"], "applied_us": 5}
+APPLICABLE = {
+    "snapshots_to_drop": [FIRST],
+    "snapshots_to_make": [],
+    "snapshot_for_root": None,
+    "fragments_to_drop_start": 1,
+    "fragments_to_drop_limit": 9,
+    "fragments_are_uuids": False,
+    "setsum_to_discard": FIRST["setsum"],
+    "first_to_keep": FIRST["limit"],
+    "applied_us": 5,
+}
 
-FUZZ = settings(max_examples=400, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-scalars = (st.none() | st.booleans()
-           | st.integers(min_value=-(2**66), max_value=2**66)
-           | st.sampled_from([0, 1, 2**64 - 1, 2**64, -1, 255, 256])
-           | st.floats(allow_nan=True, allow_infinity=True)
-           | st.text(max_size=70)
-           | st.sampled_from(["0" * 64, "f" * 64, "0" * 62 + "  ", "\ud800", "A" * 64,
-                             "018f0f72-7a4f-7b2e-b836-a49e4f8ea101"]))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**66), max_value=2**66)
+    | st.sampled_from([0, 1, 2**64 - 1, 2**64, -1, 255, 256])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=70)
+    | st.sampled_from(
+        [
+            "0" * 64,
+            "f" * 64,
+            "0" * 62 + "  ",
+            "\ud800",
+            "A" * 64,
+            "018f0f72-7a4f-7b2e-b836-a49e4f8ea101",
+        ]
+    )
+)
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
-                                                                 max_size=4),
-    max_leaves=12)
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -72,16 +95,18 @@ def mutated(draw: st.DrawFn, base: Any) -> bytes:
                 doc = draw(json_values)
                 continue
         op = draw(st.sampled_from(["replace", "delete", "add", "perturb", "perturb"]))
-        if op == "perturb" and isinstance(holder[key] if isinstance(holder, list)
-                                          or key in holder else None, str):
+        if op == "perturb" and isinstance(
+            holder[key] if isinstance(holder, list) or key in holder else None, str
+        ):
             # Near misses of the real value (a setsum with a space in it, a path one byte off)
             # reach the checks that random values rarely do.
             text = holder[key]
             i = 2 * draw(st.integers(0, len(text) // 2))  # byte boundaries of hex text
-            piece = draw(st.sampled_from([" ", "  ", "  ", "\n ", "+", "-", "G", "é", "0", "\ud800",
-                                          ""]))
+            piece = draw(
+                st.sampled_from([" ", "  ", "  ", "\n ", "+", "-", "G", "é", "0", "\ud800", ""])
+            )
             cut = draw(st.sampled_from([len(piece), len(piece), 0, 1]))
-            holder[key] = text[:i] + piece + text[i + cut:]
+            holder[key] = text[:i] + piece + text[i + cut :]
         elif op == "replace" or op == "perturb":
             holder[key] = draw(json_values)
         elif op == "delete":
@@ -96,24 +121,36 @@ def mutated(draw: st.DrawFn, base: Any) -> bytes:
     data = json.dumps(doc, ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
     tail = draw(st.sampled_from(["as is"] * 6 + ["cut", "flip"]))
     if tail == "cut" and data:
-        data = data[:draw(st.integers(0, len(data) - 1))]
+        data = data[: draw(st.integers(0, len(data) - 1))]
     elif tail == "flip" and data:
         i = draw(st.integers(0, len(data) - 1))
-        data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
+        data = data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1 :]
     return data
 
 
 # Absurd nesting (RecursionError in Python's json), an int past the 4300-digit limit, a float
 # overflow, a byte-order mark, a bare NaN.
-HOSTILE = [b"[" * 100_000, b"{\"a\":" * 100_000, b"1e999999", b"9" * 5000, b"\xef\xbb\xbf{}",
-           b"NaN", b"{\"setsum\":" + b"[" * 100_000]
+HOSTILE = [
+    b"[" * 100_000,
+    b'{"a":' * 100_000,
+    b"1e999999",
+    b"9" * 5000,
+    b"\xef\xbb\xbf{}",
+    b"NaN",
+    b'{"setsum":' + b"[" * 100_000,
+]
 
 
 def inputs(base: Any) -> st.SearchStrategy[bytes]:
-    return (mutated(base) | mutated(base) | mutated(base) | mutated(base)
-            | st.binary(max_size=200)
-            | json_values.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass"))
-            | st.integers(0, len(HOSTILE) - 1).map(lambda i: HOSTILE[i]))
+    return (
+        mutated(base)
+        | mutated(base)
+        | mutated(base)
+        | mutated(base)
+        | st.binary(max_size=200)
+        | json_values.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass"))
+        | st.integers(0, len(HOSTILE) - 1).map(lambda i: HOSTILE[i])
+    )
 
 
 def only(error: type[Exception], parse: Callable[[bytes], Any], data: bytes) -> Any:
@@ -160,9 +197,11 @@ def test_garbage(data: bytes) -> None:
         return
     if not g.legacy:
         assert Garbage.from_bytes(g.to_bytes()) == g
-    for act in (lambda: g.apply(BASE, "fuzz"),
-                lambda: verify_garbage(g, BASE, GcOptions(max_fraction=1.0)),
-                lambda: verify_garbage(g, BASE, GcOptions(), pinned_at=5000)):
+    for act in (
+        lambda: g.apply(BASE, "fuzz"),
+        lambda: verify_garbage(g, BASE, GcOptions(max_fraction=1.0)),
+        lambda: verify_garbage(g, BASE, GcOptions(), pinned_at=5000),
+    ):
         try:
             out = act()
         except GarbageRejected:

@@ -27,7 +27,10 @@ def test_paths() -> None:
     )
     for seq in (1, 4095, 4096, 4097, 123456789):
         assert parse_fragment_path(fragment_path(seq)) == seq
-    assert parse_fragment_path("log/Bucket=0000000000000000/FragmentSeqNo=0000000000001001.parquet") is None
+    assert (
+        parse_fragment_path("log/Bucket=0000000000000000/FragmentSeqNo=0000000000001001.parquet")
+        is None
+    )
     assert parse_fragment_path("manifest/MANIFEST") is None
     with pytest.raises(ValueError):
         fragment_path(0)

@@ -34,7 +34,8 @@ _log, _age, _bodies = twelve_record_log, age_objects, record_bodies
 
 
 async def test_cli_collector_finishes_an_idle_log_after_the_grace(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``loghost gc`` is a new process each run, so it has no in-process observation of the
     plan; phase 3 then measures the grace as Last-Modified(manifest) - Last-Modified(gc/GARBAGE)
     - 1 s.  On an idle log the manifest was last written by the cut itself, *before* the marker,
@@ -64,7 +65,8 @@ async def test_cli_collector_finishes_an_idle_log_after_the_grace(
 
 
 async def test_a_plan_discarded_for_a_pin_is_not_applied_by_a_stalled_collector(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Two collectors (the server and ``loghost gc``, or two servers across a take-over):
 
     1. A plans P (cut at 10), phase 2 re-reads the cursors (only compaction at 10), verifies,
@@ -94,7 +96,8 @@ async def test_a_plan_discarded_for_a_pin_is_not_applied_by_a_stalled_collector(
     gate_r = GateStore(store)
     held_check = gate_r.hold("get", r"gc/GARBAGE$")
     task_r = asyncio.create_task(
-        pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None))
+        pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None)
+    )
     await held_check.reached.wait()  # the reader's cursor is written
 
     b = GarbageCollector(store, p, opts, clock=Clock())
@@ -107,8 +110,9 @@ async def test_a_plan_discarded_for_a_pin_is_not_applied_by_a_stalled_collector(
 
     loaded = await load_manifest(store, p)
     assert loaded is not None
-    assert loaded[0].oldest_offset <= 3, f"the log was cut at {loaded[0].oldest_offset} " \
-                                         "under an accepted pin at 3"
+    assert loaded[0].oldest_offset <= 3, (
+        f"the log was cut at {loaded[0].oldest_offset} under an accepted pin at 3"
+    )
     assert [r.body for r in await LogReader(store, p).read(3)] == _bodies(3, 13)
 
 
@@ -132,10 +136,13 @@ class _NthGet(GateStore):
         return await self.inner.get(key)
 
 
-@pytest.mark.parametrize("trigger", ["concurrent_collector_sweeps", "rust_resets_applied_plan",
-                                     "crash_then_transient_pin"])
+@pytest.mark.parametrize(
+    "trigger",
+    ["concurrent_collector_sweeps", "rust_resets_applied_plan", "crash_then_transient_pin"],
+)
 async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
-        tmp_path: Path, trigger: str) -> None:
+    tmp_path: Path, trigger: str
+) -> None:
     """The log was written an hour ago (its objects' Last-Modified says so); a collector cuts
     it at 10 now, with a 300 s grace, and a reader holds the manifest from before the cut.
 
@@ -186,8 +193,9 @@ async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
     else:
         faulty = FaultyStore(store)
         # The second manifest write of phase 2 is the cut (the first announces its floor).
-        faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"manifest/MANIFEST$",
-                                  after=1, times=1))
+        faulty.add_rule(
+            FaultRule("crash_after", ops={"put"}, key_regex=r"manifest/MANIFEST$", after=1, times=1)
+        )
         crashed = GarbageCollector(faulty, p, opts, clock=time.time, monotonic=mono)
         with pytest.raises(SimulatedCrash):
             await crashed.run_once()  # the cut landed; the marker was never written
@@ -195,7 +203,8 @@ async def test_the_sweep_never_deletes_within_the_grace_of_a_cut(
         gate_r = GateStore(store)
         held_check = gate_r.hold("get", r"gc/GARBAGE$")
         task_r = asyncio.create_task(
-            pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None))
+            pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None)
+        )
         await held_check.reached.wait()
         gc = GarbageCollector(store, p, opts, clock=time.time, monotonic=mono)
         # The manifest holds the plan: it is marked applied (its grace starts), never discarded,

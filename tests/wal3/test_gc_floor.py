@@ -70,14 +70,21 @@ class NthGate(GateStore):
         await self._hold("get", key)
         return await self.inner.get(key)
 
-    async def put(self, key: str, data: bytes, *, if_none_match=None,  # type: ignore[no-untyped-def]
-                  if_match=None):
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match=None,  # type: ignore[no-untyped-def]
+        if_match=None,
+    ):
         await self._hold("put", key)
         return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
 
-async def _stall_before_the_cut(store: LocalStore, p: str, opts: GcOptions
-                                ) -> tuple[NthGate, asyncio.Task]:  # type: ignore[type-arg]
+async def _stall_before_the_cut(
+    store: LocalStore, p: str, opts: GcOptions
+) -> tuple[NthGate, asyncio.Task]:  # type: ignore[type-arg]
     """Collector A plans, announces its floor, re-reads the cursors (nothing pins below 10),
     verifies, and stalls right before its cut (its second manifest write)."""
     gate = NthGate(store, "put", r"manifest/MANIFEST$", 2)
@@ -94,7 +101,8 @@ async def _stall_before_the_cut(store: LocalStore, p: str, opts: GcOptions
 
 
 async def test_a_collector_stalled_at_its_cut_cannot_cut_once_another_discarded_for_a_pin(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Finding 2 with the stall where it hurts most: A has read the cursors and stalls before
     the cut itself.  A reader pins 3; B's phase 2 replaces A's floor with its own, sees the pin
     and discards (clearing its floor); the pin is accepted.  A's cut needs its own floor in the
@@ -107,7 +115,8 @@ async def test_a_collector_stalled_at_its_cut_cannot_cut_once_another_discarded_
 
     gate_r = NthGate(store, "get", r"gc/GARBAGE$", 1)
     task_r = asyncio.create_task(
-        pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None))
+        pin_cursor(gate_r, p, CursorStore(gate_r, p, "reader"), "reader", 3, None)
+    )
     await gate_r.reached.wait()  # the reader's cursor is written
     b = GarbageCollector(store, p, opts, clock=Clock())
     assert (await b.run_once()).phase == "discarded"
@@ -122,8 +131,7 @@ async def test_a_collector_stalled_at_its_cut_cannot_cut_once_another_discarded_
     assert [r.body for r in await LogReader(store, p).read(3)] == _bodies(3, 13)
 
 
-async def test_pin_cursor_retracts_a_floor_above_it_and_the_cut_is_not_made(
-        tmp_path: Path) -> None:
+async def test_pin_cursor_retracts_a_floor_above_it_and_the_cut_is_not_made(tmp_path: Path) -> None:
     """A floor with no plan pending above the pin (Rust reset gc/GARBAGE meanwhile, say):
     ``pin_cursor`` retracts the floor by compare-and-swap and accepts; the stalled cut then
     finds its floor gone.  With the cursor gone again, the next pass collects as usual."""
@@ -181,8 +189,9 @@ async def test_a_rust_writer_dropping_the_floor_only_postpones_the_cut(tmp_path:
     raw = json.loads(m.to_bytes())
     del raw["gc_floor"]  # what a Rust writer writes back (plus its own changes)
     raw["writer"] = "rust"
-    await store.put(join(p, MANIFEST_PATH), json.dumps(raw, separators=(",", ":")).encode(),
-                    if_match=etag)
+    await store.put(
+        join(p, MANIFEST_PATH), json.dumps(raw, separators=(",", ":")).encode(), if_match=etag
+    )
     gate_a.release.set()
     assert (await task_a).phase == "busy"
     loaded = await load_manifest(store, p)
@@ -203,8 +212,12 @@ def test_the_floor_is_an_extension_field_and_strictly_parsed() -> None:
     f = replace(m, gc_floor=GcFloor(7, "ab" * 16))
     assert Manifest.from_bytes(f.to_bytes()) == f
     assert f.to_bytes().endswith(b',"gc_floor":{"offset":7,"nonce":"' + b"ab" * 16 + b'"}}')
-    for bad in ('{"offset":7}', '{"offset":-1,"nonce":"' + "ab" * 16 + '"}', '"x"',
-                '{"offset":7,"nonce":"AB"}'):
+    for bad in (
+        '{"offset":7}',
+        '{"offset":-1,"nonce":"' + "ab" * 16 + '"}',
+        '"x"',
+        '{"offset":7,"nonce":"AB"}',
+    ):
         data = m.to_bytes()[:-1] + b',"gc_floor":' + bad.encode() + b"}"
         with pytest.raises(CorruptManifest):
             Manifest.from_bytes(data)
@@ -218,8 +231,7 @@ async def test_a_crash_after_the_floor_leaves_nothing_that_can_cut(tmp_path: Pat
     store = await _log(root, p, cursor=10)
     opts = GcOptions(grace_s=60, retain_fragments=0)
     faulty = FaultyStore(store)
-    faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"manifest/MANIFEST$",
-                              times=1))
+    faulty.add_rule(FaultRule("crash_after", ops={"put"}, key_regex=r"manifest/MANIFEST$", times=1))
     with pytest.raises(SimulatedCrash):
         await GarbageCollector(faulty, p, opts, clock=Clock()).run_once()
     loaded = await load_manifest(store, p)
@@ -265,8 +277,7 @@ async def test_a_fresh_process_sweeps_only_after_the_marker_aged(tmp_path: Path)
         await store.head(join(p, orphan.path))
 
 
-async def test_a_long_lived_collector_sweeps_after_its_own_observation_aged(
-        tmp_path: Path) -> None:
+async def test_a_long_lived_collector_sweeps_after_its_own_observation_aged(tmp_path: Path) -> None:
     """In one process the observation is kept in memory on monotonic time: once a grace has
     passed since the collector saw the live range start where it does, no marker is needed
     (while a fresh process, which saw nothing, still waits for its marker to age)."""
@@ -291,8 +302,9 @@ async def test_a_long_lived_collector_sweeps_after_its_own_observation_aged(
 # -------------------------------------------------------------------------------------- u64
 
 
-async def test_read_repair_steps_over_an_orphan_past_u64(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_read_repair_steps_over_an_orphan_past_u64(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An orphan an older version left past u64::MAX (it can never be linked) is dead to read
     repair, not the end of the writer: the record that fits is appended over it."""
     from wal3 import fragment as fragment_mod

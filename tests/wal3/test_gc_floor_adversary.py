@@ -24,10 +24,14 @@ from .helpers import Clock
 from .test_gc_floor import _age, _log, _stall_before_the_cut
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "liveness (c/e): a Rust writer that appends once between every announcement and cut drops "
-    "gc_floor each time, so every pass ends FloorLost ('busy') and the log is never collected; "
-    "before the floor the cut simply rebased over the append"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "liveness (c/e): a Rust writer that appends once between every announcement and cut drops "
+        "gc_floor each time, so every pass ends FloorLost ('busy') and the log is never collected; "
+        "before the floor the cut simply rebased over the append"
+    ),
+)
 async def test_a_steady_rust_writer_starves_the_collector(tmp_path: Path) -> None:
     root = tmp_path / "store"
     p = "logs/rust-steady"
@@ -42,8 +46,9 @@ async def test_a_steady_rust_writer_starves_the_collector(tmp_path: Path) -> Non
         raw = json.loads(m.to_bytes())
         del raw["gc_floor"]  # a Rust writer's manifest write (its append) drops the extension
         raw["writer"] = "rust"
-        await store.put(join(p, MANIFEST_PATH), json.dumps(raw, separators=(",", ":")).encode(),
-                        if_match=etag)
+        await store.put(
+            join(p, MANIFEST_PATH), json.dumps(raw, separators=(",", ":")).encode(), if_match=etag
+        )
         gate.release.set()
         phases.append((await task).phase)
     loaded = await load_manifest(store, p)
@@ -52,7 +57,8 @@ async def test_a_steady_rust_writer_starves_the_collector(tmp_path: Path) -> Non
 
 
 async def test_a_log_recreated_at_the_same_prefix_is_swept_by_the_old_logs_observation(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "store"
     p = "logs/again"
     store = await _log(root, p, cursor=10)

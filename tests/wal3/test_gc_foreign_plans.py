@@ -57,16 +57,27 @@ async def _log(tmp_path: Path, prefix: str, cursor: int) -> tuple[LocalStore, Ma
     return await twelve_record_log(tmp_path / "store", prefix, cursor)
 
 
-def _rust_plan(drop: list[SnapshotPointer], make: list[Snapshot], root: SnapshotPointer | None,
-               start: int, limit: int, discard: Setsum, first_to_keep: int) -> bytes:
+def _rust_plan(
+    drop: list[SnapshotPointer],
+    make: list[Snapshot],
+    root: SnapshotPointer | None,
+    start: int,
+    limit: int,
+    discard: Setsum,
+    first_to_keep: int,
+) -> bytes:
     """A plan as Rust's serde writes it: no created_us, no applied_us."""
-    return (b'{"snapshots_to_drop":[' + b",".join(p.json_bytes() for p in drop)
-            + b'],"snapshots_to_make":[' + b",".join(s.to_bytes() for s in make)
-            + b'],"snapshot_for_root":' + (b"null" if root is None else root.json_bytes())
-            + b',"fragments_to_drop_start":%d,"fragments_to_drop_limit":%d,' % (start, limit)
-            + b'"fragments_are_uuids":false,"setsum_to_discard":"%s",' % (
-                discard.hexdigest().encode())
-            + b'"first_to_keep":{"offset":%d}}' % first_to_keep)
+    return (
+        b'{"snapshots_to_drop":['
+        + b",".join(p.json_bytes() for p in drop)
+        + b'],"snapshots_to_make":['
+        + b",".join(s.to_bytes() for s in make)
+        + b'],"snapshot_for_root":'
+        + (b"null" if root is None else root.json_bytes())
+        + b',"fragments_to_drop_start":%d,"fragments_to_drop_limit":%d,' % (start, limit)
+        + b'"fragments_are_uuids":false,"setsum_to_discard":"%s",' % (discard.hexdigest().encode())
+        + b'"first_to_keep":{"offset":%d}}' % first_to_keep
+    )
 
 
 async def _bodies_from(store: LocalStore, prefix: str, offset: int) -> list[bytes]:
@@ -89,7 +100,8 @@ async def _fragments_present(store: LocalStore, prefix: str, seqs: range) -> lis
 
 @pytest.mark.parametrize("where", ["in_plan", "in_store", "ours_shaped"])
 async def test_a_foreign_plan_whose_new_root_lies_about_its_leaves_is_rejected(
-        tmp_path: Path, where: str) -> None:
+    tmp_path: Path, where: str
+) -> None:
     """Finding b2 (verify/repro/b2_rust_shaped_forged_root.py): a Rust-shaped plan (no
     created_us) whose ``snapshot_for_root`` is a snapshot holding fragment 4's pointer relabelled
     as [2, 5).  It is internally consistent, matches its pointer, balances, and its first_to_keep
@@ -132,7 +144,8 @@ async def test_a_foreign_plan_whose_new_root_lies_about_its_leaves_is_rejected(
 
 
 async def test_a_foreign_plan_listing_a_snapshot_it_does_not_unlink_deletes_nothing_live(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Finding b2, phase 3's half: a plan is data, and its ``snapshots_to_drop`` may name any
     snapshot with any claimed range.  Phase 3 deletes a listed snapshot only when the stored
     object itself starts below the cut and nothing references it, so a writer's snapshot that
@@ -156,8 +169,9 @@ async def test_a_foreign_plan_listing_a_snapshot_it_does_not_unlink_deletes_noth
 # Finding e: a foreign applied_us ----------------------------------------------------------
 
 
-async def _applied_elsewhere(tmp_path: Path, p: str, applied_us: int | None
-                             ) -> tuple[LocalStore, Manifest]:
+async def _applied_elsewhere(
+    tmp_path: Path, p: str, applied_us: int | None
+) -> tuple[LocalStore, Manifest]:
     """Another implementation plans and applies a cut at 10 and leaves the file marked
     ``applied_us``; returns the manifest from before (what a reader may still hold)."""
     store, _ = await _log(tmp_path, p, cursor=10)
@@ -188,7 +202,8 @@ async def test_a_foreign_applied_us_does_not_shorten_the_grace(tmp_path: Path) -
     r = await gc.run_once()
     assert r.phase == "waiting" and (r.fragments_deleted, r.snapshots_deleted) == (0, 0)
     assert [x.body for x in await reader.read(1, manifest=m0)] == [
-        f"r{i}".encode() for i in range(1, 13)]
+        f"r{i}".encode() for i in range(1, 13)
+    ]
     clock.now += 299
     assert (await gc.run_once()).phase == "waiting"
     clock.now += 2
@@ -217,8 +232,9 @@ async def test_the_grace_runs_on_monotonic_time_not_the_wall_clock(tmp_path: Pat
     p = "logs/e3"
     store, _ = await _log(tmp_path, p, cursor=10)
     wall, mono = Clock(), Clock(now=500.0)
-    gc = GarbageCollector(store, p, GcOptions(grace_s=60, retain_fragments=0), clock=wall,
-                          monotonic=mono)
+    gc = GarbageCollector(
+        store, p, GcOptions(grace_s=60, retain_fragments=0), clock=wall, monotonic=mono
+    )
     assert (await gc.run_once()).phase == "waiting"
     wall.now += 86_400
     assert (await gc.run_once()).phase == "waiting"
@@ -226,8 +242,7 @@ async def test_the_grace_runs_on_monotonic_time_not_the_wall_clock(tmp_path: Pat
     assert (await gc.run_once()).phase == "done"
 
 
-async def test_a_marker_on_a_plan_the_manifest_does_not_hold_is_not_trusted(
-        tmp_path: Path) -> None:
+async def test_a_marker_on_a_plan_the_manifest_does_not_hold_is_not_trusted(tmp_path: Path) -> None:
     """Finding e, the marker itself: a file marked applied whose plan is not in the manifest
     (marked before applying, or never applied) is resumed as pending: phase 2 verifies and
     applies it, and the grace runs from then, whatever the marker says (here: 1970).  Before,
@@ -254,11 +269,13 @@ async def test_a_marker_on_a_plan_the_manifest_does_not_hold_is_not_trusted(
     clock.now += 61
     assert (await gc.run_once()).phase == "done"
     assert await _bodies_from(store, p, g.first_to_keep) == [
-        f"r{i}".encode() for i in range(g.first_to_keep, 13)]
+        f"r{i}".encode() for i in range(g.first_to_keep, 13)
+    ]
 
 
 async def test_a_new_process_waits_unless_the_store_clock_shows_the_grace_passed(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Finding e, across restarts: a collector that did not see the plan applied measures the
     grace by the store's own clock (the manifest's Last-Modified minus the applied file's), or
     else from its own first sight; never by the file's time stamp."""
@@ -284,8 +301,7 @@ async def test_a_new_process_waits_unless_the_store_clock_shows_the_grace_passed
 U = U64_MAX
 
 
-async def test_appends_past_u64_are_refused_and_the_manifest_stays_readable(
-        tmp_path: Path) -> None:
+async def test_appends_past_u64_are_refused_and_the_manifest_stays_readable(tmp_path: Path) -> None:
     """Finding k (verify/repro/k_u64_overflow.py): a (Rust-readable) manifest near the top of
     u64 took appends until a fragment's ``seq_no`` was 2^64, and the manifest written then could
     be read by nobody (Rust's serde, our parser): the log was bricked by an ordinary append.
@@ -331,12 +347,12 @@ def test_a_manifest_refuses_fragments_past_u64_before_anything_is_written() -> N
     full = m.with_fragments([ok], "x")
     full.check()
     with pytest.raises(LogFull):
-        full.with_fragments([FragmentPointer("log/x", U + 1, U, U + 1, 10, Setsum.of(b"b"))],
-                            "x")
+        full.with_fragments([FragmentPointer("log/x", U + 1, U, U + 1, 10, Setsum.of(b"b"))], "x")
     m2 = Manifest(writer="x", initial_offset=U - 1, initial_seq_no=5)
     with pytest.raises(LogFull):
-        m2.with_fragments([FragmentPointer(fragment_path(5), 5, U - 1, U + 1, 10,
-                                           Setsum.of(b"c"))], "x")
+        m2.with_fragments(
+            [FragmentPointer(fragment_path(5), 5, U - 1, U + 1, 10, Setsum.of(b"c"))], "x"
+        )
     bad = replace(full, acc_bytes=U + 1)
     with pytest.raises(CorruptManifest):
         bad.check()

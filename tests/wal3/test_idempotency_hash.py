@@ -52,7 +52,7 @@ def test_footer_keys_carry_the_hash_and_old_footers_still_read() -> None:
     # a later version's extra fields are ignored; a malformed hash is a corrupt footer
     later = _with_keys_footer(frag.data, json.dumps({"k": [1, 2, digest, 7]}).encode())
     assert read_footer(later)[1] == {"k": (1, 2, digest)}
-    for bad in (b'{"k":[1,2,"zz"]}', b'{"k":[1,2,5]}', b'[1]'):
+    for bad in (b'{"k":[1,2,"zz"]}', b'{"k":[1,2,5]}', b"[1]"):
         with pytest.raises(CorruptFragment):
             read_footer(_with_keys_footer(frag.data, bad))
 
@@ -65,8 +65,9 @@ async def test_a_duplicate_answers_the_hash_of_the_first_request(store: ObjectSt
     again = await w.append_many([b"other"], idempotency_key="k")
     assert again.deduplicated and again.digest == first.digest
     # concurrent duplicates share it too
-    both = await asyncio.gather(w.append_many([b"z"], idempotency_key="k2"),
-                                w.append_many([b"w"], idempotency_key="k2"))
+    both = await asyncio.gather(
+        w.append_many([b"z"], idempotency_key="k2"), w.append_many([b"w"], idempotency_key="k2")
+    )
     assert both[0].digest == both[1].digest == request_digest([b"z"])
     await w.close()
     # a reopened writer learns it from the footer

@@ -24,25 +24,21 @@ from wal3 import (
     LogWriter,
     LogWriterOptions,
     NoCursors,
-    ObjectNotFound,
     ObjectStore,
     SimulatedCrash,
 )
 from wal3.cursors import CursorStore
 from wal3.fork import fork_log
+from wal3.fragment import fragment_path
 from wal3.gc import EMPTY_GARBAGE, Garbage, GarbageCollector, GcOptions, plan_cut, verify_garbage
+from wal3.layout import GARBAGE_PATH, join, load_manifest
 from wal3.manifest import Snapshot
 from wal3.reader import SnapshotCache
-from wal3.fragment import fragment_path
-from wal3.layout import GARBAGE_PATH, join, load_manifest
 from wal3.scrub import find_logs, scrub_log
 
 from .helpers import Clock, assert_dense, fill, read_all
 
 SMALL = LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=2)
-
-
-
 
 
 async def _objects(store: ObjectStore, prefix: str) -> set[str]:
@@ -85,9 +81,13 @@ async def test_gc_three_phases_with_grace(store: ObjectStore) -> None:
     w = await LogWriter.open(store, "logs/g", SMALL)
     await fill(w, 20)
     await w.compact_manifest()
-    gc = GarbageCollector(store, "logs/g", GcOptions(grace_s=60, delete_batch=4,
-                                                     retain_fragments=12, retain_s=600),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "logs/g",
+        GcOptions(grace_s=60, delete_batch=4, retain_fragments=12, retain_s=600),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     with pytest.raises(NoCursors):
         await gc.run_once()
     await CursorStore(store, "logs/g", "t").init("compaction", 12)
@@ -131,8 +131,9 @@ async def test_gc_splits_a_straddling_snapshot(store: ObjectStore) -> None:
     await w.compact_manifest()
     assert w.manifest.snapshots[0].limit > 14 > w.manifest.snapshots[0].start
     await CursorStore(store, "logs/s", "t").init("compaction", 14)
-    gc = GarbageCollector(store, "logs/s", GcOptions(grace_s=1), edit_manifest=w.edit_manifest,
-                          clock=clock)
+    gc = GarbageCollector(
+        store, "logs/s", GcOptions(grace_s=1), edit_manifest=w.edit_manifest, clock=clock
+    )
     await gc.run_once()
     clock.now += 2
     r = await gc.run_once()
@@ -204,17 +205,21 @@ async def test_gc_bounds_each_plan_and_the_verifier_refuses_more(store: ObjectSt
     await w.close()
 
 
-@pytest.mark.parametrize("point", [
-    ("crash_before", r"gc/GARBAGE$", 0),      # before the plan is written
-    ("crash_after", r"gc/GARBAGE$", 0),       # plan written, not applied
-    ("crash_before", r"manifest/MANIFEST$", 0),  # applying it
-    ("crash_after", r"manifest/MANIFEST$", 0),   # applied, not recorded as applied
-    ("crash_after", r"gc/GARBAGE$", 1),       # recorded as applied
-    ("crash_after", r"/log/Bucket=", 0),      # mid-delete
-    ("crash_before", r"gc/GARBAGE$", 2),      # deleted, not reset
-])
-async def test_gc_crash_at_every_phase_boundary(store: ObjectStore,
-                                                point: tuple[str, str, int]) -> None:
+@pytest.mark.parametrize(
+    "point",
+    [
+        ("crash_before", r"gc/GARBAGE$", 0),  # before the plan is written
+        ("crash_after", r"gc/GARBAGE$", 0),  # plan written, not applied
+        ("crash_before", r"manifest/MANIFEST$", 0),  # applying it
+        ("crash_after", r"manifest/MANIFEST$", 0),  # applied, not recorded as applied
+        ("crash_after", r"gc/GARBAGE$", 1),  # recorded as applied
+        ("crash_after", r"/log/Bucket=", 0),  # mid-delete
+        ("crash_before", r"gc/GARBAGE$", 2),  # deleted, not reset
+    ],
+)
+async def test_gc_crash_at_every_phase_boundary(
+    store: ObjectStore, point: tuple[str, str, int]
+) -> None:
     kind, key, after = point
     clock = Clock()
     w = await LogWriter.open(store, "logs/k", SMALL)
@@ -225,8 +230,9 @@ async def test_gc_crash_at_every_phase_boundary(store: ObjectStore,
     faulty = FaultyStore(store, seed=11)
     ops = {"delete"} if "Bucket" in key else {"put"}
     rule = faulty.add_rule(FaultRule(kind, ops=ops, key_regex=key, after=after, times=1))  # type: ignore[arg-type]
-    gc = GarbageCollector(faulty, "logs/k", GcOptions(grace_s=0, writer_name="gc",
-                                                      retain_fragments=0), clock=clock)
+    gc = GarbageCollector(
+        faulty, "logs/k", GcOptions(grace_s=0, writer_name="gc", retain_fragments=0), clock=clock
+    )
     with pytest.raises(SimulatedCrash):
         for _ in range(4):
             await gc.run_once()
@@ -252,20 +258,32 @@ async def test_orphans_below_the_live_range_are_swept(tmp_path) -> None:  # type
     await fill(w, 6)
     await w.close()
     await CursorStore(store, "logs/o", "t").init("compaction", 4)
-    gc = GarbageCollector(store, "logs/o", GcOptions(grace_s=0, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(store, "logs/o", GcOptions(grace_s=0, retain_fragments=0), clock=clock)
     await gc.run_once()
     # Resurrect an old fragment object (as a crashed delete would leave it) and add a live-range
     # orphan beyond the tail: only the first may go.
-    old = (await store.get(join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000004.parquet"))).data
-    await store.put(join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet"), old)
-    await store.put(join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000009.parquet"), old)
+    old = (
+        await store.get(
+            join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000004.parquet")
+        )
+    ).data
+    await store.put(
+        join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet"), old
+    )
+    await store.put(
+        join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000009.parquet"), old
+    )
     clock.now = 10**12  # everything is older than the grace interval now
     r = await gc.run_once()
     assert r.orphans_deleted == 1
     keys = await _objects(store, "logs/o")
-    assert join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet") not in keys
-    assert join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000009.parquet") in keys
+    assert (
+        join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet")
+        not in keys
+    )
+    assert (
+        join("logs/o", "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000009.parquet") in keys
+    )
 
 
 # ------------------------------------------------------------------------------------- scrub
@@ -330,18 +348,22 @@ async def test_fork_from_offset_is_identical_and_independent(store: ObjectStore)
     assert dst_m.setsum == src_m.setsum
     assert dst_m.oldest_offset == 8 and forked.next_offset == src_m.next_offset
     assert [(r.offset, r.timestamp_us, r.body) for r in dst_records] == [
-        (r.offset, r.timestamp_us, r.body) for r in src_records if r.offset >= 8]
+        (r.offset, r.timestamp_us, r.body) for r in src_records if r.offset >= 8
+    ]
     assert (await scrub_log(store, "logs/dst")).ok
     if isinstance(store, LocalStore):
         # Fragment bodies are not rewritten: the fork's fragments are hard links.
         f = dst_m.fragments[-1].path
-        assert (store.root / "logs/src" / f).stat().st_ino == (store.root / "logs/dst" / f).stat().st_ino
+        assert (store.root / "logs/src" / f).stat().st_ino == (
+            store.root / "logs/dst" / f
+        ).stat().st_ino
     with pytest.raises(LogExists):
         await fork_log(store, "logs/src", "logs/dst")
     # Independent afterwards: GC the source to its tail, then append to both.
     await CursorStore(store, "logs/src", "t").advance("compaction", src_m.next_offset)
-    gc = GarbageCollector(store, "logs/src", GcOptions(grace_s=0), edit_manifest=w.edit_manifest,
-                          clock=clock)
+    gc = GarbageCollector(
+        store, "logs/src", GcOptions(grace_s=0), edit_manifest=w.edit_manifest, clock=clock
+    )
     for _ in range(2):
         await gc.run_once()
     await w.append(b"src-only")
@@ -358,9 +380,16 @@ async def test_fork_from_offset_is_identical_and_independent(store: ObjectStore)
 # --------------------------------------------------------------------------- property / soak
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["append", "cursor", "gc", "grace"]),
-                          st.integers(1, 6)), min_size=5, max_size=40))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["append", "cursor", "gc", "grace"]), st.integers(1, 6)),
+        min_size=5,
+        max_size=40,
+    )
+)
 def test_random_interleavings_keep_the_books_balanced(tmp_path_factory, ops) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("prop")
 
@@ -369,8 +398,9 @@ def test_random_interleavings_keep_the_books_balanced(tmp_path_factory, ops) -> 
         clock = Clock()
         w = await LogWriter.open(store, "p", SMALL)
         cursors = CursorStore(store, "p", "t")
-        gc = GarbageCollector(store, "p", GcOptions(grace_s=10), edit_manifest=w.edit_manifest,
-                              clock=clock)
+        gc = GarbageCollector(
+            store, "p", GcOptions(grace_s=10), edit_manifest=w.edit_manifest, clock=clock
+        )
         written = 0
         cursor = 1
         for op, n in ops:
@@ -395,7 +425,9 @@ def test_random_interleavings_keep_the_books_balanced(tmp_path_factory, ops) -> 
             report = await scrub_log(store, "p")
             assert report.ok, report.problems
             _, records = await read_all(store, "p")
-            assert [r.body for r in records] == [f"x{i}".encode() for i in range(m.oldest_offset - 1, written)]
+            assert [r.body for r in records] == [
+                f"x{i}".encode() for i in range(m.oldest_offset - 1, written)
+            ]
         # Liveness, not only safety: once everything is compacted and the grace has passed, the
         # collector must actually collect - down to the newest fragment, which the log keeps.
         if written:
@@ -423,13 +455,22 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
 
     store = S3Store(bucket=s3_bucket, prefix="soak", endpoint_url=moto_endpoint, region="us-east-1")
     clock = Clock()
-    w = await LogWriter.open(store, "log", LogWriterOptions(snapshot_fragment_threshold=4,
-                                                            snapshot_threshold=2,
-                                                            batch_interval_s=0.001))
+    w = await LogWriter.open(
+        store,
+        "log",
+        LogWriterOptions(
+            snapshot_fragment_threshold=4, snapshot_threshold=2, batch_interval_s=0.001
+        ),
+    )
     cursors = CursorStore(store, "log", "mover")
     await cursors.init("compaction", 1)
-    gc = GarbageCollector(store, "log", GcOptions(grace_s=5, retain_fragments=8),
-                          edit_manifest=w.edit_manifest, clock=clock)
+    gc = GarbageCollector(
+        store,
+        "log",
+        GcOptions(grace_s=5, retain_fragments=8),
+        edit_manifest=w.edit_manifest,
+        clock=clock,
+    )
     acked: dict[int, bytes] = {}
     done = asyncio.Event()
     collected = asyncio.Event()  # set once a pass has deleted fragment objects
@@ -437,7 +478,7 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
     progress = asyncio.Condition()
     counts = {"acks": 0, "moves": 0, "passes": 0}
     reports = []
-    MAX_PASSES = 200  # noqa: N806 - far more than a working collector needs (a handful)
+    MAX_PASSES = 200
 
     async def bump(key: str) -> None:
         async with progress:
@@ -449,16 +490,21 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
         Each party snapshots before its round and bumps after it, so two of them can never wait
         on each other at once."""
         async with progress:
-            await progress.wait_for(lambda: done.is_set() or any(
-                counts[k] != v for k, v in since.items() if k != mine))
+            await progress.wait_for(
+                lambda: done.is_set() or any(counts[k] != v for k, v in since.items() if k != mine)
+            )
 
     async def appender(a: int) -> None:
         for i in range(30):
             if i == 15:  # halfway: wait for a real collection, bounded by passes, not by time
                 async with progress:
-                    await progress.wait_for(lambda: collected.is_set() or counts["passes"] >= MAX_PASSES)
+                    await progress.wait_for(
+                        lambda: collected.is_set() or counts["passes"] >= MAX_PASSES
+                    )
                 if not collected.is_set():
-                    pytest.fail(f"{MAX_PASSES} collector passes, and nothing collected while appending")
+                    pytest.fail(
+                        f"{MAX_PASSES} collector passes, and nothing collected while appending"
+                    )
             body = f"a{a}-{i}".encode()
             acked[(await w.append(body)).offset] = body
             await bump("acks")
@@ -498,8 +544,10 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
     assert collected.is_set()
     assert 1 < manifest.oldest_offset <= cut
     assert sum(r.fragments_deleted for r in reports) > 0, reports
-    print(f"{len(reports)} collector passes, first collection after pass "
-          f"{next(i for i, r in enumerate(reports) if r.fragments_deleted)}")
+    print(
+        f"{len(reports)} collector passes, first collection after pass "
+        f"{next(i for i, r in enumerate(reports) if r.fragments_deleted)}"
+    )
     # Safety: nothing at or past the cursor was lost, and the books balance.
     assert_dense(records, manifest.oldest_offset)
     by_offset = {r.offset: r.body for r in records}

@@ -14,8 +14,9 @@ from wal3.manifest import plan_snapshot
 
 
 def frag(seq: int, start: int, n: int) -> FragmentPointer:
-    return FragmentPointer(fragment_path(seq), seq, start, start + n, 100 + n,
-                           Setsum.of(f"{seq}:{start}:{n}".encode()))
+    return FragmentPointer(
+        fragment_path(seq), seq, start, start + n, 100 + n, Setsum.of(f"{seq}:{start}:{n}".encode())
+    )
 
 
 def grow(m: Manifest, sizes: list[int]) -> Manifest:
@@ -32,10 +33,14 @@ def total_live(m: Manifest) -> Setsum:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=5), max_size=40),
-       st.integers(2, 6), st.integers(2, 4))
-def test_applied_fragments_and_snapshots_keep_invariants(batches: list[list[int]], fth: int,
-                                                         sth: int) -> None:
+@given(
+    st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=5), max_size=40),
+    st.integers(2, 6),
+    st.integers(2, 4),
+)
+def test_applied_fragments_and_snapshots_keep_invariants(
+    batches: list[list[int]], fth: int, sth: int
+) -> None:
     m = Manifest.empty("w")
     expected = Setsum.zero()
     snapshots: dict[str, Snapshot] = {}
@@ -84,8 +89,12 @@ def test_json_matches_rust_field_names() -> None:
     obj = json.loads(m.to_bytes())
     assert list(obj) == ["setsum", "collected", "acc_bytes", "writer", "snapshots", "fragments"]
     assert obj["fragments"][0] == {
-        "path": fragment_path(1), "seq_no": 1, "start": {"offset": 1}, "limit": {"offset": 4},
-        "num_bytes": 103, "setsum": m.fragments[0].setsum.hexdigest(),
+        "path": fragment_path(1),
+        "seq_no": 1,
+        "start": {"offset": 1},
+        "limit": {"offset": 4},
+        "num_bytes": 103,
+        "setsum": m.fragments[0].setsum.hexdigest(),
     }
     sealed = m.with_sealed("w")
     assert json.loads(sealed.to_bytes())["sealed"] is True
@@ -102,11 +111,11 @@ def test_invariant_violations_are_detected() -> None:
         with pytest.raises(CorruptManifest):
             Manifest.from_bytes(json.dumps(o).encode())
 
-    corrupt(lambda o: o.update(setsum=Setsum.of(b"x").hexdigest()))          # balance
-    corrupt(lambda o: o["fragments"][1]["start"].update(offset=5))           # gap
-    corrupt(lambda o: o["fragments"][1].update(seq_no=7))                    # seq order
-    corrupt(lambda o: o["fragments"][0]["limit"].update(offset=1))           # empty range
-    corrupt(lambda o: o["fragments"].pop(1))                                 # dropped fragment
+    corrupt(lambda o: o.update(setsum=Setsum.of(b"x").hexdigest()))  # balance
+    corrupt(lambda o: o["fragments"][1]["start"].update(offset=5))  # gap
+    corrupt(lambda o: o["fragments"][1].update(seq_no=7))  # seq order
+    corrupt(lambda o: o["fragments"][0]["limit"].update(offset=1))  # empty range
+    corrupt(lambda o: o["fragments"].pop(1))  # dropped fragment
     corrupt(lambda o: o.update(acc_bytes=-1))
     corrupt(lambda o: o.update(fragments="nope"))
     with pytest.raises(CorruptManifest):
@@ -139,11 +148,15 @@ def test_assembled_bytes_equal_plain_json_encoding() -> None:
     m = m.with_snapshot(snap, "w")  # type: ignore[assignment]
     m = replace(m, initial_offset=1, initial_seq_no=1, sealed=True)
     obj = {
-        "setsum": m.setsum.hexdigest(), "collected": m.collected.hexdigest(),
-        "acc_bytes": m.acc_bytes, "writer": m.writer,
+        "setsum": m.setsum.hexdigest(),
+        "collected": m.collected.hexdigest(),
+        "acc_bytes": m.acc_bytes,
+        "writer": m.writer,
         "snapshots": [s.to_json() for s in m.snapshots],
         "fragments": [f.to_json() for f in m.fragments],
-        "initial_offset": {"offset": 1}, "initial_seq_no": 1, "sealed": True,
+        "initial_offset": {"offset": 1},
+        "initial_seq_no": 1,
+        "sealed": True,
     }
     assert m.to_bytes() == json.dumps(obj, separators=(",", ":")).encode()
     assert Manifest.from_bytes(m.to_bytes()) == m

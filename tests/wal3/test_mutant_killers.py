@@ -30,7 +30,6 @@ from wal3.scrub import scrub_log
 
 from .helpers import Clock, GateStore, read_all
 
-
 # the manifest write's If-Match (the fencing condition itself) ----------------------------------
 
 
@@ -55,8 +54,9 @@ async def test_a_stale_writer_cannot_undo_another_process_collection(store: Obje
     for i in range(6):
         await a.append(f"r{i}".encode())
     await CursorStore(store, "logs/fence-gc", "t").init("compaction", 5)
-    gc = GarbageCollector(store, "logs/fence-gc", GcOptions(grace_s=0, retain_fragments=0),
-                          clock=clock)  # standalone: another process
+    gc = GarbageCollector(
+        store, "logs/fence-gc", GcOptions(grace_s=0, retain_fragments=0), clock=clock
+    )  # standalone: another process
     assert (await gc.run_once()).phase == "done"
     await a.append(b"after")  # a's etag is stale; it must rebase, not restore dropped pointers
     loaded = await load_manifest(store, "logs/fence-gc")
@@ -68,8 +68,7 @@ async def test_a_stale_writer_cannot_undo_another_process_collection(store: Obje
 # idempotency offsets when two keyed appends share a fragment -----------------------------------
 
 
-async def test_two_keyed_appends_in_one_fragment_keep_their_own_offsets(
-        store: ObjectStore) -> None:
+async def test_two_keyed_appends_in_one_fragment_keep_their_own_offsets(store: ObjectStore) -> None:
     gated = GateStore(store)
     w = await LogWriter.open(gated, "logs/keys", LogWriterOptions(max_inflight_fragments=1))
     await w.append_many([b"warm"], idempotency_key="warm")  # loads the key window first
@@ -112,8 +111,7 @@ async def _plan(store: ObjectStore, prefix: str, cutoff: int) -> tuple[Garbage, 
     return g, m
 
 
-async def test_the_verifier_refuses_plans_whose_setsums_do_not_balance(
-        store: ObjectStore) -> None:
+async def test_the_verifier_refuses_plans_whose_setsums_do_not_balance(store: ObjectStore) -> None:
     g, m = await _plan(store, "logs/balance", 5)
     verify_garbage(g, m, GcOptions(max_fraction=1.0))  # the true plan passes
     wrong = replace(g, setsum_to_discard=g.setsum_to_discard + Setsum.of(b"x"))
@@ -128,11 +126,13 @@ async def test_the_verifier_refuses_plans_whose_setsums_do_not_balance(
 
 
 async def test_phase_three_never_deletes_what_the_manifest_still_references(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     """A hand-built applied plan that lists live objects (as a planning bug would)."""
     clock = Clock()
-    w = await LogWriter.open(store, "logs/p3", LogWriterOptions(snapshot_fragment_threshold=3,
-                                                                snapshot_threshold=100))
+    w = await LogWriter.open(
+        store, "logs/p3", LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=100)
+    )
     for i in range(8):
         await w.append(f"r{i}".encode())
     await w.compact_manifest()
@@ -142,13 +142,19 @@ async def test_phase_three_never_deletes_what_the_manifest_still_references(
     live = await live_snapshot_paths(store, "logs/p3", m, SnapshotCache())
     assert live
     snaps = [p for p in m.snapshots]
-    bad = Garbage(snapshots_to_drop=tuple(snaps), snapshots_to_make=(), snapshot_for_root=None,
-                  fragments_to_drop_start=1, fragments_to_drop_limit=m.next_seq_no,
-                  setsum_to_discard=Setsum.zero(), first_to_keep=m.oldest_offset,
-                  created_us=0, applied_us=0)
+    bad = Garbage(
+        snapshots_to_drop=tuple(snaps),
+        snapshots_to_make=(),
+        snapshot_for_root=None,
+        fragments_to_drop_start=1,
+        fragments_to_drop_limit=m.next_seq_no,
+        setsum_to_discard=Setsum.zero(),
+        first_to_keep=m.oldest_offset,
+        created_us=0,
+        applied_us=0,
+    )
     await store.put(join("logs/p3", GARBAGE_PATH), bad.to_bytes())
-    gc = GarbageCollector(store, "logs/p3", GcOptions(grace_s=0, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(store, "logs/p3", GcOptions(grace_s=0, retain_fragments=0), clock=clock)
     report = await gc.run_once()
     assert report.phase == "done" and any("still referenced" in n for n in report.notes)
     for path in live:

@@ -26,6 +26,7 @@ CID = UUID("0123abcd-0000-4000-8000-00000000beef")
 
 # --- Each key's exact spelling ------------------------------------------------------------------
 
+
 def test_join() -> None:
     assert paths.join("logs/x", "manifest/MANIFEST") == "logs/x/manifest/MANIFEST"
     assert paths.join("/logs/x/", "CLAIM") == "logs/x/CLAIM"
@@ -53,25 +54,41 @@ def test_snapshot_path() -> None:
     assert paths.snapshot_path(s) == f"snapshot/SNAPSHOT.{hexd}"
     assert paths.snapshot_path(Setsum()) == "snapshot/SNAPSHOT." + "0" * 64
     assert paths.is_snapshot_path(paths.snapshot_path(s))
-    for not_one in ("manifest/MANIFEST", "snapshot/SNAPSHOT." + "0" * 63,
-                    "snapshot/SNAPSHOT." + "A" * 64, "x/snapshot/SNAPSHOT." + "0" * 64,
-                    "snapshot/SNAPSHOT." + "0" * 64 + "\n", "../x", ""):
+    for not_one in (
+        "manifest/MANIFEST",
+        "snapshot/SNAPSHOT." + "0" * 63,
+        "snapshot/SNAPSHOT." + "A" * 64,
+        "x/snapshot/SNAPSHOT." + "0" * 64,
+        "snapshot/SNAPSHOT." + "0" * 64 + "\n",
+        "../x",
+        "",
+    ):
         assert not paths.is_snapshot_path(not_one), not_one
 
 
 def test_fragment_path() -> None:
     assert paths.BUCKET_SIZE == 4096
-    assert paths.fragment_path(1) == \
-        "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet"
-    assert paths.fragment_path(4095) == \
-        "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000fff.parquet"
-    assert paths.fragment_path(4096) == \
-        "log/Bucket=0000000000001000/FragmentSeqNo=0000000000001000.parquet"
-    assert paths.fragment_path(0x12345) == \
-        "log/Bucket=0000000000012000/FragmentSeqNo=0000000000012345.parquet"
+    assert (
+        paths.fragment_path(1)
+        == "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet"
+    )
+    assert (
+        paths.fragment_path(4095)
+        == "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000fff.parquet"
+    )
+    assert (
+        paths.fragment_path(4096)
+        == "log/Bucket=0000000000001000/FragmentSeqNo=0000000000001000.parquet"
+    )
+    assert (
+        paths.fragment_path(0x12345)
+        == "log/Bucket=0000000000012000/FragmentSeqNo=0000000000012345.parquet"
+    )
     top = (1 << 64) - 1
-    assert paths.fragment_path(top) == \
-        "log/Bucket=fffffffffffff000/FragmentSeqNo=ffffffffffffffff.parquet"
+    assert (
+        paths.fragment_path(top)
+        == "log/Bucket=fffffffffffff000/FragmentSeqNo=ffffffffffffffff.parquet"
+    )
     for bad in (0, -1, 1 << 64):
         with pytest.raises(ValueError):
             paths.fragment_path(bad)
@@ -82,16 +99,19 @@ def test_parse_fragment_path_round_trips(seq: int) -> None:
     assert paths.parse_fragment_path(paths.fragment_path(seq)) == seq
 
 
-@pytest.mark.parametrize("path", [
-    "log/Bucket=0000000000001000/FragmentSeqNo=0000000000000001.parquet",  # wrong bucket
-    "log/Bucket=0000000000000000/FragmentSeqNo=000000000000001.parquet",  # 15 digits
-    "log/Bucket=0000000000000000/FragmentSeqNo=000000000000000A.parquet",  # upper case
-    "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet.tmp",
-    "x/log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet",
-    "log/Uuid=0123abcd-0000-4000-8000-00000000beef.parquet",  # Rust's newer names: not ours
-    "manifest/MANIFEST",
-    "",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "log/Bucket=0000000000001000/FragmentSeqNo=0000000000000001.parquet",  # wrong bucket
+        "log/Bucket=0000000000000000/FragmentSeqNo=000000000000001.parquet",  # 15 digits
+        "log/Bucket=0000000000000000/FragmentSeqNo=000000000000000A.parquet",  # upper case
+        "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet.tmp",
+        "x/log/Bucket=0000000000000000/FragmentSeqNo=0000000000000001.parquet",
+        "log/Uuid=0123abcd-0000-4000-8000-00000000beef.parquet",  # Rust's newer names: not ours
+        "manifest/MANIFEST",
+        "",
+    ],
+)
 def test_parse_fragment_path_refuses(path: str) -> None:
     assert paths.parse_fragment_path(path) is None
 
@@ -109,19 +129,24 @@ def test_log_roots() -> None:
     assert paths.LOGS_PREFIX == "logs/"
     assert paths.log_prefix(CID) == "logs/0123abcd-0000-4000-8000-00000000beef"
     assert paths.log_prefix(str(CID)) == paths.log_prefix(CID)
-    assert paths.join(paths.log_prefix(CID), paths.MANIFEST_PATH) == \
-        "logs/0123abcd-0000-4000-8000-00000000beef/manifest/MANIFEST"
+    assert (
+        paths.join(paths.log_prefix(CID), paths.MANIFEST_PATH)
+        == "logs/0123abcd-0000-4000-8000-00000000beef/manifest/MANIFEST"
+    )
     assert paths.join(paths.log_prefix(CID), paths.fragment_path(7)) == (
         "logs/0123abcd-0000-4000-8000-00000000beef/"
-        "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000007.parquet")
+        "log/Bucket=0000000000000000/FragmentSeqNo=0000000000000007.parquet"
+    )
     assert paths.DIRTY_PREFIX == "dirty/"
     assert paths.dirty_prefix("host-1") == "dirty/host-1"
     assert paths.dirty_server_id("dirty/host-1") == "host-1"
     assert paths.dirty_server_id(paths.dirty_prefix("a.b")) == "a.b"
     assert paths.dirty_server_id("dirty/") is None
     assert paths.dirty_server_id("logs/host-1") is None
-    assert paths.join(paths.dirty_prefix("h"), paths.cursor_path("stable_prefix")) == \
-        "dirty/h/cursor/stable_prefix.json"
+    assert (
+        paths.join(paths.dirty_prefix("h"), paths.cursor_path("stable_prefix"))
+        == "dirty/h/cursor/stable_prefix.json"
+    )
 
 
 def test_compacted_layout() -> None:
@@ -133,13 +158,15 @@ def test_compacted_layout() -> None:
     assert paths.current_key(cid) == paths.current_key(CID)
     assert paths.version_prefix(cid, 7) == f"compacted/{cid}/v0000000000000007/"
     assert paths.data_key(cid, 7, "ab12") == f"compacted/{cid}/v0000000000000007/part-ab12.parquet"
-    assert paths.data_key(CID, 10**15, "t") == \
-        f"compacted/{cid}/v1000000000000000/part-t.parquet"
+    assert paths.data_key(CID, 10**15, "t") == f"compacted/{cid}/v1000000000000000/part-t.parquet"
     assert paths.parse_data_key(cid, paths.data_key(cid, 7, "ab12")) == 7
-    for not_one in (paths.current_key(cid), f"compacted/{cid}/v7/part-a.parquet",
-                    f"compacted/{cid}/v0000000000000007/part-a.json",
-                    f"compacted/{cid}/v0000000000000007/x/part-a.parquet",
-                    f"compacted/other/v0000000000000007/part-a.parquet"):
+    for not_one in (
+        paths.current_key(cid),
+        f"compacted/{cid}/v7/part-a.parquet",
+        f"compacted/{cid}/v0000000000000007/part-a.json",
+        f"compacted/{cid}/v0000000000000007/x/part-a.parquet",
+        "compacted/other/v0000000000000007/part-a.parquet",
+    ):
         assert paths.parse_data_key(cid, not_one) is None, not_one
 
 
@@ -152,8 +179,11 @@ def test_compactor_keys() -> None:
     assert paths.live_key("a/b c") == "compactors/live/a%2Fb%20c.json"
     assert paths.progress_key("a/b c") == "compactors/progress/a%2Fb%20c.json"
     assert paths.parse_live_key(paths.live_key("a/b c")) == "a/b c"
-    for not_one in ("compactors/live/x/y.json", "compactors/live/x.txt",
-                    "compactors/progress/c1.json"):
+    for not_one in (
+        "compactors/live/x/y.json",
+        "compactors/live/x.txt",
+        "compactors/progress/c1.json",
+    ):
         assert paths.parse_live_key(not_one) is None, not_one
 
 
@@ -170,8 +200,14 @@ def test_old_names_are_the_paths_modules() -> None:
     assert fragment.parse_fragment_path is paths.parse_fragment_path
     assert fragment.BUCKET_SIZE == paths.BUCKET_SIZE
     assert layout.join is paths.join
-    for name in ("CURSOR_PREFIX", "GARBAGE_PATH", "CLOCK_PATH", "OLDEST_PATH", "LOG_PREFIX",
-                 "MANIFEST_PATH"):
+    for name in (
+        "CURSOR_PREFIX",
+        "GARBAGE_PATH",
+        "CLOCK_PATH",
+        "OLDEST_PATH",
+        "LOG_PREFIX",
+        "MANIFEST_PATH",
+    ):
         assert getattr(layout, name) is getattr(paths, name), name
     assert claim.CLAIM_PATH is paths.CLAIM_PATH
     assert manager.log_prefix is paths.log_prefix
@@ -206,18 +242,29 @@ def key_literals(source: str, filename: str = "<source>") -> list[tuple[int, str
     """(line, value) of every string constant in ``source`` that spells a key; docstrings and
     other bare string statements, like comments, do not count."""
     tree = ast.parse(source, filename)
-    prose = {id(node.value) for node in ast.walk(tree)
-             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  and id(node) not in prose and _KEY_LITERAL.search(node.value))
+    prose = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in prose
+        and _KEY_LITERAL.search(node.value)
+    )
 
 
 def test_no_key_is_spelled_outside_the_paths_module() -> None:
     files = [f for p in PACKAGES for f in sorted((ROOT / p).rglob("*.py")) if f != OWNER]
     assert len(files) > 20
-    found = {f"{f.relative_to(ROOT)}:{line}": value for f in files
-             for line, value in key_literals(f.read_text(), str(f))}
+    found = {
+        f"{f.relative_to(ROOT)}:{line}": value
+        for f in files
+        for line, value in key_literals(f.read_text(), str(f))
+    }
     assert not found, "spell these keys with wal3.paths"
 
 

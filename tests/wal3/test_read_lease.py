@@ -42,8 +42,7 @@ class ManualClock(Clock):
 
 
 def _opts(clock: ManualClock, name: str, lease_s: float = 1.0) -> LogWriterOptions:
-    return LogWriterOptions(writer_name=name, clock=clock, read_lease_s=lease_s,
-                            batch_interval_s=0)
+    return LogWriterOptions(writer_name=name, clock=clock, read_lease_s=lease_s, batch_interval_s=0)
 
 
 async def _settle() -> None:
@@ -71,7 +70,8 @@ async def test_a_lease_vouches_only_for_what_the_writer_wrote(store: ObjectStore
 
 
 async def test_a_take_over_acknowledges_only_after_every_old_lease_ran_out(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     clock = ManualClock()
     a = await LogWriter.open(store, "logs/t", _opts(clock, "A"))
     await a.append(b"r1")
@@ -121,8 +121,7 @@ async def test_a_reopen_of_our_own_manifest_is_no_take_over(store: ObjectStore) 
     await other.close()
 
 
-async def test_a_key_learned_from_the_store_is_answered_after_the_fence(
-        store: ObjectStore) -> None:
+async def test_a_key_learned_from_the_store_is_answered_after_the_fence(store: ObjectStore) -> None:
     clock = ManualClock()
     a = await LogWriter.open(store, "logs/k", _opts(clock, "A"))
     first = await a.append_many([b"x"], idempotency_key="K")
@@ -137,8 +136,7 @@ async def test_a_key_learned_from_the_store_is_answered_after_the_fence(
     await b.close()
 
 
-async def test_without_a_lease_nothing_is_vouched_for_and_nothing_waits(
-        store: ObjectStore) -> None:
+async def test_without_a_lease_nothing_is_vouched_for_and_nothing_waits(store: ObjectStore) -> None:
     clock = ManualClock()
     a = await LogWriter.open(store, "logs/z", _opts(clock, "A", lease_s=0))
     await a.append(b"r1")
@@ -149,8 +147,7 @@ async def test_without_a_lease_nothing_is_vouched_for_and_nothing_waits(
     await b.close()
 
 
-async def test_an_unfenced_append_returns_at_once_and_wait_fence_holds(
-        store: ObjectStore) -> None:
+async def test_an_unfenced_append_returns_at_once_and_wait_fence_holds(store: ObjectStore) -> None:
     """``fence=False`` lets a caller release what it holds before waiting (the log host leaves
     its open-log slot first); ``wait_fence`` is then what holds the acknowledgement."""
     clock = ManualClock()
@@ -172,8 +169,13 @@ async def test_a_manifest_naming_our_unique_writer_is_ours(store: ObjectStore) -
     """With ``name_is_unique`` a manifest that names this process's writer (say, created before
     the writer opened) is no take-over; without it the same open must fence."""
     clock = ManualClock()
-    unique = LogWriterOptions(writer_name="host:abcd", clock=clock, read_lease_s=1.0,
-                              batch_interval_s=0, name_is_unique=True)
+    unique = LogWriterOptions(
+        writer_name="host:abcd",
+        clock=clock,
+        read_lease_s=1.0,
+        batch_interval_s=0,
+        name_is_unique=True,
+    )
     first = await LogWriter.open(store, "logs/u", unique)
     await first.append(b"r1")
     await first.close()

@@ -22,8 +22,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
-import pytest
-
 from wal3 import LocalStore, LogWriter, LogWriterOptions, ObjectStore
 from wal3.store import GetResult, ObjectMeta
 
@@ -46,8 +44,14 @@ class GatedStore(ObjectStore):
     async def head(self, key: str) -> ObjectMeta:
         return await self.inner.head(key)
 
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
         etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
         if self.armed and key.endswith("manifest/MANIFEST"):
             self.armed = False
@@ -68,8 +72,11 @@ class GatedStore(ObjectStore):
 async def test_a_lease_renewal_racing_our_own_write_does_not_fence_us(tmp_path: Path) -> None:
     clock = ManualClock()
     store = GatedStore(LocalStore(tmp_path / "store"))
-    w = await LogWriter.open(store, "logs/g", LogWriterOptions(
-        writer_name="only", clock=clock, read_lease_s=1.0, batch_interval_s=0))
+    w = await LogWriter.open(
+        store,
+        "logs/g",
+        LogWriterOptions(writer_name="only", clock=clock, read_lease_s=1.0, batch_interval_s=0),
+    )
     await w.append(b"r1")
     clock.advance(1.0)  # idle for a lease: the next read renews it with a HEAD
     assert w.current_manifest() is None
@@ -93,11 +100,14 @@ async def test_a_retry_within_the_last_256_fragments_is_deduplicated(tmp_path: P
     n = opts.dedup_window_keys + 1
     # Many clients, one keyed append each, at once: group commit packs them into few fragments.
     results: list[Any] = await asyncio.gather(
-        *(w.append_many([b'{"id":"%d"}' % i], idempotency_key=f"k{i}") for i in range(n)))
+        *(w.append_many([b'{"id":"%d"}' % i], idempotency_key=f"k{i}") for i in range(n))
+    )
     first = results[0]
     fragments_since = w.manifest.next_seq_no - 1  # every fragment of the log, k0's included
     assert fragments_since < opts.dedup_window_fragments, fragments_since
     retry = await w.append_many([b'{"id":"0"}'], idempotency_key="k0")
-    assert retry.deduplicated, (f"k0 appended again at {retry.first_offset} (first at "
-                                f"{first.first_offset}), {fragments_since} fragments later")
+    assert retry.deduplicated, (
+        f"k0 appended again at {retry.first_offset} (first at "
+        f"{first.first_offset}), {fragments_since} fragments later"
+    )
     await w.close()

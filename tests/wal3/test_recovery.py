@@ -38,7 +38,9 @@ async def _verify(store: ObjectStore, prefix: str) -> list[bytes]:
 
 
 @pytest.mark.parametrize("kind", ["crash_before", "crash_after"])
-async def test_crash_between_fragment_and_manifest_is_repaired(store: ObjectStore, kind: str) -> None:
+async def test_crash_between_fragment_and_manifest_is_repaired(
+    store: ObjectStore, kind: str
+) -> None:
     faulty = FaultyStore(store, seed=1)
     w = await LogWriter.open(faulty, "logs/crash")
     await w.append(b"durable")
@@ -77,8 +79,9 @@ async def test_crash_after_fragment_upload_then_reopen(store: ObjectStore) -> No
 async def test_lost_manifest_responses_are_resolved_not_retried(store: ObjectStore) -> None:
     faulty = FaultyStore(store, seed=3)
     w = await LogWriter.open(faulty, "logs/lost")
-    rule = faulty.add_rule(FaultRule("lost_response", ops={"put"}, key_regex=MANIFEST,
-                                     probability=0.5))
+    rule = faulty.add_rule(
+        FaultRule("lost_response", ops={"put"}, key_regex=MANIFEST, probability=0.5)
+    )
     positions = [await w.append(f"l{i}".encode()) for i in range(20)]
     await w.close()
     assert rule.fired > 0
@@ -89,8 +92,9 @@ async def test_lost_manifest_responses_are_resolved_not_retried(store: ObjectSto
 async def test_precondition_storm_rebases_without_failing(store: ObjectStore) -> None:
     faulty = FaultyStore(store, seed=4, precondition_storm_rate=0.3)
     w = await LogWriter.open(faulty, "logs/storm")
-    results = await asyncio.gather(*(w.append(f"s{i}".encode()) for i in range(40)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(w.append(f"s{i}".encode()) for i in range(40)), return_exceptions=True
+    )
     await w.close()
     faulty.disable()
     assert faulty.stats()["faults"].get("precondition", 0) > 0
@@ -99,10 +103,19 @@ async def test_precondition_storm_rebases_without_failing(store: ObjectStore) ->
     assert sorted(await _verify(store, "logs/storm")) == sorted(f"s{i}".encode() for i in range(40))
 
 
-async def test_errors_latency_and_lost_responses_with_idempotent_retries(store: ObjectStore) -> None:
+async def test_errors_latency_and_lost_responses_with_idempotent_retries(
+    store: ObjectStore,
+) -> None:
     """Every record acknowledged exactly once, even with clients retrying through faults."""
-    faulty = FaultyStore(store, seed=5, latency_s=0.001, jitter_s=0.003, error_rate=0.05,
-                         lost_response_rate=0.05, precondition_storm_rate=0.05)
+    faulty = FaultyStore(
+        store,
+        seed=5,
+        latency_s=0.001,
+        jitter_s=0.003,
+        error_rate=0.05,
+        lost_response_rate=0.05,
+        precondition_storm_rate=0.05,
+    )
     opts = LogWriterOptions(batch_interval_s=0.001)
     w = await LogWriter.open(faulty, "logs/faults", opts)
     acked: dict[str, int] = {}

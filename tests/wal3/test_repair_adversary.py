@@ -102,10 +102,11 @@ async def test_append_chases_a_live_writer_whose_orphan_it_met_unlinked(tmp_path
     assert used <= 4, f"the append waited for {used} of the other writer's appends"
 
 
-def _two_batches_with_lost_answers(head_faults: dict[int, int], after_head_faults:
-                                   dict[int, Callable[[], Awaitable[object]]],
-                                   first_repair_put: Callable[[], Awaitable[object]] | None,
-                                   ) -> tuple[Script, dict[str, asyncio.Event]]:
+def _two_batches_with_lost_answers(
+    head_faults: dict[int, int],
+    after_head_faults: dict[int, Callable[[], Awaitable[object]]],
+    first_repair_put: Callable[[], Awaitable[object]] | None,
+) -> tuple[Script, dict[str, asyncio.Event]]:
     """A script for our fragments 2 and 3: fragment 2's put is held until fragment 3's arrives
     (both in flight at once); each lands but its answer is lost; HEADs of fragment ``s`` then
     fail ``head_faults[s]`` times (after the last, ``after_head_faults[s]`` runs); and
@@ -131,8 +132,13 @@ def _two_batches_with_lost_answers(head_faults: dict[int, int], after_head_fault
                 if heads[s] == 0 and s in after_head_faults:
                     await after_head_faults.pop(s)()
                 return "fail"
-        if (op == "put" and key == MANIFEST_KEY and kw["if_match"] and not lost
-                and state["repair_armed"]):
+        if (
+            op == "put"
+            and key == MANIFEST_KEY
+            and kw["if_match"]
+            and not lost
+            and state["repair_armed"]
+        ):
             state["repair_armed"] = False
             assert first_repair_put is not None
             await first_repair_put()
@@ -166,15 +172,19 @@ async def test_rule_a_stop_then_failed_head_duplicates_an_append(tmp_path: Path)
     await w.close()
     assert other.links == 1  # the other writer's repair linked our fragment 2
     bodies = await _bodies(inner)
-    acked = [body for body, r in zip((b"a", b"b"), results, strict=True)
-             if not isinstance(r, BaseException)]
+    acked = [
+        body
+        for body, r in zip((b"a", b"b"), results, strict=True)
+        if not isinstance(r, BaseException)
+    ]
     for body in acked:
         assert bodies.count(body) == 1, (bodies, results)
     assert bodies[:2] == [b"ours", b"a"], bodies
 
 
 async def test_rule_a_stop_then_failed_head_answers_contention_for_a_written_append(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Attack: as the test above, but while our fragment 3 is being re-sent the other writer's
     repair links it (our bytes) and appends one record of its own.  Our next recovery sees a
     foreign fragment, refuses fragment 3 as ours ("absent"), and answers "b" with
@@ -186,8 +196,9 @@ async def test_rule_a_stop_then_failed_head_answers_contention_for_a_written_app
         await other.link_tail_orphan()  # our fragment 3, by its read repair
         await other.append(b"theirs")
 
-    script, ev = _two_batches_with_lost_answers({2: 2, 3: 3}, {3: other_links_ours_and_appends},
-                                                other.link_tail_orphan)
+    script, ev = _two_batches_with_lost_answers(
+        {2: 2, 3: 3}, {3: other_links_ours_and_appends}, other.link_tail_orphan
+    )
     w = await _open(ScriptedStore(inner, script))
     await w.append(b"ours")
     ta = asyncio.create_task(w.append(b"a"))
@@ -198,7 +209,9 @@ async def test_rule_a_stop_then_failed_head_answers_contention_for_a_written_app
     bodies = await _bodies(inner)
     assert not isinstance(ra, BaseException) and bodies.count(b"a") == 1
     if isinstance(rb, LogContention):
-        assert b"b" not in bodies, f"'b' answered LogContention (not written) but the log is {bodies}"
+        assert b"b" not in bodies, (
+            f"'b' answered LogContention (not written) but the log is {bodies}"
+        )
     else:
         assert not isinstance(rb, BaseException), rb
         assert bodies.count(b"b") == 1, bodies
@@ -242,8 +255,7 @@ async def test_repair_hook_failure_then_failed_head_duplicates_an_append(tmp_pat
     assert bodies.count(b"a") <= 1, bodies
 
 
-async def test_append_chases_a_live_writer_that_our_repair_keeps_committing(
-        tmp_path: Path) -> None:
+async def test_append_chases_a_live_writer_that_our_repair_keeps_committing(tmp_path: Path) -> None:
     """Attack: the live writer never wins a manifest write of its own (its commit is slower than
     our repair; it learns its fragments were linked by our repair and goes on), and its next
     upload always reaches its slot just before ours.  Rule (a) never fires (nobody else links),
@@ -279,8 +291,9 @@ async def test_append_chases_a_live_writer_that_our_repair_keeps_committing(
 # ------------------------------------------------------------------ attacks that found nothing
 
 
-def _count_manifest_puts(fail_first: int, before_nth: dict[int, Callable[[], Awaitable[object]]]
-                         ) -> Callable[[str, str, dict[str, Any]], Awaitable[Verdict]]:
+def _count_manifest_puts(
+    fail_first: int, before_nth: dict[int, Callable[[], Awaitable[object]]]
+) -> Callable[[str, str, dict[str, Any]], Awaitable[Verdict]]:
     """Our If-Match manifest puts: the first ``fail_first`` fail (StoreUnavailable, nothing
     written: the commit gives up after put_resolving's 4 attempts and recovers); before the
     ``n``-th (1-based, counting the failed ones) ``before_nth[n]`` runs."""
@@ -297,8 +310,6 @@ def _count_manifest_puts(fail_first: int, before_nth: dict[int, Callable[[], Awa
         return None
 
     return script
-
-
 
 
 async def _linked_seqs(store: ObjectStore) -> list[int]:
@@ -397,7 +408,8 @@ async def test_rule_a_when_the_other_writer_also_seals(tmp_path: Path) -> None:
 
 
 async def test_rule_a_stop_leaves_a_crashed_writers_orphans_for_the_next_round(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Attack (a) when the writer that linked the fragment is *not* the live author: a crashed
     writer left fragments 2..4 (a pipelined chain); another recovering writer links 2 while our
     repair tries to, and then dies too.  Rule (a) assumes "its next fragments are its own to
@@ -409,8 +421,12 @@ async def test_rule_a_stop_leaves_a_crashed_writers_orphans_for_the_next_round(
     repairer = OtherWriter(inner, PREFIX, name="repairer")
     hook = Hooked()
     script = _count_manifest_puts(0, {2: repairer.link_tail_orphan})
-    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
-                             LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
+    w = await LogWriter.open(
+        ScriptedStore(inner, script),
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        hook=hook,
+    )
     await w.append(b"ours")  # manifest put 1
     assert await crashed.upload_chain(3) == [2, 3, 4]
     pos = await w.append(b"collides")
@@ -444,8 +460,12 @@ async def test_rule_a_after_our_repair_put_landed_unseen(tmp_path: Path) -> None
         return None
 
     hook = Hooked()
-    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
-                             LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
+    w = await LogWriter.open(
+        ScriptedStore(inner, script),
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        hook=hook,
+    )
     await w.append(b"ours")
     await crashed.upload_chain(1)
     state["armed"] = True
@@ -472,18 +492,28 @@ async def test_open_on_more_orphans_than_the_cap(tmp_path: Path) -> None:
     hook = Hooked()
     # Linking others' orphans is free max_append_attempts rounds per append (then charged): a
     # backlog cut at the cap takes a few rounds (three here), a writer staying ahead more.
-    w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=2), hook=hook)
+    w = await LogWriter.open(
+        inner,
+        PREFIX,
+        LogWriterOptions(
+            writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=2
+        ),
+        hook=hook,
+    )
     pos = await w.append(b"after")
     await w.close()
     assert pos.offset == 9
-    assert await _bodies(inner) == [b"ours", *(f"crashed{i}".encode() for i in range(1, 8)),
-                                    b"after"]
+    assert await _bodies(inner) == [
+        b"ours",
+        *(f"crashed{i}".encode() for i in range(1, 8)),
+        b"after",
+    ]
     assert {(s, True) for s in range(2, 9)} <= set(hook.calls)
 
 
 async def test_our_batch_kept_behind_an_orphan_rule_a_left_then_its_writer_dies(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Attack (a) on our own batch sitting behind the orphan that repair now leaves: our
     fragments 1 ("a") and 2 ("b") are in flight; 2's upload never lands (the store refuses all
     four tries: "unknown"), 1's commit fails.  While our repair links 1 (ours), another writer's
@@ -510,8 +540,12 @@ async def test_our_batch_kept_behind_an_orphan_rule_a_left_then_its_writer_dies(
 
     manifest_script = _count_manifest_puts(4, {5: link_ours_and_upload_its_own})
     script, _ = _hold_first_fragment_until(2, refuse_fragment_2)
-    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
-                             LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
+    w = await LogWriter.open(
+        ScriptedStore(inner, script),
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        hook=hook,
+    )
     ra, rb = await asyncio.gather(w.append(b"a"), w.append(b"b"), return_exceptions=True)
     await w.close()
     assert other.links == 1 and refusals["left"] == 0

@@ -68,8 +68,6 @@ async def _gc_touches_manifest(store: Any) -> None:
     await store.put(MANIFEST_KEY, replace(m, writer="gc").to_bytes(), if_match=etag)
 
 
-
-
 async def _open(store: Any, name: str = "us", **kw: Any) -> Any:
     opts = LogWriterOptions(writer_name=name, batch_size_bytes=1, **kw)
     return await LogWriter.open(store, PREFIX, opts)
@@ -118,7 +116,8 @@ async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Pa
     bodies = await _bodies(inner)
     assert bodies[0] == b"ours" and bodies.count(b"collides") <= 1, bodies
     assert used <= 2 * w.options.max_append_attempts + 1, (  # free rounds, then charged
-        f"the append was retried into {used} of the other writer's pipelines")
+        f"the append was retried into {used} of the other writer's pipelines"
+    )
 
 
 async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) -> None:
@@ -133,7 +132,9 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
     ``host:pid`` is shared by two containers with the host's network namespace and pid 1."""
     inner = LocalStore(tmp_path / "s", fsync=False)
     name = "loghost:s1"
-    other = OtherWriter(inner, PREFIX, name=name)  # the predecessor process, still writing the dirty log
+    other = OtherWriter(
+        inner, PREFIX, name=name
+    )  # the predecessor process, still writing the dirty log
     rounds = {"left": 0, "used": 0}
 
     async def script(op: str, key: str, kw: dict[str, Any]) -> Verdict:
@@ -154,7 +155,8 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
     bodies = await _bodies(inner)
     assert bodies[0] == b"ours" and bodies.count(b"collides") <= 1, bodies
     assert used <= 2 * w.options.max_append_attempts + 1, (  # free rounds, then charged
-        f"the append waited for {used} of the other writer's fragments")
+        f"the append waited for {used} of the other writer's fragments"
+    )
 
 
 async def test_gc_edit_over_our_lost_repair_put_answers_contention(tmp_path: Path) -> None:
@@ -190,9 +192,12 @@ async def test_gc_edit_over_our_lost_repair_put_answers_contention(tmp_path: Pat
         return None
 
     hook = Hooked()
-    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
-                             LogWriterOptions(writer_name="us", batch_size_bytes=1,
-                                              max_append_attempts=1), hook=hook)
+    w = await LogWriter.open(
+        ScriptedStore(inner, script),
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1, max_append_attempts=1),
+        hook=hook,
+    )
     await w.append(b"ours")
     assert await crashed.upload_chain(1) == [2]
     state["armed"] = True
@@ -226,20 +231,29 @@ async def test_keyed_retry_whose_first_attempt_lies_beyond_the_cap(tmp_path: Pat
     for i in range(4):
         bodies = [f"crashed{i}".encode()] if i < 3 else [b"keyed"]
         keys = {"k": (off, 1, request_digest([b"keyed"]))} if i == 3 else {}
-        frag = encode_fragment(seq, off, 1_000 + i, bodies, prev=prev, keys=keys,
-                               writer="crashed")
+        frag = encode_fragment(seq, off, 1_000 + i, bodies, prev=prev, keys=keys, writer="crashed")
         await inner.put(join(PREFIX, frag.path), frag.data, if_none_match="*")
         seq, off, prev = seq + 1, frag.limit, frag.setsum
     hook = Hooked()
-    w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us", batch_size_bytes=1, max_rebases=2), hook=hook)
+    w = await LogWriter.open(
+        inner,
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1, max_rebases=2),
+        hook=hook,
+    )
     r = await w.append_many([b"keyed"], idempotency_key="k")
     after = await w.append(b"after")
     await w.close()
     assert r.deduplicated and r.first_offset == 5, r
     assert after.offset == 6
-    assert await _bodies(inner) == [b"ours", b"crashed0", b"crashed1", b"crashed2", b"keyed",
-                                    b"after"]
+    assert await _bodies(inner) == [
+        b"ours",
+        b"crashed0",
+        b"crashed1",
+        b"crashed2",
+        b"keyed",
+        b"after",
+    ]
     assert {(s, True) for s in range(2, 6)} <= set(hook.calls)
 
 
@@ -265,19 +279,27 @@ async def test_backlog_past_the_cap_with_a_hook_fault_midway(tmp_path: Path) -> 
                 raise RuntimeError("dirty log briefly down")
             marked.append(info.seq_no)
 
-    w = await LogWriter.open(inner, PREFIX, LogWriterOptions(
-        writer_name="us", batch_size_bytes=1, max_rebases=2), hook=hook)
+    w = await LogWriter.open(
+        inner,
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1, max_rebases=2),
+        hook=hook,
+    )
     pos = await w.append(b"after")
     await w.close()
     assert pos.offset == 7
     assert w.stats["recoveries"] <= 4, w.stats
-    assert await _bodies(inner) == [b"ours", *(f"crashed{i}".encode() for i in range(1, 6)),
-                                    b"after"]
+    assert await _bodies(inner) == [
+        b"ours",
+        *(f"crashed{i}".encode() for i in range(1, 6)),
+        b"after",
+    ]
     assert set(range(2, 7)) <= set(marked)  # every orphan repair linked was marked first
 
 
 async def test_appends_answered_not_written_after_meeting_a_live_writer_stay_out(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Attack: the "not written" answers 1cec3ff adds (``LogContention`` once a writer was met
     ``max_append_attempts`` times).  Three appends are pipelined (three fragments of ours in
     flight, all landed) when they collide with a live writer that links its in-flight fragment
@@ -295,8 +317,9 @@ async def test_appends_answered_not_written_after_meeting_a_live_writer_stay_out
     await w.append(b"ours")
     await other.upload_next()
     rounds["left"] = 40
-    results = await asyncio.gather(*(w.append(b) for b in (b"a", b"b", b"c")),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(w.append(b) for b in (b"a", b"b", b"c")), return_exceptions=True
+    )
     rounds["left"] = 0
     await w.close()
     assert rounds["used"] <= 4, rounds
@@ -347,8 +370,12 @@ async def test_unknown_upload_marked_dead_over_another_writers_orphan(tmp_path: 
             if info.seq_no == 3 and repaired.count(3) == 1:
                 raise RuntimeError("dirty log briefly down")
 
-    w = await LogWriter.open(ScriptedStore(inner, script), PREFIX,
-                             LogWriterOptions(writer_name="us", batch_size_bytes=1), hook=hook)
+    w = await LogWriter.open(
+        ScriptedStore(inner, script),
+        PREFIX,
+        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        hook=hook,
+    )
     await w.append(b"ours")
     held = (await inner.head(_frag_key(1))).etag
     state["armed"] = True
@@ -376,16 +403,21 @@ async def _collect_through(store: Any, seq: int) -> None:
     collected = m.collected
     for p in gone:
         collected = collected + p.setsum
-    cut = replace(m, fragments=tuple(keep), collected=collected, writer="gc",
-                  initial_offset=keep[0].start, initial_seq_no=keep[0].seq_no)
+    cut = replace(
+        m,
+        fragments=tuple(keep),
+        collected=collected,
+        writer="gc",
+        initial_offset=keep[0].start,
+        initial_seq_no=keep[0].seq_no,
+    )
     cut.check()
     await store.put(MANIFEST_KEY, cut.to_bytes(), if_match=etag)
     for p in gone:
         await store.delete(join(PREFIX, p.path))
 
 
-async def test_our_fragment_linked_and_collected_while_its_put_was_resolved(
-        tmp_path: Path) -> None:
+async def test_our_fragment_linked_and_collected_while_its_put_was_resolved(tmp_path: Path) -> None:
     """Attack: the "unknown" upload reaching ``_linked_as_ours`` with its key gone.  Our
     fragment 2 lands with its answer lost and the HEAD that would tell fails; the retried
     create-only put fails on our own bytes, and before the HEAD that follows, another writer's

@@ -95,10 +95,20 @@ def test_setsum_crate_vectors() -> None:
     assert (Setsum.of_items(items) - one - two).is_zero()
 
 
-@pytest.mark.parametrize("text", [
-    "0" * 62 + "  ", " " + "0" * 63, "0" * 63, "0" * 65, "+f" + "0" * 62, "0x" + "0" * 62,
-    "g" * 64, "é" * 32, "\u0660" * 64,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0" * 62 + "  ",
+        " " + "0" * 63,
+        "0" * 63,
+        "0" * 65,
+        "+f" + "0" * 62,
+        "0x" + "0" * 62,
+        "g" * 64,
+        "é" * 32,
+        "\u0660" * 64,
+    ],
+)
 def test_malformed_setsum_hex_is_typed(text: str) -> None:
     with pytest.raises(ValueError):
         Setsum.from_hexdigest(text)
@@ -174,14 +184,15 @@ def test_sealed_is_an_extension_rust_drops() -> None:
     obj = json.loads(sealed.to_bytes())
     assert obj.pop("sealed") is True and "sealed" not in json.loads(m.to_bytes())
     # What Rust writes back (it ignores the field) is the same manifest, unsealed.
-    assert Manifest.from_bytes(canonical(obj)) == sealed.__class__(**{
-        **{f: getattr(sealed, f) for f in sealed.__dataclass_fields__}, "sealed": False})
+    assert Manifest.from_bytes(canonical(obj)) == sealed.__class__(
+        **{**{f: getattr(sealed, f) for f in sealed.__dataclass_fields__}, "sealed": False}
+    )
 
 
 def test_non_ascii_is_written_as_serde_json_writes_it() -> None:
     m = Manifest.from_bytes((RUST / "bad_manifest1.json").read_bytes())
     doc = json.loads(m.to_bytes())
-    doc["writer"] = "gc ✓ \x01\x7f \"q\""
+    doc["writer"] = 'gc ✓ \x01\x7f "q"'
     raw = canonical(doc)
     assert b"\xe2\x9c\x93" in raw and b"\\u0001" in raw  # raw UTF-8, control characters escaped
     assert Manifest.from_bytes(raw).to_bytes() == raw
@@ -253,10 +264,16 @@ def rust_decode_garbage(obj: Any) -> dict[str, Any]:
     return obj
 
 
-RUST_EMPTY = {"snapshots_to_drop": [], "snapshots_to_make": [], "snapshot_for_root": None,
-              "fragments_to_drop_start": 0, "fragments_to_drop_limit": 0,
-              "fragments_are_uuids": False, "setsum_to_discard": ZERO,
-              "first_to_keep": {"offset": 1}}
+RUST_EMPTY = {
+    "snapshots_to_drop": [],
+    "snapshots_to_make": [],
+    "snapshot_for_root": None,
+    "fragments_to_drop_start": 0,
+    "fragments_to_drop_limit": 0,
+    "fragments_are_uuids": False,
+    "setsum_to_discard": ZERO,
+    "first_to_keep": {"offset": 1},
+}
 
 
 def rust_is_empty(obj: dict[str, Any]) -> bool:
@@ -284,9 +301,11 @@ def rust_apply(man: dict[str, Any], g: dict[str, Any]) -> dict[str, Any] | None:
     assert not rust_is_empty(g), "cannot apply empty garbage"
     start, limit = g["fragments_to_drop_start"], g["fragments_to_drop_limit"]
     root = g.get("snapshot_for_root")
-    if (limit <= man.get("initial_seq_no", 1)
-            and not any(p in man["snapshots"] for p in g["snapshots_to_drop"])
-            and not g["snapshots_to_make"]):
+    if (
+        limit <= man.get("initial_seq_no", 1)
+        and not any(p in man["snapshots"] for p in g["snapshots_to_drop"])
+        and not g["snapshots_to_make"]
+    ):
         return None
     assert start <= limit, "Garbage has start > limit"
     if limit == 0:
@@ -329,16 +348,16 @@ def rust_phase3_paths(g: dict[str, Any]) -> list[str]:
     the fragments numbered ``[start, limit)``."""
     from wal3.fragment import fragment_path
 
-    return ([p["path_to_snapshot"] for p in g["snapshots_to_drop"]]
-            + [fragment_path(s) for s in range(g["fragments_to_drop_start"],
-                                               g["fragments_to_drop_limit"])])
+    return [p["path_to_snapshot"] for p in g["snapshots_to_drop"]] + [
+        fragment_path(s) for s in range(g["fragments_to_drop_start"], g["fragments_to_drop_limit"])
+    ]
 
 
 # -------------------------------------------------------------------------------- gc/GARBAGE
 
 
 def test_idle_garbage_is_rusts_empty() -> None:
-    assert EMPTY_GARBAGE == canonical(RUST_EMPTY)
+    assert canonical(RUST_EMPTY) == EMPTY_GARBAGE
     assert Garbage.from_bytes(EMPTY_GARBAGE) is None
     older = dict(RUST_EMPTY)
     del older["fragments_are_uuids"]  # Rust before UUID fragments
@@ -354,8 +373,9 @@ def test_rusts_serialized_garbage_parses_and_reencodes() -> None:
     # the assertions of gc.rs's deserialize_garbage_from_json
     assert len(g.snapshots_to_drop) == 1
     d = g.snapshots_to_drop[0]
-    assert d.setsum.hexdigest() == ("25bdf4e28c8079d3e0324db417fa28eede29f8d7cc34c71fac19c39c"
-                                    "a4691792")
+    assert d.setsum.hexdigest() == (
+        "25bdf4e28c8079d3e0324db417fa28eede29f8d7cc34c71fac19c39ca4691792"
+    )
     assert d.path_to_snapshot == "snapshot/SNAPSHOT." + d.setsum.hexdigest()
     assert (d.depth, d.start, d.limit, d.num_bytes) == (1, 1, 2379, 3796051)
     assert len(g.snapshots_to_make) == 1
@@ -365,18 +385,27 @@ def test_rusts_serialized_garbage_parses_and_reencodes() -> None:
     assert made.fragments[0].seq_no == 1
     root = g.snapshot_for_root
     assert root is not None and root.setsum.hexdigest() == (
-        "1b5797c4029b6664a74ccebba552f95767a22731a375cdddc0538afd01e88116")
+        "1b5797c4029b6664a74ccebba552f95767a22731a375cdddc0538afd01e88116"
+    )
     assert (root.start, root.limit) == (2379, 4816)
     assert (g.fragments_to_drop_start, g.fragments_to_drop_limit) == (100, 200)
     assert g.setsum_to_discard.hexdigest() == (
-        "c921d21a0820be5d3b6f2d90942648f2853188bb0e3c6a22fe3dbd81c1e1c380")
+        "c921d21a0820be5d3b6f2d90942648f2853188bb0e3c6a22fe3dbd81c1e1c380"
+    )
     assert g.first_to_keep == 900883
     assert (g.applied_us, g.created_us) == (None, None)
     # serde_json::to_string(&garbage): struct order, fragments_are_uuids always written.
     obj = json.loads(raw)
-    expect = {k: obj[k] for k in ("snapshots_to_drop", "snapshots_to_make",
-                                  "snapshot_for_root", "fragments_to_drop_start",
-                                  "fragments_to_drop_limit")}
+    expect = {
+        k: obj[k]
+        for k in (
+            "snapshots_to_drop",
+            "snapshots_to_make",
+            "snapshot_for_root",
+            "fragments_to_drop_start",
+            "fragments_to_drop_limit",
+        )
+    }
     expect["fragments_are_uuids"] = False
     expect.update(setsum_to_discard=obj["setsum_to_discard"], first_to_keep=obj["first_to_keep"])
     assert g.to_bytes() == canonical(expect)
@@ -390,7 +419,8 @@ def test_case_seen_in_the_wild() -> None:
     g = Garbage.unlinking_root_snapshots(m, 806913, 900883)
     assert (g.fragments_to_drop_start, g.fragments_to_drop_limit) == (806913, 806913)
     assert g.setsum_to_discard.hexdigest() == (
-        "c921d21a0820be5d3b6f2d90942648f2853188bb0e3c6a22fe3dbd81c1e1c380")
+        "c921d21a0820be5d3b6f2d90942648f2853188bb0e3c6a22fe3dbd81c1e1c380"
+    )
     assert g.first_to_keep == 900883
     assert g.snapshots_to_drop and all(s.limit <= 900883 for s in g.snapshots_to_drop)
     # Applied, by us and by the model of Rust, it gives the same manifest, which we accept.
@@ -415,8 +445,9 @@ async def test_bad_manifest1_collects_at_9340(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "s")
     await _store_snapshots(store, "logs/b")
     m = Manifest.from_bytes((RUST / "bad_manifest1.json").read_bytes())
-    leaves = sorted((f for obj in _snapshots_fixture() for f in obj["fragments"]),
-                    key=lambda f: f["seq_no"])
+    leaves = sorted(
+        (f for obj in _snapshots_fixture() for f in obj["fragments"]), key=lambda f: f["seq_no"]
+    )
     gone = [f for f in leaves if f["limit"]["offset"] <= 9340]
     assert [f["seq_no"] for f in gone] == list(range(1, 16))
 
@@ -429,7 +460,8 @@ async def test_bad_manifest1_collects_at_9340(tmp_path: Path) -> None:
     assert g.first_to_keep == gone[-1]["limit"]["offset"] == 8837
     assert g.setsum_to_discard == Setsum.sum(Setsum.from_hexdigest(f["setsum"]) for f in gone)
     assert {p.path_to_snapshot for p in g.snapshots_to_drop} == {
-        o["path"] for o in _snapshots_fixture()}  # all 13: dropped whole or split
+        o["path"] for o in _snapshots_fixture()
+    }  # all 13: dropped whole or split
     obj = rust_decode_garbage(json.loads(g.to_bytes()))
     theirs = rust_apply(json.loads(m.to_bytes()), obj)
     ours = g.apply(m, m.writer)
@@ -441,19 +473,29 @@ async def test_bad_manifest1_collects_at_9340(tmp_path: Path) -> None:
     assert [f.seq_no for f in new.fragments] == [16]
 
 
-@pytest.mark.parametrize("bad", [
-    b"", b"[]", b"null", b"{\"cutoff\": 5}", b"[" * 50_000, b"\xff\xfe",
-    canonical({**RUST_EMPTY, "fragments_are_uuids": True}),
-    canonical({**RUST_EMPTY, "fragments_to_drop_uuid_limit": "018f0f72-7a4f-7b2e-b836-a49e4f8ea101"}),
-    canonical({**RUST_EMPTY, "fragments_to_drop_start": -1}),
-    canonical({**RUST_EMPTY, "fragments_to_drop_start": 2**64}),
-    canonical({**RUST_EMPTY, "first_to_keep": 5}),
-    canonical({**RUST_EMPTY, "setsum_to_discard": "0" * 62 + "  "}),
-    canonical({**RUST_EMPTY, "snapshots_to_drop": [{"setsum": ZERO}]}),
-    canonical({**RUST_EMPTY, "snapshots_to_make": {}}),
-    canonical({**RUST_EMPTY, "applied_us": "soon"}),
-    canonical({k: v for k, v in RUST_EMPTY.items() if k != "first_to_keep"}),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"[]",
+        b"null",
+        b'{"cutoff": 5}',
+        b"[" * 50_000,
+        b"\xff\xfe",
+        canonical({**RUST_EMPTY, "fragments_are_uuids": True}),
+        canonical(
+            {**RUST_EMPTY, "fragments_to_drop_uuid_limit": "018f0f72-7a4f-7b2e-b836-a49e4f8ea101"}
+        ),
+        canonical({**RUST_EMPTY, "fragments_to_drop_start": -1}),
+        canonical({**RUST_EMPTY, "fragments_to_drop_start": 2**64}),
+        canonical({**RUST_EMPTY, "first_to_keep": 5}),
+        canonical({**RUST_EMPTY, "setsum_to_discard": "0" * 62 + "  "}),
+        canonical({**RUST_EMPTY, "snapshots_to_drop": [{"setsum": ZERO}]}),
+        canonical({**RUST_EMPTY, "snapshots_to_make": {}}),
+        canonical({**RUST_EMPTY, "applied_us": "soon"}),
+        canonical({k: v for k, v in RUST_EMPTY.items() if k != "first_to_keep"}),
+    ],
+)
 def test_malformed_garbage_is_rejected_with_a_typed_error(bad: bytes) -> None:
     with pytest.raises(GarbageRejected):
         Garbage.from_bytes(bad)
@@ -558,13 +600,13 @@ async def test_our_plan_is_resumed_by_rust_and_handed_back(tmp_path: Path, cut: 
 async def _leaves(store: ObjectStore, prefix: str, m: Manifest) -> list[FragmentPointer]:
     from wal3.reader import Limits, resolve_fragments
 
-    return await resolve_fragments(store, prefix, m.entries, m.oldest_offset, Limits(),
-                                   SnapshotCache())
+    return await resolve_fragments(
+        store, prefix, m.entries, m.oldest_offset, Limits(), SnapshotCache()
+    )
 
 
 @pytest.mark.parametrize("cut", [5, 17, 26])
-async def test_rust_phase3_after_our_phase2_keeps_the_log_intact(tmp_path: Path,
-                                                                 cut: int) -> None:
+async def test_rust_phase3_after_our_phase2_keeps_the_log_intact(tmp_path: Path, cut: int) -> None:
     # Ours applies (phase 2 records applied_us) and then Rust runs its phase 3 on our file:
     # it deletes what the plan lists without looking and resets to Garbage::empty().
     store, clock = await _log(tmp_path, "logs/r", cut)
@@ -601,16 +643,16 @@ async def test_a_plan_rust_wrote_is_resumed_by_ours(tmp_path: Path, rust_applied
     else:
         for s in obj["snapshots_to_make"]:
             await store.delete(join("logs/w", s["path"]))
-    gc = GarbageCollector(store, "logs/w", GcOptions(grace_s=60, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(store, "logs/w", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
     r1 = await gc.run_once()
     assert r1.phase == "waiting", r1.notes
     g = Garbage.from_bytes((await store.get(join("logs/w", GARBAGE_PATH))).data)
     assert g is not None and g.applied_us == int(clock.now * 1_000_000)  # grace starts now
     # Nothing is deleted before the grace interval has passed.
     for path in rust_phase3_paths(obj):
-        if not path.startswith("snapshot/") or path not in {s["path"] for s in
-                                                            obj["snapshots_to_make"]}:
+        if not path.startswith("snapshot/") or path not in {
+            s["path"] for s in obj["snapshots_to_make"]
+        }:
             await store.head(join("logs/w", path))
     clock.now += 61
     assert (await gc.run_once()).phase == "done"
@@ -621,11 +663,20 @@ async def _garbage_file(store: ObjectStore, prefix: str, obj: dict[str, Any]) ->
     await store.put(join(prefix, GARBAGE_PATH), canonical(obj))
 
 
-@pytest.mark.parametrize("mutation", [
-    "setsum", "inverted", "missing_root_snapshot", "drops_tail", "past_cursor", "bad_snapshot",
-])
-async def test_inconsistent_foreign_plans_are_discarded_not_applied(tmp_path: Path,
-                                                                    mutation: str) -> None:
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        "setsum",
+        "inverted",
+        "missing_root_snapshot",
+        "drops_tail",
+        "past_cursor",
+        "bad_snapshot",
+    ],
+)
+async def test_inconsistent_foreign_plans_are_discarded_not_applied(
+    tmp_path: Path, mutation: str
+) -> None:
     store, clock = await _log(tmp_path, "logs/x", 17)
     raw, before = await _plan_only(store, "logs/x", clock)
     obj = json.loads(raw)
@@ -650,16 +701,14 @@ async def test_inconsistent_foreign_plans_are_discarded_not_applied(tmp_path: Pa
     elif mutation == "bad_snapshot":
         obj["snapshots_to_make"][0]["depth"] = 7
     await _garbage_file(store, "logs/x", obj)
-    gc = GarbageCollector(store, "logs/x", GcOptions(grace_s=60, retain_fragments=0),
-                          clock=clock)
+    gc = GarbageCollector(store, "logs/x", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
     report = await gc.run_once()
     assert report.phase == "discarded", report.notes
     after, _ = await _live(store, "logs/x")
     assert after.to_bytes() == before.to_bytes()  # nothing applied
     assert (await store.get(join("logs/x", GARBAGE_PATH))).data == EMPTY_GARBAGE
     # and collection goes on with a plan of our own
-    await _finish_ours(store, "logs/x", clock) if (await gc.run_once()).phase == "waiting" \
-        else None
+    await _finish_ours(store, "logs/x", clock) if (await gc.run_once()).phase == "waiting" else None
     manifest, records = await read_all(store, "logs/x")
     assert_dense(records, manifest.oldest_offset)
     assert (await scrub_log(store, "logs/x")).ok
@@ -667,11 +716,20 @@ async def test_inconsistent_foreign_plans_are_discarded_not_applied(tmp_path: Pa
 
 async def test_a_plan_in_the_old_schema_is_reset(tmp_path: Path) -> None:
     store, clock = await _log(tmp_path, "logs/l", 17)
-    legacy = {"cutoff": {"offset": 17}, "drop_root": [], "replace_root": None, "new_root": [],
-              "new_snapshots": [], "snapshots_to_delete": [],
-              "fragments_to_delete": {"first_seq_no": 1, "limit_seq_no": 9},
-              "first_to_keep": {"offset": 9}, "setsum_to_discard": ZERO,
-              "bytes_to_discard": 0, "created_us": 1, "applied_us": None}
+    legacy = {
+        "cutoff": {"offset": 17},
+        "drop_root": [],
+        "replace_root": None,
+        "new_root": [],
+        "new_snapshots": [],
+        "snapshots_to_delete": [],
+        "fragments_to_delete": {"first_seq_no": 1, "limit_seq_no": 9},
+        "first_to_keep": {"offset": 9},
+        "setsum_to_discard": ZERO,
+        "bytes_to_discard": 0,
+        "created_us": 1,
+        "applied_us": None,
+    }
     await _garbage_file(store, "logs/l", legacy)
     g = Garbage.from_bytes(canonical(legacy))
     assert g is not None and g.legacy and g.first_to_keep == 9

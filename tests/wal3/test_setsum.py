@@ -82,8 +82,9 @@ def test_each_lane_must_be_reduced_below_its_prime() -> None:
         lanes[i] = p - 1
         assert Setsum(lanes).digest()  # the largest reduced value is fine
         lanes[i] = p
-        with pytest.raises(ValueError, match="^a setsum has eight lanes, each reduced modulo "
-                                             "its prime$"):
+        with pytest.raises(
+            ValueError, match="^a setsum has eight lanes, each reduced modulo its prime$"
+        ):
             Setsum(lanes)
         with pytest.raises(ValueError):
             Setsum.from_hexdigest(b"".join(x.to_bytes(4, "little") for x in lanes).hex())

@@ -253,7 +253,10 @@ def test_local_two_processes_race_conditional_puts(tmp_path: Path) -> None:
     asyncio.run(seed())
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_race_worker, args=(root, n, rounds, barrier, results)) for n in ("p0", "p1")]
+    procs = [
+        ctx.Process(target=_race_worker, args=(root, n, rounds, barrier, results))
+        for n in ("p0", "p1")
+    ]
     for p in procs:
         p.start()
     outcome = {}
@@ -299,7 +302,9 @@ def _crash_mid_write(root: str, key: str, size: int) -> None:
 
 
 @pytest.mark.parametrize("existing", [None, b"old version"])
-async def test_local_crash_mid_write_never_shows_torn_object(tmp_path: Path, existing: bytes | None) -> None:
+async def test_local_crash_mid_write_never_shows_torn_object(
+    tmp_path: Path, existing: bytes | None
+) -> None:
     root = tmp_path / "store"
     store = LocalStore(root)
     if existing is not None:
@@ -342,7 +347,22 @@ async def test_local_sweeps_only_stale_temp_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["..", "../x", "a/../b", "a/..", ".", "./a", "a/./b", "/abs", "a//b", "a/", "", "a\\b", ".wal3-local/tmp/x"]
+    "key",
+    [
+        "..",
+        "../x",
+        "a/../b",
+        "a/..",
+        ".",
+        "./a",
+        "a/./b",
+        "/abs",
+        "a//b",
+        "a/",
+        "",
+        "a\\b",
+        ".wal3-local/tmp/x",
+    ],
 )
 async def test_local_rejects_keys_outside_the_key_space(tmp_path: Path, key: str) -> None:
     store = LocalStore(tmp_path / "store")
@@ -415,7 +435,9 @@ def raw_keys(moto_endpoint: str, bucket: str) -> list[str]:
 
 
 @pytest.fixture
-async def make_seaweed_s3(seaweedfs: Any, seaweed_bucket: str) -> AsyncIterator[Callable[..., S3Store]]:
+async def make_seaweed_s3(
+    seaweedfs: Any, seaweed_bucket: str
+) -> AsyncIterator[Callable[..., S3Store]]:
     """Build S3Stores on a bucket of the SeaweedFS server (directly, or through a proxy).
 
     SeaweedFS, unlike moto, honours If-None-Match on CopyObject (and makes conditional writes
@@ -437,7 +459,9 @@ async def make_seaweed_s3(seaweedfs: Any, seaweed_bucket: str) -> AsyncIterator[
         await store.close()
 
 
-async def test_s3_key_prefix_layout(make_s3: Callable[..., S3Store], moto_endpoint: str, s3_bucket: str) -> None:
+async def test_s3_key_prefix_layout(
+    make_s3: Callable[..., S3Store], moto_endpoint: str, s3_bucket: str
+) -> None:
     nested = make_s3(prefix="/tenant/a/")
     bare = make_s3(prefix="")
     await nested.put("k", b"1")
@@ -451,7 +475,10 @@ async def test_s3_key_prefix_layout(make_s3: Callable[..., S3Store], moto_endpoi
 
 
 async def test_s3_endpoint_from_environment(
-    make_s3: Callable[..., S3Store], moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    make_s3: Callable[..., S3Store],
+    moto_endpoint: str,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     store = S3Store(s3_bucket, "env", region="us-east-1")
@@ -471,8 +498,12 @@ async def test_s3_close_is_idempotent_and_store_reconnects(make_s3: Callable[...
     assert (await store.get("k")).data == b"v"
 
 
-async def test_s3_missing_bucket_is_not_a_missing_object(make_s3: Callable[..., S3Store], moto_endpoint: str) -> None:
-    store = S3Store(f"absent-{uuid.uuid4().hex[:8]}", endpoint_url=moto_endpoint, region="us-east-1")
+async def test_s3_missing_bucket_is_not_a_missing_object(
+    make_s3: Callable[..., S3Store], moto_endpoint: str
+) -> None:
+    store = S3Store(
+        f"absent-{uuid.uuid4().hex[:8]}", endpoint_url=moto_endpoint, region="us-east-1"
+    )
     try:
         with pytest.raises(StoreError) as got:
             await store.get("k")
@@ -484,7 +515,9 @@ async def test_s3_missing_bucket_is_not_a_missing_object(make_s3: Callable[..., 
         await store.close()
 
 
-async def test_s3_retries_throttling_and_5xx(make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy) -> None:
+async def test_s3_retries_throttling_and_5xx(
+    make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy
+) -> None:
     store = make_s3(s3_fault_proxy.endpoint)
     s3_fault_proxy.fail_next("slowdown", method="PUT", count=2)
     s3_fault_proxy.fail_next("throttle", method="PUT")
@@ -495,7 +528,12 @@ async def test_s3_retries_throttling_and_5xx(make_s3: Callable[..., S3Store], s3
     s3_fault_proxy.fail_next("forward_then_drop", method="GET")
     got = await store.get("k")
     assert (got.data, got.etag) == (b"v", etag)
-    assert s3_fault_proxy.actions("GET") == ["internal_error", "internal_error", "forward_then_drop", "forward"]
+    assert s3_fault_proxy.actions("GET") == [
+        "internal_error",
+        "internal_error",
+        "forward_then_drop",
+        "forward",
+    ]
 
     s3_fault_proxy.fail_next("slowdown", method="HEAD")
     assert (await store.head("k")).etag == etag
@@ -504,7 +542,9 @@ async def test_s3_retries_throttling_and_5xx(make_s3: Callable[..., S3Store], s3
     assert s3_fault_proxy.actions("DELETE") == ["internal_error", "forward"]
 
 
-async def test_s3_gives_up_with_store_unavailable(make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy) -> None:
+async def test_s3_gives_up_with_store_unavailable(
+    make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy
+) -> None:
     store = make_s3(s3_fault_proxy.endpoint, max_attempts=3)
     s3_fault_proxy.fail_next("slowdown", method="GET", count=3)
     with pytest.raises(StoreUnavailable):
@@ -516,7 +556,9 @@ async def test_s3_gives_up_with_store_unavailable(make_s3: Callable[..., S3Store
     assert s3_fault_proxy.actions("PUT") == ["internal_error"] * 3
 
 
-async def test_s3_list_pages_through_the_store(make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy) -> None:
+async def test_s3_list_pages_through_the_store(
+    make_s3: Callable[..., S3Store], s3_fault_proxy: S3FaultProxy
+) -> None:
     store = make_s3(s3_fault_proxy.endpoint, list_page_size=3)
     want = [f"l/{i:02d}" for i in range(10)]
     for k in want:
@@ -560,7 +602,9 @@ async def test_s3_ambiguous_failure_that_did_not_land_is_retried(
     etag = await store.put("k", b"mine", if_none_match="*")
     assert (await store.get("k")).etag == etag
     assert s3_fault_proxy.actions("PUT") == ["internal_error", "forward"]
-    assert s3_fault_proxy.actions("HEAD") == ["forward"]  # the condition was checked before retrying
+    assert s3_fault_proxy.actions("HEAD") == [
+        "forward"
+    ]  # the condition was checked before retrying
 
 
 async def test_s3_ambiguous_failure_with_another_object_is_precondition_failed(
@@ -652,19 +696,32 @@ def test_s3_constructor_validates() -> None:
 
 
 def test_open_store_local_paths(tmp_path: Path) -> None:
-    for url in (str(tmp_path / "a"), (tmp_path / "b").as_uri(), f"file://localhost{tmp_path / 'c'}"):
+    for url in (
+        str(tmp_path / "a"),
+        (tmp_path / "b").as_uri(),
+        f"file://localhost{tmp_path / 'c'}",
+    ):
         store = open_store(url)
         assert isinstance(store, LocalStore)
         assert store.root.parent == tmp_path.resolve()
     assert isinstance(open_store(str(tmp_path / "d"), fsync=False), LocalStore)
 
 
-async def test_open_store_s3(moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_open_store_s3(
+    moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
-    store = open_store(f"s3://{s3_bucket}/tenant/one/", endpoint_url=moto_endpoint, list_page_size=5)
+    store = open_store(
+        f"s3://{s3_bucket}/tenant/one/", endpoint_url=moto_endpoint, list_page_size=5
+    )
     assert isinstance(store, S3Store)
-    assert (store.bucket, store.prefix, store.region, store.list_page_size) == (s3_bucket, "tenant/one", "eu-west-3", 5)
+    assert (store.bucket, store.prefix, store.region, store.list_page_size) == (
+        s3_bucket,
+        "tenant/one",
+        "eu-west-3",
+        5,
+    )
     try:
         await store.put("k", b"v")
         assert raw_keys(moto_endpoint, s3_bucket) == ["tenant/one/k"]
@@ -675,10 +732,16 @@ async def test_open_store_s3(moto_endpoint: str, s3_bucket: str, monkeypatch: py
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     from_env = open_store("s3://bucket-name", region="us-east-2")
     assert isinstance(from_env, S3Store)
-    assert (from_env.endpoint_url, from_env.region, from_env.prefix) == ("http://127.0.0.1:9", "us-east-2", "")
+    assert (from_env.endpoint_url, from_env.region, from_env.prefix) == (
+        "http://127.0.0.1:9",
+        "us-east-2",
+        "",
+    )
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/x", "http://host/x", "s3://", "file://otherhost/x", "s3:/bucket/x", ""])
+@pytest.mark.parametrize(
+    "url", ["gs://bucket/x", "http://host/x", "s3://", "file://otherhost/x", "s3:/bucket/x", ""]
+)
 def test_open_store_rejects_unsupported_urls(url: str) -> None:
     with pytest.raises(ValueError, match="store URL|s3 URL|file URL"):
         open_store(url)

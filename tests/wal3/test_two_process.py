@@ -12,7 +12,9 @@ from wal3 import LocalStore, LogContention, LogWriter, LogWriterOptions
 from .helpers import assert_dense, read_all, recomputed_setsum
 
 
-def _writer_process(root: str, name: str, n: int, start: "mp.synchronize.Event", out: "mp.Queue[object]") -> None:
+def _writer_process(
+    root: str, name: str, n: int, start: mp.synchronize.Event, out: mp.Queue[object]
+) -> None:
     async def main() -> list[tuple[int, str]]:
         store = LocalStore(root)
         w = await LogWriter.open(store, "logs/shared", LogWriterOptions(writer_name=name))
@@ -39,8 +41,10 @@ async def test_two_processes_race_on_one_log(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     out: mp.Queue[object] = ctx.Queue()
-    procs = [ctx.Process(target=_writer_process, args=(root, name, 40, start, out))
-             for name in ("P", "Q")]
+    procs = [
+        ctx.Process(target=_writer_process, args=(root, name, 40, start, out))
+        for name in ("P", "Q")
+    ]
     for p in procs:
         p.start()
     start.set()

@@ -73,8 +73,9 @@ async def test_idempotency_key_survives_reopen(store: ObjectStore) -> None:
     again = await w.append_many([b"x", b"y"], idempotency_key="k1")
     assert (again.first_offset, again.count, again.deduplicated) == (first.first_offset, 2, True)
     # Concurrent duplicates collapse onto one append as well.
-    both = await asyncio.gather(w.append_many([b"z"], idempotency_key="k2"),
-                                w.append_many([b"z"], idempotency_key="k2"))
+    both = await asyncio.gather(
+        w.append_many([b"z"], idempotency_key="k2"), w.append_many([b"z"], idempotency_key="k2")
+    )
     assert both[0].first_offset == both[1].first_offset
     await w.close()
     w2 = await LogWriter.open(store, "logs/i")
@@ -88,7 +89,8 @@ async def test_idempotency_key_survives_reopen(store: ObjectStore) -> None:
 
 
 async def test_idempotency_window_in_memory_is_the_window_a_reopen_would_know(
-        store: ObjectStore) -> None:
+    store: ObjectStore,
+) -> None:
     # Memory per open log is bounded by the window (here 4 fragments), not by how many keyed
     # appends the log ever took; and a live writer dedups exactly what a reopened one would.
     opts = LogWriterOptions(dedup_window_fragments=4, batch_interval_s=0)
@@ -97,13 +99,15 @@ async def test_idempotency_window_in_memory_is_the_window_a_reopen_would_know(
         await w.append_many([f"r{i}".encode()], idempotency_key=f"k{i}")  # one fragment each
     assert len(w._keys) <= 4 + 1
     # k{i} is in fragment i+1; the window is fragments 7-10: k6-k9.
-    live = [(await w.append_many([b"again"], idempotency_key=f"k{i}")).deduplicated
-            for i in (9, 6, 5)]
+    live = [
+        (await w.append_many([b"again"], idempotency_key=f"k{i}")).deduplicated for i in (9, 6, 5)
+    ]
     assert live == [True, True, False]  # k5 fell out of the window: appended again (fragment 11)
     await w.close()
     w2 = await LogWriter.open(store, "logs/window", opts)  # its window: fragments 8-11
-    reopened = [(await w2.append_many([b"again"], idempotency_key=f"k{i}")).deduplicated
-                for i in (9, 5)]
+    reopened = [
+        (await w2.append_many([b"again"], idempotency_key=f"k{i}")).deduplicated for i in (9, 5)
+    ]
     assert reopened == [True, True]
     await w2.close()
 
@@ -126,8 +130,9 @@ async def test_seal_refuses_appends_and_persists(store: ObjectStore) -> None:
 
 async def test_backpressure_is_typed_and_bounded(store: ObjectStore) -> None:
     w = await LogWriter.open(store, "logs/b", LogWriterOptions(max_outstanding_bytes=500))
-    results = await asyncio.gather(*(w.append(b"x" * 100) for _ in range(10)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(w.append(b"x" * 100) for _ in range(10)), return_exceptions=True
+    )
     refused = [r for r in results if isinstance(r, Backpressure)]
     accepted = [r for r in results if not isinstance(r, BaseException)]
     assert refused and accepted and len(refused) + len(accepted) == 10
@@ -234,8 +239,13 @@ async def test_purged_reads_are_typed(store: ObjectStore) -> None:
         from dataclasses import replace
 
         f = m.fragments[0]
-        return replace(m, fragments=m.fragments[1:], collected=m.collected + f.setsum,
-                       initial_offset=f.limit, initial_seq_no=f.seq_no + 1)
+        return replace(
+            m,
+            fragments=m.fragments[1:],
+            collected=m.collected + f.setsum,
+            initial_offset=f.limit,
+            initial_seq_no=f.seq_no + 1,
+        )
 
     await w.edit_manifest(drop_first)
     await w.append(b"p3")

@@ -59,9 +59,12 @@ class Collection:
 
 def make_collections(seed: int, n: int) -> list[Collection]:
     rng = random.Random(f"collections:{seed}")
-    return [Collection(rng.choice(("alice", "bob")), str(uuid.UUID(int=rng.getrandbits(128),
-                                                                      version=4)))
-            for _ in range(n)]
+    return [
+        Collection(
+            rng.choice(("alice", "bob")), str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        )
+        for _ in range(n)
+    ]
 
 
 @dataclass
@@ -108,16 +111,23 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return (self.error is None and self.lost == 0 and self.duplicated == 0 and self.scrub_ok
-                and not self.violations)
+        return (
+            self.error is None
+            and self.lost == 0
+            and self.duplicated == 0
+            and self.scrub_ok
+            and not self.violations
+        )
 
     def line(self) -> str:
-        return (f"scenario={self.scenario} seed={self.seed} acknowledged={self.acknowledged} "
-                f"read={self.read} lost={self.lost} duplicated={self.duplicated} "
-                f"faults={self.faults} scrub={'ok' if self.scrub_ok else 'FAIL'} "
-                f"violations={len(self.violations)} unacked_present={self.unacked_present} "
-                f"unacked_absent={self.unacked_absent} logs={self.logs} "
-                f"seconds={self.seconds:.1f}" + (f" error={self.error!r}" if self.error else ""))
+        return (
+            f"scenario={self.scenario} seed={self.seed} acknowledged={self.acknowledged} "
+            f"read={self.read} lost={self.lost} duplicated={self.duplicated} "
+            f"faults={self.faults} scrub={'ok' if self.scrub_ok else 'FAIL'} "
+            f"violations={len(self.violations)} unacked_present={self.unacked_present} "
+            f"unacked_absent={self.unacked_absent} logs={self.logs} "
+            f"seconds={self.seconds:.1f}" + (f" error={self.error!r}" if self.error else "")
+        )
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(vars(self))
@@ -151,8 +161,9 @@ def tag_of(record: dict[str, Any]) -> str:
 class Run:
     """The shared state of one scenario run: what was sent, acknowledged and seen."""
 
-    def __init__(self, name: str, seed: int, collections: list[Collection], hosts: Hosts,
-                 workload: Workload) -> None:
+    def __init__(
+        self, name: str, seed: int, collections: list[Collection], hosts: Hosts, workload: Workload
+    ) -> None:
         self.name = name
         self.seed = seed
         self.collections = collections
@@ -183,8 +194,10 @@ class Run:
         # Redirects are followed by ``send``: httpx drops Authorization on a redirect to another
         # origin (another host's port), and a leader redirect must keep the caller's key.
         self.client = httpx.AsyncClient(
-            follow_redirects=False, timeout=httpx.Timeout(workload.request_timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+            follow_redirects=False,
+            timeout=httpx.Timeout(workload.request_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
         self.redirects = 0
         self.trace_file: Any = None  # set by a scenario when RELIABILITY_TRACE is set
 
@@ -226,8 +239,7 @@ class Run:
 
 
 def default_records(rng: random.Random, tags: list[str]) -> list[dict[str, Any]]:
-    return [{"id": t, "op": "add", "document": f"doc {t}", "metadata": {"tag": t}}
-            for t in tags]
+    return [{"id": t, "op": "add", "document": f"doc {t}", "metadata": {"tag": t}} for t in tags]
 
 
 async def writer(run: Run, wid: int) -> None:
@@ -259,8 +271,14 @@ async def writer(run: Run, wid: int) -> None:
         run.writers_done += 1
 
 
-async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str],
-                 records: list[dict[str, Any]], key: str | None) -> bool:
+async def append(
+    run: Run,
+    rng: random.Random,
+    coll: Collection,
+    tags: list[str],
+    records: list[dict[str, Any]],
+    key: str | None,
+) -> bool:
     """One logical append, retried as the contract allows; True once acknowledged."""
     for t in tags:
         run.sent[t] = coll.cid
@@ -305,8 +323,15 @@ async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str]
                     run.unresolved.discard(t)
                 run.acked_records += len(tags)
                 run.acked_appends += 1
-                run.trace(ev="ack", cid=coll.cid, key=key, tags=tags, first=first,
-                          url=str(r.url), sent=sent_at)
+                run.trace(
+                    ev="ack",
+                    cid=coll.cid,
+                    key=key,
+                    tags=tags,
+                    first=first,
+                    url=str(r.url),
+                    sent=sent_at,
+                )
                 return True
             err = _error_code(r)
             if code == 429:
@@ -323,8 +348,11 @@ async def append(run: Run, rng: random.Random, coll: Collection, tags: list[str]
             else:
                 run.violation(f"append to {coll.cid}: unexpected {code} {r.text[:300]}")
                 return False
-        if run.stop.is_set() and run.workload.appends_per_writer is None and \
-                time.monotonic() > deadline - run.workload.retry_budget_s + 30:
+        if (
+            run.stop.is_set()
+            and run.workload.appends_per_writer is None
+            and time.monotonic() > deadline - run.workload.retry_budget_s + 30
+        ):
             return False  # an open-ended run is winding down: give up after 30 s of retries
         if time.monotonic() > deadline:
             run.http["gave_up"] += 1
@@ -365,14 +393,18 @@ def _check_page(run: Run, cid: str, start: int, body: dict[str, Any], who: str) 
     return nxt
 
 
-async def _read_page(run: Run, rng: random.Random, coll: Collection, start: int, limit: int,
-                     wait_ms: int, who: str) -> int | None:
+async def _read_page(
+    run: Run, rng: random.Random, coll: Collection, start: int, limit: int, wait_ms: int, who: str
+) -> int | None:
     """One read from ``start``: the new position, or None on a retryable failure."""
     try:
-        r = await run.send("GET", run.pick(rng) + coll.path + "/records",
-                           params={"from": start, "limit": limit, "wait_ms": wait_ms},
-                           headers={"Authorization": f"Bearer {coll.key}"},
-                           timeout=run.workload.request_timeout_s + wait_ms / 1000)
+        r = await run.send(
+            "GET",
+            run.pick(rng) + coll.path + "/records",
+            params={"from": start, "limit": limit, "wait_ms": wait_ms},
+            headers={"Authorization": f"Bearer {coll.key}"},
+            timeout=run.workload.request_timeout_s + wait_ms / 1000,
+        )
     except httpx.HTTPError as e:
         run.http[f"read_{type(e).__name__}"] += 1
         return None
@@ -380,15 +412,24 @@ async def _read_page(run: Run, rng: random.Random, coll: Collection, start: int,
     if r.status_code == 200:
         body = r.json()
         if run.trace_file is not None:
-            run.trace(ev="page", who=who, cid=coll.cid, start=start, url=str(r.url),
-                      recs=[(x["offset"], tag_of(x["record"]), x["timestamp_us"])
-                            for x in body["records"]],
-                      next=body["next_offset"])
+            run.trace(
+                ev="page",
+                who=who,
+                cid=coll.cid,
+                start=start,
+                url=str(r.url),
+                recs=[
+                    (x["offset"], tag_of(x["record"]), x["timestamp_us"]) for x in body["records"]
+                ],
+                next=body["next_offset"],
+            )
         return _check_page(run, coll.cid, start, body, who)
     if r.status_code == 410:
         oldest = int(r.json()["error"].get("oldest_offset", start))
-        run.violation(f"{who} {coll.cid}: purged at {start} (oldest {oldest}) before it was "
-                      f"read: compaction ran ahead of the reader")
+        run.violation(
+            f"{who} {coll.cid}: purged at {start} (oldest {oldest}) before it was "
+            f"read: compaction ran ahead of the reader"
+        )
         return max(start, oldest)
     if r.status_code == 404:
         return None  # not written yet
@@ -431,21 +472,28 @@ async def sweeper(run: Run, colls: list[Collection]) -> None:
 # ---------------------------------------------------------------------------------- drivers
 
 
-async def service_call(run: Run, method: str, path: str, rng: random.Random | None = None,
-                       **kw: Any) -> httpx.Response | None:
+async def service_call(
+    run: Run, method: str, path: str, rng: random.Random | None = None, **kw: Any
+) -> httpx.Response | None:
     """One call with the service key to a random host; None on a transport failure."""
     rng = rng or random.Random()
     try:
-        r = await run.send(method, run.pick(rng) + path,
-                           headers={"Authorization": f"Bearer {SERVICE_KEY}"}, **kw)
+        r = await run.send(
+            method, run.pick(rng) + path, headers={"Authorization": f"Bearer {SERVICE_KEY}"}, **kw
+        )
     except httpx.HTTPError as e:
         run.http[f"svc_{type(e).__name__}"] += 1
         return None
     last = path.rsplit("/", 1)[-1]
     run.http[f"svc_{'state' if len(last) == 36 else last}_{r.status_code}"] += 1
     if run.trace_file is not None and method == "POST":
-        run.trace(ev="svc", path=path, body=kw.get("json"), status=r.status_code,
-                  answer=r.text[:300] if last != "rollup" else None)
+        run.trace(
+            ev="svc",
+            path=path,
+            body=kw.get("json"),
+            status=r.status_code,
+            answer=r.text[:300] if last != "rollup" else None,
+        )
     return r
 
 
@@ -458,8 +506,7 @@ async def gc_driver(run: Run, interval_s: float) -> None:
         target = run.tail_pos[coll.cid]
         if target <= run.compaction_sent.get(coll.cid, 1):
             continue
-        r = await service_call(run, "POST", coll.path + "/compaction", rng,
-                               json={"offset": target})
+        r = await service_call(run, "POST", coll.path + "/compaction", rng, json={"offset": target})
         if r is not None and r.status_code == 200:
             run.compaction_sent[coll.cid] = target
             for _ in range(rng.randint(1, 2)):
@@ -484,8 +531,12 @@ async def pin_driver(run: Run, interval_s: float) -> None:
             name = f"pin{n}"
             n += 1
             at = rng.randint(oldest, nxt)
-            r = await run.send("PUT", run.pick(rng) + coll.path + f"/cursors/{name}",
-                               json={"offset": at, "witness": None}, headers=headers)
+            r = await run.send(
+                "PUT",
+                run.pick(rng) + coll.path + f"/cursors/{name}",
+                json={"offset": at, "witness": None},
+                headers=headers,
+            )
             run.http[f"pin_{r.status_code}"] += 1
             if r.status_code != 200:
                 if r.status_code not in (404, 409, 410, 429, 503):
@@ -495,8 +546,12 @@ async def pin_driver(run: Run, interval_s: float) -> None:
             await _check_pinned(run, rng, coll, at, headers, f"{name}@{at}")
             if rng.random() < 0.5 and at > oldest:
                 back = rng.randint(oldest, at - 1)
-                r = await run.send("PUT", run.pick(rng) + coll.path + f"/cursors/{name}",
-                                   json={"offset": back, "witness": witness}, headers=headers)
+                r = await run.send(
+                    "PUT",
+                    run.pick(rng) + coll.path + f"/cursors/{name}",
+                    json={"offset": back, "witness": witness},
+                    headers=headers,
+                )
                 run.http[f"pin_back_{r.status_code}"] += 1
                 if r.status_code == 200:
                     at = back
@@ -505,16 +560,22 @@ async def pin_driver(run: Run, interval_s: float) -> None:
             await asyncio.sleep(rng.uniform(0.0, 3 * interval_s))  # hold the pin a while
             await _check_pinned(run, rng, coll, at, headers, f"{name}@{at} (held)")
             run.pins += 1
-            await run.send("DELETE", run.pick(rng) + coll.path + f"/cursors/{name}",
-                           headers=headers)
+            await run.send(
+                "DELETE", run.pick(rng) + coll.path + f"/cursors/{name}", headers=headers
+            )
         except httpx.HTTPError as e:
             run.http[f"pin_{type(e).__name__}"] += 1
 
 
-async def _check_pinned(run: Run, rng: random.Random, coll: Collection, at: int,
-                        headers: dict[str, str], what: str) -> None:
-    r = await run.send("GET", run.pick(rng) + coll.path + "/records",
-                       params={"from": at, "limit": 1}, headers=headers)
+async def _check_pinned(
+    run: Run, rng: random.Random, coll: Collection, at: int, headers: dict[str, str], what: str
+) -> None:
+    r = await run.send(
+        "GET",
+        run.pick(rng) + coll.path + "/records",
+        params={"from": at, "limit": 1},
+        headers=headers,
+    )
     if r.status_code == 410:
         run.violation(f"{coll.cid}: pinned {what} but offset {at} was collected: {r.text[:200]}")
 
@@ -590,18 +651,20 @@ def start_load(run: Run) -> Load:
         run.trace_file = open(path, "w")  # noqa: SIM115 - closed with the run
 
     writers = [asyncio.create_task(writer(run, w), name=f"writer-{w}") for w in range(wl.writers)]
-    tailed = run.collections[:wl.tailed]
-    readers = [asyncio.create_task(tailer(run, c, i), name=f"tailer-{i}")
-               for i, c in enumerate(tailed)]
-    rest = run.collections[wl.tailed:]
+    tailed = run.collections[: wl.tailed]
+    readers = [
+        asyncio.create_task(tailer(run, c, i), name=f"tailer-{i}") for i, c in enumerate(tailed)
+    ]
+    rest = run.collections[wl.tailed :]
     if rest:
         readers.append(asyncio.create_task(sweeper(run, rest), name="sweeper"))
     drivers = []
     if wl.gc_interval_s:
         drivers.append(asyncio.create_task(gc_driver(run, wl.gc_interval_s), name="gc-driver"))
     if wl.rollup_interval_s:
-        drivers.append(asyncio.create_task(rollup_driver(run, wl.rollup_interval_s),
-                                           name="rollup-driver"))
+        drivers.append(
+            asyncio.create_task(rollup_driver(run, wl.rollup_interval_s), name="rollup-driver")
+        )
     if wl.pin_interval_s:
         drivers.append(asyncio.create_task(pin_driver(run, wl.pin_interval_s), name="pin-driver"))
     if wl.seal:
@@ -641,10 +704,14 @@ async def drain_readers(load: Load, timeout_s: float = 120.0) -> None:
     try:
         await wait_until(caught_up, "readers to reach the tail", timeout_s, 0.05)
     except TimeoutError:
-        behind = {cid: (run.tail_pos[cid], st["next_offset"]) for cid, st in states.items()
-                  if run.tail_pos[cid] < st["next_offset"]}
-        run.violation(f"readers never reached the tail of {len(behind)} logs: "
-                      f"{list(behind.items())[:5]}")
+        behind = {
+            cid: (run.tail_pos[cid], st["next_offset"])
+            for cid, st in states.items()
+            if run.tail_pos[cid] < st["next_offset"]
+        }
+        run.violation(
+            f"readers never reached the tail of {len(behind)} logs: {list(behind.items())[:5]}"
+        )
     await load.stop_readers()
 
 
@@ -674,8 +741,15 @@ async def settle_gc(run: Run) -> None:
     await asyncio.gather(*(one(c) for c in run.collections))
 
 
-async def read_log(run: Run, coll: Collection, host: str, start: int, end: int, *,
-                   purged_to: list[int] | None = None) -> list[tuple[int, str]] | None:
+async def read_log(
+    run: Run,
+    coll: Collection,
+    host: str,
+    start: int,
+    end: int,
+    *,
+    purged_to: list[int] | None = None,
+) -> list[tuple[int, str]] | None:
     """Every record of ``coll`` in [start, end) through ``host``; None if it could not.
 
     With ``purged_to``, a read that finds its position collected meanwhile (410: compaction
@@ -686,9 +760,12 @@ async def read_log(run: Run, coll: Collection, host: str, start: int, end: int, 
     tries = 0
     while pos < end:
         try:
-            r = await run.send("GET", host + coll.path + "/records",
-                               params={"from": pos, "limit": 1000},
-                               headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+            r = await run.send(
+                "GET",
+                host + coll.path + "/records",
+                params={"from": pos, "limit": 1000},
+                headers={"Authorization": f"Bearer {SERVICE_KEY}"},
+            )
         except httpx.HTTPError:
             r = None
         if r is not None and r.status_code == 410 and purged_to is not None:
@@ -700,8 +777,10 @@ async def read_log(run: Run, coll: Collection, host: str, start: int, end: int, 
         if r is None or r.status_code != 200:
             tries += 1
             if tries > 50:
-                run.violation(f"final read of {coll.cid} at {pos} via {host} failed: "
-                              f"{None if r is None else (r.status_code, r.text[:200])}")
+                run.violation(
+                    f"final read of {coll.cid} at {pos} via {host} failed: "
+                    f"{None if r is None else (r.status_code, r.text[:200])}"
+                )
                 return None
             await asyncio.sleep(0.1)  # retry pacing
             continue
@@ -718,8 +797,7 @@ async def read_log(run: Run, coll: Collection, host: str, start: int, end: int, 
     return out
 
 
-async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[str, Any]]
-                         ) -> None:
+async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[str, Any]]) -> None:
     """After a roll-up on every host, the dirty sets cover every uncompacted record.
 
     Tails come from ``states`` (sampled before the roll-up), compaction cursors are read again
@@ -730,8 +808,11 @@ async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[
         r = None
         for _ in range(20):
             try:
-                r = await run.send("POST", h + "/v1/dirty/rollup",
-                                   headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+                r = await run.send(
+                    "POST",
+                    h + "/v1/dirty/rollup",
+                    headers={"Authorization": f"Bearer {SERVICE_KEY}"},
+                )
                 if r.status_code == 200:
                     break
             except httpx.HTTPError:
@@ -740,8 +821,11 @@ async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[
         if r is None or r.status_code != 200:
             run.violation(f"roll-up on {h} failed: {None if r is None else r.text[:200]}")
             continue
-        got = await run.client.get(h + "/v1/dirty", params={"min_records": 0, "limit": 100000},
-                                   headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+        got = await run.client.get(
+            h + "/v1/dirty",
+            params={"min_records": 0, "limit": 100000},
+            headers={"Authorization": f"Bearer {SERVICE_KEY}"},
+        )
         for e in got.json()["logs"]:
             spans[e["collection_id"]].append((int(e["start"]), int(e["limit"])))
     after = await log_states(run)
@@ -755,8 +839,10 @@ async def dirty_coverage(run: Run, hosts: Sequence[str], states: dict[str, dict[
             if s <= pos:
                 pos = max(pos, lim)
         if pos < hi:
-            run.violation(f"dirty set misses {cid}: uncompacted [{lo},{hi}) covered only to "
-                          f"{pos} by {sorted(spans.get(cid, []))}")
+            run.violation(
+                f"dirty set misses {cid}: uncompacted [{lo},{hi}) covered only to "
+                f"{pos} by {sorted(spans.get(cid, []))}"
+            )
 
 
 async def scrub_store(store_root: Path) -> list[str]:
@@ -779,9 +865,15 @@ async def scrub_store(store_root: Path) -> list[str]:
     return problems
 
 
-async def audit(run: Run, result: Result, store_root: Path, *,
-                read_hosts: Sequence[str] | None = None, check_dirty: bool = True,
-                api_scrub: bool = True) -> dict[str, list[tuple[int, str]]]:
+async def audit(
+    run: Run,
+    result: Result,
+    store_root: Path,
+    *,
+    read_hosts: Sequence[str] | None = None,
+    check_dirty: bool = True,
+    api_scrub: bool = True,
+) -> dict[str, list[tuple[int, str]]]:
     """The final check (faults off, writers done, readers drained); fills ``result``."""
     hosts = list(read_hosts or run.hosts())
     await settle_gc(run)
@@ -809,8 +901,9 @@ async def audit(run: Run, result: Result, store_root: Path, *,
         recs = recs or []
         final[coll.cid] = recs
         if [o for o, _ in recs] != list(range(oldest, nxt)):
-            run.violation(f"{coll.cid}: offsets not dense over [{oldest},{nxt}): got "
-                          f"{len(recs)} records")
+            run.violation(
+                f"{coll.cid}: offsets not dense over [{oldest},{nxt}): got {len(recs)} records"
+            )
         by_off = dict(recs)
         seen = run.seen[coll.cid]
         for off, tag in recs:
@@ -819,16 +912,21 @@ async def audit(run: Run, result: Result, store_root: Path, *,
         below = {off: tag for off, tag in seen.items() if off < oldest}
         if len(below) != oldest - 1:
             missing = (oldest - 1) - len(below)
-            run.violation(f"{coll.cid}: {missing} records below the oldest offset {oldest} were "
-                          f"purged before any reader saw them")
+            run.violation(
+                f"{coll.cid}: {missing} records below the oldest offset {oldest} were "
+                f"purged before any reader saw them"
+            )
         sealed_at = run.sealed_at.get(coll.cid)
         if sealed_at is not None and (nxt != sealed_at or not st.get("sealed")):
-            run.violation(f"{coll.cid}: sealed at {sealed_at} but now ends at {nxt} "
-                          f"(sealed={st.get('sealed')})")
+            run.violation(
+                f"{coll.cid}: sealed at {sealed_at} but now ends at {nxt} "
+                f"(sealed={st.get('sealed')})"
+            )
         comp = int(st["compaction_offset"])
         if oldest > comp:
-            run.violation(f"{coll.cid}: oldest offset {oldest} is above the compaction cursor "
-                          f"{comp}")
+            run.violation(
+                f"{coll.cid}: oldest offset {oldest} is above the compaction cursor {comp}"
+            )
         for tag in list(by_off.values()) + list(below.values()):
             counts[tag] += 1
         read += len(recs) + len(below)
@@ -838,13 +936,18 @@ async def audit(run: Run, result: Result, store_root: Path, *,
     result.duplicated = sum(n - 1 for n in counts.values() if n > 1)
     dups = [t for t, n in counts.items() if n > 1]
     for tag in dups[:20]:
-        where = [(cid, off) for cid, st in states.items()
-                 for off, t in list(st["_by_off"].items()) + list(st["_below"].items())
-                 if t == tag]
+        where = [
+            (cid, off)
+            for cid, st in states.items()
+            for off, t in list(st["_by_off"].items()) + list(st["_below"].items())
+            if t == tag
+        ]
         first = tag.rsplit(".", 1)[0] + ".0"
-        run.violation(f"{tag} appears {counts[tag]} times at {where}; "
-                      f"{'keyless' if tag in run.keyless else 'keyed'}, acknowledged at "
-                      f"{run.acked.get(tag)}; attempts {run.attempts.get(first)}")
+        run.violation(
+            f"{tag} appears {counts[tag]} times at {where}; "
+            f"{'keyless' if tag in run.keyless else 'keyed'}, acknowledged at "
+            f"{run.acked.get(tag)}; attempts {run.attempts.get(first)}"
+        )
     result.notes["duplicates"] = dups[:100]
     lost = 0
     for tag, (cid, off) in run.acked.items():
@@ -857,8 +960,10 @@ async def audit(run: Run, result: Result, store_root: Path, *,
             lost += 1
             if lost <= 20:
                 elsewhere = [c for c in states if tag in states[c]["_by_off"].values()]
-                run.violation(f"acknowledged {tag} at {cid}@{off} is not there (found "
-                              f"{where.get(off)!r}; elsewhere: {elsewhere})")
+                run.violation(
+                    f"acknowledged {tag} at {cid}@{off} is not there (found "
+                    f"{where.get(off)!r}; elsewhere: {elsewhere})"
+                )
     result.lost = lost
     result.acknowledged = len(run.acked)
     present = set(counts)
@@ -877,8 +982,7 @@ async def audit(run: Run, result: Result, store_root: Path, *,
                 continue
             r = await service_call(run, "GET", coll.path + "/scrub", rng)
             if r is None or r.status_code != 200 or not r.json().get("ok"):
-                problems.append(f"api scrub {coll.cid}: "
-                                f"{None if r is None else r.text[:300]}")
+                problems.append(f"api scrub {coll.cid}: {None if r is None else r.text[:300]}")
     problems += await scrub_store(store_root)
     result.scrub_ok = not problems
     for p in problems[:20]:
@@ -901,8 +1005,9 @@ def finish(run: Run, result: Result, started: float) -> Result:
     return result
 
 
-async def run_with(run: Run, during: Callable[[Load], Awaitable[None]] | None,
-                   timeout_s: float) -> Load:
+async def run_with(
+    run: Run, during: Callable[[Load], Awaitable[None]] | None, timeout_s: float
+) -> Load:
     """Start the load, run ``during`` beside it (the fault schedule), wait for the writers."""
     load = start_load(run)
     chaos = asyncio.create_task(during(load)) if during is not None else None
@@ -916,7 +1021,7 @@ async def run_with(run: Run, during: Callable[[Load], Awaitable[None]] | None,
             run.stop.set()
             try:
                 await asyncio.wait_for(chaos, 180)
-            except Exception as e:  # noqa: BLE001 - reported as a violation
+            except Exception as e:
                 run.violation(f"fault schedule failed: {e!r}")
     await load.stop_drivers()
     await asyncio.wait(load.writers, timeout=120)

@@ -43,10 +43,15 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = Settings(store=args.store, listen=args.listen, server_id=args.server_id)
     jsonlog.configure(settings.log_level)
-    faulty = FaultyStore(LocalStore(args.store), seed=args.seed, latency_s=args.latency_s,
-                         jitter_s=args.jitter_s, error_rate=args.error_rate,
-                         lost_response_rate=args.lost_response_rate,
-                         precondition_storm_rate=args.precondition_storm_rate)
+    faulty = FaultyStore(
+        LocalStore(args.store),
+        seed=args.seed,
+        latency_s=args.latency_s,
+        jitter_s=args.jitter_s,
+        error_rate=args.error_rate,
+        lost_response_rate=args.lost_response_rate,
+        precondition_storm_rate=args.precondition_storm_rate,
+    )
     app = create_app(Server(settings, store=faulty))
 
     @app.get("/_verify/faults", include_in_schema=False)

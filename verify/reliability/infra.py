@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import httpx
 
+from verify.testkit import QuietUvicorn, free_port, wait_until
 from wal3 import ObjectStore, SimulatedCrash
 from wal3.store import GetResult, ObjectMeta
-from verify.testkit import QuietUvicorn, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_KEY = "svc-key"
@@ -85,8 +85,9 @@ class CrashLatch(ObjectStore):
         for obs in list(self.observers):
             obs(op, key, data)
 
-    async def _call(self, op: str, key: str, fn: Callable[[], Awaitable[Any]],
-                    data: bytes | None = None) -> Any:
+    async def _call(
+        self, op: str, key: str, fn: Callable[[], Awaitable[Any]], data: bytes | None = None
+    ) -> Any:
         self._check()
         try:
             out = await fn()
@@ -103,17 +104,27 @@ class CrashLatch(ObjectStore):
     async def head(self, key: str) -> ObjectMeta:
         return await self._call("head", key, lambda: self.inner.head(key))  # type: ignore[no-any-return]
 
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
         return await self._call(  # type: ignore[no-any-return]
-            "put", key, lambda: self.inner.put(key, data, if_none_match=if_none_match,
-                                               if_match=if_match), data)
+            "put",
+            key,
+            lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match),
+            data,
+        )
 
     async def delete(self, key: str) -> None:
         await self._call("delete", key, lambda: self.inner.delete(key))
 
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectMeta]:
         self._check()
         try:
             async for meta in self.inner.list(prefix, start_after=start_after):
@@ -125,7 +136,8 @@ class CrashLatch(ObjectStore):
 
     async def copy(self, src: str, dst: str, *, if_none_match: Literal["*"] | None = None) -> str:
         return await self._call(  # type: ignore[no-any-return]
-            "copy", dst, lambda: self.inner.copy(src, dst, if_none_match=if_none_match))
+            "copy", dst, lambda: self.inner.copy(src, dst, if_none_match=if_none_match)
+        )
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -167,21 +179,31 @@ class InProcessHost:
         from host.config import Settings
         from host.server import Server
 
-        base: dict[str, Any] = {"store": "unused", "listen": f"127.0.0.1:{self.port}",
-                                "api_keys": API_KEYS, "server_id": self.server_id,
-                                "rollup_interval_s": 3600.0, "idle_close_s": 3600.0,
-                                "gc_interval_s": 3600.0, "log_level": "WARNING"}
+        base: dict[str, Any] = {
+            "store": "unused",
+            "listen": f"127.0.0.1:{self.port}",
+            "api_keys": API_KEYS,
+            "server_id": self.server_id,
+            "rollup_interval_s": 3600.0,
+            "idle_close_s": 3600.0,
+            "gc_interval_s": 3600.0,
+            "log_level": "WARNING",
+        }
         base.update(self.settings)
         for attempt in range(20):
             self.latch = CrashLatch(self.store, f"{self.server_id}#{self.restarts}.{attempt}")
             self.latch.observers.extend(self.observers)
             settings = Settings(**base)
             self.server = Server(settings, store=self.latch)
-            self._userver = QuietUvicorn(uvicorn_config(create_app(self.server), settings,
-                                                       timeout_graceful_shutdown=10))
+            self._userver = QuietUvicorn(
+                uvicorn_config(create_app(self.server), settings, timeout_graceful_shutdown=10)
+            )
             self._task = asyncio.create_task(self._userver.serve(), name=f"uvicorn-{self.port}")
-            await wait_until(lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
-                       "uvicorn to start", 60)
+            await wait_until(
+                lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
+                "uvicorn to start",
+                60,
+            )
             if not self._task.done():
                 return
             # Startup itself hit an injected crash (e.g. opening the dirty log): try again, as a
@@ -243,27 +265,46 @@ class ProcHost:
 
     def start(self, timeout_s: float = 60.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHOST_")}
-        env.update({"LOGHOST_API_KEYS": API_KEYS, "LOGHOST_LOG_LEVEL": "WARNING",
-                    "LOGHOST_ROLLUP_INTERVAL_S": "3600", "LOGHOST_GC_INTERVAL_S": "3600",
-                    "LOGHOST_IDLE_CLOSE_S": "3600"})
+        env.update(
+            {
+                "LOGHOST_API_KEYS": API_KEYS,
+                "LOGHOST_LOG_LEVEL": "WARNING",
+                "LOGHOST_ROLLUP_INTERVAL_S": "3600",
+                "LOGHOST_GC_INTERVAL_S": "3600",
+                "LOGHOST_IDLE_CLOSE_S": "3600",
+            }
+        )
         env.update(self.env)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         # ``loghost serve`` (host.cli.main), with faulthandler on SIGUSR1 so a host that stops
         # answering can be asked where it is stuck (see ``dump_stacks``).
-        boot = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
-                "all_threads=True); from {mod} import main; sys.exit(main(sys.argv[1:]))")
+        boot = (
+            "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
+            "all_threads=True); from {mod} import main; sys.exit(main(sys.argv[1:]))"
+        )
         if self.faulty_args is None:
             cmd = [sys.executable, "-c", boot.format(mod="host.cli"), "serve"]
         else:
-            cmd = [sys.executable, "-c", boot.format(mod="verify.reliability.host"),
-                   *self.faulty_args]
-        cmd += ["--store", str(self.store_dir), "--listen", f"127.0.0.1:{self.port}",
-                "--server-id", self.server_id]
+            cmd = [
+                sys.executable,
+                "-c",
+                boot.format(mod="verify.reliability.host"),
+                *self.faulty_args,
+            ]
+        cmd += [
+            "--store",
+            str(self.store_dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--server-id",
+            self.server_id,
+        ]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"host-{self.server_id}.log"
         with open(log, "ab") as out:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         cwd=ROOT)
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+            )
         self.starts += 1
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -306,7 +347,9 @@ class ProcHost:
     async def responsive(self, timeout_s: float = 10.0) -> str | None:
         """None if the host answers /healthz; else where its main thread is stuck."""
         if self.proc is None or self.proc.poll() is not None:
-            return f"host {self.server_id} is not running (exit {self.proc and self.proc.returncode})"
+            return (
+                f"host {self.server_id} is not running (exit {self.proc and self.proc.returncode})"
+            )
         try:
             async with httpx.AsyncClient(timeout=timeout_s) as c:
                 if (await c.get(self.url + "/healthz")).status_code == 200:
@@ -328,8 +371,10 @@ class ProcHost:
                 break
         frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("File ")]
         inner = [f for f in frames if "/host/" in f or "/wal3/" in f or "/dirtylog/" in f]
-        return f"main thread in: {inner[0] if inner else (frames[0] if frames else 'unknown')} " \
-               f"(full dump in {self.log_path})"
+        return (
+            f"main thread in: {inner[0] if inner else (frames[0] if frames else 'unknown')} "
+            f"(full dump in {self.log_path})"
+        )
 
 
 # ------------------------------------------------------------------------ store inspection

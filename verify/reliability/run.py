@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verify.testkit import command_line, machine_info
+from verify.testkit import command_line, machine_info, redis_executable
+
 from .core import Result
 from .infra import ROOT
-from verify.testkit import redis_executable
 from .scenarios import SCENARIOS, Options, seeds_for
 
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -50,42 +50,58 @@ LONG_COMMAND = "python -m verify.reliability --write-doc"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verify.reliability",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="scenarios:\n" + "\n".join(
-                                    f"  {n:24s} {d}" for n, (_, d) in SCENARIOS.items()))
-    p.add_argument("--quick", action="store_true",
-                   help="small bounded form of each scenario (one seed unless --seeds)")
-    p.add_argument("--seeds", type=int, default=None,
-                   help=f"seeds per store-fault scenario (default {DEFAULT_SEEDS}; 1 with "
-                        f"--quick); kill9/two_hosts/redis_restart get 2/3 of that, "
-                        f"compactor_kill half, the soak one")
+    p = argparse.ArgumentParser(
+        prog="python -m verify.reliability",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="scenarios:\n" + "\n".join(f"  {n:24s} {d}" for n, (_, d) in SCENARIOS.items()),
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small bounded form of each scenario (one seed unless --seeds)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"seeds per store-fault scenario (default {DEFAULT_SEEDS}; 1 with "
+        f"--quick); kill9/two_hosts/redis_restart get 2/3 of that, "
+        f"compactor_kill half, the soak one",
+    )
     p.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1)")
     p.add_argument("--seed", type=int, default=None, help="run exactly this seed")
-    p.add_argument("--soak-seconds", type=float, default=600.0,
-                   help="duration of the long soak (default 600)")
+    p.add_argument(
+        "--soak-seconds", type=float, default=600.0, help="duration of the long soak (default 600)"
+    )
     p.add_argument("--logs", type=int, default=1000, help="logs in the long soak (default 1000)")
-    p.add_argument("--scenario", default=None,
-                   help="comma-separated scenarios to run (default: all)")
-    p.add_argument("--write-doc", action="store_true",
-                   help="rewrite docs/RELIABILITY.md with these results")
-    p.add_argument("--keep", action="store_true", help="keep every run's directory (stores, "
-                   "host logs); failing runs are always kept")
-    p.add_argument("--workdir", default=None, help="where run directories go (default: a "
-                   "temporary directory)")
+    p.add_argument(
+        "--scenario", default=None, help="comma-separated scenarios to run (default: all)"
+    )
+    p.add_argument(
+        "--write-doc", action="store_true", help="rewrite docs/RELIABILITY.md with these results"
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep every run's directory (stores, host logs); failing runs are always kept",
+    )
+    p.add_argument(
+        "--workdir", default=None, help="where run directories go (default: a temporary directory)"
+    )
     return p
 
 
-async def run_one(name: str, seed: int, quick: bool, workdir: Path,
-                  opts: Options | None = None) -> Result:
+async def run_one(
+    name: str, seed: int, quick: bool, workdir: Path, opts: Options | None = None
+) -> Result:
     """Run one scenario with one seed in ``workdir`` (created), in this process."""
     workdir.mkdir(parents=True, exist_ok=True)
     fn, _ = SCENARIOS[name]
     started = time.monotonic()
     try:
         result = await fn(seed, quick, workdir, opts or Options())
-    except Exception as e:  # noqa: BLE001 - a harness failure is a failed run, with the reason
+    except Exception as e:
         result = Result(name, seed, error=repr(e), seconds=time.monotonic() - started)
     return result
 
@@ -99,8 +115,14 @@ def time_limit(name: str, quick: bool, opts: Options) -> float:
     return 180.0 if quick else 600.0
 
 
-async def run_isolated(name: str, seed: int, quick: bool, workdir: Path,
-                       opts: Options | None = None, timeout_s: float | None = None) -> Result:
+async def run_isolated(
+    name: str,
+    seed: int,
+    quick: bool,
+    workdir: Path,
+    opts: Options | None = None,
+    timeout_s: float | None = None,
+) -> Result:
     """Run one scenario in a child process with a hard time limit.
 
     In-process scenarios share the event loop with their host: a host that livelocks its loop
@@ -111,35 +133,62 @@ async def run_isolated(name: str, seed: int, quick: bool, workdir: Path,
     limit = timeout_s or time_limit(name, quick, opts)
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "result.json"
-    cmd = [sys.executable, "-m", "verify.reliability", "--_child", name, str(seed),
-           "1" if quick else "0", str(workdir), str(limit - 10), str(opts.soak_seconds),
-           str(opts.soak_logs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verify.reliability",
+        "--_child",
+        name,
+        str(seed),
+        "1" if quick else "0",
+        str(workdir),
+        str(limit - 10),
+        str(opts.soak_seconds),
+        str(opts.soak_logs),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     started = time.monotonic()
     with open(workdir / "child.log", "ab") as log:
-        proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, env=env, stdout=log,
-                                                    stderr=asyncio.subprocess.STDOUT,
-                                                    start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             await asyncio.wait_for(proc.wait(), limit)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             _kill_group(proc.pid)
             await proc.wait()
             hang = workdir / "hang.txt"
             where = _hang_summary(hang) if hang.exists() else "no stack dump"
-            return Result(name, seed, error=f"hung: no result after {limit:.0f}s ({where}); "
-                          f"stacks in {hang}", seconds=time.monotonic() - started)
+            return Result(
+                name,
+                seed,
+                error=f"hung: no result after {limit:.0f}s ({where}); stacks in {hang}",
+                seconds=time.monotonic() - started,
+            )
         finally:
             _kill_group(proc.pid)  # whatever the child left behind (hosts, redis, Spark)
     if not out.exists():
         hang = workdir / "hang.txt"
         if proc.returncode == 3 and hang.exists():
-            return Result(name, seed, error=f"hung: the event loop stalled for {STALL_S:.0f}s "
-                          f"({_hang_summary(hang)}); stacks in {hang}",
-                          seconds=time.monotonic() - started)
+            return Result(
+                name,
+                seed,
+                error=f"hung: the event loop stalled for {STALL_S:.0f}s "
+                f"({_hang_summary(hang)}); stacks in {hang}",
+                seconds=time.monotonic() - started,
+            )
         tail = (workdir / "child.log").read_text(errors="replace")[-1500:]
-        return Result(name, seed, error=f"child exited {proc.returncode} without a result: "
-                      f"{tail}", seconds=time.monotonic() - started)
+        return Result(
+            name,
+            seed,
+            error=f"child exited {proc.returncode} without a result: {tail}",
+            seconds=time.monotonic() - started,
+        )
     return Result.from_dict(json.loads(out.read_text()))
 
 
@@ -241,8 +290,11 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], float]:
         print("# redis-server not installed: skipping redis_restart", flush=True)
         names.remove("redis_restart")
     nseeds = args.seeds if args.seeds is not None else (1 if args.quick else DEFAULT_SEEDS)
-    seeds = [args.seed] if args.seed is not None else list(
-        range(args.first_seed, args.first_seed + nseeds))
+    seeds = (
+        [args.seed]
+        if args.seed is not None
+        else list(range(args.first_seed, args.first_seed + nseeds))
+    )
     opts = Options(soak_seconds=args.soak_seconds, soak_logs=args.logs)
     base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="reliability-"))
     _setup_logging(base / "harness.log")
@@ -250,7 +302,7 @@ async def _main(args: argparse.Namespace) -> tuple[list[Result], float]:
     results: list[Result] = []
     t0 = time.monotonic()
     for name in names:
-        mine = seeds if args.seed is not None else seeds[:seeds_for(name, len(seeds))]
+        mine = seeds if args.seed is not None else seeds[: seeds_for(name, len(seeds))]
         for seed in mine:
             workdir = base / f"{name}-{seed}"
             r = await run_isolated(name, seed, args.quick, workdir, opts)
@@ -272,16 +324,25 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     results, seconds = asyncio.run(_main(args))
     bad = [r for r in results if not r.ok]
-    total = {k: sum(getattr(r, k) for r in results)
-             for k in ("acknowledged", "read", "lost", "duplicated", "faults")}
-    print(f"# {len(results)} runs in {seconds:.0f}s: " + " ".join(f"{k}={v}" for k, v in
-                                                              total.items()) +
-          f" scrub_failures={sum(not r.scrub_ok for r in results)} failed_runs={len(bad)}",
-          flush=True)
+    total = {
+        k: sum(getattr(r, k) for r in results)
+        for k in ("acknowledged", "read", "lost", "duplicated", "faults")
+    }
+    print(
+        f"# {len(results)} runs in {seconds:.0f}s: "
+        + " ".join(f"{k}={v}" for k, v in total.items())
+        + f" scrub_failures={sum(not r.scrub_ok for r in results)} failed_runs={len(bad)}",
+        flush=True,
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / f"reliability{'.quick' if args.quick else ''}.json"
-    data = {"command": command_line(), "machine": _machine(), "seconds": seconds,
-            "quick": args.quick, "results": [r.as_dict() for r in results]}
+    data = {
+        "command": command_line(),
+        "machine": _machine(),
+        "seconds": seconds,
+        "quick": args.quick,
+        "results": [r.as_dict() for r in results],
+    }
     out.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"# results: {out.relative_to(ROOT)}", flush=True)
     if args.write_doc:
@@ -292,8 +353,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _machine() -> dict[str, Any]:
     """The shared machine facts, plus whether the tree had uncommitted changes."""
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=False, cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    ).stdout.strip()
     return {**machine_info(), "git_dirty": bool(dirty)}
 
 
@@ -303,51 +369,81 @@ def _machine() -> dict[str, Any]:
 # (found by, test, what goes wrong, status).
 FIXED_7 = "fixed (384b0ed)"
 FINDINGS: list[tuple[str, str, str, str]] = [
-    ("storms", "test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store",
-     "a snapshot put that fails its condition (S3's 409 ConditionalRequestConflict) is taken as "
-     "proof the snapshot exists, and the manifest links a snapshot that was never written: reads "
-     "through it fail, acknowledged records are unreadable, scrub fails "
-     "(`LogWriter._write_snapshot`)", FIXED_7),
-    ("storms", "test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store",
-     "the same in garbage collection: a split snapshot is assumed written after a failed "
-     "condition and phase 2 installs a root pointing at nothing (`GarbageCollector._phase1`)", FIXED_7),
-    ("(review of the same pattern)",
-     "test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store",
-     "the same in fork: a fragment copy that fails its condition is taken as already copied "
-     "and the fork references a fragment it does not have (`fork_log`)", FIXED_7),
-    ("crash_fragment_manifest, crash_snapshot, soak",
-     "test_regression_cancelled_close_livelocks_the_next_request_for_that_log",
-     "when the request awaiting a log's close is cancelled (client gone), a finished task stays "
-     "in `LogManager._closing`; the next request for that log spins on "
-     "`await asyncio.shield(<done task>)`, which never yields: the host's event loop livelocks "
-     "and it stops answering everything, health checks included", FIXED_7),
-    ("crash_snapshot, crash_gc_apply",
-     "test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotten_on_reopen",
-     "a reopened writer (restart, failover) learns idempotency keys only from the root's "
-     "fragments: keys in fragments already folded into snapshots are forgotten and a client's "
-     "retry after a crash appends its records a second time", FIXED_7),
-    ("redis_restart, two_hosts",
-     "test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot",
-     "`Manifest.contains_fragment` only looks at the root: when another host read-repairs a "
-     "writer's fragment and snapshots fold it, the writer's recovery does not see its batch "
-     "linked and appends it again (duplicate, second copy acknowledged) or answers 409 \"not "
-     "written\" for records that are in the log", FIXED_7),
-    ("two_hosts", "test_regression_append_joining_a_reads_open_of_a_new_log_gets_404",
-     "`LogManager._get_or_open` shares one open per log regardless of `create`: an append that "
-     "arrives while a read is opening a new log (tenant bound, manifest not yet written) gets "
-     "the read's 404 \"never written\"", FIXED_7),
-    ("crash_rollup_cursor (long form)",
-     "test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped",
-     "after a restart, keys of an orphan fragment that read repair links while the writer's "
-     "first idempotency-key load is still reading footers are never learned "
-     "(`LogWriter._recover` learns them only `if self._keys_loaded`): the client's retry of the "
-     "append that wrote the orphan is appended a second time", "open"),
-    ("crash_fragment_manifest, crash_gc_reset (crash + compaction + GC)",
-     "test_regression_idempotency_window_ends_at_the_gc_cutoff_after_reopen",
-     "a reopened writer learns idempotency keys only from fragments still live in the "
-     "manifest: once a compactor and GC have moved the oldest offset past an append, a client "
-     "retrying it after a crash or failover gets it appended again, however recent it is "
-     "(the window is `dedup_window_fragments` in name, the uncompacted tail in fact)", "open"),
+    (
+        "storms",
+        "test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store",
+        "a snapshot put that fails its condition (S3's 409 ConditionalRequestConflict) is taken as "
+        "proof the snapshot exists, and the manifest links a snapshot that was never written: reads "
+        "through it fail, acknowledged records are unreadable, scrub fails "
+        "(`LogWriter._write_snapshot`)",
+        FIXED_7,
+    ),
+    (
+        "storms",
+        "test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store",
+        "the same in garbage collection: a split snapshot is assumed written after a failed "
+        "condition and phase 2 installs a root pointing at nothing (`GarbageCollector._phase1`)",
+        FIXED_7,
+    ),
+    (
+        "(review of the same pattern)",
+        "test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store",
+        "the same in fork: a fragment copy that fails its condition is taken as already copied "
+        "and the fork references a fragment it does not have (`fork_log`)",
+        FIXED_7,
+    ),
+    (
+        "crash_fragment_manifest, crash_snapshot, soak",
+        "test_regression_cancelled_close_livelocks_the_next_request_for_that_log",
+        "when the request awaiting a log's close is cancelled (client gone), a finished task stays "
+        "in `LogManager._closing`; the next request for that log spins on "
+        "`await asyncio.shield(<done task>)`, which never yields: the host's event loop livelocks "
+        "and it stops answering everything, health checks included",
+        FIXED_7,
+    ),
+    (
+        "crash_snapshot, crash_gc_apply",
+        "test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotten_on_reopen",
+        "a reopened writer (restart, failover) learns idempotency keys only from the root's "
+        "fragments: keys in fragments already folded into snapshots are forgotten and a client's "
+        "retry after a crash appends its records a second time",
+        FIXED_7,
+    ),
+    (
+        "redis_restart, two_hosts",
+        "test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot",
+        "`Manifest.contains_fragment` only looks at the root: when another host read-repairs a "
+        "writer's fragment and snapshots fold it, the writer's recovery does not see its batch "
+        'linked and appends it again (duplicate, second copy acknowledged) or answers 409 "not '
+        'written" for records that are in the log',
+        FIXED_7,
+    ),
+    (
+        "two_hosts",
+        "test_regression_append_joining_a_reads_open_of_a_new_log_gets_404",
+        "`LogManager._get_or_open` shares one open per log regardless of `create`: an append that "
+        "arrives while a read is opening a new log (tenant bound, manifest not yet written) gets "
+        'the read\'s 404 "never written"',
+        FIXED_7,
+    ),
+    (
+        "crash_rollup_cursor (long form)",
+        "test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped",
+        "after a restart, keys of an orphan fragment that read repair links while the writer's "
+        "first idempotency-key load is still reading footers are never learned "
+        "(`LogWriter._recover` learns them only `if self._keys_loaded`): the client's retry of the "
+        "append that wrote the orphan is appended a second time",
+        "open",
+    ),
+    (
+        "crash_fragment_manifest, crash_gc_reset (crash + compaction + GC)",
+        "test_regression_idempotency_window_ends_at_the_gc_cutoff_after_reopen",
+        "a reopened writer learns idempotency keys only from fragments still live in the "
+        "manifest: once a compactor and GC have moved the oldest offset past an append, a client "
+        "retrying it after a crash or failover gets it appended again, however recent it is "
+        "(the window is `dedup_window_fragments` in name, the uncompacted tail in fact)",
+        "open",
+    ),
 ]
 
 
@@ -394,56 +490,71 @@ def render_doc(data: dict[str, Any]) -> str:
             f"{sum(r['acknowledged'] for r in rs):,} | {sum(r['read'] for r in rs):,} | "
             f"{sum(r['lost'] for r in rs)} | {sum(r['duplicated'] for r in rs)} | "
             f"{sum(1 for r in rs if r['scrub_ok'])}/{len(rs)} ok | "
-            f"{ok}/{len(rs)} | {sum(r['seconds'] for r in rs):.0f} |")
+            f"{ok}/{len(rs)} | {sum(r['seconds'] for r in rs):.0f} |"
+        )
     per_seed = []
     for r in results:
         per_seed.append(
             f"| {r['scenario']} | {r['seed']} | {r['faults']:,} | {r['acknowledged']:,} | "
             f"{r['read']:,} | {r['lost']} | {r['duplicated']} | "
             f"{'ok' if r['scrub_ok'] else 'FAIL'} | {len(r['violations'])} | "
-            f"{r['unacked_present']}/{r['unacked_absent']} | {r['seconds']:.1f} |")
+            f"{r['unacked_present']}/{r['unacked_absent']} | {r['seconds']:.1f} |"
+        )
     soak = [r for r in results if r["scenario"] == "soak"]
     soak_md = "(the soak was not part of this run)"
     if soak:
         s = soak[0]
         mem = s["notes"].get("memory", {})
         samples = ", ".join(f"{t:.0f}s {_mib(k)}" for t, k in mem.get("samples", []))
-        soak_md = "\n".join([
-            f"One host process (`python -m verify.reliability.host`, i.e. `Server` + uvicorn over a "
-            f"FaultyStore) served **{s['logs']:,} logs** for **{s['notes'].get('seconds_of_load', 0):.0f} s** "
-            f"of load: {s['notes'].get('appends_acknowledged', 0):,} appends "
-            f"({s['acknowledged']:,} records) acknowledged, {s['faults']:,} store faults injected "
-            f"({_kinds([s])}), lost {s['lost']}, duplicated {s['duplicated']}, scrub "
-            f"{'ok' if s['scrub_ok'] else 'FAIL'}.",
-            "",
-            "| host RSS at start (idle) | after warm-up | peak | end of load | after the audit |",
-            "|---:|---:|---:|---:|---:|",
-            f"| {_mib(mem.get('start_kib'))} | {_mib(mem.get('warm_kib'))} | "
-            f"{_mib(mem.get('peak_kib'))} | {_mib(mem.get('end_kib'))} | "
-            f"{_mib(mem.get('after_audit_kib'))} |",
-            "",
-            f"RSS samples (time since the load started): {samples or '-'}.",
-        ])
+        soak_md = "\n".join(
+            [
+                f"One host process (`python -m verify.reliability.host`, i.e. `Server` + uvicorn over a "
+                f"FaultyStore) served **{s['logs']:,} logs** for **{s['notes'].get('seconds_of_load', 0):.0f} s** "
+                f"of load: {s['notes'].get('appends_acknowledged', 0):,} appends "
+                f"({s['acknowledged']:,} records) acknowledged, {s['faults']:,} store faults injected "
+                f"({_kinds([s])}), lost {s['lost']}, duplicated {s['duplicated']}, scrub "
+                f"{'ok' if s['scrub_ok'] else 'FAIL'}.",
+                "",
+                "| host RSS at start (idle) | after warm-up | peak | end of load | after the audit |",
+                "|---:|---:|---:|---:|---:|",
+                f"| {_mib(mem.get('start_kib'))} | {_mib(mem.get('warm_kib'))} | "
+                f"{_mib(mem.get('peak_kib'))} | {_mib(mem.get('end_kib'))} | "
+                f"{_mib(mem.get('after_audit_kib'))} |",
+                "",
+                f"RSS samples (time since the load started): {samples or '-'}.",
+            ]
+        )
     total_ack = sum(r["acknowledged"] for r in results)
     total_lost = sum(r["lost"] for r in results)
     total_dup = sum(r["duplicated"] for r in results)
     total_faults = sum(r["faults"] for r in results)
     failed = [r for r in results if not r["ok"]]
     scen_md = "\n".join(f"| `{n}` | {d} |" for n, (_, d) in SCENARIOS.items())
-    findings_md = "\n".join(f"| {by} | `{test}` | {what} | {status} |"
-                             for by, test, what, status in FINDINGS)
+    findings_md = "\n".join(
+        f"| {by} | `{test}` | {what} | {status} |" for by, test, what, status in FINDINGS
+    )
+
     def _short(text: str, n: int = 240) -> str:
         text = " ".join(str(text).split())
         return text if len(text) <= n else text[:n] + "..."
 
-    failed_md = "none." if not failed else "\n\n" + "\n".join(
-        f"- `{r['scenario']}` seed {r['seed']} "
-        f"(`python -m verify.reliability --scenario {r['scenario']} --seed {r['seed']}"
-        f"{' --quick' if data['quick'] else ''}`): "
-        + _short(r.get("error") or (r["violations"][0] if r["violations"] else "failed"))
-        + (f" (+{r.get('violation_count', len(r['violations'])) - 1} more)"
-           if r.get("violation_count", len(r["violations"])) > 1 else "")
-        for r in failed)
+    failed_md = (
+        "none."
+        if not failed
+        else "\n\n"
+        + "\n".join(
+            f"- `{r['scenario']}` seed {r['seed']} "
+            f"(`python -m verify.reliability --scenario {r['scenario']} --seed {r['seed']}"
+            f"{' --quick' if data['quick'] else ''}`): "
+            + _short(r.get("error") or (r["violations"][0] if r["violations"] else "failed"))
+            + (
+                f" (+{r.get('violation_count', len(r['violations'])) - 1} more)"
+                if r.get("violation_count", len(r["violations"])) > 1
+                else ""
+            )
+            for r in failed
+        )
+    )
     return f"""# Reliability
 
 The promise: **every acknowledged write is read back exactly once, and the setsum proves the data
@@ -452,14 +563,14 @@ what the verifier did to the log host and what it found.
 
 ## Results
 
-Command: `{data['command']}` ({'quick form' if data['quick'] else 'long form'}), {len(results)}
-seeded runs in {data['seconds'] / 60:.0f} minutes.
+Command: `{data["command"]}` ({"quick form" if data["quick"] else "long form"}), {len(results)}
+seeded runs in {data["seconds"] / 60:.0f} minutes.
 
-Machine: {m['nproc']} cores; `{m['uname']}`; Python {m['python']}; {m['date_utc']}; commit
-{m['git_head']}{' with uncommitted changes' if m.get('git_dirty') else ''}.
+Machine: {m["nproc"]} cores; `{m["uname"]}`; Python {m["python"]}; {m["date_utc"]}; commit
+{m["git_head"]}{" with uncommitted changes" if m.get("git_dirty") else ""}.
 
 **Totals: {total_ack:,} records acknowledged, {total_lost} lost, {total_dup} duplicated,
-{total_faults:,} faults injected, {sum(1 for r in results if r['scrub_ok'])}/{len(results)} runs
+{total_faults:,} faults injected, {sum(1 for r in results if r["scrub_ok"])}/{len(results)} runs
 scrubbed clean, {len(results) - len(failed)}/{len(results)} runs without any violation.**
 
 Failed runs: {failed_md}

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from verify.testkit import RedisServer, wait_until
 from wal3 import FaultRule, FaultyStore, LocalStore
 from wal3.gc import Garbage, GarbageRejected
 
@@ -47,8 +48,6 @@ from .core import (
     run_with,
     service_call,
 )
-from verify.testkit import RedisServer, wait_until
-
 from .infra import (
     ROOT,
     SERVICE_KEY,
@@ -68,13 +67,27 @@ class Options:
 
 def workload(quick: bool, **over: Any) -> Workload:
     if quick:
-        wl = Workload(collections=6, writers=6, appends_per_writer=30, max_batch=4,
-                      mean_interval_s=0.01, wait_ms=300, gc_interval_s=0.15,
-                      rollup_interval_s=0.4)
+        wl = Workload(
+            collections=6,
+            writers=6,
+            appends_per_writer=30,
+            max_batch=4,
+            mean_interval_s=0.01,
+            wait_ms=300,
+            gc_interval_s=0.15,
+            rollup_interval_s=0.4,
+        )
     else:
-        wl = Workload(collections=16, writers=10, appends_per_writer=80, max_batch=6,
-                      mean_interval_s=0.01, wait_ms=500, gc_interval_s=0.15,
-                      rollup_interval_s=0.5)
+        wl = Workload(
+            collections=16,
+            writers=10,
+            appends_per_writer=80,
+            max_batch=6,
+            mean_interval_s=0.01,
+            wait_ms=500,
+            gc_interval_s=0.15,
+            rollup_interval_s=0.5,
+        )
     for k, v in over.items():
         setattr(wl, k, v)
     return wl
@@ -91,7 +104,8 @@ class GatedRule(FaultRule):
 
     def matches(self, op: str, key: str, *, conditional: bool) -> bool:
         return super().matches(op, key, conditional=conditional) and (
-            self.gate is None or self.gate(op, key))
+            self.gate is None or self.gate(op, key)
+        )
 
 
 _GARBAGE = re.compile(r"^((?:logs|dirty)/[^/]+)/gc/GARBAGE$")
@@ -123,8 +137,9 @@ class PhaseTracker:
                 g = Garbage.from_bytes(data)  # idle is Rust's Garbage::empty() (or our old {})
             except GarbageRejected:
                 g = None
-            self.gc[m.group(1)] = ("reset" if g is None else
-                                   "applied" if g.applied_us is not None else "plan")
+            self.gc[m.group(1)] = (
+                "reset" if g is None else "applied" if g.applied_us is not None else "plan"
+            )
             return
         m = _CURSOR.match(key)
         if m is not None:
@@ -154,13 +169,16 @@ class StorePlan:
 
 
 BASE_SETTINGS: dict[str, Any] = {
-    "gc_grace_s": 0.0, "snapshot_fragment_threshold": 4, "snapshot_threshold": 2,
+    "gc_grace_s": 0.0,
+    "snapshot_fragment_threshold": 4,
+    "snapshot_threshold": 2,
     "batch_interval_ms": 2.0,
 }
 
 
-async def run_store_scenario(name: str, seed: int, quick: bool, workdir: Path,
-                             plan: StorePlan) -> Result:
+async def run_store_scenario(
+    name: str, seed: int, quick: bool, workdir: Path, plan: StorePlan
+) -> Result:
     """Writers and readers against one in-process host over a seeded FaultyStore."""
     started = time.monotonic()
     rng = random.Random(f"{name}:crash:{seed}")
@@ -220,7 +238,7 @@ async def run_store_scenario(name: str, seed: int, quick: bool, workdir: Path,
         t = time.monotonic()
         await audit(run, result, store_root)
         phases["audit"] = round(time.monotonic() - t, 2)
-    except Exception as e:  # noqa: BLE001 - reported in the result
+    except Exception as e:
         result.error = repr(e)
     finally:
         with contextlib.suppress(Exception):
@@ -231,8 +249,9 @@ async def run_store_scenario(name: str, seed: int, quick: bool, workdir: Path,
     result.fault_kinds = dict(stats["faults"])
     result.notes["store_requests"] = stats["requests_total"]
     result.notes["restarts"] = host.restarts
-    result.notes["crash_points"] = [f"{r.kind} {r.ops} {r.key_regex} after={r.after} "
-                                    f"fired={r.fired}" for r in crash_rules]
+    result.notes["crash_points"] = [
+        f"{r.kind} {r.ops} {r.key_regex} after={r.after} fired={r.fired}" for r in crash_rules
+    ]
     if plan.crashes and not any(r.fired for r in crash_rules):
         result.notes["warning"] = "no crash point was reached"
     return finish(run, result, started)
@@ -243,17 +262,24 @@ async def run_store_scenario(name: str, seed: int, quick: bool, workdir: Path,
 
 def plan_latency(seed: int, quick: bool) -> StorePlan:
     rng = random.Random(f"latency:{seed}")
-    spike = FaultRule("latency", probability=rng.uniform(0.01, 0.04),
-                      latency_s=rng.uniform(0.3, 1.5))
-    long_spike = FaultRule("latency", ops={"put"}, key_regex=r"/manifest/MANIFEST$",
-                           probability=rng.uniform(0.002, 0.01), latency_s=rng.uniform(2.5, 4.0))
-    return StorePlan(faulty={"latency_s": rng.uniform(0.0, 0.003),
-                             "jitter_s": rng.uniform(0.002, 0.02)},
-                     rules=[spike, long_spike],
-                     # Client timeouts shorter than the longest spikes: retries race the original
-                     # request; a small per-log buffer turns slow commits into 429s.
-                     settings={"max_log_outstanding_bytes": rng.choice((4096, 16384, 1 << 20))},
-                     workload={"request_timeout_s": 2.0})
+    spike = FaultRule(
+        "latency", probability=rng.uniform(0.01, 0.04), latency_s=rng.uniform(0.3, 1.5)
+    )
+    long_spike = FaultRule(
+        "latency",
+        ops={"put"},
+        key_regex=r"/manifest/MANIFEST$",
+        probability=rng.uniform(0.002, 0.01),
+        latency_s=rng.uniform(2.5, 4.0),
+    )
+    return StorePlan(
+        faulty={"latency_s": rng.uniform(0.0, 0.003), "jitter_s": rng.uniform(0.002, 0.02)},
+        rules=[spike, long_spike],
+        # Client timeouts shorter than the longest spikes: retries race the original
+        # request; a small per-log buffer turns slow commits into 429s.
+        settings={"max_log_outstanding_bytes": rng.choice((4096, 16384, 1 << 20))},
+        workload={"request_timeout_s": 2.0},
+    )
 
 
 def plan_errors(seed: int, quick: bool) -> StorePlan:
@@ -264,20 +290,41 @@ def plan_errors(seed: int, quick: bool) -> StorePlan:
 
 def plan_storms(seed: int, quick: bool) -> StorePlan:
     rng = random.Random(f"storms:{seed}")
-    rules = [FaultRule("precondition", ops={"put"}, key_regex=r"/manifest/MANIFEST$",
-                       after=rng.randint(5, 80), times=rng.randint(5, 40)),
-             FaultRule("precondition", ops={"put", "copy"}, probability=rng.uniform(0.02, 0.1))]
+    rules = [
+        FaultRule(
+            "precondition",
+            ops={"put"},
+            key_regex=r"/manifest/MANIFEST$",
+            after=rng.randint(5, 80),
+            times=rng.randint(5, 40),
+        ),
+        FaultRule("precondition", ops={"put", "copy"}, probability=rng.uniform(0.02, 0.1)),
+    ]
     return StorePlan(faulty={"precondition_storm_rate": rng.uniform(0.02, 0.1)}, rules=rules)
 
 
 def plan_lost(seed: int, quick: bool) -> StorePlan:
     rng = random.Random(f"lost:{seed}")
-    rules = [FaultRule("lost_response", ops={"put"}, key_regex=r"/manifest/MANIFEST$",
-                       probability=rng.uniform(0.02, 0.1)),
-             FaultRule("lost_response", ops={"put"}, key_regex=r"/log/Bucket=",
-                       probability=rng.uniform(0.02, 0.1)),
-             FaultRule("lost_response", ops={"put", "delete"}, key_regex=r"/(gc|cursor)/",
-                       probability=rng.uniform(0.02, 0.2))]
+    rules = [
+        FaultRule(
+            "lost_response",
+            ops={"put"},
+            key_regex=r"/manifest/MANIFEST$",
+            probability=rng.uniform(0.02, 0.1),
+        ),
+        FaultRule(
+            "lost_response",
+            ops={"put"},
+            key_regex=r"/log/Bucket=",
+            probability=rng.uniform(0.02, 0.1),
+        ),
+        FaultRule(
+            "lost_response",
+            ops={"put", "delete"},
+            key_regex=r"/(gc|cursor)/",
+            probability=rng.uniform(0.02, 0.2),
+        ),
+    ]
     return StorePlan(faulty={"lost_response_rate": rng.uniform(0.005, 0.03)}, rules=rules)
 
 
@@ -286,12 +333,19 @@ def plan_hook_failures(seed: int, quick: bool) -> StorePlan:
     enough to outlast the writer's retries, while GC, pins and a seal run alongside."""
     rng = random.Random(f"hook:{seed}")
     dirty_puts = r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)"
-    rules = [FaultRule("error", ops={"put"}, key_regex=dirty_puts,
-                       probability=rng.uniform(0.05, 0.2)),
-             FaultRule("error", ops={"put"}, key_regex=dirty_puts, after=rng.randint(10, 60),
-                       times=rng.randint(8, 30)),
-             FaultRule("lost_response", ops={"put"}, key_regex=dirty_puts,
-                       probability=rng.uniform(0.02, 0.1))]
+    rules = [
+        FaultRule("error", ops={"put"}, key_regex=dirty_puts, probability=rng.uniform(0.05, 0.2)),
+        FaultRule(
+            "error",
+            ops={"put"},
+            key_regex=dirty_puts,
+            after=rng.randint(10, 60),
+            times=rng.randint(8, 30),
+        ),
+        FaultRule(
+            "lost_response", ops={"put"}, key_regex=dirty_puts, probability=rng.uniform(0.02, 0.1)
+        ),
+    ]
     return StorePlan(rules=rules, workload={"pin_interval_s": 0.2, "seal": 1})
 
 
@@ -299,17 +353,24 @@ def plan_pins_and_seal(seed: int, quick: bool) -> StorePlan:
     """Readers pin, move back and drop cursors while compaction and GC run hard, a collection is
     sealed mid-run, and 1-3% of requests fail."""
     rng = random.Random(f"pins:{seed}")
-    return StorePlan(faulty={"error_rate": rng.uniform(0.01, 0.03)},
-                     workload={"pin_interval_s": 0.05, "seal": 2, "gc_interval_s": 0.05})
+    return StorePlan(
+        faulty={"error_rate": rng.uniform(0.01, 0.03)},
+        workload={"pin_interval_s": 0.05, "seal": 2, "gc_interval_s": 0.05},
+    )
 
 
 def _crash_frag_manifest(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
-    kind, regex = rng.choice([
-        ("crash_after", r"^logs/[^/]+/log/Bucket="),     # fragment landed, manifest never written
-        ("crash_after", r"/log/Bucket="),                 # ... any log, the dirty log included
-        ("crash_before", r"^logs/[^/]+/manifest/MANIFEST$"),  # fragment(s) up, manifest not
-        ("crash_after", r"^logs/[^/]+/manifest/MANIFEST$"),   # manifest landed, answer never seen
-    ])
+    kind, regex = rng.choice(
+        [
+            ("crash_after", r"^logs/[^/]+/log/Bucket="),  # fragment landed, manifest never written
+            ("crash_after", r"/log/Bucket="),  # ... any log, the dirty log included
+            ("crash_before", r"^logs/[^/]+/manifest/MANIFEST$"),  # fragment(s) up, manifest not
+            (
+                "crash_after",
+                r"^logs/[^/]+/manifest/MANIFEST$",
+            ),  # manifest landed, answer never seen
+        ]
+    )
     return FaultRule(kind, ops={"put"}, key_regex=regex, after=rng.randint(3, 40), times=1)  # type: ignore[arg-type]
 
 
@@ -318,15 +379,25 @@ def plan_crash_fragment_manifest(seed: int, quick: bool) -> StorePlan:
 
 
 def _crash_snapshot(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
-    return FaultRule(rng.choice(("crash_before", "crash_after")), ops={"put"},  # type: ignore[arg-type]
-                     key_regex=r"/snapshot/SNAPSHOT\.", after=rng.randint(0, 4), times=1)
+    return FaultRule(
+        rng.choice(("crash_before", "crash_after")),
+        ops={"put"},  # type: ignore[arg-type]
+        key_regex=r"/snapshot/SNAPSHOT\.",
+        after=rng.randint(0, 4),
+        times=1,
+    )
 
 
 def plan_crash_snapshot(seed: int, quick: bool) -> StorePlan:
     rng = random.Random(f"snapshot:{seed}")
-    return StorePlan(crash=_crash_snapshot, crashes=2 if quick else 4,
-                     settings={"snapshot_fragment_threshold": rng.randint(2, 5),
-                               "snapshot_threshold": rng.randint(2, 3)})
+    return StorePlan(
+        crash=_crash_snapshot,
+        crashes=2 if quick else 4,
+        settings={
+            "snapshot_fragment_threshold": rng.randint(2, 5),
+            "snapshot_threshold": rng.randint(2, 3),
+        },
+    )
 
 
 def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultRule]:
@@ -336,22 +407,50 @@ def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultR
         kind = rng.choice(("crash_before", "crash_after"))
         after = rng.randint(0, 2)
         if phase == "plan":  # phase 1: writing the plan to gc/GARBAGE
-            return GatedRule(kind, ops={"put"}, key_regex=logs_garbage, after=after, times=1,  # type: ignore[arg-type]
-                             gate=lambda op, key: t.gc_state(key) in (None, "reset"))
+            return GatedRule(
+                kind,
+                ops={"put"},
+                key_regex=logs_garbage,
+                after=after,
+                times=1,  # type: ignore[arg-type]
+                gate=lambda op, key: t.gc_state(key) in (None, "reset"),
+            )
         if phase == "apply":  # phase 2: the manifest write that applies it, or its marker
             if rng.random() < 0.6:
-                return GatedRule(kind, ops={"put"}, key_regex=r"^logs/[^/]+/manifest/MANIFEST$",  # type: ignore[arg-type]
-                                 after=0, times=1,
-                                 gate=lambda op, key: t.gc_state(key) == "plan")
-            return GatedRule(kind, ops={"put"}, key_regex=logs_garbage, after=after, times=1,  # type: ignore[arg-type]
-                             gate=lambda op, key: t.gc_state(key) == "plan")
+                return GatedRule(
+                    kind,
+                    ops={"put"},
+                    key_regex=r"^logs/[^/]+/manifest/MANIFEST$",  # type: ignore[arg-type]
+                    after=0,
+                    times=1,
+                    gate=lambda op, key: t.gc_state(key) == "plan",
+                )
+            return GatedRule(
+                kind,
+                ops={"put"},
+                key_regex=logs_garbage,
+                after=after,
+                times=1,  # type: ignore[arg-type]
+                gate=lambda op, key: t.gc_state(key) == "plan",
+            )
         if phase == "delete":  # phase 3: deleting fragments and snapshots
-            return GatedRule(kind, ops={"delete"}, key_regex=r"^logs/[^/]+/(log|snapshot)/",  # type: ignore[arg-type]
-                             after=after, times=1,
-                             gate=lambda op, key: t.gc_state(key) == "applied")
+            return GatedRule(
+                kind,
+                ops={"delete"},
+                key_regex=r"^logs/[^/]+/(log|snapshot)/",  # type: ignore[arg-type]
+                after=after,
+                times=1,
+                gate=lambda op, key: t.gc_state(key) == "applied",
+            )
         assert phase == "reset"  # phase 3 done: resetting gc/GARBAGE
-        return GatedRule(kind, ops={"put"}, key_regex=logs_garbage, after=after, times=1,  # type: ignore[arg-type]
-                         gate=lambda op, key: t.gc_state(key) == "applied")
+        return GatedRule(
+            kind,
+            ops={"put"},
+            key_regex=logs_garbage,
+            after=after,
+            times=1,  # type: ignore[arg-type]
+            gate=lambda op, key: t.gc_state(key) == "applied",
+        )
 
     return make
 
@@ -359,10 +458,12 @@ def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultR
 def plan_crash_gc(phase: str) -> Callable[[int, bool], StorePlan]:
     def plan(seed: int, quick: bool) -> StorePlan:
         rng = random.Random(f"gc-{phase}:{seed}")
-        return StorePlan(crash=_gc_crash(phase), crashes=2 if quick else 4,
-                         settings={"snapshot_fragment_threshold": rng.randint(2, 6),
-                                   "snapshot_threshold": 2},
-                         workload={"gc_interval_s": 0.05})
+        return StorePlan(
+            crash=_gc_crash(phase),
+            crashes=2 if quick else 4,
+            settings={"snapshot_fragment_threshold": rng.randint(2, 6), "snapshot_threshold": 2},
+            workload={"gc_interval_s": 0.05},
+        )
 
     return plan
 
@@ -375,31 +476,54 @@ def _rollup_crash(step: str) -> Callable[[random.Random, PhaseTracker, int], Fau
             return t.rollups_in_flight > 0
 
         if step == "read":  # reading the window [cursor, end)
-            return GatedRule("crash_before", ops={"get"}, key_regex=r"^dirty/[^/]+/log/Bucket=",
-                             after=rng.randint(0, 2), times=1, gate=rolling)
+            return GatedRule(
+                "crash_before",
+                ops={"get"},
+                key_regex=r"^dirty/[^/]+/log/Bucket=",
+                after=rng.randint(0, 2),
+                times=1,
+                gate=rolling,
+            )
         if step == "append":  # re-appending the still-dirty collections
-            return GatedRule(kind, ops={"put"},  # type: ignore[arg-type]
-                             key_regex=r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)",
-                             after=rng.randint(0, 1), times=1,
-                             gate=lambda op, key: rolling(op, key) and t.rollup.get(
-                                 "/".join(key.split("/")[:2])) == "loaded")
+            return GatedRule(
+                kind,
+                ops={"put"},  # type: ignore[arg-type]
+                key_regex=r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)",
+                after=rng.randint(0, 1),
+                times=1,
+                gate=lambda op, key: (
+                    rolling(op, key) and t.rollup.get("/".join(key.split("/")[:2])) == "loaded"
+                ),
+            )
         if step == "cursor":  # moving the stable_prefix cursor past the window
-            return GatedRule(kind, ops={"put"}, key_regex=r"cursor/stable_prefix\.json$",  # type: ignore[arg-type]
-                             after=rng.randint(0, 2), times=1)
+            return GatedRule(
+                kind,
+                ops={"put"},
+                key_regex=r"cursor/stable_prefix\.json$",  # type: ignore[arg-type]
+                after=rng.randint(0, 2),
+                times=1,
+            )
         assert step == "gc"  # the dirty log's own garbage collection
-        return GatedRule(kind, ops={"put", "delete"},  # type: ignore[arg-type]
-                         key_regex=r"^dirty/[^/]+/(gc/GARBAGE$|log/|snapshot/)",
-                         after=rng.randint(0, 3), times=1,
-                         gate=lambda op, key: op == "put" or t.gc_state(key) == "applied")
+        return GatedRule(
+            kind,
+            ops={"put", "delete"},  # type: ignore[arg-type]
+            key_regex=r"^dirty/[^/]+/(gc/GARBAGE$|log/|snapshot/)",
+            after=rng.randint(0, 3),
+            times=1,
+            gate=lambda op, key: op == "put" or t.gc_state(key) == "applied",
+        )
 
     return make
 
 
 def plan_crash_rollup(step: str) -> Callable[[int, bool], StorePlan]:
     def plan(seed: int, quick: bool) -> StorePlan:
-        return StorePlan(crash=_rollup_crash(step), crashes=2 if quick else 4,
-                         settings={"snapshot_fragment_threshold": 3},
-                         workload={"rollup_interval_s": 0.1})
+        return StorePlan(
+            crash=_rollup_crash(step),
+            crashes=2 if quick else 4,
+            settings={"snapshot_fragment_threshold": 3},
+            workload={"rollup_interval_s": 0.1},
+        )
 
     return plan
 
@@ -407,8 +531,11 @@ def plan_crash_rollup(step: str) -> Callable[[int, bool], StorePlan]:
 # ---------------------------------------------------------------------- process scenarios
 
 
-PROC_ENV = {"LOGHOST_GC_GRACE_S": "0", "LOGHOST_SNAPSHOT_FRAGMENT_THRESHOLD": "4",
-            "LOGHOST_SNAPSHOT_THRESHOLD": "2"}
+PROC_ENV = {
+    "LOGHOST_GC_GRACE_S": "0",
+    "LOGHOST_SNAPSHOT_FRAGMENT_THRESHOLD": "4",
+    "LOGHOST_SNAPSHOT_THRESHOLD": "2",
+}
 
 
 async def _ack_fraction(run: Run, fraction: float, timeout_s: float) -> bool:
@@ -416,8 +543,12 @@ async def _ack_fraction(run: Run, fraction: float, timeout_s: float) -> bool:
     wl = run.workload
     total = wl.writers * (wl.appends_per_writer or 0)
     with contextlib.suppress(TimeoutError):
-        await wait_until(lambda: run.stop.is_set() or run.acked_appends >= fraction * total,
-                   f"{fraction:.0%} of the appends acknowledged", timeout_s, 0.01)
+        await wait_until(
+            lambda: run.stop.is_set() or run.acked_appends >= fraction * total,
+            f"{fraction:.0%} of the appends acknowledged",
+            timeout_s,
+            0.01,
+        )
     return not run.stop.is_set()
 
 
@@ -449,7 +580,7 @@ async def scenario_kill9(seed: int, quick: bool, workdir: Path, opts: Options) -
             raise RuntimeError(stuck)
         await drain_readers(load)
         await audit(run, result, store)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         result.error = repr(e)
     finally:
         await asyncio.to_thread(host.terminate)
@@ -459,8 +590,9 @@ async def scenario_kill9(seed: int, quick: bool, workdir: Path, opts: Options) -
     return finish(run, result, started)
 
 
-async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
-                     redis: RedisServer | None) -> Result:
+async def _two_hosts(
+    name: str, seed: int, quick: bool, workdir: Path, redis: RedisServer | None
+) -> Result:
     started = time.monotonic()
     rng = random.Random(f"{name}:{seed}")
     store = workdir / "store"
@@ -471,8 +603,12 @@ async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
     for h in hosts:
         await asyncio.to_thread(h.start)
     # Few collections, so both hosts write the same logs all the time.
-    wl = workload(quick, collections=3 if quick else 6, appends_per_writer=50 if quick else 200,
-                  mean_interval_s=0.005)
+    wl = workload(
+        quick,
+        collections=3 if quick else 6,
+        appends_per_writer=50 if quick else 200,
+        mean_interval_s=0.005,
+    )
     urls = [h.url for h in hosts]
     current = {"hosts": urls}
     run = Run(name, seed, make_collections(seed, wl.collections), lambda: current["hosts"], wl)
@@ -506,10 +642,12 @@ async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
             await _acked_visible_everywhere(run, urls, within_s=1.0 / 3)
         metrics = [await _metrics(run, u) for u in urls]
         result.notes["contention_409"] = sum(m.get("loghost_contention_total", 0) for m in metrics)
-        result.notes["redirects_307"] = sum(m.get("loghost_not_leader_redirects_total", 0)
-                                            for m in metrics)
+        result.notes["redirects_307"] = sum(
+            m.get("loghost_not_leader_redirects_total", 0) for m in metrics
+        )
         result.notes["leader_hint_failures"] = sum(
-            m.get("loghost_leader_hint_failures_total", 0) for m in metrics)
+            m.get("loghost_leader_hint_failures_total", 0) for m in metrics
+        )
         # Audit through one freshly started host (a second host's in-memory view of a log it
         # no longer writes is legitimately behind); both dirty logs are checked.
         for h in hosts:
@@ -519,7 +657,7 @@ async def _two_hosts(name: str, seed: int, quick: bool, workdir: Path,
         await drain_readers(load)
         await audit(run, result, store, read_hosts=[urls[0]], check_dirty=False)
         await dirty_coverage(run, urls, await log_states(run))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         result.error = repr(e)
     finally:
         for h in hosts:
@@ -549,16 +687,19 @@ async def _acked_visible_everywhere(run: Run, urls: list[str], within_s: float) 
                 # Compaction and GC still run: what they collected meanwhile is no longer
                 # readable anywhere (the audit checks tailers saw it); the rest must be.
                 purged: list[int] = []
-                got = await read_log(run, run.by_cid[cid], url, min(offs), max(offs) + 1,
-                                     purged_to=purged)
+                got = await read_log(
+                    run, run.by_cid[cid], url, min(offs), max(offs) + 1, purged_to=purged
+                )
                 seen = dict(got or [])
                 floor = max(purged, default=0)
                 missing = [o for o, t in offs.items() if o >= floor and seen.get(o) != t]
                 if got is not None and not missing:
                     break
                 if time.monotonic() > deadline:
-                    run.violation(f"via {url}: {len(missing)} acknowledged records of {cid} not "
-                                  f"visible within {within_s:.2f} s, e.g. offsets {missing[:5]}")
+                    run.violation(
+                        f"via {url}: {len(missing)} acknowledged records of {cid} not "
+                        f"visible within {within_s:.2f} s, e.g. offsets {missing[:5]}"
+                    )
                     break
                 await asyncio.sleep(0.05)  # retry pacing within the bound
 
@@ -607,7 +748,8 @@ def compactor_records(rng: random.Random, tags: list[str]) -> list[dict[str, Any
                 rec["document"] = f"text {rng.randrange(1000)}"
             if rng.random() < 0.6:
                 rec["metadata"][f"k{rng.randrange(4)}"] = rng.choice(
-                    [None, rng.randrange(100), f"v{rng.randrange(9)}", True])
+                    [None, rng.randrange(100), f"v{rng.randrange(9)}", True]
+                )
             if rng.random() < 0.5:
                 rec["embedding"] = [round(rng.uniform(-1, 1), 3) for _ in range(4)]
         out.append(rec)
@@ -615,9 +757,22 @@ def compactor_records(rng: random.Random, tags: list[str]) -> list[dict[str, Any
 
 
 def _compactor_cmd(host_url: str, store: Path) -> list[str]:
-    return [sys.executable, "-m", "compactor_client", "run", "--hosts", host_url, "--store",
-            str(store), "--spark-master", "local[2]", "--once", "--member-id", "c1",
-            "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "compactor_client",
+        "run",
+        "--hosts",
+        host_url,
+        "--store",
+        str(store),
+        "--spark-master",
+        "local[2]",
+        "--once",
+        "--member-id",
+        "c1",
+        "--no-progress",
+    ]
 
 
 def _compactor_env() -> dict[str, str]:
@@ -636,14 +791,15 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-async def _read_full(run: Run, coll: Collection, host: str, start: int = 1
-                     ) -> list[dict[str, Any]]:
+async def _read_full(run: Run, coll: Collection, host: str, start: int = 1) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pos = start
     while True:
-        r = await run.client.get(host + coll.path + "/records", params={"from": pos,
-                                                                         "limit": 1000},
-                                 headers={"Authorization": f"Bearer {SERVICE_KEY}"})
+        r = await run.client.get(
+            host + coll.path + "/records",
+            params={"from": pos, "limit": 1000},
+            headers={"Authorization": f"Bearer {SERVICE_KEY}"},
+        )
         r.raise_for_status()
         body = r.json()
         if not body["records"]:
@@ -652,8 +808,15 @@ async def _read_full(run: Run, coll: Collection, host: str, start: int = 1
         pos = body["next_offset"]
 
 
-def _check_compacted(run: Run, store: Path, coll: Collection, state: dict[str, Any],
-                     records: list[dict[str, Any]], *, complete: bool) -> int | None:
+def _check_compacted(
+    run: Run,
+    store: Path,
+    coll: Collection,
+    state: dict[str, Any],
+    records: list[dict[str, Any]],
+    *,
+    complete: bool,
+) -> int | None:
     """CURRENT.json consistent, cursor never ahead of it, Parquet == reference fold."""
     import pyarrow.parquet as pq
 
@@ -671,25 +834,32 @@ def _check_compacted(run: Run, store: Path, coll: Collection, state: dict[str, A
         current = json.loads(cur_path.read_text())
         offset = int(current["offset"])
         table = pq.read_table(store / current["path"])
-    except Exception as e:  # noqa: BLE001 - any unreadable version is a violation
+    except Exception as e:
         run.violation(f"{coll.cid}: CURRENT.json unusable: {e!r}")
         return None
     if cursor > offset:
         run.violation(f"{coll.cid}: cursor {cursor} is ahead of CURRENT.json offset {offset}")
     if complete and not (cursor == offset == int(state["next_offset"])):
-        run.violation(f"{coll.cid}: after the final round cursor={cursor} CURRENT={offset} "
-                      f"next={state['next_offset']}")
+        run.violation(
+            f"{coll.cid}: after the final round cursor={cursor} CURRENT={offset} "
+            f"next={state['next_offset']}"
+        )
     folded = [r["record"] for r in records if int(r["offset"]) < offset]
     want = reference_fold(folded)
     got = {}
     for row in table.to_pylist():
         emb = row["embedding"]
-        got[row["id"]] = {"document": row["document"], "metadata": json.loads(row["metadata"]),
-                          "embedding": None if emb is None else [round(x, 3) for x in emb]}
+        got[row["id"]] = {
+            "document": row["document"],
+            "metadata": json.loads(row["metadata"]),
+            "embedding": None if emb is None else [round(x, 3) for x in emb],
+        }
     if got != want or int(current["rows"]) != len(want):
         diff = sorted(set(got) ^ set(want)) or [k for k in want if got.get(k) != want[k]][:3]
-        run.violation(f"{coll.cid}: compacted version at offset {offset} differs from the "
-                      f"reference fold of the log (ids {diff[:5]})")
+        run.violation(
+            f"{coll.cid}: compacted version at offset {offset} differs from the "
+            f"reference fold of the log (ids {diff[:5]})"
+        )
     return int(current["version"])
 
 
@@ -700,9 +870,17 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
     store = workdir / "store"
     host = ProcHost(store, workdir / "logs", "p0", env=dict(PROC_ENV))
     await asyncio.to_thread(host.start)
-    wl = workload(quick, collections=8 if quick else 24, writers=4 if quick else 8,
-                  appends_per_writer=None, gc_interval_s=None, rollup_interval_s=None,
-                  records=compactor_records, keyless_fraction=0.0, mean_interval_s=0.02)
+    wl = workload(
+        quick,
+        collections=8 if quick else 24,
+        writers=4 if quick else 8,
+        appends_per_writer=None,
+        gc_interval_s=None,
+        rollup_interval_s=None,
+        records=compactor_records,
+        keyless_fraction=0.0,
+        mean_interval_s=0.02,
+    )
     colls = make_collections(seed, wl.collections)
     run = Run("compactor_kill", seed, colls, lambda: [host.url], wl)
     result = Result("compactor_kill", seed)
@@ -717,8 +895,9 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         for i, c in enumerate(colls):
             tag = f"s{seed}prime.{i}"
             assert await append(run, prng, c, [tag], compactor_records(prng, [tag]), f"prime-{i}")
-            r = await service_call(run, "PUT", c.path + "/cursors/verifier",
-                                   json={"offset": 1, "witness": None})
+            r = await service_call(
+                run, "PUT", c.path + "/cursors/verifier", json={"offset": 1, "witness": None}
+            )
             assert r is not None and r.status_code == 200, r and r.text
         phases: dict[str, float] = {}
         result.notes["phase_seconds"] = phases
@@ -730,15 +909,21 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         t = time.monotonic()
         await service_call(run, "POST", "/v1/dirty/rollup")
         out = open(logdir / "compactor-1.log", "wb")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(_compactor_cmd(host.url, store), env=_compactor_env(), cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            _compactor_cmd(host.url, store),
+            env=_compactor_env(),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         out.close()
         killed = False
         try:
+
             def at_kill_point() -> bool:
                 parts, currents = compacted_objects(store)
-                return proc.poll() is not None or (parts > 0 if kill_at == "fold"
-                                                   else currents > 0)
+                return proc.poll() is not None or (parts > 0 if kill_at == "fold" else currents > 0)
 
             await wait_until(at_kill_point, f"the compactor to reach {kill_at}", 300, 0.005)
             if proc.poll() is None:
@@ -746,7 +931,9 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
                 killed = True
                 run.events["compactor_kill9"] += 1
             await asyncio.to_thread(proc.wait, 60)
-            await wait_until(lambda: not _group_alive(proc.pid), "the compactor's group to exit", 60)
+            await wait_until(
+                lambda: not _group_alive(proc.pid), "the compactor's group to exit", 60
+            )
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -754,8 +941,12 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         phases["first_compactor_until_kill"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         parts, currents = compacted_objects(store)
-        result.notes["after_kill"] = {"killed": killed, "exit": proc.returncode,
-                                      "parquet_parts": parts, "current_json": currents}
+        result.notes["after_kill"] = {
+            "killed": killed,
+            "exit": proc.returncode,
+            "parquet_parts": parts,
+            "current_json": currents,
+        }
         # The state the kill left behind is consistent already.
         states = {c.cid: (await service_call(run, "GET", c.path)).json() for c in colls}  # type: ignore[union-attr]
         for c in colls:
@@ -768,8 +959,14 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         for attempt in range(3):
             with open(logdir / f"compactor-{attempt + 2}.log", "wb") as out2:
                 done = await asyncio.to_thread(
-                    subprocess.run, _compactor_cmd(host.url, store), env=_compactor_env(),
-                    cwd=ROOT, stdout=out2, stderr=subprocess.STDOUT, timeout=900)
+                    subprocess.run,
+                    _compactor_cmd(host.url, store),
+                    env=_compactor_env(),
+                    cwd=ROOT,
+                    stdout=out2,
+                    stderr=subprocess.STDOUT,
+                    timeout=900,
+                )
             if done.returncode != 0:
                 run.violation(f"compactor rerun {attempt + 1} exited {done.returncode}")
             states = {c.cid: (await service_call(run, "GET", c.path)).json() for c in colls}  # type: ignore[union-attr]
@@ -786,7 +983,7 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         await drain_readers(load)
         await audit(run, result, store)
         phases["checks_and_audit"] = round(time.monotonic() - t, 1)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         result.error = repr(e)
     finally:
         await asyncio.to_thread(host.terminate)
@@ -810,13 +1007,15 @@ def _tamper_fragment(path: Path) -> None:
 
     table = pq.read_table(path)
     bodies = [b.replace(b"original", b"TAMPERED") for b in table.column("body").to_pylist()]
-    new = table.set_column(table.schema.get_field_index("body"), "body",
-                           pa.array(bodies, pa.binary()))
+    new = table.set_column(
+        table.schema.get_field_index("body"), "body", pa.array(bodies, pa.binary())
+    )
     pq.write_table(new.replace_schema_metadata(table.schema.metadata), path)
 
 
-async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
-                                         opts: Options) -> Result:
+async def scenario_compaction_invariants(
+    seed: int, quick: bool, workdir: Path, opts: Options
+) -> Result:
     """Forks at arbitrary offsets under write load, a tampered fragment, and a compactor member
     that is dead for good: every fork is tracked and compacts to the reference fold, nothing
     tampered is installed, and the dead member's share is compacted by the live one."""
@@ -824,9 +1023,17 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
     store = workdir / "store"
     host = ProcHost(store, workdir / "logs", "p0", env=dict(PROC_ENV))
     await asyncio.to_thread(host.start)
-    wl = workload(quick, collections=6 if quick else 16, writers=3 if quick else 6,
-                  appends_per_writer=None, gc_interval_s=None, rollup_interval_s=None,
-                  records=compactor_records, keyless_fraction=0.0, mean_interval_s=0.02)
+    wl = workload(
+        quick,
+        collections=6 if quick else 16,
+        writers=3 if quick else 6,
+        appends_per_writer=None,
+        gc_interval_s=None,
+        rollup_interval_s=None,
+        records=compactor_records,
+        keyless_fraction=0.0,
+        mean_interval_s=0.02,
+    )
     colls = make_collections(seed, wl.collections)
     run = Run("compaction_invariants", seed, colls, lambda: [host.url], wl)
     result = Result("compaction_invariants", seed)
@@ -834,8 +1041,9 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
     logdir = workdir / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     # c2 ran once long ago and is gone for good: only its stale liveness record is left.
-    await LocalStore(store).put("compactors/live/c2.json",
-                                json.dumps({"member_id": "c2", "at": 0.0}).encode())
+    await LocalStore(store).put(
+        "compactors/live/c2.json", json.dumps({"member_id": "c2", "at": 0.0}).encode()
+    )
     rounds = 0
 
     async def compactor_round() -> int:
@@ -844,9 +1052,14 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
         await service_call(run, "POST", "/v1/dirty/rollup")
         with open(logdir / f"compactor-{rounds}.log", "wb") as out:
             done = await asyncio.to_thread(
-                subprocess.run, _compactor_cmd_members(host.url, store, "c1,c2"),
-                env=_compactor_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                timeout=900)
+                subprocess.run,
+                _compactor_cmd_members(host.url, store, "c1,c2"),
+                env=_compactor_env(),
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=900,
+            )
         return done.returncode
 
     forks: list[tuple[Collection, Collection]] = []
@@ -856,8 +1069,9 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
         for i, c in enumerate(colls):
             tag = f"s{seed}prime.{i}"
             assert await append(run, prng, c, [tag], compactor_records(prng, [tag]), f"prime-{i}")
-            r = await service_call(run, "PUT", c.path + "/cursors/verifier",
-                                   json={"offset": 1, "witness": None})
+            r = await service_call(
+                run, "PUT", c.path + "/cursors/verifier", json={"offset": 1, "witness": None}
+            )
             assert r is not None and r.status_code == 200, r and r.text
         load_task = asyncio.create_task(run_with(run, None, 900))
         await wait_until(lambda: run.acked_records >= (100 if quick else 1000), "initial load", 300)
@@ -870,15 +1084,21 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
             st = r.json()
             at = rng.randint(int(st["oldest_offset"]), int(st["next_offset"]))
             target = Collection(c.tenant, str(uuid.UUID(int=rng.getrandbits(128), version=4)))
-            r = await service_call(run, "POST", c.path + "/fork",
-                                   json={"target_collection_id": target.cid, "offset": at})
+            r = await service_call(
+                run,
+                "POST",
+                c.path + "/fork",
+                json={"target_collection_id": target.cid, "offset": at},
+            )
             if r is None or r.status_code != 200:
                 run.violation(f"fork of {c.cid} at {at}: {None if r is None else r.text[:300]}")
                 continue
             got = r.json()
             if int(got["oldest_offset"]) > int(got["compaction_offset"]):
-                run.violation(f"fork {target.cid}: oldest {got['oldest_offset']} above its "
-                              f"compaction cursor {got['compaction_offset']}")
+                run.violation(
+                    f"fork {target.cid}: oldest {got['oldest_offset']} above its "
+                    f"compaction cursor {got['compaction_offset']}"
+                )
             forks.append((c, target))
             run.events["fork"] += 1
         # Every fork with a backlog is in the dirty set at once (no write to it needed).
@@ -889,8 +1109,12 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
             if int(st["next_offset"]) > int(st["compaction_offset"]) and tgt.cid not in dirty:
                 run.violation(f"fork {tgt.cid} has uncompacted records but is in no dirty set")
         # A collection whose only fragment is rewritten after it was written.
-        r = await service_call(run, "POST", tampered.path + "/records", json={"records": [
-            {"id": "doc", "op": "upsert", "document": "original"}]})
+        r = await service_call(
+            run,
+            "POST",
+            tampered.path + "/records",
+            json={"records": [{"id": "doc", "op": "upsert", "document": "original"}]},
+        )
         assert r is not None and r.status_code == 200, r and r.text
         frag = next((store / "logs" / tampered.cid / "log").rglob("*.parquet"))
         _tamper_fragment(frag)
@@ -901,26 +1125,34 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
         everyone = list(colls) + [t for _s, t in forks]
         for _attempt in range(4):
             await compactor_round()  # exits 1: the tampered collection fails, by design
-            states = {c.cid: (await service_call(run, "GET", c.path)).json()  # type: ignore[union-attr]
-                      for c in everyone}
+            states = {
+                c.cid: (await service_call(run, "GET", c.path)).json()  # type: ignore[union-attr]
+                for c in everyone
+            }
             if all(s["compaction_offset"] == s["next_offset"] for s in states.values()):
                 break
         result.notes["compactor_rounds"] = rounds
         for c in colls:
-            _check_compacted(run, store, c, states[c.cid], await _read_full(run, c, host.url),
-                             complete=True)
+            _check_compacted(
+                run, store, c, states[c.cid], await _read_full(run, c, host.url), complete=True
+            )
         for src, tgt in forks:
             st = states[tgt.cid]
             own = await _read_full(run, tgt, host.url, int(st["oldest_offset"]))
-            below = [r for r in await _read_full(run, src, host.url)
-                     if int(r["offset"]) < int(st["oldest_offset"])]
+            below = [
+                r
+                for r in await _read_full(run, src, host.url)
+                if int(r["offset"]) < int(st["oldest_offset"])
+            ]
             _check_compacted(run, store, tgt, st, below + own, complete=True)
         if (store / "compacted" / tampered.cid / "CURRENT.json").exists():
             run.violation(f"{tampered.cid}: a tampered fragment was compacted")
         r = await service_call(run, "GET", tampered.path + "/records", params={"from": 1})
         if r is None or r.status_code != 500 or r.json()["error"]["code"] != "corrupt_fragment":
-            run.violation(f"{tampered.cid}: reading a tampered fragment answered "
-                          f"{None if r is None else r.text[:300]}")
+            run.violation(
+                f"{tampered.cid}: reading a tampered fragment answered "
+                f"{None if r is None else r.text[:300]}"
+            )
         await drain_readers(load)
         await audit(run, result, store)
         # The store-wide scrub must flag the tampered log, and only it.
@@ -929,7 +1161,7 @@ async def scenario_compaction_invariants(seed: int, quick: bool, workdir: Path,
             run.violation(f"scrub did not report the tampered log {tampered.cid}")
         run.violations[:] = [v for v in run.violations if v not in expected]
         result.scrub_ok = not any(v.startswith("scrub:") for v in run.violations)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         result.error = repr(e)
     finally:
         await asyncio.to_thread(host.terminate)
@@ -949,22 +1181,45 @@ async def scenario_soak(seed: int, quick: bool, workdir: Path, opts: Options) ->
     nlogs = 100 if quick else opts.soak_logs
     store = workdir / "store"
     env = dict(PROC_ENV)
-    env.update({"LOGHOST_ROLLUP_INTERVAL_S": "5" if quick else "10",
-                "LOGHOST_IDLE_CLOSE_S": "5" if quick else "30",
-                # Quick: 40 of 100 logs open, so LRU eviction runs all the time.  Long: the
-                # default (1024), so the soak measures memory at the default configuration.
-                "LOGHOST_MAX_OPEN_LOGS": str(max(16, nlogs * 2 // 5)) if quick else "1024",
-                "LOGHOST_GC_INTERVAL_S": "30"})
-    faults = ["--seed", str(seed), "--latency-s", "0.001", "--jitter-s", "0.004",
-              "--error-rate", "0.002", "--lost-response-rate", "0.001",
-              "--precondition-storm-rate", "0.002"]
+    env.update(
+        {
+            "LOGHOST_ROLLUP_INTERVAL_S": "5" if quick else "10",
+            "LOGHOST_IDLE_CLOSE_S": "5" if quick else "30",
+            # Quick: 40 of 100 logs open, so LRU eviction runs all the time.  Long: the
+            # default (1024), so the soak measures memory at the default configuration.
+            "LOGHOST_MAX_OPEN_LOGS": str(max(16, nlogs * 2 // 5)) if quick else "1024",
+            "LOGHOST_GC_INTERVAL_S": "30",
+        }
+    )
+    faults = [
+        "--seed",
+        str(seed),
+        "--latency-s",
+        "0.001",
+        "--jitter-s",
+        "0.004",
+        "--error-rate",
+        "0.002",
+        "--lost-response-rate",
+        "0.001",
+        "--precondition-storm-rate",
+        "0.002",
+    ]
     host = ProcHost(store, workdir / "logs", "soak", env=env, faulty_args=faults)
     await asyncio.to_thread(host.start)
     mem: dict[str, Any] = {"start_kib": host.rss_kib(), "samples": []}
-    wl = workload(quick, collections=nlogs, writers=8 if quick else 16, appends_per_writer=None,
-                  mean_interval_s=0.02 if quick else 0.04, tailed=16 if quick else 32,
-                  gc_interval_s=0.1, rollup_interval_s=None, wait_ms=1000,
-                  request_timeout_s=15.0)
+    wl = workload(
+        quick,
+        collections=nlogs,
+        writers=8 if quick else 16,
+        appends_per_writer=None,
+        mean_interval_s=0.02 if quick else 0.04,
+        tailed=16 if quick else 32,
+        gc_interval_s=0.1,
+        rollup_interval_s=None,
+        wait_ms=1000,
+        request_timeout_s=15.0,
+    )
     run = Run("soak", seed, make_collections(seed, nlogs), lambda: [host.url], wl)
     result = Result("soak", seed)
 
@@ -996,7 +1251,7 @@ async def scenario_soak(seed: int, quick: bool, workdir: Path, opts: Options) ->
         await drain_readers(load, 300)
         await audit(run, result, store, api_scrub=False)  # the objects are scrubbed
         mem["after_audit_kib"] = host.rss_kib()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         result.error = repr(e)
     finally:
         await asyncio.to_thread(host.terminate)
@@ -1024,68 +1279,115 @@ def _store(name: str, plan: Callable[[int, bool], StorePlan]) -> Scenario:
 
 
 SCENARIOS: dict[str, tuple[Scenario, str]] = {
-    "latency": (_store("latency", plan_latency),
-                "latency with jitter, random spikes up to 1.5 s and rare manifest stalls of "
-                "2.5-4 s (longer than the 2 s client timeout); a small per-log buffer (429s)"),
-    "errors": (_store("errors", plan_errors),
-               "5xx / throttling: StoreUnavailable on 1-6% of all requests plus a burst of "
-               "10-60 consecutive failures"),
-    "storms": (_store("storms", plan_storms),
-               "409/412 storms: failed conditions on 2-10% of conditional writes plus a burst of "
-               "5-40 on the manifest"),
-    "lost_responses": (_store("lost_responses", plan_lost),
-                       "lost responses after a successful put (manifest, fragments, GC state, "
-                       "cursors) and on 0.5-3% of all requests"),
-    "hook_failures": (_store("hook_failures", plan_hook_failures),
-                      "the fragment hook (dirty-log append) fails at 5-20% plus a burst of 8-30, "
-                      "with reader pins and a seal alongside"),
-    "pins_and_seal": (_store("pins_and_seal", plan_pins_and_seal),
-                      "reader cursors pinned, moved back and dropped under hard GC; two "
-                      "collections sealed mid-run; 1-3% errors"),
+    "latency": (
+        _store("latency", plan_latency),
+        "latency with jitter, random spikes up to 1.5 s and rare manifest stalls of "
+        "2.5-4 s (longer than the 2 s client timeout); a small per-log buffer (429s)",
+    ),
+    "errors": (
+        _store("errors", plan_errors),
+        "5xx / throttling: StoreUnavailable on 1-6% of all requests plus a burst of "
+        "10-60 consecutive failures",
+    ),
+    "storms": (
+        _store("storms", plan_storms),
+        "409/412 storms: failed conditions on 2-10% of conditional writes plus a burst of "
+        "5-40 on the manifest",
+    ),
+    "lost_responses": (
+        _store("lost_responses", plan_lost),
+        "lost responses after a successful put (manifest, fragments, GC state, "
+        "cursors) and on 0.5-3% of all requests",
+    ),
+    "hook_failures": (
+        _store("hook_failures", plan_hook_failures),
+        "the fragment hook (dirty-log append) fails at 5-20% plus a burst of 8-30, "
+        "with reader pins and a seal alongside",
+    ),
+    "pins_and_seal": (
+        _store("pins_and_seal", plan_pins_and_seal),
+        "reader cursors pinned, moved back and dropped under hard GC; two "
+        "collections sealed mid-run; 1-3% errors",
+    ),
     "crash_fragment_manifest": (
         _store("crash_fragment_manifest", plan_crash_fragment_manifest),
         "process crash between fragment and manifest writes (after a fragment put, before or "
-        "after a manifest put), then restart"),
-    "crash_snapshot": (_store("crash_snapshot", plan_crash_snapshot),
-                       "process crash before/after a snapshot write, then restart"),
-    "crash_gc_plan": (_store("crash_gc_plan", plan_crash_gc("plan")),
-                      "crash while GC writes its plan (gc/GARBAGE, phase 1)"),
-    "crash_gc_apply": (_store("crash_gc_apply", plan_crash_gc("apply")),
-                       "crash in the manifest write that applies the plan, or its applied "
-                       "marker (phase 2)"),
-    "crash_gc_delete": (_store("crash_gc_delete", plan_crash_gc("delete")),
-                        "crash while GC deletes fragments/snapshots (phase 3)"),
-    "crash_gc_reset": (_store("crash_gc_reset", plan_crash_gc("reset")),
-                       "crash while GC resets gc/GARBAGE after deleting"),
-    "crash_rollup_read": (_store("crash_rollup_read", plan_crash_rollup("read")),
-                          "crash while the roll-up reads its dirty-log window"),
-    "crash_rollup_append": (_store("crash_rollup_append", plan_crash_rollup("append")),
-                            "crash while the roll-up re-appends the dirty collections"),
-    "crash_rollup_cursor": (_store("crash_rollup_cursor", plan_crash_rollup("cursor")),
-                            "crash before/after moving the stable_prefix cursor"),
-    "crash_rollup_gc": (_store("crash_rollup_gc", plan_crash_rollup("gc")),
-                        "crash in the dirty log's own GC after a roll-up"),
-    "kill9": (scenario_kill9, "kill -9 of a real host process under load, restarted on the same "
-                              "store and port (2 kills quick, 4 long)"),
-    "two_hosts": (scenario_two_hosts, "two real host processes writing the same logs with no "
-                                      "leader hint; clients retry on 409/503 with their keys"),
-    "redis_restart": (scenario_redis_restart,
-                      "two hosts with the Redis leader hint; redis-server killed and restarted "
-                      "empty mid-run; clients follow 307s"),
-    "compactor_kill": (scenario_compactor_kill,
-                       "`compactor run --once` SIGKILLed (with its Spark JVM) in the fold or "
-                       "while installing, under write load; then rerun to completion"),
+        "after a manifest put), then restart",
+    ),
+    "crash_snapshot": (
+        _store("crash_snapshot", plan_crash_snapshot),
+        "process crash before/after a snapshot write, then restart",
+    ),
+    "crash_gc_plan": (
+        _store("crash_gc_plan", plan_crash_gc("plan")),
+        "crash while GC writes its plan (gc/GARBAGE, phase 1)",
+    ),
+    "crash_gc_apply": (
+        _store("crash_gc_apply", plan_crash_gc("apply")),
+        "crash in the manifest write that applies the plan, or its applied marker (phase 2)",
+    ),
+    "crash_gc_delete": (
+        _store("crash_gc_delete", plan_crash_gc("delete")),
+        "crash while GC deletes fragments/snapshots (phase 3)",
+    ),
+    "crash_gc_reset": (
+        _store("crash_gc_reset", plan_crash_gc("reset")),
+        "crash while GC resets gc/GARBAGE after deleting",
+    ),
+    "crash_rollup_read": (
+        _store("crash_rollup_read", plan_crash_rollup("read")),
+        "crash while the roll-up reads its dirty-log window",
+    ),
+    "crash_rollup_append": (
+        _store("crash_rollup_append", plan_crash_rollup("append")),
+        "crash while the roll-up re-appends the dirty collections",
+    ),
+    "crash_rollup_cursor": (
+        _store("crash_rollup_cursor", plan_crash_rollup("cursor")),
+        "crash before/after moving the stable_prefix cursor",
+    ),
+    "crash_rollup_gc": (
+        _store("crash_rollup_gc", plan_crash_rollup("gc")),
+        "crash in the dirty log's own GC after a roll-up",
+    ),
+    "kill9": (
+        scenario_kill9,
+        "kill -9 of a real host process under load, restarted on the same "
+        "store and port (2 kills quick, 4 long)",
+    ),
+    "two_hosts": (
+        scenario_two_hosts,
+        "two real host processes writing the same logs with no "
+        "leader hint; clients retry on 409/503 with their keys",
+    ),
+    "redis_restart": (
+        scenario_redis_restart,
+        "two hosts with the Redis leader hint; redis-server killed and restarted "
+        "empty mid-run; clients follow 307s",
+    ),
+    "compactor_kill": (
+        scenario_compactor_kill,
+        "`compactor run --once` SIGKILLed (with its Spark JVM) in the fold or "
+        "while installing, under write load; then rerun to completion",
+    ),
     "compaction_invariants": (
         scenario_compaction_invariants,
         "forks at arbitrary offsets under write load, a tampered fragment, and a compactor "
-        "member listed but dead for good; then compaction to completion"),
-    "soak": (scenario_soak, "1,000 logs on one host process for 10 minutes over a mildly faulty "
-                            "store with continuous compaction, GC and roll-ups"),
+        "member listed but dead for good; then compaction to completion",
+    ),
+    "soak": (
+        scenario_soak,
+        "1,000 logs on one host process for 10 minutes over a mildly faulty "
+        "store with continuous compaction, GC and roll-ups",
+    ),
 }
 
 PROCESS_SCENARIOS = ("kill9", "two_hosts", "redis_restart")
-STORE_SCENARIOS = [n for n in SCENARIOS if n not in (*PROCESS_SCENARIOS, "compactor_kill",
-                                                      "compaction_invariants", "soak")]
+STORE_SCENARIOS = [
+    n
+    for n in SCENARIOS
+    if n not in (*PROCESS_SCENARIOS, "compactor_kill", "compaction_invariants", "soak")
+]
 
 
 def seeds_for(name: str, n: int) -> int:

@@ -40,7 +40,7 @@ from wal3.writer import FragmentInfo, LogWriter, LogWriterOptions
 from .config import RunConfig
 from .loop import SimLoop, VirtualClock, wall_s
 from .model import Attempt, Model, encode_body
-from .store import Actor, ActorView, Latency, SimStore
+from .store import Actor, Latency, SimStore
 
 PREFIX = "log0"
 # Readers are exempt from store faults and slow tails: the design requires a reader to finish
@@ -48,8 +48,15 @@ PREFIX = "log0"
 READER_LATENCY = Latency(p_tail=0.0)
 # A pin is a server request: it may pause between its cursor write and its re-check, but (the
 # spec's timing assumption) finishes well within the grace interval (at most 2 s here).
-PIN_LATENCY = Latency(p_tail=0.0, stall=(0.05, 0.3), p_stall=0.05, pause=(0.2, 1.0),
-                      p_pause=0.3, pause_after=("/cursor/",), pause_before=("get",))
+PIN_LATENCY = Latency(
+    p_tail=0.0,
+    stall=(0.05, 0.3),
+    p_stall=0.05,
+    pause=(0.2, 1.0),
+    p_pause=0.3,
+    pause_after=("/cursor/",),
+    pause_before=("get",),
+)
 EMERGENCY = ("emergency0", "emergency1", "emergency2")
 PINS = ("pin0", "pin1")  # cursors pinned with pin_cursor
 
@@ -82,16 +89,20 @@ class WriterSlot:
         world = self.world
         quiet = world.quiet  # an open that began amid faults may still fail after they stop
         self.instance += 1
-        actor = world.sim.actor(f"w{self.idx}.{self.instance}",
-                                0.0 if world.quiet else world.cfg.writer_crash_p)
+        actor = world.sim.actor(
+            f"w{self.idx}.{self.instance}", 0.0 if world.quiet else world.cfg.writer_crash_p
+        )
         self.actor, self.writer, self.opening = actor, None, True
         cfg = world.cfg
         opts = LogWriterOptions(
-            writer_name=actor.name, batch_size_bytes=cfg.batch_bytes,
+            writer_name=actor.name,
+            batch_size_bytes=cfg.batch_bytes,
             max_inflight_fragments=cfg.pipeline,
             snapshot_fragment_threshold=cfg.snapshot_fragment_threshold,
-            snapshot_threshold=cfg.snapshot_threshold, dedup_window_fragments=cfg.window,
-            clock=world.clock)
+            snapshot_threshold=cfg.snapshot_threshold,
+            dedup_window_fragments=cfg.window,
+            clock=world.clock,
+        )
         world.trace(f"{actor.name} opening")
         try:
             w = await LogWriter.open(world.sim.view(actor), PREFIX, opts, hook=self.hook)
@@ -105,8 +116,10 @@ class WriterSlot:
         world.opened.append((actor, w))
         if self.actor is actor:
             self.writer = w
-            world.trace(f"{actor.name} open at [{w.manifest.oldest_offset},"
-                        f"{w.manifest.next_offset}) seq {w.manifest.next_seq_no}")
+            world.trace(
+                f"{actor.name} open at [{w.manifest.oldest_offset},"
+                f"{w.manifest.next_offset}) seq {w.manifest.next_seq_no}"
+            )
         return w
 
     async def hook(self, info: FragmentInfo) -> None:
@@ -159,8 +172,11 @@ class CollectorSlot:
     def busy(self) -> bool:
         """A pass is running in a live process."""
         # (A pass not started yet has no process yet: it is busy all the same.)
-        return (self.task is not None and not self.task.done()
-                and (self.running is None or self.running.alive))
+        return (
+            self.task is not None
+            and not self.task.done()
+            and (self.running is None or self.running.alive)
+        )
 
     def collector(self) -> GarbageCollector:
         """The collector for the next pass (a new process when the last died, or always when
@@ -170,24 +186,46 @@ class CollectorSlot:
             self.instances += 1
             cfg = world.cfg
             self.actor = world.sim.actor(
-                f"{self.name}.{self.instances}", 0.0 if world.quiet else cfg.gc_crash_p,
-                latency=Latency(p_stall=0.0 if world.quiet else cfg.gc_stall_p / 8,
-                                p_pause=0.0 if world.finishing else cfg.gc_stall_p))
-            opts = GcOptions(grace_s=cfg.grace_s, delete_batch=cfg.delete_batch,
-                             deletes_per_second=float("inf"), writer_name=self.actor.name,
-                             retain_fragments=cfg.window, retain_s=600.0)
+                f"{self.name}.{self.instances}",
+                0.0 if world.quiet else cfg.gc_crash_p,
+                latency=Latency(
+                    p_stall=0.0 if world.quiet else cfg.gc_stall_p / 8,
+                    p_pause=0.0 if world.finishing else cfg.gc_stall_p,
+                ),
+            )
+            opts = GcOptions(
+                grace_s=cfg.grace_s,
+                delete_batch=cfg.delete_batch,
+                deletes_per_second=float("inf"),
+                writer_name=self.actor.name,
+                retain_fragments=cfg.window,
+                retain_s=600.0,
+            )
             edit: Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]] | None = (
-                functools.partial(world._edit_via_writer, self) if self.via_writer else None)
-            self.gc = GarbageCollector(world.sim.view(self.actor), PREFIX, opts,
-                                       edit_manifest=edit, clock=lambda: wall_s(world.loop))
+                functools.partial(world._edit_via_writer, self) if self.via_writer else None
+            )
+            self.gc = GarbageCollector(
+                world.sim.view(self.actor),
+                PREFIX,
+                opts,
+                edit_manifest=edit,
+                clock=lambda: wall_s(world.loop),
+            )
         return self.gc
 
 
 class World:
     """Everything one run drives: the store, the model, the actors, the tasks in flight."""
 
-    def __init__(self, loop: SimLoop, cfg: RunConfig, sim: SimStore, model: Model,
-                 rng: random.Random, trace: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        loop: SimLoop,
+        cfg: RunConfig,
+        sim: SimStore,
+        model: Model,
+        rng: random.Random,
+        trace: Callable[[str], None],
+    ) -> None:
         self.loop = loop
         self.cfg = cfg
         self.sim = sim
@@ -202,8 +240,9 @@ class World:
         # so), a second racing it when the seed says so.
         self.collectors = [CollectorSlot(self, "gc", via_writer=cfg.gc_via_writer, fresh=False)]
         if cfg.gc2:
-            self.collectors.append(CollectorSlot(self, "gcb", via_writer=False,
-                                                 fresh=cfg.gc2_fresh))
+            self.collectors.append(
+                CollectorSlot(self, "gcb", via_writer=False, fresh=cfg.gc2_fresh)
+            )
         self.reader = sim.actor("reader", faulty=False, latency=READER_LATENCY)
         self.reader_view = sim.view(self.reader)
         self.cursors = CursorStore(self.reader_view, PREFIX, "reader", clock=self.clock)
@@ -214,8 +253,16 @@ class World:
         self.opened: list[tuple[Actor, LogWriter]] = []  # every writer process ever opened
         self.tasks: list[tuple[asyncio.Task[Any], bool]] = []  # (task, must finish)
         self.cursor_tasks: list[asyncio.Task[Any]] = []
-        self.stats: dict[str, int] = {"appends": 0, "gc_runs": 0, "forks": 0, "reads": 0,
-                                      "cursor_ops": 0, "reopens": 0, "seals": 0, "pins": 0}
+        self.stats: dict[str, int] = {
+            "appends": 0,
+            "gc_runs": 0,
+            "forks": 0,
+            "reads": 0,
+            "cursor_ops": 0,
+            "reopens": 0,
+            "seals": 0,
+            "pins": 0,
+        }
 
     def spawn(self, coro: Coroutine[Any, Any, Any], must_finish: bool = False) -> None:
         self.tasks.append((self.loop.create_task(coro), must_finish))
@@ -245,17 +292,22 @@ class World:
 
     def retry_keyed(self) -> None:
         """Retry a keyed append that failed ambiguously, on whichever writer is live."""
-        failed = [a for a in self.model.attempts.values()
-                  if a.key is not None and a.outcome in ("failed", "lost", "pending")
-                  and a.id == max(self.model.logicals[a.logical])]
+        failed = [
+            a
+            for a in self.model.attempts.values()
+            if a.key is not None
+            and a.outcome in ("failed", "lost", "pending")
+            and a.id == max(self.model.logicals[a.logical])
+        ]
         slots = [s for s in self.writers if s.live is not None]
         if not failed or not slots:
             return
         orig = self.rng.choice(failed[-8:])
         slot = self.rng.choice(slots)
         assert slot.writer is not None and slot.actor is not None
-        a = self.model.new_attempt(orig.logical, orig.key, orig.count, slot.actor.name,
-                                   slot.actor.started_at)
+        a = self.model.new_attempt(
+            orig.logical, orig.key, orig.count, slot.actor.name, slot.actor.started_at
+        )
         self.trace(f"retry of a{orig.id} as a{a.id} key={a.key} on {slot.actor.name}")
         self.spawn(self.append(slot.writer, a), must_finish=self.quiet)
 
@@ -273,7 +325,7 @@ class World:
             if quiet and not isinstance(e, LogSealed):
                 self.model.violate("liveness", f"a{a.id} failed after the faults stopped: {e!r}")
             return
-        except Exception as e:  # noqa: BLE001 - any other answer is a bug
+        except Exception as e:
             self.model.settle(a, "failed", error=e)
             self.model.violate("error", f"a{a.id}: unexpected {e!r}")
             return
@@ -281,14 +333,20 @@ class World:
             self.model.settle(a, "dedup" if r.deduplicated else "acked", r)
             return
         if quiet:
-            self.model.violate("liveness", f"a{a.id} answered LogContention after the faults "
-                               "stopped")
+            self.model.violate(
+                "liveness", f"a{a.id} answered LogContention after the faults stopped"
+            )
 
     # ------------------------------------------------------------------------ lifecycle
 
     def open_some(self) -> None:
-        idle = [s for s in self.writers if s.live is None and not s.opening
-                and (s.actor is None or not s.actor.alive or s.writer is None or s.writer.closed)]
+        idle = [
+            s
+            for s in self.writers
+            if s.live is None
+            and not s.opening
+            and (s.actor is None or not s.actor.alive or s.writer is None or s.writer.closed)
+        ]
         if idle:
             slot = self.rng.choice(idle)
             self.stats["reopens"] += 1
@@ -332,8 +390,9 @@ class World:
 
     # ----------------------------------------------------------------------------- GC
 
-    async def _edit_via_writer(self, slot: CollectorSlot,
-                               fn: Callable[[Manifest], Manifest]) -> Manifest:
+    async def _edit_via_writer(
+        self, slot: CollectorSlot, fn: Callable[[Manifest], Manifest]
+    ) -> Manifest:
         """The server's way: the collector edits the manifest through the log's writer."""
         for s in self.writers:
             w, actor, gc = s.writer, s.actor, slot.actor
@@ -415,12 +474,14 @@ class World:
                 self.model.violate("liveness", f"{name} failed after the faults stopped: {e!r}")
             slot.last = "error"
             return "error"
-        except Exception as e:  # noqa: BLE001 - any other failure is a bug
+        except Exception as e:
             self.model.violate("error", f"{name}: unexpected {e!r}")
             return "error"
-        self.trace(f"{name} -> {report.phase} cutoff={report.cutoff} "
-                   f"frags={report.fragments_deleted} snaps={report.snapshots_deleted} "
-                   f"orphans={report.orphans_deleted} {'; '.join(report.notes)}")
+        self.trace(
+            f"{name} -> {report.phase} cutoff={report.cutoff} "
+            f"frags={report.fragments_deleted} snaps={report.snapshots_deleted} "
+            f"orphans={report.orphans_deleted} {'; '.join(report.notes)}"
+        )
         slot.last = report.phase
         return report.phase
 
@@ -454,8 +515,11 @@ class World:
         self.model.established.pop(name, None)
         try:
             cur = await self.cursors.load(name)
-            w = (await self.cursors.init(name, c) if cur is None
-                 else await self.cursors.save(name, c, cur))
+            w = (
+                await self.cursors.init(name, c)
+                if cur is None
+                else await self.cursors.save(name, c, cur)
+            )
         except CursorConflict as e:
             self.trace(f"cursor {name} -> {c} failed: {e!r}")
             return
@@ -485,8 +549,10 @@ class World:
             self.model.established[name] = (etag, c)
             self.trace(f"cursor {name} @{c} established")
         else:
-            self.trace(f"cursor {name} @{c} not established (oldest {m1.oldest_offset}, "
-                       f"pending cut {pending.first_to_keep if pending else None})")
+            self.trace(
+                f"cursor {name} @{c} not established (oldest {m1.oldest_offset}, "
+                f"pending cut {pending.first_to_keep if pending else None})"
+            )
 
     def pin_step(self) -> None:
         """A reader pins a position with ``pin_cursor`` (the server's PUT of a cursor), or lets a
@@ -530,13 +596,19 @@ class World:
             floor = self._pending_cut()
             mobj = self.sim.objects.get(join(PREFIX, "manifest/MANIFEST"))
             m = Manifest.from_bytes(mobj.data) if mobj is not None else None
-            if (floor is None and pending is not None and m is not None
-                    and m.oldest_offset < pending and self.rng.random() < chance):
+            if (
+                floor is None
+                and pending is not None
+                and m is not None
+                and m.oldest_offset < pending
+                and self.rng.random() < chance
+            ):
                 # A plan was dropped (a cursor pins below it) and the log is not cut: a pin
                 # below it now is accepted, and must hold against whoever still has the plan.
                 self.trace(f"adversary: pins below the dropped cut at {pending}")
-                self.spawn_cursor(self.pin(self.rng.choice(PINS),
-                                           self.rng.randint(m.oldest_offset, pending - 1)))
+                self.spawn_cursor(
+                    self.pin(self.rng.choice(PINS), self.rng.randint(m.oldest_offset, pending - 1))
+                )
             pending = floor
             if floor is not None and self.rng.random() < chance:
                 await asyncio.sleep(self.rng.uniform(0.0, 1.0))
@@ -550,8 +622,9 @@ class World:
             return
         oldest = loaded[0].oldest_offset
         self.trace(f"adversary: pins below the pending cut at {floor}")
-        await self.set_cursor(self.rng.choice(EMERGENCY), tail=False,
-                              at=self.rng.randint(oldest, floor - 1))
+        await self.set_cursor(
+            self.rng.choice(EMERGENCY), tail=False, at=self.rng.randint(oldest, floor - 1)
+        )
         await asyncio.sleep(self.rng.uniform(0.05, 1.0))
         await self.pin(name, self.rng.randint(oldest, floor - 1))
 
@@ -565,13 +638,22 @@ class World:
             return
         m0 = loaded[0]
         # Never below what this reader sees (a cursor below the log pins nothing).
-        c = max(at, m0.oldest_offset) if at is not None else self.rng.randint(m0.oldest_offset,
-                                                                             m0.next_offset)
+        c = (
+            max(at, m0.oldest_offset)
+            if at is not None
+            else self.rng.randint(m0.oldest_offset, m0.next_offset)
+        )
         self.model.established.pop(name, None)
         try:
             cur = await self.pin_cursors.load(name)
-            w = await pin_cursor(self.pinner_view, PREFIX, self.pin_cursors, name, c,
-                                 cur.etag if cur is not None else None)
+            w = await pin_cursor(
+                self.pinner_view,
+                PREFIX,
+                self.pin_cursors,
+                name,
+                c,
+                cur.etag if cur is not None else None,
+            )
         except LogPurged as e:
             self.trace(f"pin {name} @{c} refused: {e!r}")
             return
@@ -605,20 +687,25 @@ class World:
             reader = LogReader(view, PREFIX)
             m = await reader.manifest()
             start = self.rng.randint(m.oldest_offset, max(m.oldest_offset, m.next_offset - 1))
-            records = await reader.read(start, Limits(max_records=self.rng.randint(1, 40)),
-                                        manifest=m)
+            records = await reader.read(
+                start, Limits(max_records=self.rng.randint(1, 40)), manifest=m
+            )
         except (LogPurged, CorruptFragment, StoreUnavailable, LogNotFound) as e:
             self.trace(f"{actor.name} read failed: {e!r}")
             return
         for i, rec in enumerate(records):
             if rec.offset != start + i:
-                self.model.violate("read", f"{actor.name} read @{rec.offset} at position {i} "
-                                   f"from {start}")
+                self.model.violate(
+                    "read", f"{actor.name} read @{rec.offset} at position {i} from {start}"
+                )
                 return
             had = seen.get(rec.offset)
             if had is not None and had[:2] != (rec.timestamp_us, rec.body):
-                self.model.violate("read", f"{actor.name} read @{rec.offset} {rec.body[:16]!r}"
-                                   f", the log holds {had[1][:16]!r}")
+                self.model.violate(
+                    "read",
+                    f"{actor.name} read @{rec.offset} {rec.body[:16]!r}"
+                    f", the log holds {had[1][:16]!r}",
+                )
 
     def fork_step(self) -> None:
         self.forks += 1

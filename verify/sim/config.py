@@ -52,12 +52,14 @@ def make_config(seed: int) -> RunConfig:
     """The run a seed stands for."""
     r = random.Random(f"wal3-sim-config:{seed}")
     steps = r.randint(60, 140)
-    rates = r.choice((
-        FaultRates(),
-        FaultRates(before=0.01, lost=0.01, sticky=0.002, conflict=0.2),
-        FaultRates(before=0.03, lost=0.03, sticky=0.006, conflict=0.5),
-        FaultRates(before=0.06, lost=0.06, sticky=0.01, conflict=0.5),
-    ))
+    rates = r.choice(
+        (
+            FaultRates(),
+            FaultRates(before=0.01, lost=0.01, sticky=0.002, conflict=0.2),
+            FaultRates(before=0.03, lost=0.03, sticky=0.006, conflict=0.5),
+            FaultRates(before=0.06, lost=0.06, sticky=0.01, conflict=0.5),
+        )
+    )
     seal = r.random() < 0.12
     quiet_from = steps * 2 // 3
     return RunConfig(

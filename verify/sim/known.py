@@ -12,8 +12,10 @@ import re
 from .config import make_config
 from .run import RunResult
 
-_ONTO_EMPTY = re.compile(r"\((w[\d.]+): (.*)\) was answered LogContention .* \(linked by "
-                         r"(w[\d.]+) onto a root GC emptied\)")
+_ONTO_EMPTY = re.compile(
+    r"\((w[\d.]+): (.*)\) was answered LogContention .* \(linked by "
+    r"(w[\d.]+) onto a root GC emptied\)"
+)
 _WRITER_CRASH = re.compile(r" w\d+\.\d+ CRASH ")
 
 BUGS: dict[int, str] = {
@@ -37,8 +39,12 @@ def classify(r: RunResult) -> set[int]:
         if v.check == "once" and "append answered acked" in d:
             found.add(1)
         m = _ONTO_EMPTY.search(d)
-        if (v.check == "contention" and m is not None and m.group(1) != m.group(3)
-                and "another writer appended" in m.group(2)):
+        if (
+            v.check == "contention"
+            and m is not None
+            and m.group(1) != m.group(3)
+            and "another writer appended" in m.group(2)
+        ):
             found.add(2)
         if v.check == "liveness" and "snapshot to delete is still referenced" in d:
             found.add(3)
@@ -46,8 +52,12 @@ def classify(r: RunResult) -> set[int]:
             found.add(4)
         if v.check == "liveness" and "LogSealed" in d and cfg.gc_via_writer:
             found.add(5)
-        if (v.check == "contention" and "no other writer appended" in d
-                and cfg.writers == 1 and _only_uploads_failed(r)):
+        if (
+            v.check == "contention"
+            and "no other writer appended" in d
+            and cfg.writers == 1
+            and _only_uploads_failed(r)
+        ):
             found.add(6)
         if v.check == "cursor-reach" and cfg.gc2 and _discarded_by_another(r):
             found.add(7)

@@ -82,12 +82,13 @@ class SimLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._vsel.now
 
-    def run_in_executor(self, executor: Executor | None, func: Callable[..., T],
-                        *args: Any) -> asyncio.Future[T]:
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
         fut: asyncio.Future[T] = self.create_future()
         try:
             fut.set_result(func(*args))
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
+        except BaseException as e:
             fut.set_exception(e)
         return fut
 
@@ -110,8 +111,9 @@ def wall_s(loop: SimLoop) -> float:
     return BASE_WALL_S + loop.time()
 
 
-def run(main: Callable[[SimLoop], Coroutine[Any, Any, T]],
-        on_stop: Callable[[], None] | None = None) -> T:
+def run(
+    main: Callable[[SimLoop], Coroutine[Any, Any, T]], on_stop: Callable[[], None] | None = None
+) -> T:
     """Run ``main(loop)`` to completion on a fresh virtual loop; abandoned tasks are dropped.
 
     ``on_stop`` runs when the run is over, before the teardown cancels what was abandoned."""
@@ -127,7 +129,7 @@ def run(main: Callable[[SimLoop], Coroutine[Any, Any, T]],
 def _teardown(loop: SimLoop) -> None:
     """Cancel what the run abandoned while the loop still runs, so no coroutine is finalised
     against a closed loop (that aborts the interpreter in native code's callbacks)."""
-    loop._budget = loop.iterations + 200_000  # noqa: SLF001 - a bounded teardown
+    loop._budget = loop.iterations + 200_000
     try:
         for _ in range(20):
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]

@@ -104,8 +104,15 @@ class _Log:
 class Model:
     """Tracks every append attempt and checks the store's truth against it."""
 
-    def __init__(self, prefix: str, now: Callable[[], float], trace: Callable[[str], None],
-                 objects: dict[str, Obj], dedup_window: int, grace_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        now: Callable[[], float],
+        trace: Callable[[str], None],
+        objects: dict[str, Obj],
+        dedup_window: int,
+        grace_s: float = 0.0,
+    ) -> None:
         self.prefix = prefix
         self.now = now
         self.trace = trace
@@ -160,7 +167,7 @@ class Model:
         for k, o in self.objects.items():
             if k.startswith(base) and k.endswith(".json"):
                 try:
-                    out[k[len(base):-5]] = Cursor.from_bytes(o.data).offset
+                    out[k[len(base) : -5]] = Cursor.from_bytes(o.data).offset
                 except CorruptManifest:
                     self.violate("cursor", f"{k} does not decode")
         return out
@@ -170,13 +177,13 @@ class Model:
     def on_put(self, actor: Actor, key: str, old: Obj | None, new: Obj) -> None:
         try:
             self._on_put(actor, key, old, new)
-        except Exception as e:  # noqa: BLE001 - a model bug must not look like a store error
+        except Exception as e:
             self.violate("model", f"observing a put of {key}: {e!r}")
 
     def on_delete(self, actor: Actor, key: str, old: Obj) -> None:
         try:
             self._on_delete(actor, key, old)
-        except Exception as e:  # noqa: BLE001 - a model bug must not look like a store error
+        except Exception as e:
             self.violate("model", f"observing a delete of {key}: {e!r}")
 
     def _on_put(self, actor: Actor, key: str, old: Obj | None, new: Obj) -> None:
@@ -215,9 +222,12 @@ class Model:
         except CorruptManifest:
             return
         if m.next_offset < before.next_offset or m.oldest_offset < before.oldest_offset:
-            self.violate("manifest", f"{actor.name} moved the manifest back: "
-                         f"[{before.oldest_offset},{before.next_offset}) -> "
-                         f"[{m.oldest_offset},{m.next_offset})")
+            self.violate(
+                "manifest",
+                f"{actor.name} moved the manifest back: "
+                f"[{before.oldest_offset},{before.next_offset}) -> "
+                f"[{m.oldest_offset},{m.next_offset})",
+            )
         if prefix == self.prefix and m.next_offset > before.next_offset:
             self.seq_appends.append((self.now(), actor.name))
             if before.tail_setsum is None and before.next_offset > 1:  # emptied by GC, not new
@@ -253,8 +263,11 @@ class Model:
                 continue  # did not exist throughout the pass
             top = max(at_start, highest or at_start)
             if cut > top:
-                self.violate("plan", f"{actor.name} planned to keep only from {cut} although "
-                             f"{key} stayed at or below {top} throughout its pass")
+                self.violate(
+                    "plan",
+                    f"{actor.name} planned to keep only from {cut} although "
+                    f"{key} stayed at or below {top} throughout its pass",
+                )
 
     def _closure(self, key: str) -> frozenset[str]:
         """Every object key reachable through a snapshot (itself included); snapshots are
@@ -312,15 +325,21 @@ class Model:
             return
         left = self.left_at.get(key)
         if left is not None and self.now() - left < self.grace_s:
-            self.violate("grace", f"{actor.name} deleted {key} {self.now() - left:.3f}s after "
-                         f"the manifest stopped referencing it (grace {self.grace_s}s)")
+            self.violate(
+                "grace",
+                f"{actor.name} deleted {key} {self.now() - left:.3f}s after "
+                f"the manifest stopped referencing it (grace {self.grace_s}s)",
+            )
         if rng is None:
             return
         for name, (etag, off) in self.established.items():
             o = self.objects.get(join(self.prefix, f"{CURSOR_PREFIX}{name}.json"))
             if o is not None and o.etag == etag and rng[1] > off:
-                self.violate("grace", f"{actor.name} deleted {key} holding [{rng[0]},{rng[1]}) "
-                             f"while the accepted pin {name} stands at {off}")
+                self.violate(
+                    "grace",
+                    f"{actor.name} deleted {key} holding [{rng[0]},{rng[1]}) "
+                    f"while the accepted pin {name} stands at {off}",
+                )
 
     def _on_delete(self, actor: Actor, key: str, old: Obj) -> None:
         if key.startswith(join(self.prefix, CURSOR_PREFIX)):
@@ -338,37 +357,57 @@ class Model:
         if cursors:
             name = min(cursors, key=lambda n: (cursors[n], n))
             if rng[1] > cursors[name]:
-                self.violate("cursor-delete", f"{actor.name} deleted {key} holding "
-                             f"[{rng[0]},{rng[1]}) while cursor {name} pins {cursors[name]}")
+                self.violate(
+                    "cursor-delete",
+                    f"{actor.name} deleted {key} holding "
+                    f"[{rng[0]},{rng[1]}) while cursor {name} pins {cursors[name]}",
+                )
 
     # -------------------------------------------------------------------------- appends
 
-    def new_attempt(self, logical: int | None, key: str | None, count: int, writer: str,
-                    opened: float) -> Attempt:
+    def new_attempt(
+        self, logical: int | None, key: str | None, count: int, writer: str, opened: float
+    ) -> Attempt:
         aid = len(self.attempts) + 1
         a = Attempt(aid, logical if logical is not None else aid, key, count, writer, opened)
         self.attempts[aid] = a
         self.logicals.setdefault(a.logical, []).append(aid)
         return a
 
-    def settle(self, a: Attempt, outcome: str, result: AppendResult | None = None,
-               error: BaseException | None = None) -> None:
+    def settle(
+        self,
+        a: Attempt,
+        outcome: str,
+        result: AppendResult | None = None,
+        error: BaseException | None = None,
+    ) -> None:
         a.outcome = outcome
         a.result = result
         a.error = repr(error) if error is not None else ""
-        self.trace(f"append a{a.id} ({a.writer}, key={a.key}) -> {outcome} "
-                   + (f"@{result.first_offset}+{result.count}{' dedup' if result.deduplicated else ''}"
-                      if result is not None else a.error))
+        self.trace(
+            f"append a{a.id} ({a.writer}, key={a.key}) -> {outcome} "
+            + (
+                f"@{result.first_offset}+{result.count}{' dedup' if result.deduplicated else ''}"
+                if result is not None
+                else a.error
+            )
+        )
         if outcome in ("acked", "dedup"):
             self.unverified.append(a.id)
         if outcome == "contention":
             if a.id in self.where:
-                self.violate("contention", f"a{a.id} was answered LogContention but is in the "
-                             f"log at {sorted(self.where[a.id].values())}")
+                self.violate(
+                    "contention",
+                    f"a{a.id} was answered LogContention but is in the "
+                    f"log at {sorted(self.where[a.id].values())}",
+                )
             others = [w for t, w in self.seq_appends if t >= a.writer_opened and w != a.writer]
             if not others:
-                self.violate("contention", f"a{a.id} was answered LogContention by {a.writer} "
-                             "but no other writer appended since it opened")
+                self.violate(
+                    "contention",
+                    f"a{a.id} was answered LogContention by {a.writer} "
+                    "but no other writer appended since it opened",
+                )
 
     # ------------------------------------------------------------------------- the walk
 
@@ -411,14 +450,20 @@ class Model:
         prev: FragmentPointer | None = None
         for f in leaves:
             if prev is not None and (f.start != prev.limit or f.seq_no != prev.seq_no + 1):
-                self.violate("reachable", f"{prefix}: {f.path} [{f.start},{f.limit}) seq "
-                             f"{f.seq_no} follows {prev.path} [{prev.start},{prev.limit})")
+                self.violate(
+                    "reachable",
+                    f"{prefix}: {f.path} [{f.start},{f.limit}) seq "
+                    f"{f.seq_no} follows {prev.path} [{prev.start},{prev.limit})",
+                )
             if parse_fragment_path(f.path) != f.seq_no:
                 self.violate("reachable", f"{prefix}: {f.path} is not seq {f.seq_no}")
             prev = f
         if leaves and leaves[0].start != m.oldest_offset:
-            self.violate("reachable", f"{prefix}: first leaf starts at {leaves[0].start}, "
-                         f"oldest offset is {m.oldest_offset}")
+            self.violate(
+                "reachable",
+                f"{prefix}: first leaf starts at {leaves[0].start}, "
+                f"oldest offset is {m.oldest_offset}",
+            )
         for f in leaves:
             self._check_leaf(prefix, f)
         return LogView(m, leaves)
@@ -454,8 +499,11 @@ class Model:
             had = seen.get(r.offset)
             if had is not None:
                 if had[:2] != (r.timestamp_us, r.body):
-                    self.violate("stable", f"{prefix}@{r.offset} was {had[1][:16]!r} "
-                                 f"ts={had[0]}, now {r.body[:16]!r} ts={r.timestamp_us}")
+                    self.violate(
+                        "stable",
+                        f"{prefix}@{r.offset} was {had[1][:16]!r} "
+                        f"ts={had[0]}, now {r.body[:16]!r} ts={r.timestamp_us}",
+                    )
                 continue
             seen[r.offset] = (r.timestamp_us, r.body, f.seq_no)
             if prefix == self.prefix:
@@ -473,17 +521,23 @@ class Model:
             return
         places = self.where.setdefault(aid, {})
         if idx in places:
-            self.violate("once", f"a{aid}.{idx} is in the log twice: @{places[idx]} and @{offset}"
-                         f" (append answered {a.outcome} "
-                         + (f"@{a.result.first_offset}" if a.result is not None else a.error)
-                         + ")")
+            self.violate(
+                "once",
+                f"a{aid}.{idx} is in the log twice: @{places[idx]} and @{offset}"
+                f" (append answered {a.outcome} "
+                + (f"@{a.result.first_offset}" if a.result is not None else a.error)
+                + ")",
+            )
             return
         places[idx] = offset
         if a.outcome == "contention":
             by = next((w for lo, hi, w in self.onto_empty if lo <= offset < hi), None)
-            self.violate("contention", f"a{aid} ({a.writer}: {a.error}) was answered "
-                         f"LogContention but is in the log @{offset}"
-                         + (f" (linked by {by} onto a root GC emptied)" if by else ""))
+            self.violate(
+                "contention",
+                f"a{aid} ({a.writer}: {a.error}) was answered "
+                f"LogContention but is in the log @{offset}"
+                + (f" (linked by {by} onto a root GC emptied)" if by else ""),
+            )
         if a.key is not None and idx == 0:
             for other in self.logicals[a.logical]:
                 if other == aid or other not in self.where or 0 not in self.where[other]:
@@ -491,8 +545,11 @@ class Model:
                 o_off = self.where[other][0]
                 o_seq = self.observed[self.prefix][o_off][2]
                 if abs(seq - o_seq) <= self.dedup_window:
-                    self.violate("once", f"idempotency key {a.key} is in the log twice: "
-                                 f"a{other}@{o_off} (seq {o_seq}) and a{aid}@{offset} (seq {seq})")
+                    self.violate(
+                        "once",
+                        f"idempotency key {a.key} is in the log twice: "
+                        f"a{other}@{o_off} (seq {o_seq}) and a{aid}@{offset} (seq {seq})",
+                    )
 
     # ------------------------------------------------------------------------ the check
 
@@ -515,18 +572,30 @@ class Model:
                 rec = seen.get(off)
                 if rec is None:
                     if off >= m.next_offset or off >= m.oldest_offset:
-                        self.violate("acked", f"a{aid} was acknowledged @{r.first_offset}+"
-                                     f"{r.count} but @{off} is not in the log "
-                                     f"[{m.oldest_offset},{m.next_offset})")
+                        self.violate(
+                            "acked",
+                            f"a{aid} was acknowledged @{r.first_offset}+"
+                            f"{r.count} but @{off} is not in the log "
+                            f"[{m.oldest_offset},{m.next_offset})",
+                        )
                     missing = True
                     break
                 ident = decode_body(rec[1])
-                ok = ident is not None and ident[1] == i and (
-                    ident[0] == aid if a.outcome == "acked"
-                    else ident[0] in self.logicals[a.logical])
+                ok = (
+                    ident is not None
+                    and ident[1] == i
+                    and (
+                        ident[0] == aid
+                        if a.outcome == "acked"
+                        else ident[0] in self.logicals[a.logical]
+                    )
+                )
                 if not ok:
-                    self.violate("acked", f"a{aid} was acknowledged @{r.first_offset}+{r.count}"
-                                 f" ({a.outcome}) but @{off} holds {rec[1][:16]!r}")
+                    self.violate(
+                        "acked",
+                        f"a{aid} was acknowledged @{r.first_offset}+{r.count}"
+                        f" ({a.outcome}) but @{off} holds {rec[1][:16]!r}",
+                    )
                     break
             if missing:
                 continue
@@ -534,5 +603,8 @@ class Model:
         for name, (etag, off) in self.established.items():
             o = self.objects.get(join(self.prefix, f"{CURSOR_PREFIX}{name}.json"))
             if o is not None and o.etag == etag and m.oldest_offset > off:
-                self.violate("cursor-reach", f"cursor {name} pins {off} (established) but the "
-                             f"oldest readable offset is {m.oldest_offset}")
+                self.violate(
+                    "cursor-reach",
+                    f"cursor {name} pins {off} (established) but the "
+                    f"oldest readable offset is {m.oldest_offset}",
+                )

@@ -122,8 +122,10 @@ class Ledger:
             lines = path.read_text().splitlines()
             head = json.loads(lines[0])
             if (head["first"], head["last"], head["commit"]) != (first, last, self.commit):
-                raise SystemExit(f"{path} is a ledger of --seeds {head['first']}:{head['last']} "
-                                 f"at {head['commit']}, not of {first}:{last} at {self.commit}")
+                raise SystemExit(
+                    f"{path} is a ledger of --seeds {head['first']}:{head['last']} "
+                    f"at {head['commit']}, not of {first}:{last} at {self.commit}"
+                )
             for line in lines[1:]:
                 try:
                     entry = json.loads(line)
@@ -137,19 +139,26 @@ class Ledger:
                 f.write(json.dumps({"sitting": True}) + "\n")
             self.sittings += 1
         else:
-            path.write_text(json.dumps({"first": first, "last": last, "commit": self.commit})
-                            + "\n")
+            path.write_text(
+                json.dumps({"first": first, "last": last, "commit": self.commit}) + "\n"
+            )
 
     def record(self, chunk: list[int], results: list[RunResult]) -> None:
-        entry = {"chunk": chunk[0], "seeds": len(results),
-                 "steps": sum(r.steps for r in results), "ops": sum(r.ops for r in results),
-                 "virtual_s": sum(r.virtual_s for r in results),
-                 "wall_s": sum(r.wall_s for r in results),
-                 "faults": dict(sum((collections.Counter(r.faults) for r in results),
-                                    collections.Counter())),
-                 "stats": dict(sum((collections.Counter(r.stats) for r in results),
-                                   collections.Counter())),
-                 "failing": [r.seed for r in results if not r.ok]}
+        entry = {
+            "chunk": chunk[0],
+            "seeds": len(results),
+            "steps": sum(r.steps for r in results),
+            "ops": sum(r.ops for r in results),
+            "virtual_s": sum(r.virtual_s for r in results),
+            "wall_s": sum(r.wall_s for r in results),
+            "faults": dict(
+                sum((collections.Counter(r.faults) for r in results), collections.Counter())
+            ),
+            "stats": dict(
+                sum((collections.Counter(r.stats) for r in results), collections.Counter())
+            ),
+            "failing": [r.seed for r in results if not r.ok],
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
             f.flush()
@@ -176,8 +185,9 @@ def source_commit() -> str:
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                              check=False).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False
+        ).stdout.strip()
 
     head = git("rev-parse", "--short=12", "HEAD")
     dirty = git("status", "--porcelain", "--", "wal3", "host", "verify/sim")
@@ -199,8 +209,15 @@ def _results(chunks: list[list[int]], jobs: int) -> Iterator[tuple[list[int], li
         pool.terminate()
 
 
-def run_range(a: int, b: int, *, jobs: int = 1, stop_on_failure: bool = False,
-              progress: bool = True, ledger: Path | None = None) -> Summary:
+def run_range(
+    a: int,
+    b: int,
+    *,
+    jobs: int = 1,
+    stop_on_failure: bool = False,
+    progress: bool = True,
+    ledger: Path | None = None,
+) -> Summary:
     """Run seeds [a, b) on ``jobs`` processes (resuming ``ledger`` when given)."""
     summary = Summary(a, b, jobs=jobs)
     book = Ledger(ledger, a, b) if ledger is not None else None
@@ -217,8 +234,11 @@ def run_range(a: int, b: int, *, jobs: int = 1, stop_on_failure: bool = False,
         if book is not None:
             book.record(chunk, rs)
         if progress:
-            print(f"\r{summary.seeds}/{b - a} seeds, {len(summary.failures)} failing",
-                  end="", file=sys.stderr)
+            print(
+                f"\r{summary.seeds}/{b - a} seeds, {len(summary.failures)} failing",
+                end="",
+                file=sys.stderr,
+            )
         if stop_on_failure and summary.failures:
             break
     if progress:
@@ -236,8 +256,10 @@ def print_one(seed: int, *, verbose: bool = False) -> int:
     if verbose:
         print("\n".join(r.trace))
     if r.ok:
-        print(f"seed {seed}: ok ({r.steps} steps, {r.ops} ops, faults {dict(r.faults)}, "
-              f"{r.virtual_s:.1f} virtual s, {r.wall_s:.2f} s) trace {r.trace_hash[:16]}")
+        print(
+            f"seed {seed}: ok ({r.steps} steps, {r.ops} ops, faults {dict(r.faults)}, "
+            f"{r.virtual_s:.1f} virtual s, {r.wall_s:.2f} s) trace {r.trace_hash[:16]}"
+        )
         return 0
     if not verbose:
         print("\n".join(r.trace[-200:]))

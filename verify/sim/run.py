@@ -72,16 +72,18 @@ class _Trace:
         self.digest.update(b"\n")
 
 
-async def _with_timeout(world: World, what: str, aw: asyncio.Future[object] | asyncio.Task[object],
-                        timeout: float) -> bool:
+async def _with_timeout(
+    world: World, what: str, aw: asyncio.Future[object] | asyncio.Task[object], timeout: float
+) -> bool:
     try:
         await asyncio.wait_for(asyncio.shield(aw), timeout)
         return True
-    except asyncio.TimeoutError:
-        world.model.violate("liveness", f"{what} did not finish within {timeout}s after the "
-                            "faults stopped")
+    except TimeoutError:
+        world.model.violate(
+            "liveness", f"{what} did not finish within {timeout}s after the faults stopped"
+        )
         return False
-    except Exception:  # noqa: BLE001 - the task reported its own outcome
+    except Exception:
         return True
 
 
@@ -93,12 +95,20 @@ def _choose(world: World, step: int) -> None:
     if world.quiet:
         actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1), ("pin", cfg.pin_w / 3))
     else:
-        actions = (("append", 8), ("append_all", 3 if cfg.writers > 1 else 0), ("retry", 1),
-                   ("cursor", 3), ("gc", 3), ("gc_all", 2 if len(world.collectors) > 1 else 0),
-                   ("read", 1),
-                   ("pin", cfg.pin_w),
-                   ("open", 2), ("close", 1 if cfg.writers > 1 else 0.3), ("crash", 0.4),
-                   ("fork", 10 * cfg.fork_p))
+        actions = (
+            ("append", 8),
+            ("append_all", 3 if cfg.writers > 1 else 0),
+            ("retry", 1),
+            ("cursor", 3),
+            ("gc", 3),
+            ("gc_all", 2 if len(world.collectors) > 1 else 0),
+            ("read", 1),
+            ("pin", cfg.pin_w),
+            ("open", 2),
+            ("close", 1 if cfg.writers > 1 else 0.3),
+            ("crash", 0.4),
+            ("fork", 10 * cfg.fork_p),
+        )
     kind = rng.choices([a for a, _ in actions], [w for _, w in actions])[0]
     world.trace(f"step {step}: {kind}")
     if kind == "append":
@@ -193,8 +203,9 @@ async def _finish(world: World) -> None:
     if first is None:
         return
     loaded = first.manifest
-    target = world.rng.choice((loaded.next_offset,
-                               world.rng.randint(loaded.oldest_offset, loaded.next_offset)))
+    target = world.rng.choice(
+        (loaded.next_offset, world.rng.randint(loaded.oldest_offset, loaded.next_offset))
+    )
     if world.cfg.gc:
         await world.set_cursor(COMPACTION, tail=False, at=max(1, target))
         cursor = await world.cursors.load(COMPACTION)
@@ -209,15 +220,21 @@ async def _finish(world: World) -> None:
                 leaves = view.leaves
                 frags = view.manifest.fragments
                 # The root's last fragment may stay whatever the cutoff: it fences writers.
-                if (not leaves or leaves[0].limit > min(cut, view.manifest.next_offset)
-                        or (frags and leaves[0] == frags[-1])):
+                if (
+                    not leaves
+                    or leaves[0].limit > min(cut, view.manifest.next_offset)
+                    or (frags and leaves[0] == frags[-1])
+                ):
                     done = True
                     break
             world.trace(f"GC not settled yet ({phase})")
             await asyncio.sleep(world.cfg.grace_s + 0.5)
         if not done:
-            world.model.violate("liveness", f"GC never reached the cutoff {cut} after the faults "
-                                f"stopped (last pass: {world.gc_last})")
+            world.model.violate(
+                "liveness",
+                f"GC never reached the cutoff {cut} after the faults "
+                f"stopped (last pass: {world.gc_last})",
+            )
     slot = world.writers[0]
     if slot.live is not None and not slot.live.manifest.sealed:
         world.append_batch(slot)
@@ -235,8 +252,7 @@ async def _finish(world: World) -> None:
 async def _main(loop: simloop.SimLoop, cfg: RunConfig, trace: _Trace) -> World:
     rng = random.Random(f"wal3-sim-driver:{cfg.seed}")
     model: Model
-    sim = SimStore(loop, random.Random(f"wal3-sim-store:{cfg.seed}"), trace, None,
-                   rates=cfg.rates)
+    sim = SimStore(loop, random.Random(f"wal3-sim-store:{cfg.seed}"), trace, None, rates=cfg.rates)
     model = Model(PREFIX, loop.time, trace, sim.objects, cfg.window, cfg.grace_s)
     sim.observer = model
     world = World(loop, cfg, sim, model, rng, trace)
@@ -305,11 +321,18 @@ def run_seed(seed: int, *, keep_trace: bool = False) -> RunResult:
         ops = world.sim.ops
         stats = dict(world.stats)
     return RunResult(
-        seed=seed, steps=cfg.steps, violations=violations, faults=faults,
+        seed=seed,
+        steps=cfg.steps,
+        violations=violations,
+        faults=faults,
         trace_hash=trace.digest.hexdigest(),
         trace=trace.lines if keep_trace or violations else trace.lines[-TRACE_TAIL:],
-        virtual_s=trace.loop.time(), wall_s=time.perf_counter() - started, ops=ops,
-        stats=stats, root_emptied=world is not None and world.model.root_emptied)
+        virtual_s=trace.loop.time(),
+        wall_s=time.perf_counter() - started,
+        ops=ops,
+        stats=stats,
+        root_emptied=world is not None and world.model.root_emptied,
+    )
 
 
 def run_seeds(seeds: Iterable[int]) -> list[RunResult]:

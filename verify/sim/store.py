@@ -100,9 +100,16 @@ class Actor:
 class SimStore:
     """The simulated store's truth and its fault engine."""
 
-    def __init__(self, loop: SimLoop, rng: random.Random, trace: Callable[[str], None],
-                 observer: Observer | None = None, *, rates: FaultRates = FaultRates(),
-                 latency: Latency = Latency()) -> None:
+    def __init__(
+        self,
+        loop: SimLoop,
+        rng: random.Random,
+        trace: Callable[[str], None],
+        observer: Observer | None = None,
+        *,
+        rates: FaultRates = FaultRates(),
+        latency: Latency = Latency(),
+    ) -> None:
         self.loop = loop
         self.rng = rng
         self.trace = trace
@@ -119,11 +126,23 @@ class SimStore:
 
     # ------------------------------------------------------------------------------ actors
 
-    def actor(self, name: str, crash_p: float = 0.0, *, faulty: bool = True,
-              latency: Latency | None = None) -> Actor:
+    def actor(
+        self,
+        name: str,
+        crash_p: float = 0.0,
+        *,
+        faulty: bool = True,
+        latency: Latency | None = None,
+    ) -> Actor:
         """A new live actor (a new process: its crash chance given by the run's config)."""
-        return Actor(name, crash_p, faulty, latency, started_at=self.loop.time(),
-                     dead=self.loop.create_future())
+        return Actor(
+            name,
+            crash_p,
+            faulty,
+            latency,
+            started_at=self.loop.time(),
+            dead=self.loop.create_future(),
+        )
 
     def view(self, actor: Actor) -> ActorView:
         """The store as ``actor`` sees it."""
@@ -137,8 +156,10 @@ class SimStore:
         self.faults["crash"] += 1
         for op in actor.inflight:
             actor.inflight[op] = self.rng.random() < 0.5
-        self.trace(f"{actor.name} CRASH ({why}); in flight: "
-                   f"{sorted(k for k, v in actor.inflight.items() if v)} still land")
+        self.trace(
+            f"{actor.name} CRASH ({why}); in flight: "
+            f"{sorted(k for k, v in actor.inflight.items() if v)} still land"
+        )
         for other in actor.linked:
             self.crash(other, f"its process {actor.name} died")
 
@@ -155,8 +176,13 @@ class SimStore:
             lo, hi = lat.stall
         else:
             r -= lat.p_stall
-            lo, hi = (lat.tail if r < lat.p_tail else lat.slow if r < lat.p_tail + lat.p_slow
-                      else lat.fast)
+            lo, hi = (
+                lat.tail
+                if r < lat.p_tail
+                else lat.slow
+                if r < lat.p_tail + lat.p_slow
+                else lat.fast
+            )
         return round(self.rng.uniform(lo, hi), 6)
 
     def _fault(self, actor: Actor, kind: str, key: str) -> str | None:
@@ -183,8 +209,9 @@ class SimStore:
 
     # ------------------------------------------------------------------------- operations
 
-    async def op(self, actor: Actor, kind: str, key: str, apply: Callable[[], T],
-                 conditional: bool = False) -> T:
+    async def op(
+        self, actor: Actor, kind: str, key: str, apply: Callable[[], T], conditional: bool = False
+    ) -> T:
         """Run one operation for ``actor``: delay, land atomically (or fail), delay, answer."""
         if not actor.alive:
             await self._forever(actor)
@@ -201,8 +228,12 @@ class SimStore:
         lat = actor.latency
         if lat is not None and lat.p_pause:
             control = kind != "delete" and any(k in key for k in lat.pause_after)
-            if actor.read_control and not control and kind in lat.pause_before \
-                    and self.rng.random() < lat.p_pause:
+            if (
+                actor.read_control
+                and not control
+                and kind in lat.pause_before
+                and self.rng.random() < lat.p_pause
+            ):
                 d_req += round(self.rng.uniform(*lat.pause), 6)
             actor.read_control = control or (actor.read_control and kind not in lat.pause_before)
         actor.inflight[op_id] = True
@@ -222,9 +253,14 @@ class SimStore:
         if fault in ("before", "sticky"):
             error = StoreUnavailable(f"simulated 503 ({fault}) on {kind} {key}")
             outcome = f"503 {fault}"
-        elif (conditional and self._conditional_inflight[key] > 0 and self.rates.conflict
-              and self.faults_on and actor.faulty
-              and self.rng.random() < self.rates.conflict):
+        elif (
+            conditional
+            and self._conditional_inflight[key] > 0
+            and self.rates.conflict
+            and self.faults_on
+            and actor.faulty
+            and self.rng.random() < self.rates.conflict
+        ):
             self.faults["conflict"] += 1
             error = PreconditionFailed(key, "simulated 409: concurrent conditional write")
             outcome = "409 concurrent"
@@ -235,8 +271,10 @@ class SimStore:
             except (ObjectNotFound, PreconditionFailed) as e:
                 error = e
                 outcome = type(e).__name__
-        self.trace(f"#{op_id} {actor.name} {kind} {key} -> {outcome}"
-                   + (" (answer lost)" if fault == "lost" else ""))
+        self.trace(
+            f"#{op_id} {actor.name} {kind} {key} -> {outcome}"
+            + (" (answer lost)" if fault == "lost" else "")
+        )
         if fault == "crash_after":
             self.crash(actor, f"after #{op_id} {kind} {key} landed")
         await asyncio.sleep(d_resp)
@@ -262,8 +300,9 @@ class SimStore:
             raise ObjectNotFound(key)
         return ObjectMeta(key, o.etag, len(o.data), o.mtime)
 
-    def do_put(self, actor: Actor, key: str, data: bytes, if_none_match: str | None,
-               if_match: str | None) -> str:
+    def do_put(
+        self, actor: Actor, key: str, data: bytes, if_none_match: str | None, if_match: str | None
+    ) -> str:
         old = self.objects.get(key)
         if if_none_match is not None and old is not None:
             raise PreconditionFailed(key, "exists")
@@ -281,8 +320,11 @@ class SimStore:
             self.observer.on_delete(actor, key, old)
 
     def do_list(self, prefix: str, start_after: str | None) -> list[ObjectMeta]:
-        keys = sorted(k for k in self.objects
-                      if k.startswith(prefix) and (start_after is None or k > start_after))
+        keys = sorted(
+            k
+            for k in self.objects
+            if k.startswith(prefix) and (start_after is None or k > start_after)
+        )
         out = []
         for k in keys[:LIST_PAGE]:
             o = self.objects[k]
@@ -303,24 +345,35 @@ class ActorView(ObjectStore):
     async def head(self, key: str) -> ObjectMeta:
         return await self.sim.op(self.actor, "head", key, lambda: self.sim.do_head(key))
 
-    async def put(self, key: str, data: bytes, *, if_none_match: Literal["*"] | None = None,
-                  if_match: str | None = None) -> str:
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
         check_condition(if_none_match, if_match)
         data = bytes(data)
         return await self.sim.op(
-            self.actor, "put", key,
+            self.actor,
+            "put",
+            key,
             lambda: self.sim.do_put(self.actor, key, data, if_none_match, if_match),
-            conditional=if_none_match is not None or if_match is not None)
+            conditional=if_none_match is not None or if_match is not None,
+        )
 
     async def delete(self, key: str) -> None:
         await self.sim.op(self.actor, "delete", key, lambda: self.sim.do_delete(self.actor, key))
 
-    async def list(self, prefix: str, *, start_after: str | None = None
-                   ) -> AsyncIterator[ObjectMeta]:  # type: ignore[override]
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectMeta]:  # type: ignore[override]
         after = start_after
         while True:
-            page = await self.sim.op(self.actor, "list", prefix,
-                                     lambda a=after: self.sim.do_list(prefix, a))  # type: ignore[misc]
+            page = await self.sim.op(
+                self.actor, "list", prefix, lambda a=after: self.sim.do_list(prefix, a)
+            )  # type: ignore[misc]
             for meta in page:
                 yield meta
             if len(page) < LIST_PAGE:

@@ -11,5 +11,13 @@ from .ports import free_port
 from .redis_server import RedisServer, redis_executable
 from .uvicorn_server import QuietUvicorn
 
-__all__ = ["QuietUvicorn", "RedisServer", "command_line", "free_port", "machine_info",
-           "redis_executable", "wait_until", "wait_until_sync"]
+__all__ = [
+    "QuietUvicorn",
+    "RedisServer",
+    "command_line",
+    "free_port",
+    "machine_info",
+    "redis_executable",
+    "wait_until",
+    "wait_until_sync",
+]

@@ -27,8 +27,9 @@ def command_line() -> str:
 
 def _run(cmd: list[str]) -> str:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              cwd=ROOT).stdout.strip()
+        return subprocess.run(
+            cmd, capture_output=True, text=True, check=False, cwd=ROOT
+        ).stdout.strip()
     except OSError:
         return ""
 
@@ -40,7 +41,7 @@ def machine_info() -> dict[str, Any]:
         "uname": _run(["uname", "-a"]) or " ".join(platform.uname()),
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "loadavg_at_start": list(os.getloadavg()),
         "git_head": _run(["git", "rev-parse", "--short", "HEAD"]),
     }

@@ -13,8 +13,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
-                     timeout_s: float = 20.0, interval_s: float = 0.02) -> None:
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool],
+    what: str,
+    timeout_s: float = 20.0,
+    interval_s: float = 0.02,
+) -> None:
     """Poll ``predicate`` (sync or async) until true; TimeoutError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -28,8 +32,9 @@ async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
         await asyncio.sleep(interval_s)
 
 
-def wait_until_sync(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0,
-                    interval_s: float = 0.02) -> None:
+def wait_until_sync(
+    predicate: Callable[[], bool], what: str, timeout_s: float = 20.0, interval_s: float = 0.02
+) -> None:
     """:func:`wait_until` for code without an event loop (subprocess supervisors, fixtures)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():

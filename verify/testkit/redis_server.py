@@ -16,7 +16,8 @@ from .ports import free_port
 def redis_executable() -> str | None:
     """The redis-server binary, or None when it is not installed."""
     return shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
+    )
 
 
 class RedisServer:
@@ -27,8 +28,9 @@ class RedisServer:
     the kernel but never answered, which is what a stalled Redis looks like to a client.
     """
 
-    def __init__(self, workdir: Path, port: int | None = None,
-                 executable: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, port: int | None = None, executable: str | None = None
+    ) -> None:
         exe = executable or redis_executable()
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -56,15 +58,30 @@ class RedisServer:
         log = self.workdir / "redis.log"
         with open(log, "ab") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir)],
-                stdout=out, stderr=subprocess.STDOUT)
+                [
+                    self.executable,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.workdir),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         proc = self.proc
 
         def up() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}:\n"
-                                   f"{log.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"redis-server exited with {proc.returncode}:\n"
+                    f"{log.read_text(errors='replace')[-2000:]}"
+                )
             return self.answers_ping()
 
         try:
