@@ -205,6 +205,35 @@ def parse_data_key(collection_id: UUID | str, key: str) -> int | None:
     return int(m.group(1)) if m is not None else None
 
 
+# A sorted run of the leveled layout (issue 15), relative to its collection's directory: it lives
+# in the directory of the version whose install attempt wrote it, and stays listed by CURRENT.json
+# for as many versions as it is live.
+_RUN_KEY_RE = re.compile(r"^v(\d{16})/run-[^/]+\.parquet$")
+
+
+def run_key(collection_id: UUID | str, version: int, token: str) -> str:
+    """``compacted/{collection_id}/v{version:016d}/run-{token}.parquet``: one sorted run written
+    by an install attempt for ``version`` (a new top run, or the output of a merge)."""
+    return f"{version_prefix(collection_id, version)}run-{token}.parquet"
+
+
+def parse_run_key(collection_id: UUID | str, key: str) -> int | None:
+    """The version whose install attempt wrote the run ``key``, or None when it is not one of
+    this collection's runs."""
+    base = compacted_prefix(collection_id)
+    if not key.startswith(base):
+        return None
+    m = _RUN_KEY_RE.match(key[len(base) :])
+    return int(m.group(1)) if m is not None else None
+
+
+def parse_compacted_key(collection_id: UUID | str, key: str) -> int | None:
+    """The version directory of any of this collection's compacted data files (a version's
+    ``part-*`` file of the single-version layout, or a ``run-*`` of the leveled one), else None."""
+    of = parse_data_key(collection_id, key)
+    return of if of is not None else parse_run_key(collection_id, key)
+
+
 COMPACTORS_PROGRESS_PREFIX = "compactors/progress/"
 """Where each compactor keeps its take-over clocks."""
 

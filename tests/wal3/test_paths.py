@@ -170,6 +170,25 @@ def test_compacted_layout() -> None:
         assert paths.parse_data_key(cid, not_one) is None, not_one
 
 
+def test_leveled_run_keys() -> None:
+    cid = "0123abcd-0000-4000-8000-00000000beef"
+    assert paths.run_key(cid, 7, "ab12") == f"compacted/{cid}/v0000000000000007/run-ab12.parquet"
+    assert paths.run_key(CID, 10**15, "t") == f"compacted/{cid}/v1000000000000000/run-t.parquet"
+    assert paths.parse_run_key(cid, paths.run_key(cid, 7, "ab12")) == 7
+    assert paths.parse_compacted_key(cid, paths.run_key(cid, 7, "x")) == 7
+    assert paths.parse_compacted_key(cid, paths.data_key(cid, 9, "x")) == 9
+    assert paths.parse_run_key(cid, paths.data_key(cid, 9, "x")) is None
+    assert paths.parse_data_key(cid, paths.run_key(cid, 9, "x")) is None
+    for not_one in (
+        paths.current_key(cid),
+        f"compacted/{cid}/v7/run-a.parquet",
+        f"compacted/{cid}/v0000000000000007/run-a.json",
+        f"compacted/{cid}/v0000000000000007/x/run-a.parquet",
+        "compacted/other/v0000000000000007/run-a.parquet",
+    ):
+        assert paths.parse_compacted_key(cid, not_one) is None, not_one
+
+
 def test_compactor_keys() -> None:
     assert paths.COMPACTORS_PROGRESS_PREFIX == "compactors/progress/"
     assert paths.COMPACTORS_LIVE_PREFIX == "compactors/live/"
