@@ -30,10 +30,18 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from dirtylog import inspect_records
-from wal3 import Limits, LogPurged, ObjectNotFound, StoreUnavailable
+from wal3 import (
+    Backpressure,
+    Limits,
+    LogContention,
+    LogPurged,
+    ObjectNotFound,
+    StoreUnavailable,
+)
+from wal3.cursors import COMPACTION
 from wal3.fragment import request_digest
 from wal3.gc import pin_cursor
-from wal3.layout import join
+from wal3.paths import join, log_prefix
 from wal3.scrub import scrub_log
 
 from . import jsonlog
@@ -55,7 +63,7 @@ from .errors import (
 )
 from .forks import fork_collection
 from .httpserver import connection_ticket, guarded_h11
-from .manager import LogHandle, log_prefix
+from .manager import LogHandle
 from .models import (
     MAX_RECORDS_PER_REQUEST,
     AdoptRequest,
@@ -571,9 +579,9 @@ def create_app(server: Server) -> FastAPI:
                 except Exception as e:
                     outcome = type(e).__name__
                     server.metrics.append_requests.labels(outcome).inc()
-                    if outcome == "LogContention":
+                    if isinstance(e, LogContention):
                         server.metrics.contention.inc()
-                    elif outcome == "Backpressure":
+                    elif isinstance(e, Backpressure):
                         server.metrics.backpressure.labels("batching").inc()
                     raise
                 if result.deduplicated:
@@ -628,7 +636,7 @@ def create_app(server: Server) -> FastAPI:
         if h.writer.manifest.next_offset - h.compaction_offset <= limit:
             return
         # Maybe a compactor advanced the cursor through another path: look before refusing.
-        w = await h.cursors.load("compaction")
+        w = await h.cursors.load(COMPACTION)
         if w is not None:
             h.note_compaction(w.cursor.offset)
         backlog = h.writer.manifest.next_offset - h.compaction_offset
@@ -697,7 +705,7 @@ def create_app(server: Server) -> FastAPI:
         """The compaction cursor as stored: another host (or the compactor through another
         path) may have advanced it, and no lease covers the handle's memory of it.  The cursor
         only moves forward, so the memory is a floor."""
-        w = await h.cursors.load("compaction")
+        w = await h.cursors.load(COMPACTION)
         if w is not None:
             h.note_compaction(w.cursor.offset)
         return h.compaction_offset
@@ -793,7 +801,7 @@ def create_app(server: Server) -> FastAPI:
             # Write, then confirm against gc/GARBAGE and the stored manifest that no collector
             # (here or in another process) has passed the offset; undone if one has.
             w = await pin_cursor(server.store, h.prefix, h.cursors, name, req.offset, req.witness)
-            if name == "compaction":
+            if name == COMPACTION:
                 h.compaction_offset = req.offset
         return CursorOut(
             name=name,
@@ -827,11 +835,10 @@ def create_app(server: Server) -> FastAPI:
             tail = (await server.manager.view(h)).next_offset  # another host may have written
             if req.offset > tail:
                 raise BadRequest(f"offset: {req.offset} is past the log's tail {tail}")
-            w = await h.cursors.advance("compaction", req.offset)
+            w = await h.cursors.advance(COMPACTION, req.offset)
             h.note_compaction(w.cursor.offset)
-            if server.dirty is not None:
-                server.dirty.rollup.note_compacted(cid, h.compaction_offset)
-            server.schedule_gc(cid)
+            server.dirty_set.note_compacted(cid, h.compaction_offset)
+            server.gc.schedule(cid)
             return CompactionResponse(compaction_offset=h.compaction_offset)
 
     @v1.post(base + "/seal", response_model=LogState, summary="Seal the log (appends then 409)")
@@ -879,7 +886,7 @@ def create_app(server: Server) -> FastAPI:
                 source_manifest=m,
                 offset=offset,
                 writer_name=f"loghost:{settings.server_id}",
-                mark_dirty=server._mark_dirty,
+                mark_dirty=server.dirty_set.mark,
                 claims=server.manager.claims,
             )
         async with server.manager.use(target, tenant) as t:
@@ -891,7 +898,7 @@ def create_app(server: Server) -> FastAPI:
         tenant, cid = scope
         async with server.manager.use(cid, tenant) as h:
             writer = h.writer
-            report = await server.collect(h)
+            report = await server.gc.collect(h)
         await writer.wait_fence()  # its manifest edit is acknowledged: as for an append
         return {
             "phase": report.phase,
@@ -947,7 +954,7 @@ def create_app(server: Server) -> FastAPI:
     @v1.post("/dirty/rollup", response_model=DirtyResponse, summary="Roll up the dirty log now")
     async def rollup(_: Principal = Depends(service)) -> DirtyResponse:
         assert server.dirty is not None
-        await server.rollup_now()
+        await server.rollups.run_now()
         return await _dirty_answer(server.dirty.rollup.select(0, 1 << 31))
 
     @v1.post(
@@ -959,7 +966,7 @@ def create_app(server: Server) -> FastAPI:
         assert server.dirty is not None
         req = _parse(PurgeRequest, await _read_body(request, 1 << 20))
         ids = [_parse_uuid(c, "collection_ids") for c in req.collection_ids]
-        first = await server.purge(ids)
+        first = await server.dirty_set.purge(ids)
         return {"purged": len(ids), "first_offset": first}
 
     @v1.post(
@@ -972,7 +979,7 @@ def create_app(server: Server) -> FastAPI:
     async def adopt(request: Request, _: Principal = Depends(service)) -> AdoptResponse:
         assert server.dirty is not None
         req = _parse(AdoptRequest, await _read_body(request, 1 << 16))
-        r = await server.adopt_dirty(req.server_id)
+        r = await server.adoption.adopt(req.server_id)
         return AdoptResponse(
             adopted_server_id=req.server_id,
             collections=r.collections,

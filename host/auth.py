@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dirtylog import CURSOR_NAME as STABLE_PREFIX
+from wal3.cursors import COMPACTION
+
 from .errors import BadRequest, Forbidden, Unauthorized
 
 if TYPE_CHECKING:  # config imports this module
@@ -41,7 +44,7 @@ _TENANT = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 _CURSOR = re.compile(r"[A-Za-z0-9_]{1,128}")
 # Cursors the system moves.  A tenant moving one could break "the compaction cursor is never ahead
 # of a compacted version" (the collector then purges records no compacted version holds).
-RESERVED_CURSORS = frozenset({"compaction", "stable_prefix"})
+RESERVED_CURSORS = frozenset({COMPACTION, STABLE_PREFIX})
 # Names with these prefixes are kept for future system cursors.
 RESERVED_CURSOR_PREFIXES = ("_", "loghost")
 

@@ -1,27 +1,32 @@
-"""The server's dirty log: wal3 adapters for the ``dirtylog`` package and the roll-up loop."""
+"""wal3 adapters for the ``dirtylog`` package: the server's own dirty log (``WalDirtyBackend``,
+which also reads the collection logs' tails), another server's (``StoredDirtyLog``), and the
+collections' compaction cursors (``KnownCompactionOffsets``).  ``host.services.dirtyset`` owns the
+open dirty log; ``host.services.rollups`` rolls it up."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from uuid import UUID
 
 from dirtylog import DirtyLogHook, RollUp, RollUpResult
 from wal3 import Limits, LogReader, LogWriter, ObjectStore
 from wal3.claim import ClaimWatch, release_if_dead
-from wal3.cursors import CursorStore
+from wal3.cursors import COMPACTION, CursorStore
 from wal3.errors import ObjectNotFound
 from wal3.gc import GarbageCollector, GcOptions
 from wal3.layout import load_manifest
 from wal3.manifest import Manifest
 from wal3.paths import (
     CLAIM_PATH,
-    dirty_prefix,  # noqa: F401 - re-exported: the server and tools import it from here
     fragment_path,
     join,
     log_prefix,
+)
+from wal3.paths import (
+    dirty_prefix as dirty_prefix,  # also imported from here (tests, tools)
 )
 
 from .forks import claim_ttl_s
@@ -216,8 +221,8 @@ class DirtyLog:
 async def compaction_offsets_from_store(
     store: ObjectStore,
     ids: Sequence[UUID],
-    prefix_of,
-    known: dict[UUID, int],  # type: ignore[no-untyped-def]
+    prefix_of: Callable[[UUID], str],
+    known: Mapping[UUID, int],
     concurrency: int = 32,
 ) -> dict[UUID, int]:
     """Each collection's compaction cursor: from memory when known, else from the store."""
@@ -230,9 +235,22 @@ async def compaction_offsets_from_store(
 
     async def one(cid: UUID) -> None:
         async with sem:
-            w = await CursorStore(store, prefix_of(cid), "rollup").load("compaction")
+            w = await CursorStore(store, prefix_of(cid), "rollup").load(COMPACTION)
         if w is not None:
             out[cid] = w.cursor.offset
 
     await asyncio.gather(*(one(c) for c in missing))
     return out
+
+
+class KnownCompactionOffsets:
+    """``dirtylog.CompactionOffsets`` over the store, preferring what ``known()`` remembers (the
+    open logs' compaction cursors, which only move forward)."""
+
+    def __init__(self, store: ObjectStore, known: Callable[[], Mapping[UUID, int]]) -> None:
+        self._store = store
+        self._known = known
+
+    async def compaction_offsets(self, ids: Sequence[UUID]) -> dict[UUID, int]:
+        """Each collection's compaction cursor (those without one are left out)."""
+        return await compaction_offsets_from_store(self._store, ids, log_prefix, self._known())

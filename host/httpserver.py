@@ -30,6 +30,7 @@ from typing import Any
 
 import h11
 import uvicorn
+from starlette.types import Scope
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _log = logging.getLogger("loghost.http")
@@ -55,7 +56,7 @@ class ConnectionTicket:
             self._table.unauthenticated.pop(self._conn, None)
 
 
-def connection_ticket(scope: dict[str, Any]) -> ConnectionTicket | None:
+def connection_ticket(scope: Scope) -> ConnectionTicket | None:
     """The ticket of a request's connection (None when not served by ``guarded_h11``)."""
     ticket = scope.get("extensions", {}).get(SCOPE_EXTENSION)
     return ticket if isinstance(ticket, ConnectionTicket) else None
@@ -103,6 +104,8 @@ class _GuardedH11(H11Protocol):
     # the answer is complete and taken: a client that does not read cannot hold it for ever.
     _send_guard: asyncio.TimerHandle | None = None
 
+    # uvicorn's H11Protocol narrows asyncio.Protocol's BaseTransport to Transport (its own
+    # override carries the same ignore); this one keeps uvicorn's signature.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         table = self.table

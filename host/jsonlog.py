@@ -6,7 +6,6 @@ import contextvars
 import json
 import logging
 import sys
-import time
 from typing import Any
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
@@ -15,7 +14,7 @@ collection_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "collection_id", default=None
 )
 
-_RESERVED = set(vars(logging.makeLogRecord({})))
+_RESERVED = frozenset(vars(logging.makeLogRecord({})))
 
 
 class JsonFormatter(logging.Formatter):
@@ -36,9 +35,9 @@ class JsonFormatter(logging.Formatter):
             value = var.get()
             if value is not None:
                 out[name] = value
-        for k, v in vars(record).items():
-            if k not in _RESERVED and not k.startswith("_"):
-                out[k] = v
+        out.update(
+            {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
+        )
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
@@ -53,8 +52,3 @@ def configure(level: str = "INFO", stream: Any = None) -> None:
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access", "botocore", "aiobotocore", "urllib3", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def now_ms() -> float:
-    """A monotonic clock in milliseconds, for request durations."""
-    return time.monotonic() * 1000.0

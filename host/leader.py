@@ -19,6 +19,7 @@ is counted, and the log is still tracked so its claim is (re-)established once R
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -322,10 +323,8 @@ class RedisLeaderHint(LeaderHint):
         self._closed = True
         if self._renew_task is not None:
             self._renew_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._renew_task
-            except asyncio.CancelledError:
-                pass
             self._renew_task = None
         if self._lost_tasks:
             # They typically close the lost log, which calls release(): let them use the client.
@@ -529,7 +528,7 @@ class RedisLeaderHint(LeaderHint):
             task.add_done_callback(self._lost_done)
 
     def _lost_done(self, task: asyncio.Future[Any]) -> None:
-        self._lost_tasks.discard(task)  # type: ignore[arg-type]
+        self._lost_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("leader-hint on_lost handler failed", exc_info=task.exception())
 

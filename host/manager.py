@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -42,19 +43,20 @@ from wal3 import (
 )
 from wal3.claim import ClaimWatch
 from wal3.cursors import COMPACTION, CursorStore
-from wal3.errors import LogNotFound
 from wal3.layout import load_manifest
 from wal3.manifest import Manifest
 from wal3.paths import (
     TENANT_PATH,
     join,
-    log_prefix,  # also imported from here (the server, the API, tools)
 )
-from wal3.writer import FragmentInfo
+from wal3.paths import (
+    log_prefix as log_prefix,  # also imported from here (tests, tools)
+)
+from wal3.writer import FragmentHook, FragmentInfo
 
 from .config import Settings
 from .errors import BackpressureError, NotFound, NotLeader, Unavailable
-from .forks import claim_ttl_s, create_collection_log
+from .forks import MarkDirty, claim_ttl_s, create_collection_log
 from .leader import LeaderHint
 from .metrics import Metrics
 
@@ -95,6 +97,10 @@ class LogHandle:
         self.compaction_offset = max(self.compaction_offset, offset)
 
 
+def _refreshed(h: LogHandle, _task: asyncio.Task[None]) -> None:
+    h.refreshing = None
+
+
 class LogManager:
     """Multiplexes thousands of collection logs over one store with bounded memory."""
 
@@ -104,7 +110,7 @@ class LogManager:
         settings: Settings,
         metrics: Metrics,
         leader: LeaderHint,
-        mark_dirty: Callable[[UUID, int, int], object],
+        mark_dirty: MarkDirty,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -321,14 +327,13 @@ class LogManager:
                 task = h.refreshing = asyncio.create_task(
                     self._refresh(h, t), name=f"refresh:{h.collection_id}"
                 )
-                task.add_done_callback(lambda _t, h=h: setattr(h, "refreshing", None))
+                task.add_done_callback(functools.partial(_refreshed, h))
             await asyncio.shield(task)
 
     async def _refresh(self, h: LogHandle, tenure: int) -> None:
-        try:
+        # A sealed log takes no edit, and needs none: nobody can append, its tail is final.
+        with contextlib.suppress(LogSealed):
             await h.writer.edit_manifest(lambda m: m)
-        except LogSealed:
-            pass  # nobody can append to a sealed log: the writer's tail is final
         h.tenure = tenure
 
     async def view(self, h: LogHandle) -> Manifest:
@@ -555,11 +560,11 @@ class LogManager:
         self._metrics.open_logs.set(len(self._open))
         return h
 
-    def _hook_for(self, cid: UUID):  # type: ignore[no-untyped-def]
+    def _hook_for(self, cid: UUID) -> FragmentHook:
         mark = self._mark_dirty
 
         async def hook(info: FragmentInfo) -> None:
-            await mark(cid, info.start, info.count)  # type: ignore[misc]
+            await mark(cid, info.start, info.count)
 
         return hook
 
@@ -695,8 +700,3 @@ class LogManager:
             return h.compaction_offset
         w = await CursorStore(self._store, log_prefix(cid), "loghost").load(COMPACTION)
         return None if w is None else w.cursor.offset
-
-    async def require_log(self, cid: UUID) -> None:
-        """Raise LogNotFound when the log has no manifest."""
-        if cid not in self._open and await load_manifest(self._store, log_prefix(cid)) is None:
-            raise LogNotFound(f"log {cid} was never written")

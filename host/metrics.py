@@ -82,7 +82,7 @@ class Metrics:
         self.rollup_duration = Histogram(
             "loghost_rollup_duration_seconds",
             "Roll-up duration",
-            buckets=_LATENCY_BUCKETS + (30.0, 60.0),
+            buckets=(*_LATENCY_BUCKETS, 30.0, 60.0),
             registry=r,
         )
         self.rollup_failures = Counter(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import (
@@ -22,7 +22,7 @@ _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 MAX_RECORDS_PER_REQUEST = 10_000
 
 
-class Op(str, Enum):
+class Op(StrEnum):
     """What a record does to its id."""
 
     add = "add"

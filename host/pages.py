@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from starlette.responses import Response, StreamingResponse
 
@@ -120,7 +120,7 @@ def _decoded_bytes(frags: Sequence[DecodedFragment]) -> int:
 
 async def _groups(
     reader: LogReader, pointers: Sequence[FragmentPointer]
-) -> AsyncIterator[list[DecodedFragment]]:
+) -> AsyncGenerator[list[DecodedFragment], None]:
     """The fragments, fetched a group at a time; a group is about ``GROUP_BYTES`` *decoded*.
 
     Only stored sizes are known before a fetch, so the first group is one fragment, and each

@@ -831,7 +831,7 @@ class GatedStore(LocalStore):
         self.gate.set()
         self.waiting = 0
 
-    async def put(self, key: str, data: bytes, **kw: Any) -> str:  # type: ignore[override]
+    async def put(self, key: str, data: bytes, **kw: Any) -> str:
         if key.startswith(self.prefix) and "/log/" in key:
             self.waiting += 1
             try:

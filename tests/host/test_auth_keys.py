@@ -232,14 +232,19 @@ async def test_the_keys_file_is_re_read_when_it_changes(tmp_path: Path) -> None:
             assert await status("second-key") == 401
 
 
+def _overwrite_in_place(path: Path, text: str) -> None:
+    """Write ``text`` over the start of ``path`` (same inode; the same size when as long)."""
+    with open(path, "r+") as f:
+        f.write(text)
+
+
 async def test_reload_reads_the_file_even_when_it_looks_unchanged(tmp_path: Path) -> None:
     """What SIGHUP calls: the file is read again even if its size and times did not change."""
     keys = tmp_path / "keys"
     keys.write_text("aaaa-key=acme\n")
     a = Authenticator({}, keys)
     st0 = keys.stat()
-    with open(keys, "r+") as f:  # same inode, same size, times put back
-        f.write("bbbb-key=acme\n")
+    _overwrite_in_place(keys, "bbbb-key=acme\n")  # same inode, same size, times put back
     os.utime(keys, ns=(st0.st_atime_ns, st0.st_mtime_ns))
     if (keys.stat().st_ino, keys.stat().st_size, keys.stat().st_mtime_ns) != (
         st0.st_ino,
@@ -273,8 +278,7 @@ async def test_sighup_reloads_the_keys_file_in_a_running_server(tmp_path: Path) 
 
             assert await status("old1-key") == 404  # known key, never-written log
             # rewritten in place with the same size and times: only SIGHUP can tell
-            with open(keys, "r+") as f:
-                f.write("new1-key=acme,svc1-key=*\n")
+            _overwrite_in_place(keys, "new1-key=acme,svc1-key=*\n")
             os.utime(keys, ns=(st0.st_atime_ns, st0.st_mtime_ns))
             assert await status("new1-key") == 401
             proc.proc.send_signal(signal.SIGHUP)

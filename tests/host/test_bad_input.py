@@ -14,6 +14,7 @@ answers 404 and alice's log still has the same state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -101,10 +102,8 @@ async def raw_request(base_url: str, head: bytes, body: bytes = b"") -> RawRespo
         data = await asyncio.wait_for(reader.read(), REQUEST_TIMEOUT_S)
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
     head_bytes, _, rest = data.partition(b"\r\n\r\n")
     lines = head_bytes.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])

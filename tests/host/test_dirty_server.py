@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ import pytest
 from dirtylog import DirtyLogHook, DirtyRecord, RecordKind, RollUp
 from host.dirty import WalDirtyBackend, dirty_prefix
 from host.manager import log_prefix
-from wal3 import FaultRule, FaultyStore, LocalStore, LogReader, LogWriter
+from wal3 import FaultRule, FaultyStore, LocalStore, LogReader, LogWriter, ObjectStore
 from wal3.cursors import CursorStore
+from wal3.faulty import FaultKind
 from wal3.gc import GcOptions
 from wal3.layout import load_manifest
 
@@ -146,7 +148,7 @@ async def test_one_mark_per_fragment_and_the_pull_api(tmp_path: Path) -> None:
     ],
 )
 async def test_rollup_crash_at_each_step_loses_nothing(
-    tmp_path: Path, crash: tuple[str, str, int]
+    tmp_path: Path, crash: tuple[FaultKind, str, int]
 ) -> None:
     kind, key, after = crash
     base = LocalStore(tmp_path / "s")
@@ -154,10 +156,10 @@ async def test_rollup_crash_at_each_step_loses_nothing(
     compacted: dict[uuid.UUID, int] = {}
 
     class Offsets:
-        async def compaction_offsets(self, wanted):  # type: ignore[no-untyped-def]
+        async def compaction_offsets(self, wanted: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
             return {c: compacted[c] for c in wanted if c in compacted}
 
-    async def open_backend(store) -> WalDirtyBackend:  # type: ignore[no-untyped-def]
+    async def open_backend(store: ObjectStore) -> WalDirtyBackend:
         w = await LogWriter.open(store, dirty_prefix("srv"))
         return WalDirtyBackend(store, dirty_prefix("srv"), w, GcOptions(grace_s=0))
 
@@ -172,7 +174,7 @@ async def test_rollup_crash_at_each_step_loses_nothing(
     await backend.writer.close()
 
     faulty = FaultyStore(base, seed=3)
-    rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, after=after, times=1))  # type: ignore[arg-type]
+    rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, after=after, times=1))
     crashed_backend = await open_backend(faulty)
     crashed = None
     for _ in range(3):
@@ -229,7 +231,8 @@ async def test_no_collection_with_uncompacted_records_falls_out(tmp_path: Path) 
                     }
                     await server.rollup_now()
                     assert server.untracked_collections(before) == set()
-                    entries = server.dirty.rollup.entries()  # type: ignore[union-attr]
+                    assert server.dirty is not None
+                    entries = server.dirty.rollup.entries()
                     for h in server.manager.handles():
                         comp = h.compaction_offset
                         if h.collection_id in before and before[h.collection_id] > comp:

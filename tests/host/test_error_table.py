@@ -36,7 +36,10 @@ from host.forks import CorruptCompactedPointer
 from host.server import Server
 from wal3 import LocalStore
 from wal3 import errors as w
+from wal3.claim import ClaimLost, CreationInProgress
 from wal3.errors import ErrorKind
+from wal3.gc import FloorLost
+from wal3.store import ResolvedPreconditionFailed
 
 from .live import CID, KEYS, assert_error, auth, live_server, record
 
@@ -80,10 +83,6 @@ ENGINE: list[tuple[w.Wal3Error, int, str, str | None, dict[str, Any]]] = [
 ]
 
 # Subclasses answer as their parents (kinds are inherited).
-from wal3.claim import ClaimLost, CreationInProgress
-from wal3.gc import FloorLost
-from wal3.store import ResolvedPreconditionFailed
-
 SUBCLASSES: list[tuple[type[w.Wal3Error], int, str]] = [
     (ClaimLost, 409, "contention"),
     (CreationInProgress, 409, "contention"),

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from host.forks import current_key, fork_collection
+from host.forks import ForkResult, current_key, fork_collection
 from host.manager import log_prefix
-from wal3 import FaultRule, FaultyStore, LocalStore, LogWriter
+from wal3 import FaultRule, FaultyStore, LocalStore, LogWriter, ObjectStore
 from wal3.claim import ClaimWatch, CreationInProgress
 from wal3.errors import ObjectNotFound, SimulatedCrash
 from wal3.layout import load_manifest
@@ -27,9 +27,11 @@ async def _log(store: LocalStore, cid: uuid.UUID, n: int) -> None:
 
 
 async def _fork(
-    store: object, src: uuid.UUID, dst: uuid.UUID, offset: int, watch: ClaimWatch
-) -> object:
-    m = (await load_manifest(store, log_prefix(src)))[0]  # type: ignore[arg-type]
+    store: ObjectStore, src: uuid.UUID, dst: uuid.UUID, offset: int, watch: ClaimWatch
+) -> ForkResult:
+    loaded = await load_manifest(store, log_prefix(src))
+    assert loaded is not None
+    m = loaded[0]
 
     async def mark(*_: object) -> None:
         return None
@@ -37,7 +39,7 @@ async def _fork(
     return await fork_collection(
         store,
         source=src,
-        target=dst,  # type: ignore[arg-type]
+        target=dst,
         source_prefix=log_prefix(src),
         target_prefix=log_prefix(dst),
         source_manifest=m,

@@ -89,14 +89,14 @@ _CHECKS = [
     response_schema_conformance,
     negative_data_rejection,
 ]
-_SETTINGS = dict(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate],  # no shrinking: bounded time
-    suppress_health_check=list(HealthCheck),
-    print_blob=False,
-)
+_SETTINGS = {
+    "derandomize": True,
+    "database": None,
+    "deadline": None,
+    "phases": [Phase.explicit, Phase.generate],  # no shrinking: bounded time
+    "suppress_health_check": list(HealthCheck),
+    "print_blob": False,
+}
 
 
 def _operations_of_the_app() -> list[tuple[str, str]]:

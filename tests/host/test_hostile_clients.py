@@ -103,7 +103,7 @@ async def test_connections_beyond_the_limit_are_closed(tmp_path: Path) -> None:
     async with live_server(str(tmp_path / "store"), max_connections=3, header_timeout_s=60.0) as lv:
         held = [await asyncio.open_connection("127.0.0.1", _port(lv)) for _ in range(3)]
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
+            _reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
             try:
                 # None of them showed a key: the oldest gives way to the newcomer (issue 21,
                 # V5: strangers must not keep tenants out), so three stay open.
@@ -131,7 +131,7 @@ async def test_client_hanging_up_mid_body_is_not_a_server_error(tmp_path: Path) 
             f"POST {log_path('alice', cid)}/records HTTP/1.1\r\nHost: x\r\n"
             f"Authorization: Bearer alice-key\r\nContent-Length: 1000\r\n\r\n"
         ).encode()
-        reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
+        _reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
         writer.write(head + b'{"records": [')
         await writer.drain()
         writer.close()
@@ -151,7 +151,7 @@ async def test_client_hanging_up_mid_body_is_not_a_server_error(tmp_path: Path) 
 
 
 async def _long_poll_then_hang_up(lv: Live, tenant: str, key: str, cid: str) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
+    _reader, writer = await asyncio.open_connection("127.0.0.1", _port(lv))
     writer.write(
         (
             f"GET {log_path(tenant, cid)}/records?from=2&wait_ms=30000 HTTP/1.1\r\n"
@@ -272,7 +272,7 @@ async def test_large_bodies_decoded_in_slices_keep_the_rules(tmp_path: Path) -> 
     ]
     async with live_server(str(tmp_path / "store")) as lv, lv.client("alice-key") as c:
         path = log_path("alice", cid) + "/records"
-        bad = recs[:1500] + [record("x", op="nope")] + recs[1500:]
+        bad = [*recs[:1500], record("x", op="nope"), *recs[1500:]]
         assert len(json.dumps({"records": bad})) > 256 << 10
         err = assert_error(await c.post(path, json={"records": bad}), 400, "invalid_request")
         assert err["message"].startswith("records.1500.op:"), err

@@ -138,7 +138,8 @@ async def test_bob_can_neither_act_on_nor_learn_of_alices_log(
         assert "alice" not in r.text
     assert await snapshot(shared, "alice", ALICE_LOG) == before
     if suffix == "/fork":  # the refused forks created nothing, bound nothing
-        target = body["target_collection_id"]  # type: ignore[index]
+        assert body is not None
+        target = body["target_collection_id"]
         async with shared.client("alice-key") as alice:
             assert_error(await alice.get(log_path("alice", target)), 404)
             r = await alice.post(

@@ -364,7 +364,7 @@ async def test_a_cancelled_claimant_with_nothing_in_flight_releases_its_claim(
             await asyncio.Event().wait()
         return await real_get(key)
 
-    store.get = get  # type: ignore[method-assign]
+    store.get = get  # type: ignore[method-assign]  # a spy on this one store
     attempt = asyncio.create_task(_claim(store))
     await reading.wait()
     attempt.cancel()

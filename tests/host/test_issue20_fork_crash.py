@@ -20,7 +20,7 @@ from wal3 import LocalStore, LogWriter
 from wal3.claim import CreationInProgress
 from wal3.cursors import COMPACTION, CursorStore
 from wal3.errors import ObjectNotFound, SimulatedCrash
-from wal3.faulty import FaultRule, FaultyStore
+from wal3.faulty import FaultKind, FaultRule, FaultyStore
 from wal3.layout import load_manifest
 
 from .claimkit import TTL_S, stepped_watch
@@ -53,7 +53,7 @@ async def _source(store: LocalStore) -> None:
 
 @pytest.mark.parametrize("step", STEPS, ids=[f"{k}:{r}" for k, r in STEPS])
 async def test_a_fork_killed_at_any_step_then_retried_is_whole(
-    tmp_path: Path, step: tuple[str, str]
+    tmp_path: Path, step: tuple[FaultKind, str]
 ) -> None:
     base = LocalStore(tmp_path / "s")
     await _source(base)
@@ -68,7 +68,7 @@ async def test_a_fork_killed_at_any_step_then_retried_is_whole(
 
     faulty = FaultyStore(base, seed=1)
     kind, key = step
-    rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, times=1))  # type: ignore[arg-type]
+    rule = faulty.add_rule(FaultRule(kind, ops={"put"}, key_regex=key, times=1))
     watch, clock = stepped_watch()
     with pytest.raises(SimulatedCrash):
         await fork_collection(

@@ -7,6 +7,7 @@ failed on the code before its fix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -120,10 +121,9 @@ async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Pat
             for _ in range(8):  # more than either cap, none with a key
                 conn = await asyncio.open_connection("127.0.0.1", port)
                 hogs.append(conn)
-                try:
+                # Refused or closed: the cap at work.
+                with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
                     await _request(*conn, "GET", "/healthz")
-                except (ConnectionError, asyncio.IncompleteReadError):
-                    pass  # refused or closed: the cap at work
             # A new tenant connection is served although the cap was full ...
             fresh = await asyncio.open_connection("127.0.0.1", port)
             try:

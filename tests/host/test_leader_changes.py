@@ -319,7 +319,7 @@ async def _sigterm_scenario(a: Any, b: Any, idle_log: str, polled_log: str, redi
             )
         )
         # An upload that is still arriving keeps A draining (it is not the client's fault).
-        reader, writer = await asyncio.open_connection("127.0.0.1", a.port)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", a.port)
         writer.write(
             (
                 f"POST {log_path('alice', str(uuid.uuid4()))}/records HTTP/1.1\r\n"

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ PREFIX = "loghost:leader:"
 
 
 @contextlib.asynccontextmanager
-async def leader_server(store: str, name: str, redis_url: str, **settings: Any):  # type: ignore[no-untyped-def]
+async def leader_server(
+    store: str, name: str, redis_url: str, **settings: Any
+) -> AsyncIterator[Live]:
     port = free_port()
     async with live_server(
         store,
@@ -249,7 +252,7 @@ async def test_redis_stopped_mid_test_both_keep_serving_and_nothing_is_lost(
     # Read everything back through a fresh server (no Redis): nothing acknowledged is lost.
     async with live_server(store) as c_srv, c_srv.client("alice-key") as c:
         logs = {cid: await read_all(c, log_path("alice", cid)) for cid in (shared, only_a, only_b)}
-    for cid, recs in logs.items():
+    for recs in logs.values():
         assert [r["offset"] for r in recs] == list(range(1, len(recs) + 1))
     lost = []
     for (cid, first), ids in acks.by_offset.items():

@@ -200,7 +200,7 @@ async def test_the_app_has_the_routes_this_file_expects(env: Env) -> None:
     assert len(env.per_log()) >= 12, env.per_log()
     # every protected route is either per log, or a service route under /v1/dirty
     for _, p in env.protected():
-        assert p.startswith(BASE) or p.startswith("/v1/dirty"), p
+        assert p.startswith((BASE, "/v1/dirty")), p
 
 
 async def test_every_route_refuses_a_missing_or_wrong_key(env: Env) -> None:
@@ -211,7 +211,7 @@ async def test_every_route_refuses_a_missing_or_wrong_key(env: Env) -> None:
         for authorization in [None, *WRONG]:
             r = await send(env, method, url, authorization, _valid_body(method, template))
             err = assert_error(r, 401, "unauthorized")
-            for secret in VALID_KEYS + ["not-a-key"]:
+            for secret in [*VALID_KEYS, "not-a-key"]:
                 assert secret not in r.text, (method, url, r.text)
             assert err["message"], err
             checked += 1

@@ -1,0 +1,67 @@
+"""Adoption: taking over the dirty set of a server that is gone (``POST /v1/dirty/adopt``).
+
+Its still-dirty collections are appended to our dirty log, then its cursor moves past them
+(``dirtylog.hand_over``); our roll-up then serves them to compactors.  The departed log is only
+read and its cursor moved (never its manifest written), so adopting a host that turns out to be
+alive is two racing roll-ups, which the cursor CAS settles.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from dirtylog import CompactionOffsets, HandOverResult, hand_over
+from wal3 import ObjectStore
+from wal3.paths import dirty_prefix
+
+from ..dirty import StoredDirtyLog
+from ..errors import BadRequest, NotFound
+from .dirtyset import DirtySet
+from .rollups import RollupScheduler
+
+_log = logging.getLogger("loghost.server")
+# Server ids a dirty log may be adopted from: pod names and the like, never a path.
+_SERVER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
+class Adoption:
+    """Hands other servers' dirty sets over to this server's dirty log."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        server_id: str,
+        dirty: DirtySet,
+        rollups: RollupScheduler,
+        offsets: CompactionOffsets,
+    ) -> None:
+        self._store = store
+        self._server_id = server_id
+        self._dirty = dirty
+        self._rollups = rollups
+        self._offsets = offsets
+
+    async def adopt(self, server_id: str) -> HandOverResult:
+        """Take over the dirty set of ``server_id``, then roll ours up."""
+        if server_id == self._server_id:
+            raise BadRequest("server_id: this server's own dirty log cannot be adopted")
+        if not _SERVER_ID.fullmatch(server_id):
+            raise BadRequest(
+                "server_id: letters, digits, '.', '_' and '-', starting with a "
+                "letter or digit, at most 253"
+            )
+        source = await StoredDirtyLog.load(
+            self._store, dirty_prefix(server_id), f"loghost:{self._server_id}:adopt"
+        )
+        if source is None:
+            raise NotFound(f"no dirty log for server {server_id!r}")
+        result = await hand_over(source, self._dirty.opened().backend, self._offsets)
+        _log.info(
+            "adopted the dirty log of %s: %d collection(s), %d record(s) read",
+            server_id,
+            result.collections,
+            result.records_read,
+        )
+        await self._rollups.run_now()
+        return result
