@@ -10,16 +10,20 @@ a status or a code.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeAlias
+from uuid import UUID
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from wal3 import errors as w
@@ -28,7 +32,7 @@ from wal3.errors import ErrorKind
 _log = logging.getLogger("loghost.errors")
 
 
-class HostKind(str, enum.Enum):
+class HostKind(enum.StrEnum):
     """The kinds of the host's own errors (what the engine never raises)."""
 
     BAD_REQUEST = "bad_request"  # an ApiError that names no more precise kind
@@ -92,7 +96,7 @@ ANSWERS: Mapping[Kind, Answer] = MappingProxyType(
 
 # A 409's code names its kind (``sealed`` is the sealed kind; ``full`` answers the same).
 _CONFLICT_KINDS: Mapping[str, Kind] = MappingProxyType(
-    {a.code: k for k, a in reversed(ANSWERS.items()) if a.status == 409}
+    {a.code: k for k, a in reversed(list(ANSWERS.items())) if a.status == 409}
 )
 
 
@@ -263,7 +267,27 @@ def error_response(exc: ApiError) -> JSONResponse:
     )
 
 
-def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+def internal_error_response() -> JSONResponse:
+    """The answer to an exception nothing else answered: 500 ``internal``, and nothing about
+    it (it is logged)."""
+    return error_response(ApiError("internal error", kind=ErrorKind.INTERNAL))
+
+
+def _canonical_path(request: Request) -> str:
+    """The request's path with the collection id spelled canonically and every part quoted.
+
+    Redirects name the log as ``UUID`` prints it: a spelling ``UUID()`` merely accepts (braces,
+    ``urn:uuid:``, other digits) must not leak into ``Location`` (nor break its encoding).
+    """
+    path = request.url.path
+    raw = request.path_params.get("collection_id")
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError, AttributeError):
+            path = path.replace(f"/logs/{raw}", f"/logs/{UUID(raw)}", 1)
+    return urllib.parse.quote(path, safe="/:@!$&'()*+,;=-._~")
+
+
+def _field(loc: Sequence[Any]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
     return ".".join(parts) or "body"
 
@@ -280,6 +304,19 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> Response:
         return error_response(exc)
+
+    @app.exception_handler(NotLeader)
+    async def _not_leader(request: Request, exc: NotLeader) -> Response:
+        # The holder's URL, then this request's path and query: the same request, there.
+        base = exc.headers["Location"].rstrip("/")
+        query = f"?{request.url.query}" if request.url.query else ""
+        return error_response(NotLeader(base + _canonical_path(request) + query))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_: Request, __: ClientDisconnect) -> Response:
+        # The client hung up (mid-body, or during a long-poll): nobody reads this answer; it
+        # is logged and counted as 499, not as a server error.
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

@@ -61,8 +61,13 @@ from wal3.fork import fork_log
 from wal3.layout import load_manifest
 from wal3.manifest import Manifest
 from wal3.paths import (  # the compactor's layout (compactor_client.versions writes it)
-    compacted_prefix,
-    current_key,
+    compacted_prefix as compacted_prefix,  # also imported from here (tests, tools)
+)
+from wal3.paths import (
+    copied_compacted_key,
+)
+from wal3.paths import (
+    current_key as current_key,
 )
 from wal3.store import put_resolving
 
@@ -150,8 +155,8 @@ async def _install_copy(
     """Copy the version file, then point the target's ``CURRENT.json`` at it (both created:
     the claim cleaned up whatever a dead attempt left)."""
     path = str(current["path"])
-    new_path = path.replace(compacted_prefix(source), compacted_prefix(target), 1)
-    if new_path == path:
+    new_path = copied_compacted_key(path, source, target)
+    if new_path is None:
         raise CorruptCompactedPointer(
             f"compacted version {path!r} is not under {compacted_prefix(source)}"
         )

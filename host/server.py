@@ -1,11 +1,15 @@
 """The log host's composition root: one ``Settings`` in, every component and service wired, and
 their lifecycle (``start``, ``begin_drain``, ``close``).
 
+Requests never come through here: the routes (``host.routers``) call the services this builds,
+and the services call the log manager and one another directly.
+
 * the object store, the leader hint (``host.leader``) and the log manager (``host.manager``);
 * ``dirty_set`` (``host.services.dirtyset``): the server's dirty log, marked by every fragment;
 * ``rollups``, ``untracked``, ``adoption``: roll-up scheduling, the dirty set's invariant check
   after each roll-up, taking over a departed host's dirty set;
-* ``gc``: the always-on collector's schedule.
+* ``gc``: the always-on collector's schedule;
+* ``records``, ``cursors``, ``lifecycle``, ``dirty_service``: what the routes call.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ from .leader import LeaderHint, leader_hint_from_url
 from .manager import LogManager
 from .metrics import Metrics
 from .services.adoption import Adoption
+from .services.cursors import CursorService
+from .services.dirty import DirtyService
 from .services.dirtyset import DirtySet
 from .services.gc import GcScheduler
+from .services.lifecycle import LifecycleService
+from .services.records import RecordService
 from .services.rollups import RollupScheduler
 from .services.untracked import UntrackedCheck
 
@@ -72,6 +80,15 @@ class Server:
             self.store, settings.server_id, self.dirty_set, self.rollups, self.compaction_offsets
         )
         self.gc = GcScheduler(self.store, self.manager, self.metrics, settings)
+        # What the routes call.
+        self.records = RecordService(self.store, self.manager, self.metrics, settings)
+        self.cursors = CursorService(self.store, self.manager, self.dirty_set, self.gc)
+        self.lifecycle = LifecycleService(
+            self.store, self.manager, self.dirty_set, self.gc, self.metrics, settings.server_id
+        )
+        self.dirty_service = DirtyService(
+            self.dirty_set, self.rollups, self.adoption, self.manager, settings
+        )
 
     @property
     def dirty(self) -> DirtyLog | None:
@@ -99,6 +116,7 @@ class Server:
         await self.rollups.close()
         await self.manager.close()
         await self.dirty_set.close()
+        self.records.close()
         await self.leader.close()
         await self.store.close()
         _log.info("log host %s stopped", self.settings.server_id)

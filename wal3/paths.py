@@ -195,6 +195,17 @@ def data_key(collection_id: UUID | str, version: int, token: str) -> str:
     return f"{version_prefix(collection_id, version)}part-{token}.parquet"
 
 
+def copied_compacted_key(key: str, source: UUID | str, target: UUID | str) -> str | None:
+    """Where ``key``, an object under ``compacted/{source}/``, goes when it is copied into
+    ``compacted/{target}/`` (a fork copies the source's installed version this way): the same
+    path relative to the collection's directory.  None when ``key`` is not an object under
+    ``source``'s directory."""
+    base = compacted_prefix(source)
+    if not key.startswith(base) or len(key) == len(base):
+        return None
+    return compacted_prefix(target) + key[len(base) :]
+
+
 def parse_data_key(collection_id: UUID | str, key: str) -> int | None:
     """The version whose data file ``key`` is, or None when it is not one of this
     collection's data files."""

@@ -369,18 +369,18 @@ async def test_state_after_an_acknowledged_compaction_on_another_host_shows_it(
 async def test_no_single_validation_call_takes_an_unbounded_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str
 ) -> None:
-    from host import api
+    from host import appendbody
 
     largest = [0]
 
     def values(records: Any) -> int:
         return sum(len(r.metadata or ()) + len(r.embedding or ()) for r in records)
 
-    parse, chunks = api._parse, api._RECORDS
+    parse, chunks = appendbody.parse, appendbody._RECORDS
 
     def spy_parse(model: Any, raw: bytes) -> Any:
         got = parse(model, raw)
-        if isinstance(got, api.AppendRequest):
+        if isinstance(got, appendbody.AppendRequest):
             largest[0] = max(largest[0], values(got.records))
         return got
 
@@ -390,8 +390,8 @@ async def test_no_single_validation_call_takes_an_unbounded_record(
             largest[0] = max(largest[0], values(got))
             return got
 
-    monkeypatch.setattr(api, "_parse", spy_parse)
-    monkeypatch.setattr(api, "_RECORDS", SpyChunks())
+    monkeypatch.setattr(appendbody, "parse", spy_parse)
+    monkeypatch.setattr(appendbody, "_RECORDS", SpyChunks())
     n = 600_000 if field == "metadata" else 4_000_000
     if field == "metadata":
         inner = b"{" + b",".join(b'"%d":0' % i for i in range(n)) + b"}"

@@ -189,6 +189,23 @@ def test_leveled_run_keys() -> None:
         assert paths.parse_compacted_key(cid, not_one) is None, not_one
 
 
+def test_copied_compacted_key() -> None:
+    src, dst = "0123abcd-0000-4000-8000-00000000beef", UUID(int=7, version=4)
+    key = paths.data_key(src, 7, "ab12")
+    assert paths.copied_compacted_key(key, src, dst) == paths.data_key(dst, 7, "ab12")
+    assert (
+        paths.copied_compacted_key(key, CID, dst)
+        == f"compacted/{dst}/v0000000000000007/part-ab12.parquet"
+    )
+    for not_one in (
+        paths.compacted_prefix(src),  # the directory itself
+        paths.data_key(dst, 7, "ab12"),  # another collection's
+        "x/" + key,  # under the directory only somewhere inside the key
+        f"compacted/{src}",
+    ):
+        assert paths.copied_compacted_key(not_one, src, dst) is None, not_one
+
+
 def test_compactor_keys() -> None:
     assert paths.COMPACTORS_PROGRESS_PREFIX == "compactors/progress/"
     assert paths.COMPACTORS_LIVE_PREFIX == "compactors/live/"

@@ -1,0 +1,229 @@
+"""Decoding an append body: the record limits, checked before anything is validated.
+
+An append body's record count is checked while it is decoded (at most ``RecordLimits.records``),
+and each record's metadata keys and embedding length on the parsed JSON, before any record is
+validated; a large body is validated a slice of records at a time, so no single pydantic call
+holds the GIL for long.  The records are returned as stored: compact JSON, metadata keys sorted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from .config import Settings
+from .errors import BadRequest, RecordTooLarge
+from .models import MAX_RECORDS_PER_REQUEST, AppendRequest, Record
+from .requests import parse
+
+# The smallest record in JSON ({"id":"a","op":"add"} and a comma): a body shorter than this many
+# bytes per allowed record cannot hold too many, and needs no count before validation.
+_MIN_RECORD_BYTES = 20
+# Bodies larger than this are decoded on the decoder's threads, not on the event loop.
+_DECODE_OFF_LOOP_BYTES = 256 << 10
+
+
+class _TooManyObjects(Exception):
+    """Raised from inside the JSON decoder to stop it early."""
+
+
+def _count_records(raw: bytes, limit: int) -> Any:
+    """Refuse a body with more than ``limit`` records before anything is validated; the decoded
+    document, or None when it is left to the validator (not UTF-8, not JSON).
+
+    The decoder stops as soon as the body holds more JSON objects than ``limit`` valid records
+    can (a record and its metadata: two each), so an oversized body costs a bounded amount of
+    work, not a parse of every record.
+    """
+    try:
+        text = raw.decode("utf-8")  # strictly: json.loads would also take UTF-16 and -32
+    except UnicodeDecodeError:
+        return None
+    budget = 2 * limit + 1
+    seen = 0
+
+    def hook(obj: dict[str, Any]) -> dict[str, Any]:
+        nonlocal seen
+        seen += 1
+        if seen > budget:
+            raise _TooManyObjects
+        return obj
+
+    try:
+        doc = json.loads(text, object_hook=hook)
+    except _TooManyObjects:
+        raise BadRequest(f"records: at most {limit} per request") from None
+    except (ValueError, RecursionError):
+        return None
+    if (
+        isinstance(doc, dict)
+        and isinstance(doc.get("records"), list)
+        and len(doc["records"]) > limit
+    ):
+        raise BadRequest(f"records: at most {limit} per request")
+    return doc
+
+
+_CHUNK_RECORDS = 256
+# Metadata entries and embedding elements one validation call may take at most (a slice of
+# records is cut short when its records carry more): pydantic holds the GIL for the whole call.
+_CHUNK_VALUES = 65536
+# The smallest embedding element or metadata entry in JSON ("0,"): a shorter body holds fewer
+# than _CHUNK_VALUES values and is validated in one call.
+_MIN_VALUE_BYTES = 2
+_RECORDS: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
+
+
+@dataclass(frozen=True)
+class RecordLimits:
+    """What one append may carry: records, and per record metadata keys and embedding length."""
+
+    records: int
+    metadata_keys: int
+    embedding_dims: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RecordLimits:
+        """The limits ``settings`` configure (records capped by the schema's own maximum)."""
+        return cls(
+            min(settings.max_records_per_request, MAX_RECORDS_PER_REQUEST),
+            settings.max_metadata_keys,
+            settings.max_embedding_dims,
+        )
+
+
+def _record_values(records: list[Any], limits: RecordLimits) -> list[int]:
+    """Each record's metadata entries plus embedding elements, read off the parsed JSON (one
+    ``len`` each); a record over ``limits`` is refused here, before anything is validated."""
+    sizes = []
+    for i, rec in enumerate(records):
+        n = 0
+        if isinstance(rec, dict):
+            meta, emb = rec.get("metadata"), rec.get("embedding")
+            if isinstance(meta, dict):
+                if len(meta) > limits.metadata_keys:
+                    raise RecordTooLarge(
+                        f"records.{i}.metadata: {len(meta)} keys, at most "
+                        f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)"
+                    )
+                n += len(meta)
+            if isinstance(emb, list):
+                if len(emb) > limits.embedding_dims:
+                    raise RecordTooLarge(
+                        f"records.{i}.embedding: {len(emb)} elements, at most "
+                        f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)"
+                    )
+                n += len(emb)
+        sizes.append(n)
+    return sizes
+
+
+def _check_record_sizes(records: list[Record], limits: RecordLimits) -> None:
+    """The same limits on records validated already (small bodies, bounded by their size)."""
+    for i, rec in enumerate(records):
+        if rec.metadata is not None and len(rec.metadata) > limits.metadata_keys:
+            raise RecordTooLarge(
+                f"records.{i}.metadata: {len(rec.metadata)} keys, at most "
+                f"{limits.metadata_keys} (LOGHOST_MAX_METADATA_KEYS)"
+            )
+        if rec.embedding is not None and len(rec.embedding) > limits.embedding_dims:
+            raise RecordTooLarge(
+                f"records.{i}.embedding: {len(rec.embedding)} elements, at most "
+                f"{limits.embedding_dims} (LOGHOST_MAX_EMBEDDING_DIMS)"
+            )
+
+
+def _slices(sizes: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` slices of at most ``_CHUNK_RECORDS`` records and (unless one record is
+    alone) ``_CHUNK_VALUES`` values."""
+    out: list[tuple[int, int]] = []
+    start, values = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and (i - start >= _CHUNK_RECORDS or values + n > _CHUNK_VALUES):
+            out.append((start, i))
+            start, values = i, 0
+        values += n
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def _stored(records: list[Record]) -> list[bytes]:
+    """The records as stored: compact JSON, metadata keys sorted (``Record`` sorts them: JSON
+    objects are unordered, so the same request always stores, and hashes, the same bytes)."""
+    return [r.model_dump_json().encode() for r in records]
+
+
+def _decode_in_chunks(doc: dict[str, Any], sizes: list[int]) -> tuple[AppendRequest, list[bytes]]:
+    """Validate a large append a slice of records at a time.
+
+    Pydantic holds the GIL while it validates: in one call over thousands of records (or values)
+    the decoding thread would stall the event loop as surely as decoding on it.  Between slices
+    the loop gets its turn.  Each slice is validated from JSON again, so the rules are exactly
+    the body's.
+    """
+    records = doc["records"]
+    parsed: list[Record] = []
+    for i, end in _slices(sizes):
+        chunk = json.dumps(records[i:end])
+        try:
+            parsed.extend(_RECORDS.validate_json(chunk))
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            loc = list(err.get("loc", ()))
+            if loc and isinstance(loc[0], int):
+                loc[0] += i
+            where = ".".join(["records", *(str(p) for p in loc)])
+            raise BadRequest(f"{where}: {err.get('msg', 'invalid')}") from None
+    # The rest of the body, with one stand-in record (the real ones are validated above).
+    envelope = {k: v for k, v in doc.items() if k != "records"}
+    envelope["records"] = [{"id": "-", "op": "add"}]
+    req = parse(AppendRequest, json.dumps(envelope).encode())
+    req = req.model_copy(update={"records": parsed})
+    return req, _stored(parsed)
+
+
+def decode_append(raw: bytes, limits: RecordLimits) -> tuple[AppendRequest, list[bytes]]:
+    """Validate an append body; the records as stored (compact JSON)."""
+    limit = limits.records
+    if len(raw) > min(_MIN_RECORD_BYTES * limit, _MIN_VALUE_BYTES * _CHUNK_VALUES):
+        # Large enough to hold too many records or values: counted on the parsed JSON before
+        # any validation.
+        doc = _count_records(raw, limit)
+        if isinstance(doc, dict) and isinstance(doc.get("records"), list):
+            sizes = _record_values(doc["records"], limits)
+            if len(sizes) > _CHUNK_RECORDS or sum(sizes) > _CHUNK_VALUES:
+                return _decode_in_chunks(doc, sizes)
+    req = parse(AppendRequest, raw)
+    if len(req.records) > limit:
+        raise BadRequest(f"records: at most {limit} per request")
+    _check_record_sizes(req.records, limits)
+    return req, _stored(req.records)
+
+
+class AppendDecoder:
+    """Decodes append bodies under one set of limits; a large body on the decoder's own threads
+    (not the default executor: large bodies must not queue the store's I/O behind them)."""
+
+    def __init__(self, limits: RecordLimits) -> None:
+        self.limits = limits
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="decode"
+        )
+
+    async def decode(self, raw: bytes) -> tuple[AppendRequest, list[bytes]]:
+        """The request and its records as stored; the record count is checked before any
+        record is validated, so the work per request is bounded."""
+        if len(raw) > _DECODE_OFF_LOOP_BYTES:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._threads, decode_append, raw, self.limits)
+        return decode_append(raw, self.limits)
+
+    def close(self) -> None:
+        """Let the decoder's threads go (a decode under way finishes)."""
+        self._threads.shutdown(wait=False)

@@ -1,0 +1,75 @@
+"""The request context: request id, the JSON request log line, request metrics, and the last
+resort for an exception nothing else answered."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import jsonlog
+from .errors import internal_error_response
+from .metrics import Metrics
+
+_log = logging.getLogger("loghost.api")
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id, the JSON request log line, request metrics.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``) so the handler runs in this task: context variables
+    it sets (tenant, collection id) are still there when the request line is logged.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self._app = app
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        rid = ""
+        for k, v in scope.get("headers", ()):
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")[:64]
+                break
+        rid = rid or uuid.uuid4().hex[:16]
+        jsonlog.request_id.set(rid)
+        jsonlog.tenant.set(None)
+        jsonlog.collection_id.set(None)
+        started = time.monotonic()
+        status = 500
+        sent_start = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, sent_start
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                sent_start = True
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", rid.encode("latin-1")),
+                ]
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_wrapper)
+        except Exception:
+            _log.exception("unhandled error")
+            if not sent_start:
+                await internal_error_response()(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self._metrics.requests.labels(route, str(status)).inc()
+            _log.info(
+                "request",
+                extra={
+                    "method": scope.get("method"),
+                    "route": route,
+                    "status": status,
+                    "ms": round((time.monotonic() - started) * 1000, 3),
+                },
+            )

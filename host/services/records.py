@@ -1,0 +1,234 @@
+"""Records: appends (idempotent, with compaction backpressure), reads (long-polls, streamed
+answers), a log's state and its fragment URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from uuid import UUID
+
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import Receive
+
+from wal3 import (
+    AppendResult,
+    Backpressure,
+    FragmentPointer,
+    Limits,
+    LogContention,
+    LogPurged,
+    ObjectStore,
+)
+from wal3.fragment import request_digest
+from wal3.paths import join
+
+from ..appendbody import AppendDecoder, RecordLimits
+from ..auth import Role
+from ..config import Settings
+from ..errors import BackpressureError, Conflict
+from ..manager import LogHandle, LogManager
+from ..metrics import Metrics
+from ..models import AppendResponse, FragmentOut, FragmentsResponse, LogState
+from ..pages import empty_answer, records_answer
+from ..requests import disconnected
+from .logview import log_state, stored_compaction_offset
+
+# The 429's reason (README) when a log's uncompacted backlog is over the limit (not a cursor name).
+_BACKLOG = "compaction"
+
+
+def _mismatch() -> Conflict:
+    return Conflict("idempotency_key: already used for a different request", "idempotency_mismatch")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """``GET .../records``: from where, how many, how long to wait for some."""
+
+    from_offset: int
+    limit: int
+    wait_ms: int
+
+
+class RecordService:
+    """The records of collection logs, through the log manager."""
+
+    def __init__(
+        self, store: ObjectStore, manager: LogManager, metrics: Metrics, settings: Settings
+    ) -> None:
+        self._store = store
+        self._manager = manager
+        self._metrics = metrics
+        self._max_request_bytes = settings.max_request_bytes
+        self._backlog_limit = settings.backpressure_uncompacted_records
+        self.decoder = AppendDecoder(RecordLimits.from_settings(settings))
+
+    def close(self) -> None:
+        """Let the append decoder's threads go."""
+        self.decoder.close()
+
+    # ------------------------------------------------------------------------------- appends
+
+    async def append(self, tenant: str, cid: UUID, raw: bytes, started: float) -> AppendResponse:
+        """Append a request body's records; answered once durable (``started``: when the
+        request began, for the latency metric)."""
+        req, bodies = await self.decoder.decode(raw)
+        nbytes = sum(len(b) for b in bodies)
+        self._manager.reserve(nbytes)
+        try:
+            async with self._manager.use(cid, tenant, create=True) as h:
+                await self._check_compaction_backlog(h)
+                writer = h.writer
+                try:
+                    # The take-over fence is waited for below, outside use(): a waiting answer
+                    # must not pin an open-log slot.
+                    result = await writer.append_many(
+                        bodies, idempotency_key=req.idempotency_key, fence=False
+                    )
+                except Exception as e:
+                    self._metrics.append_requests.labels(type(e).__name__).inc()
+                    if isinstance(e, LogContention):
+                        self._metrics.contention.inc()
+                    elif isinstance(e, Backpressure):
+                        self._metrics.backpressure.labels("batching").inc()
+                    raise
+                if result.deduplicated:
+                    await self._check_same_request(h, result, bodies)
+        finally:
+            self._manager.release(nbytes)
+        await writer.wait_fence()  # no read anywhere may miss what this answer acknowledges
+        if result.deduplicated:
+            self._metrics.idempotent_hits.inc()
+        else:
+            self._metrics.appends.inc(result.count)
+            self._metrics.append_bytes.inc(nbytes)
+        self._metrics.append_requests.labels("ok").inc()
+        self._metrics.append_latency.observe(time.monotonic() - started)
+        return AppendResponse(
+            first_offset=result.first_offset,
+            count=result.count,
+            next_offset=result.next_offset,
+            deduplicated=True if result.deduplicated else None,
+        )
+
+    async def _check_same_request(
+        self, h: LogHandle, result: AppendResult, bodies: list[bytes]
+    ) -> None:
+        """A reused idempotency key must carry the same records: 409 otherwise.
+
+        The key keeps a hash of the records it first appended (in the writer's window and the
+        fragment footer, so across restarts and fail-overs, and after those records are
+        collected).  A key written before keys carried a hash is checked against the log's own
+        records while they are there, and by count once they are collected.
+        """
+        if result.count != len(bodies):
+            raise _mismatch()
+        if result.digest is not None:
+            # The key's own hash of its request: it holds after the records are collected.
+            if result.digest != request_digest(bodies):
+                raise _mismatch()
+            return
+        try:
+            stored = await h.reader.read(
+                result.first_offset,
+                Limits(max_records=result.count, max_bytes=2 * self._max_request_bytes),
+                manifest=await self._manager.view(h),
+            )
+        except LogPurged:
+            # A key from before keys carried a hash, collected since: only the count compares.
+            return
+        got = [r.body for r in stored if r.offset < result.first_offset + result.count]
+        if got != bodies:
+            raise _mismatch()
+
+    async def _check_compaction_backlog(self, h: LogHandle) -> None:
+        limit = self._backlog_limit
+        if h.writer.manifest.next_offset - h.compaction_offset <= limit:
+            return
+        # Maybe a compactor advanced the cursor through another path: look before refusing.
+        await stored_compaction_offset(h)
+        backlog = h.writer.manifest.next_offset - h.compaction_offset
+        if backlog > limit:
+            self._metrics.backpressure.labels(_BACKLOG).inc()
+            raise BackpressureError(f"{backlog} uncompacted records (limit {limit})", _BACKLOG, 5)
+
+    # --------------------------------------------------------------------------------- reads
+
+    async def read(
+        self, tenant: str, cid: UUID, req: ReadRequest, *, role: Role, receive: Receive
+    ) -> Response:
+        """Records from an offset, waiting up to ``wait_ms`` for some (outside the open-log
+        slot); ``receive`` tells when the client hangs up, ``role`` whose long-poll share the
+        wait counts against."""
+        started = time.monotonic()
+        deadline = started + req.wait_ms / 1000.0
+        from_ = req.from_offset
+        gone: asyncio.Task[None] | None = None
+        limits = Limits(max_records=req.limit, max_bytes=self._max_request_bytes)
+        pointers: list[FragmentPointer] = []
+        try:
+            while True:
+                async with self._manager.use(cid, tenant) as h:
+                    m = await self._manager.view(h)
+                    if from_ < m.oldest_offset:
+                        raise LogPurged(from_, m.oldest_offset)
+                    if from_ < m.next_offset:
+                        pointers = await h.reader.scan(from_, limits, manifest=m)
+                        break
+                if time.monotonic() >= deadline or self._manager.draining:
+                    break
+                # Wait outside use(): a waiting request holds no open-log slot, and it stops
+                # when its client hangs up, at shutdown, or when the log moves.
+                if gone is None:
+                    gone = asyncio.create_task(disconnected(receive))
+                why = await self._manager.wait_for_records(
+                    h, tenant, role.name.lower(), from_, deadline, gone
+                )
+                if why == "disconnected":
+                    raise ClientDisconnect()
+                if why in ("timeout", "drain"):
+                    break
+                if why == "changed" and not h.lost:
+                    break  # evicted or closed meanwhile: answer empty; the client polls again
+        finally:
+            if gone is not None:
+                gone.cancel()
+        # Fragments are immutable: they are fetched (and a large answer streamed) outside use().
+        answer = (
+            await records_answer(h.reader, pointers, from_, req.limit, self._max_request_bytes)
+            if pointers
+            else empty_answer(from_)
+        )
+        self._metrics.read_latency.observe(time.monotonic() - started)
+        return answer
+
+    # ------------------------------------------------------------------------ state & co
+
+    async def state(self, tenant: str, cid: UUID) -> LogState:
+        """The log's state."""
+        async with self._manager.use(cid, tenant) as h:
+            return await log_state(self._manager, h)
+
+    async def fragments(
+        self, tenant: str, cid: UUID, from_: int | None, limit: int
+    ) -> FragmentsResponse:
+        """Fragment URLs from ``from_`` (default: the compaction cursor, or the oldest offset
+        when the log was collected past it)."""
+        async with self._manager.use(cid, tenant) as h:
+            m = await self._manager.view(h)
+            start = from_ if from_ is not None else await stored_compaction_offset(h)
+            start = max(start, m.oldest_offset) if from_ is None else start
+            ptrs = await h.reader.scan(start, Limits(max_files=limit), manifest=m)
+        return FragmentsResponse(fragments=[self._fragment(h, p) for p in ptrs])
+
+    def _fragment(self, h: LogHandle, p: FragmentPointer) -> FragmentOut:
+        return FragmentOut(
+            url=self._store.url_for(join(h.prefix, p.path)),
+            start=p.start,
+            limit=p.limit,
+            num_bytes=p.num_bytes,
+            setsum=p.setsum.hexdigest(),
+            content_md5=p.content_md5,
+        )
