@@ -18,9 +18,26 @@ _EXPORTS = {
     "fold": "fold",
     "CompactionPipeline": "pipeline",
     "Scheduler": "scheduler",
+    "CompactedState": "reader",
+    "read_collection": "reader",
+    "read_collections": "reader",
+    "read_state": "reader",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "CompactedState",
+    "CompactionPipeline",
+    "CompactorError",
+    "LogHostClient",
+    "LogHostError",
+    "Record",
+    "Row",
+    "Scheduler",
+    "fold",
+    "read_collection",
+    "read_collections",
+    "read_state",
+]
 
 
 def __getattr__(name: str) -> Any:

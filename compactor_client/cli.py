@@ -54,6 +54,12 @@ class Settings:
     member_id: str
     members: tuple[str, ...] = ()
     spark_master: str | None = None
+    spark_remote: str | None = None  # sc://host:port: a Spark Connect server instead of a master
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    # "driver": executors get the credentials the driver resolved (in the tasks' closures);
+    # "executor": each executor uses its own AWS credential chain (instance roles, IRSA).
+    s3_credentials: str = "driver"
+    level_ratio: float = 10.0
     min_records: int = 1
     interval_s: float = 30.0
     budget_records: int = 10_000_000
@@ -104,7 +110,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--member-id", help="this compactor's id [COMPACTOR_MEMBER_ID; hostname]")
     run.add_argument("--members", help="all compactor ids, comma-separated [COMPACTOR_MEMBERS]")
     run.add_argument(
-        "--spark-master", help="Spark master [COMPACTOR_SPARK_MASTER; spark-submit's or local[*]]"
+        "--spark-master",
+        help="Spark master: local[N], spark://host:port, k8s://https://host:port "
+        "[COMPACTOR_SPARK_MASTER; spark-submit's or local[*]]",
+    )
+    run.add_argument(
+        "--spark-remote",
+        help="a Spark Connect server, sc://host:port, instead of a master [COMPACTOR_SPARK_REMOTE]",
+    )
+    run.add_argument(
+        "--spark-conf",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="a Spark setting, repeatable [COMPACTOR_SPARK_CONF: KEY=VALUE,KEY=VALUE]",
+    )
+    run.add_argument(
+        "--s3-credentials",
+        choices=("driver", "executor"),
+        help="how executors sign S3 requests: with the credentials the driver resolved, or "
+        "with their own AWS chain [COMPACTOR_S3_CREDENTIALS; driver]",
+    )
+    run.add_argument(
+        "--level-ratio",
+        help="size ratio between adjacent levels of compacted runs [COMPACTOR_LEVEL_RATIO; 10]",
     )
     run.add_argument(
         "--min-records", help="skip logs with fewer dirty records [COMPACTOR_MIN_RECORDS; 1]"
@@ -193,6 +222,40 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     keep_versions = int(
         _num("keep-versions", pick(args.keep_versions, "COMPACTOR_KEEP_VERSIONS"), int, 2)
     )
+    spark_master = pick(getattr(args, "spark_master", None), "COMPACTOR_SPARK_MASTER")
+    spark_remote = pick(getattr(args, "spark_remote", None), "COMPACTOR_SPARK_REMOTE")
+    if spark_master and spark_remote:
+        raise SettingsError("--spark-master and --spark-remote are exclusive")
+    if spark_remote and not spark_remote.startswith("sc://"):
+        raise SettingsError(f"--spark-remote {spark_remote!r} must start with sc://")
+    if spark_master and not spark_master.startswith(("local", "spark://", "k8s://", "yarn")):
+        raise SettingsError(
+            f"--spark-master {spark_master!r}: expected local[N], spark://..., k8s://... or yarn"
+        )
+    conf_items = getattr(args, "spark_conf", None)
+    if conf_items is None:
+        conf_items = list(_split(environ.get("COMPACTOR_SPARK_CONF")))
+    spark_conf = []
+    for item in conf_items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SettingsError(f"--spark-conf {item!r} is not KEY=VALUE")
+        spark_conf.append((key.strip(), value))
+    s3_credentials = (
+        pick(getattr(args, "s3_credentials", None), "COMPACTOR_S3_CREDENTIALS") or "driver"
+    )
+    if s3_credentials not in ("driver", "executor"):
+        raise SettingsError("s3-credentials must be driver or executor")
+    level_ratio = float(
+        _num(
+            "level-ratio",
+            pick(getattr(args, "level_ratio", None), "COMPACTOR_LEVEL_RATIO"),
+            float,
+            10.0,
+        )
+    )
+    if level_ratio < 2:
+        raise SettingsError("level-ratio must be at least 2")
     if keep_versions < 1:
         raise SettingsError("keep-versions must be at least 1 (the current version)")
     return Settings(
@@ -201,7 +264,11 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         store=str(store),
         member_id=member_id,
         members=members,
-        spark_master=pick(args.spark_master, "COMPACTOR_SPARK_MASTER"),
+        spark_master=spark_master,
+        spark_remote=spark_remote,
+        spark_conf=tuple(spark_conf),
+        s3_credentials=s3_credentials,
+        level_ratio=level_ratio,
         min_records=int(_num("min-records", min_records, int, 1)),
         interval_s=float(_num("interval-s", interval_s, float, 30.0)),
         budget_records=int(_num("budget-records", budget, int, 10_000_000)),
@@ -284,8 +351,12 @@ async def run(
             for h in settings.hosts
         }
         if spark is None:
-            spark = build_session(settings.spark_master)
-        ship_package(spark.sparkContext)
+            spark = build_session(
+                settings.spark_master,
+                remote=settings.spark_remote,
+                conf=dict(settings.spark_conf),
+            )
+        ship_package(spark)
         scheduler = make_scheduler(settings, store, list(clients.values()))
         assert scheduler.liveness is not None
         # Beat during rounds too: a long Spark job must not make this member look dead.
@@ -298,6 +369,8 @@ async def run(
             progress=settings.progress,
             keep_versions=settings.keep_versions,
             prune_grace_s=settings.prune_grace_s,
+            ratio=settings.level_ratio,
+            ship_credentials=settings.s3_credentials == "driver",
         )
         _touch(settings.heartbeat_file)
         while True:

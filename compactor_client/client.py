@@ -179,7 +179,7 @@ class LogHostClient:
         idempotent: bool,
         params: Mapping[str, Any] | None = None,
         body: Any = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-request httpx timeout, not a deadline
     ) -> Any:
         """Send one logical request with the retry/redirect policy of the module docstring."""
         url = self.base_url + path

@@ -1,39 +1,82 @@
-"""The code Spark executors run: read fragments, fold per collection, write versions.
+"""The code Spark executors run: read fragments into Arrow, fold each collection, write runs.
 
-Kept apart from the driver code so executors import only this module, ``fold`` and ``parquet_io``
-(pyarrow and the standard library): no httpx, no host package, no event loop.
+Kept apart from the driver code so executors import only this module, ``runs``, ``levels``,
+``fold``, ``integrity`` and ``parquet_io`` (pyarrow, numpy and the standard library): no httpx, no
+host package, no event loop.
 
-Records travel through Spark as ``((collection_index, offset), value)`` pairs so that
-``repartitionAndSortWithinPartitions`` can put each collection in one partition, in offset order.
-Values are tuples whose first item says what they are: ``("r", body)`` a record, ``("m",)`` the
-per-collection marker (offset 0, so a collection with no records in its window still gets a fold
-task), ``("e", message, kind)`` a read error (offset -1, so it is seen before any record).
+The job is two DataFrame stages and nothing crosses them as a Python object:
 
-Every fragment is verified against its pointer before any of its records is emitted: its MD5 when
-the host reports one, else the setsum of its records (``integrity``).  A fragment that fails is an
-error pair of kind ``corrupt_fragment``, which fails its collection: nothing unverified is folded.
+1. ``mapInArrow(read_tasks)`` over a DataFrame of tasks ``(cidx, task)`` (JSON): a *fragment*
+   task reads one fragment, verifies it against its pointer (its MD5 when the host reports one,
+   else the setsum of its records: ``integrity``), keeps the records of its collection's window
+   and decodes their bodies into Arrow columns (``READ_DDL``); a *fold* task becomes its
+   collection's marker row (offset 0, the task in ``note``), so a collection always reaches
+   stage 2 with its plan.  A fragment that cannot be read or verified is an error row (offset
+   -1, ``{"error", "kind"}`` in ``note``) that fails its collection: nothing unverified is folded.
+2. ``repartition(n, "cidx").groupBy("cidx").applyInArrow(fold_group)``: one call per collection
+   with all its rows as one Arrow table; it checks that the records are exactly the window's
+   offsets, folds them into a new top run (``runs.fold_window``), merges levels as the policy says
+   (``levels``), writes the new runs under the keys the driver allocated, and returns one row of
+   statistics (``STATS_DDL``) with the new stack of runs.  The driver installs it.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import runs
+from .crashpoints import crash_point
 from .errors import CompactorError
-from .fold import fold, parse_body
 from .integrity import CorruptFragmentError, check_md5, check_setsum
-from .parquet_io import S3Options, read_bytes, read_version, rows_to_table, write_version
+from .levels import Level, Policy, choose
+from .parquet_io import S3Options, read_bytes, read_run, run_footer, write_run
 
 ERROR_OFFSET = -1
 MARKER_OFFSET = 0
 
-Keyed = tuple[tuple[int, int], tuple[Any, ...]]
+READ_DDL = (
+    "cidx INT, offset BIGINT, id STRING, op TINYINT, document STRING, metadata STRING, "
+    "embedding ARRAY<FLOAT>, note STRING"
+)
+READ_SCHEMA = pa.schema(
+    [
+        pa.field("cidx", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("id", pa.string()),
+        pa.field("op", pa.int8()),
+        pa.field("document", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("embedding", runs.EMBEDDING),
+        pa.field("note", pa.string()),
+    ]
+)
+TASK_DDL = "cidx INT, task STRING"
+STATS_DDL = (
+    "cidx INT, collection_id STRING, records_in BIGINT, rows_out BIGINT, bytes_out BIGINT, "
+    "runs STRING, merges INT, error STRING, error_kind STRING"
+)
+STATS_SCHEMA = pa.schema(
+    [
+        pa.field("cidx", pa.int32()),
+        pa.field("collection_id", pa.string()),
+        pa.field("records_in", pa.int64()),
+        pa.field("rows_out", pa.int64()),
+        pa.field("bytes_out", pa.int64()),
+        pa.field("runs", pa.string()),
+        pa.field("merges", pa.int32()),
+        pa.field("error", pa.string()),
+        pa.field("error_kind", pa.string()),
+    ]
+)
 
 
 class GapError(CompactorError, ValueError):
@@ -65,15 +108,54 @@ class FragmentTask:
 
 
 @dataclass(frozen=True, slots=True)
+class RunRef:
+    """One run of a collection's stack as CURRENT.json lists it (top of the stack first)."""
+
+    key: str
+    url: str
+    rows: int
+    bytes: int | None = None  # Arrow bytes; None for an old-layout version (read from its footer)
+    tombstones: int = 0
+    sketch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FoldTask:
-    """Fold one collection's window [start, end) onto its base version and write ``out_url``."""
+    """Fold one collection's window [start, end) into a new top run over ``base`` (top first),
+    merge levels as ``ratio``/``min_reward`` say, and write new runs to ``outputs`` (URL, key)."""
 
     cidx: int
     collection_id: str
     start: int
     end: int
-    base_url: str | None
-    out_url: str
+    base: tuple[RunRef, ...] = ()
+    outputs: tuple[tuple[str, str], ...] = ()
+    ratio: float = 10.0
+    min_reward: float = 1.0
+
+    def to_json(self) -> str:
+        """The task as the marker row carries it."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> FoldTask:
+        """A task back from its marker row."""
+        d = json.loads(text)
+        d["base"] = tuple(RunRef(**r) for r in d["base"])
+        d["outputs"] = tuple((u, k) for u, k in d["outputs"])
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """One run of the stack a fold produced (top first): written now, or kept from the base."""
+
+    key: str
+    rows: int
+    bytes: int
+    tombstones: int
+    sketch: str | None
+    written: bool  # written by this fold (else a base run, unchanged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +167,82 @@ class CollectionStats:
     records_in: int
     rows_out: int
     bytes_out: int
+    runs: tuple[NewRun, ...] = ()
+    merges: int = 0
     error: str | None = None
     error_kind: str | None = None
 
+    def to_row(self) -> dict[str, Any]:
+        """The statistics row stage 2 returns."""
+        return {
+            "cidx": self.cidx,
+            "collection_id": self.collection_id,
+            "records_in": self.records_in,
+            "rows_out": self.rows_out,
+            "bytes_out": self.bytes_out,
+            "runs": json.dumps([dataclasses.asdict(r) for r in self.runs]),
+            "merges": self.merges,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
 
-def read_fragment_task(task: FragmentTask, s3: S3Options | None = None) -> list[Keyed]:
-    """The window's records of one fragment as keyed pairs, or one error pair."""
+    @classmethod
+    def from_row(cls, row: Any) -> CollectionStats:
+        """Statistics back from a collected row (a Spark Row or a dict)."""
+        get = row.asDict() if hasattr(row, "asDict") else dict(row)
+        return cls(
+            cidx=int(get["cidx"]),
+            collection_id=str(get["collection_id"]),
+            records_in=int(get["records_in"] or 0),
+            rows_out=int(get["rows_out"] or 0),
+            bytes_out=int(get["bytes_out"] or 0),
+            runs=tuple(NewRun(**r) for r in json.loads(get["runs"] or "[]")),
+            merges=int(get["merges"] or 0),
+            error=get["error"],
+            error_kind=get["error_kind"],
+        )
+
+
+# ---------------------------------------------------------------------------------- stage 1
+
+
+def fragment_task_json(t: FragmentTask) -> str:
+    """A fragment task as a task row carries it."""
+    return json.dumps({"fragment": dataclasses.asdict(t)}, separators=(",", ":"))
+
+
+def fold_task_json(t: FoldTask) -> str:
+    """A fold task as a task row carries it."""
+    return json.dumps({"fold": json.loads(t.to_json())}, separators=(",", ":"))
+
+
+def _note_rows(cidx: int, offset: int, note: str) -> pa.Table:
+    return pa.Table.from_pydict(
+        {
+            "cidx": [cidx],
+            "offset": [offset],
+            "id": [None],
+            "op": [None],
+            "document": [None],
+            "metadata": [None],
+            "embedding": [None],
+            "note": [note],
+        },
+        schema=READ_SCHEMA,
+    )
+
+
+def error_rows(cidx: int, message: str, kind: str) -> pa.Table:
+    """The row that fails a collection (offset -1)."""
+    return _note_rows(cidx, ERROR_OFFSET, json.dumps({"error": message, "kind": kind}))
+
+
+def read_fragment(task: FragmentTask, s3: S3Options | None = None) -> pa.Table:
+    """The window's records of one fragment, verified and decoded, or one error row."""
     try:
         data = read_bytes(task.url, s3)
     except Exception as e:
-        return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}", "read"))]
+        return error_rows(task.cidx, f"reading {task.url}: {e!r}", "read")
     try:
         if task.content_md5:
             check_md5(task.url, data, task.content_md5)
@@ -120,56 +268,147 @@ def read_fragment_task(task: FragmentTask, s3: S3Options | None = None) -> list[
                 )
         lo, hi = max(task.lo, task.start), min(task.hi, task.limit)
         # Records below the compaction start were folded already; at/after the end are next round's.
-        keep = pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi))
-        window = table.filter(keep)
-        return [
-            ((task.cidx, int(off)), ("r", body))
-            for off, body in zip(
-                window.column("offset").to_pylist(), window.column("body").to_pylist(), strict=True
-            )
-        ]
+        window = table.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi)))
     except Exception as e:
         # Bytes that do not decode as the fragment the host vouched for are corrupt too.
         kind = getattr(e, "kind", None) or CorruptFragmentError.kind
-        return [((task.cidx, ERROR_OFFSET), ("e", f"reading {task.url}: {e!r}", kind))]
+        return error_rows(task.cidx, f"reading {task.url}: {e!r}", kind)
+    try:
+        recs = runs.parse_records(
+            window.column("offset").to_pylist(), window.column("body").to_pylist()
+        )
+    except Exception as e:
+        return error_rows(task.cidx, f"decoding {task.url}: {e!r}", type(e).__name__)
+    n = recs.num_rows
+    return pa.Table.from_pydict(
+        {
+            "cidx": pa.array(np.full(n, task.cidx, np.int32), pa.int32()),
+            "offset": recs.column("offset"),
+            "id": recs.column("id"),
+            "op": recs.column("op"),
+            "document": recs.column("document"),
+            "metadata": recs.column("metadata"),
+            "embedding": recs.column("embedding"),
+            "note": pa.nulls(n, pa.string()),
+        },
+        schema=READ_SCHEMA,
+    )
 
 
-def partition_of(key: tuple[int, int]) -> int:
-    """Spark partition function: every record of a collection goes to the same partition."""
-    return key[0]
+def run_task(cidx: int, task: str, s3: S3Options | None = None) -> pa.Table:
+    """One task row of stage 1: a fragment's records, or a fold task's marker row."""
+    doc = json.loads(task)
+    if "fold" in doc:
+        return _note_rows(cidx, MARKER_OFFSET, json.dumps(doc["fold"]))
+    return read_fragment(FragmentTask(**doc["fragment"]), s3)
 
 
-def _records(task: FoldTask, items: Iterable[Keyed]) -> Iterator[dict[str, Any]]:
-    """Decoded records in offset order, checking they are exactly [start, end)."""
-    expected = task.start
-    for (_, offset), value in items:
-        kind = value[0]
-        if kind == "e":
-            raise FoldError(value[1], value[2] if len(value) > 2 else "read")
-        if kind == "m":
-            continue
-        if offset != expected:
-            raise GapError(f"expected offset {expected}, found {offset}")
-        expected += 1
-        yield parse_body(value[1])
-    if expected != task.end:
-        raise GapError(f"records end at offset {expected}, the window ends at {task.end}")
+def read_tasks(
+    batches: Iterable[pa.RecordBatch], s3: S3Options | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Stage 1 (``mapInArrow``): task rows in, record rows out."""
+    for batch in batches:
+        cidxs = batch.column("cidx").to_pylist()
+        tasks = batch.column("task").to_pylist()
+        for cidx, task in zip(cidxs, tasks, strict=True):
+            yield from run_task(int(cidx), str(task), s3).to_batches()
+
+
+# ---------------------------------------------------------------------------------- stage 2
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One level while the fold works: a run in memory (new) or one of the base's."""
+
+    table: pa.Table | None
+    ref: RunRef | None
+    stats: runs.RunStats | None = None
+    level: Level | None = None
+    merged: bool = False  # the output of a merge (else the new top run, or a base run)
+    s3: S3Options | None = field(default=None, repr=False)
+
+    def describe(self) -> Level:
+        if self.level is None:
+            if self.stats is None and self.table is not None:
+                self.stats = runs.stats_of(self.table)
+            if self.stats is not None:
+                st = self.stats
+                self.level = Level(st.rows, st.bytes, st.tombstones, st.sketch)
+            else:
+                ref = self.ref
+                assert ref is not None
+                rows, nbytes = ref.rows, ref.bytes
+                if nbytes is None:  # an old-layout version: its footer says how big it is
+                    rows, nbytes = run_footer(ref.url, self.s3)
+                self.level = Level(rows, nbytes, ref.tombstones, ref.sketch)
+        return self.level
+
+    def load(self) -> pa.Table:
+        if self.table is None:
+            assert self.ref is not None
+            self.table = read_run(self.ref.url, self.s3)
+        return self.table
+
+
+def check_window(records: pa.Table, start: int, end: int) -> pa.Table:
+    """The records sorted by offset, checked to be exactly [start, end)."""
+    records = records.sort_by("offset")
+    offs = records.column("offset").to_numpy()
+    if len(offs) != end - start or (len(offs) and not np.array_equal(offs, np.arange(start, end))):
+        got = np.setdiff1d(np.arange(start, end), offs)
+        where = int(got[0]) if len(got) else int(offs[-1]) + 1 if len(offs) else start
+        raise GapError(f"window [{start}, {end}) has {len(offs)} records; first missing {where}")
+    return records
 
 
 def fold_collection(
-    task: FoldTask, items: Iterable[Keyed], s3: S3Options | None = None
+    task: FoldTask, records: pa.Table, s3: S3Options | None = None
 ) -> CollectionStats:
-    """Fold one collection's sorted records onto its base and write the new version."""
+    """Fold one collection's records (``RECORD_SCHEMA`` columns) onto its base stack, merge
+    levels, and write the new runs; never raises (a failure is in the statistics)."""
     try:
-        base = read_version(task.base_url, s3) if task.base_url else {}
-        rows = fold(base, _records(task, items))
-        size = write_version(task.out_url, rows_to_table(rows.values()), s3)
+        window = runs.fold_window(
+            check_window(records, task.start, task.end).select(runs.RECORD_SCHEMA.names)
+        )
+        stack = [_Slot(None, ref, s3=s3) for ref in task.base]
+        if window.num_rows:
+            top = window if stack else runs.resolve_bottom(window)
+            stack.insert(0, _Slot(top, None, s3=s3))
+        policy = Policy(task.ratio, task.min_reward)
+        merges = 0
+        while (m := choose([s.describe() for s in stack], policy)) is not None:
+            bottom = m.upper + 1 == len(stack) - 1
+            merged = runs.merge(stack[m.upper].load(), stack[m.upper + 1].load(), bottom=bottom)
+            stack[m.upper : m.upper + 2] = [_Slot(merged, None, merged=True, s3=s3)]
+            merges += 1
+        # An empty run changes nothing: it is not written (an empty stack is an empty collection).
+        stack = [s for s in stack if s.describe().rows > 0]
+        outputs = list(task.outputs)
+        out: list[NewRun] = []
+        written = 0
+        for s in stack:
+            lv = s.describe()
+            if s.ref is not None:
+                out.append(NewRun(s.ref.key, lv.rows, lv.bytes, lv.tombstones, lv.sketch, False))
+                continue
+            if not outputs:
+                raise FoldError("more new runs than allocated keys", "internal")
+            url, key = outputs.pop(0)
+            assert s.table is not None
+            written += write_run(url, s.table, s3)
+            out.append(NewRun(key, lv.rows, lv.bytes, lv.tombstones, lv.sketch, True))
+            if s.merged:
+                crash_point("fold:merged")
+        crash_point("fold:written")
         return CollectionStats(
             cidx=task.cidx,
             collection_id=task.collection_id,
             records_in=task.end - task.start,
-            rows_out=len(rows),
-            bytes_out=size,
+            rows_out=sum(r.rows for r in out),
+            bytes_out=written,
+            runs=tuple(out),
+            merges=merges,
         )
     except Exception as e:
         return CollectionStats(
@@ -183,16 +422,54 @@ def fold_collection(
         )
 
 
-def fold_partition(
-    items: Iterable[Keyed], tasks: Mapping[int, FoldTask], s3: S3Options | None = None
-) -> Iterator[CollectionStats]:
-    """Fold every collection of one sorted partition, one after another."""
-    for cidx, group in itertools.groupby(items, key=lambda kv: kv[0][0]):
-        yield fold_collection(tasks[cidx], group, s3)
+def _group_stats(table: pa.Table, s3: S3Options | None) -> CollectionStats:
+    offsets = table.column("offset").to_numpy()
+    notes = table.column("note")
+    cidx = int(table.column("cidx")[0].as_py())
+    markers = np.flatnonzero(offsets == MARKER_OFFSET)
+    if len(markers) != 1:
+        return CollectionStats(cidx, "", 0, 0, 0, error="no fold task", error_kind="internal")
+    task = FoldTask.from_json(str(notes[int(markers[0])].as_py()))
+    errors = np.flatnonzero(offsets == ERROR_OFFSET)
+    if len(errors):
+        err = json.loads(str(notes[int(errors[0])].as_py()))
+        e = FoldError(err["error"], err["kind"])
+        return CollectionStats(
+            task.cidx, task.collection_id, 0, 0, 0, error=repr(e), error_kind=e.kind
+        )
+    recs = table.filter(pc.greater(table.column("offset"), 0))
+    return fold_collection(task, recs, s3)
 
 
-def fold_partition_broadcast(
-    items: Iterable[Keyed], tasks: Any, s3: S3Options | None = None
-) -> Iterator[CollectionStats]:
-    """``fold_partition`` taking a Spark broadcast of the task map."""
-    return fold_partition(items, tasks.value, s3)
+def fold_group(table: pa.Table, s3: S3Options | None = None) -> pa.Table:
+    """Stage 2 (``applyInArrow``): one collection's rows in, one statistics row out."""
+    stats = _group_stats(table, s3)
+    return pa.Table.from_pylist([stats.to_row()], schema=STATS_SCHEMA)
+
+
+def stage_functions(
+    s3: S3Options | None,
+) -> tuple[
+    Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], Callable[[pa.Table], pa.Table]
+]:
+    """The two stages' functions with ``s3`` in their closures (how S3 settings and credentials
+    reach executors).  Plain functions with type hints: ``applyInArrow`` infers its mode from them
+    (a ``functools.partial`` has none)."""
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return read_tasks(batches, s3)
+
+    def fold(table: pa.Table) -> pa.Table:
+        return fold_group(table, s3)
+
+    return read, fold
+
+
+def fold_locally(
+    task: FoldTask, fragments: Iterable[FragmentTask], s3: S3Options | None = None
+) -> CollectionStats:
+    """Both stages for one collection in this process, no Spark (the single-process baseline of
+    the benchmarks, and tests)."""
+    parts = [run_task(task.cidx, fold_task_json(task), s3)]
+    parts += [read_fragment(f, s3) for f in fragments]
+    return _group_stats(pa.concat_tables(parts), s3)

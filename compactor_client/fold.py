@@ -81,7 +81,7 @@ Metadata = dict[str, Scalar]
 
 
 def _insert(rid: str, doc: str | None, md: Metadata | None, emb: list[float] | None) -> Row:
-    clean = {k: v for k, v in (md or {}).items() if v is not None}
+    clean: Metadata = {k: v for k, v in (md or {}).items() if v is not None}
     return Row(id=rid, document=doc, metadata=clean, embedding=emb)
 
 

@@ -1,10 +1,15 @@
-"""Reading fragments and compacted versions, and writing versions, by URL with pyarrow.
+"""Reading fragments and runs, and writing runs, by URL with pyarrow.
 
 This module runs inside Spark executors, so it needs nothing but pyarrow and the standard library:
 ``file://`` URLs (and bare paths) are read with the local filesystem; ``s3://bucket/key`` URLs
 with ``pyarrow.fs.S3FileSystem`` (pyarrow's bundled AWS SDK), so no Hadoop/JVM S3 jars are needed.
-The S3 endpoint and region come from the driver's environment (``S3Options.from_env``); credentials
-come from each executor's own AWS credential chain, so secrets are never shipped inside tasks.
+
+Where S3 is and how to sign in travel to executors in :class:`S3Options`, inside the Python
+functions Spark ships with every task (the closures of ``mapInArrow`` and ``applyInArrow``): the
+endpoint and region from the driver's environment, and — unless credentials are left to each
+executor's own AWS chain — the credentials the driver resolved.  They are never Spark
+configuration or environment variables, so neither the Spark UI nor its logs show them, and
+``S3Options``'s ``repr`` leaves them out.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
@@ -43,25 +48,43 @@ VERSION_SCHEMA = pa.schema(
 
 @dataclass(frozen=True, slots=True)
 class S3Options:
-    """Where S3 lives (endpoint, scheme, region); picklable, carries no credentials."""
+    """Where S3 lives (endpoint, scheme, region) and, optionally, credentials to sign with
+    (left out of ``repr``); picklable, so it reaches executors inside a task's closure."""
 
     endpoint_override: str | None = None
     scheme: str | None = None
     region: str | None = None
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Options:
-        """Options from ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL`` and ``AWS_REGION``."""
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, credentials: bool = False
+    ) -> S3Options:
+        """Options from ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL`` and ``AWS_REGION``; with
+        ``credentials``, also the key pair (and session token) of ``AWS_ACCESS_KEY_ID``,
+        ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, else of the profile ``AWS_PROFILE``
+        names in the shared credentials and config files."""
         env = os.environ if env is None else env
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        keys: dict[str, str | None] = {}
+        if credentials:
+            keys = _credentials(env)
         if not endpoint:
-            return cls(region=region)
+            return cls(region=region, **keys)
         parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-        return cls(endpoint_override=parts.netloc, scheme=parts.scheme, region=region)
+        return cls(endpoint_override=parts.netloc, scheme=parts.scheme, region=region, **keys)
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether this carries credentials (else executors use their own AWS chain)."""
+        return bool(self.access_key and self.secret_key)
 
     def filesystem(self) -> pafs.S3FileSystem:
-        """A pyarrow S3 filesystem with these options and the default credential chain."""
+        """A pyarrow S3 filesystem with these options: these credentials, or the executor's
+        default AWS credential chain when there are none."""
         kwargs: dict[str, object] = {}
         if self.endpoint_override:
             kwargs["endpoint_override"] = self.endpoint_override
@@ -69,7 +92,46 @@ class S3Options:
             kwargs["scheme"] = self.scheme
         if self.region:
             kwargs["region"] = self.region
-        return pafs.S3FileSystem(**kwargs)  # type: ignore[arg-type]
+        if self.has_credentials:
+            kwargs["access_key"] = self.access_key
+            kwargs["secret_key"] = self.secret_key
+            if self.session_token:
+                kwargs["session_token"] = self.session_token
+        return pafs.S3FileSystem(**kwargs)
+
+
+def _credentials(env: Mapping[str, str]) -> dict[str, str | None]:
+    """The driver's credentials: the environment's key pair, else its profile's from the
+    shared files (botocore's file providers only: nothing here calls a network service)."""
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return {
+            "access_key": key,
+            "secret_key": secret,
+            "session_token": env.get("AWS_SESSION_TOKEN"),
+        }
+    profile = env.get("AWS_PROFILE")
+    if not profile:
+        return {}
+    from botocore.credentials import ConfigProvider, SharedCredentialProvider
+    from botocore.session import Session
+
+    session = Session(profile=profile)
+    for provider in (
+        SharedCredentialProvider(
+            os.path.expanduser(session.get_config_variable("credentials_file")), profile
+        ),
+        ConfigProvider(os.path.expanduser(session.get_config_variable("config_file")), profile),
+    ):
+        creds = provider.load()
+        if creds is not None:
+            frozen = creds.get_frozen_credentials()
+            return {
+                "access_key": frozen.access_key,
+                "secret_key": frozen.secret_key,
+                "session_token": frozen.token,
+            }
+    return {}
 
 
 def resolve(url: str, s3: S3Options | None = None) -> tuple[pafs.FileSystem, str]:
@@ -159,3 +221,25 @@ def _write_local_durably(path: str, table: pa.Table) -> int:
     finally:
         os.close(fd)
     return os.path.getsize(path)
+
+
+def read_run(url: str, s3: S3Options | None = None) -> pa.Table:
+    """A run (or a version of the single-version layout, read as a run of rows)."""
+    from .runs import as_run
+
+    fs, path = resolve(url, s3)
+    return as_run(pq.read_table(path, filesystem=fs))
+
+
+def run_footer(url: str, s3: S3Options | None = None) -> tuple[int, int]:
+    """(rows, uncompressed bytes) of a Parquet file, from its footer alone."""
+    fs, path = resolve(url, s3)
+    with fs.open_input_file(path) as f:
+        meta = pq.ParquetFile(f).metadata
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    return meta.num_rows, int(size)
+
+
+def write_run(url: str, table: pa.Table, s3: S3Options | None = None) -> int:
+    """Write a run so it is either absent or complete; returns its size in bytes."""
+    return write_version(url, table, s3)

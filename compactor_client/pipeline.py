@@ -2,58 +2,70 @@
 
 Order of effects for each collection, and why a crash anywhere is safe:
 
-1. *Plan* (driver): read ``CURRENT.json`` (the base version and its etag) and the fragment list
-   from the base's ``offset`` to the tail.  Nothing is written.
-2. *Fold* (one Spark job for all collections): executors read the fragments in parallel with
-   pyarrow, Spark groups the records by collection in offset order, and one task per collection
-   folds them onto the base version and writes the new version's Parquet file under a fresh,
-   unreferenced key.  A crash here leaves at most an orphan file; the old version stays current.
-3. *Install* (driver): ``CURRENT.json`` is replaced by conditional put.  This single atomic write
-   is the commit point: before it the old version is current, after it the new one.  Losing the
-   race to another compactor deletes our file and stops here.
+1. *Plan* (driver): read ``CURRENT.json`` (the base version: its runs by level, and its etag) and
+   the fragment list from the base's ``offset`` to the tail.  Nothing is written.
+2. *Fold* (one Spark job for all collections, on the DataFrame API): executors read the fragments
+   in parallel with pyarrow (``mapInArrow``), Spark partitions the records by collection, and one
+   ``applyInArrow`` call per collection folds its window into a new top run, merges levels as the
+   level policy says, and writes every new run under fresh, unreferenced keys
+   (``executor``).  A crash here leaves at most orphan runs; the old version stays current.
+3. *Install* (driver): ``CURRENT.json`` is replaced by conditional put, listing the new stack of
+   runs.  This single atomic write is the commit point: before it the old version is current,
+   after it the new one.  Losing the race to another compactor deletes our runs and stops here.
 4. *Advance* (driver): ``POST .../compaction {"offset": end}`` — only after the data is current,
    so the cursor is never ahead of its data.  A crash between 3 and 4 leaves the cursor behind
    ``CURRENT.json``; the next round folds from ``CURRENT.json``'s offset (not the cursor), so no
    record is applied twice, and it advances the cursor.
+5. *Prune* (driver, best effort): runs no kept version lists go once the grace has passed
+   (``versions.prune_versions``).
 
-Versions are written by the executors, not the driver: a collection's rows never travel to the
-driver (which would make driver memory the limit on a cluster) and the writes run in parallel.
-The driver keeps the only operation that needs coordination, the conditional put of the pointer.
+Runs are written by the executors, not the driver: a collection's rows never travel to the driver
+(which would make driver memory the limit on a cluster) and the writes run in parallel.  The driver
+holds one small task and one statistics row per collection, and keeps the only operation that
+needs coordination, the conditional put of the pointer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .crashpoints import crash_point
 from .errors import CompactorError, LogHostError
 from .executor import (
-    MARKER_OFFSET,
+    READ_DDL,
+    STATS_DDL,
+    TASK_DDL,
     CollectionStats,
     FoldTask,
     FragmentTask,
-    fold_partition_broadcast,
-    partition_of,
-    read_fragment_task,
+    RunRef,
+    fold_locally,
+    fold_task_json,
+    fragment_task_json,
+    stage_functions,
 )
 from .integrity import UnverifiableFragmentError
+from .levels import DEFAULT_MIN_REWARD, DEFAULT_RATIO
 from .metrics import CompactorMetrics
 from .models import FragmentInfo
 from .parquet_io import S3Options
 from .scheduler import Candidate
+from .sparkutil import default_parallelism, is_connect, tag_jobs
 from .versions import (
     CorruptCurrent,
     CurrentVersion,
     PendingVersion,
+    RunEntry,
     allocate_version,
     discard_version,
     install_version,
@@ -62,7 +74,6 @@ from .versions import (
 )
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from wal3.store import ObjectStore
@@ -102,6 +113,9 @@ class CollectionOutcome:
     end: int | None = None
     records_in: int = 0
     rows_out: int = 0
+    levels: int = 0  # runs (one per level) of the installed version: what a reader merges
+    merges: int = 0  # levels merged by this round
+    bytes_out: int = 0  # bytes of runs written
     stage: str | None = None
     error: str | None = None
     error_kind: str | None = None  # typed cause of a failure: corrupt_fragment, gap, ...
@@ -132,8 +146,18 @@ class RoundResult:
 
     @property
     def rows_out(self) -> int:
-        """Rows of installed versions."""
+        """Run entries of installed versions."""
         return sum(o.rows_out for o in self.outcomes if o.status == "compacted")
+
+    @property
+    def merges(self) -> int:
+        """Levels merged by installed versions."""
+        return sum(o.merges for o in self.outcomes if o.status == "compacted")
+
+    @property
+    def max_levels(self) -> int:
+        """The most levels (runs) any installed version has: a reader's read amplification."""
+        return max((o.levels for o in self.outcomes if o.status == "compacted"), default=0)
 
 
 @dataclass(slots=True)
@@ -144,17 +168,19 @@ class _Plan:
     start: int
     end: int
     fragments: list[FragmentInfo]
-    base_url: str | None
-    out_url: str
+    base: tuple[RunRef, ...]
+    outputs: tuple[tuple[str, str], ...]
 
-    def fold_task(self) -> FoldTask:
+    def fold_task(self, ratio: float, min_reward: float) -> FoldTask:
         return FoldTask(
             cidx=self.cidx,
             collection_id=self.candidate.log.collection_id,
             start=self.start,
             end=self.end,
-            base_url=self.base_url,
-            out_url=self.out_url,
+            base=self.base,
+            outputs=self.outputs,
+            ratio=ratio,
+            min_reward=min_reward,
         )
 
     def fragment_tasks(self) -> list[FragmentTask]:
@@ -183,47 +209,52 @@ def check_coverage(fragments: Sequence[FragmentInfo], start: int) -> tuple[list[
             f"log has no fragment for offsets [{start}, {frags[0].start}): purged below the "
             "compacted version"
         )
-    for prev, nxt in zip(frags, frags[1:], strict=False):
+    for prev, nxt in itertools.pairwise(frags):
         if nxt.start != prev.limit:
             raise PlanError(f"fragments leave a gap or overlap at [{prev.limit}, {nxt.start})")
     return frags, frags[-1].limit
 
 
 def run_compaction_job(
-    sc: SparkContext,
+    spark: SparkSession,
     fold_tasks: Sequence[FoldTask],
     fragment_tasks: Sequence[FragmentTask],
     s3: S3Options | None = None,
     *,
     partitions: int | None = None,
 ) -> list[CollectionStats]:
-    """One Spark job folding many collections; returns one stats entry per fold task."""
+    """One Spark job folding many collections; returns one stats entry per fold task.
+
+    DataFrame API only (so it runs on Spark Connect too): a DataFrame of task rows, read by
+    ``mapInArrow``, partitioned by collection, folded by ``groupBy(...).applyInArrow``.  Every
+    row crossing the shuffle is an Arrow/Spark row of typed columns, never a Python object.
+    """
     if not fold_tasks:
         return []
-    parallelism = max(1, sc.defaultParallelism)
-    n_parts = partitions or max(1, min(len(fold_tasks), parallelism * 2))
-    tasks = {t.cidx: t for t in fold_tasks}
-    broadcast = sc.broadcast(tasks)
-    try:
-        markers = sc.parallelize([((t.cidx, MARKER_OFFSET), ("m",)) for t in fold_tasks], 1)
-        if fragment_tasks:
-            read_slices = max(1, min(len(fragment_tasks), parallelism * 4))
-            records = sc.parallelize(list(fragment_tasks), read_slices).flatMap(
-                partial(read_fragment_task, s3=s3)
-            )
-            keyed = records.union(markers)
-        else:
-            keyed = markers
-        # One partition per collection index (mod n): a collection's records meet in one task,
-        # sorted by offset by Spark's external sort, so folding streams in offset order.
-        stats = (
-            keyed.repartitionAndSortWithinPartitions(n_parts, partitionFunc=partition_of)
-            .mapPartitions(partial(fold_partition_broadcast, tasks=broadcast, s3=s3))
-            .collect()
-        )
-    finally:
-        broadcast.unpersist()
-    return list(stats)
+    parallelism = default_parallelism(spark)
+    rows = [(t.cidx, fold_task_json(t)) for t in fold_tasks]
+    rows += [(t.cidx, fragment_task_json(t)) for t in fragment_tasks]
+    read_parts = max(1, min(len(rows), parallelism * 2))
+    fold_parts = partitions or max(1, min(len(fold_tasks), parallelism * 2))
+    read, fold = stage_functions(s3)
+    tasks = spark.createDataFrame(rows, schema=TASK_DDL).repartition(read_parts)
+    records = tasks.mapInArrow(read, READ_DDL)
+    # Every row of a collection in one partition; one applyInArrow call per collection.
+    stats = records.repartition(fold_parts, "cidx").groupBy("cidx").applyInArrow(fold, STATS_DDL)
+    return [CollectionStats.from_row(r) for r in stats.collect()]
+
+
+def run_locally(
+    fold_tasks: Sequence[FoldTask],
+    fragment_tasks: Sequence[FragmentTask],
+    s3: S3Options | None = None,
+) -> list[CollectionStats]:
+    """The job's two stages in this process, one collection after another, without Spark (the
+    single-process baseline, and a pipeline built with ``spark=None``)."""
+    by_cidx: dict[int, list[FragmentTask]] = {}
+    for t in fragment_tasks:
+        by_cidx.setdefault(t.cidx, []).append(t)
+    return [fold_locally(t, by_cidx.get(t.cidx, []), s3) for t in fold_tasks]
 
 
 class CompactionPipeline:
@@ -231,7 +262,7 @@ class CompactionPipeline:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | None,
         store: ObjectStore,
         apis: Mapping[str, LogApi],
         *,
@@ -243,18 +274,36 @@ class CompactionPipeline:
         progress_interval_s: float = 0.5,
         keep_versions: int = 2,
         prune_grace_s: float = 300.0,
+        ratio: float = DEFAULT_RATIO,
+        min_reward: float = DEFAULT_MIN_REWARD,
+        ship_credentials: bool = True,
     ) -> None:
+        """``s3``: where S3 is and how executors sign in; by default the driver's environment,
+        its credentials included unless ``ship_credentials`` is false (executors then use
+        their own AWS chain).  ``ratio`` and ``min_reward``: the level policy (``levels``).
+        ``spark`` None folds in this process instead (``run_locally``)."""
         self.spark = spark
         self.store = store
         self.apis = apis
         self.metrics = metrics
-        self.s3 = s3 if s3 is not None else S3Options.from_env()
+        self._s3 = s3
+        self.ship_credentials = ship_credentials
+        self.ratio = ratio
+        self.min_reward = min_reward
         self.progress = progress
         self.console = console
         self.progress_interval_s = progress_interval_s
         self.keep_versions = keep_versions
         self.prune_grace_s = prune_grace_s
         self._sem = asyncio.Semaphore(concurrency)
+
+    @property
+    def s3(self) -> S3Options:
+        """The S3 options this round's tasks carry (resolved again every round, so credentials
+        that rotate are picked up)."""
+        if self._s3 is not None:
+            return self._s3
+        return S3Options.from_env(credentials=self.ship_credentials)
 
     # ------------------------------------------------------------------------------- planning
 
@@ -292,6 +341,7 @@ class CompactionPipeline:
             log.exception("planning %s/%s failed", tenant, cid)
             return CollectionOutcome(tenant, cid, "failed", stage="plan", error=repr(e))
         pending = allocate_version(cid, base)
+        runs = base.runs if base is not None else ()
         return _Plan(
             cidx=cidx,
             candidate=cand,
@@ -299,20 +349,34 @@ class CompactionPipeline:
             start=start,
             end=end,
             fragments=frags,
-            base_url=self.store.url_for(base.path) if base is not None else None,
-            out_url=self.store.url_for(pending.data_key),
+            base=tuple(
+                RunRef(
+                    key=r.key,
+                    url=self.store.url_for(r.key),
+                    rows=r.rows,
+                    bytes=r.bytes,
+                    tombstones=r.tombstones,
+                    sketch=r.sketch,
+                )
+                for r in runs
+            ),
+            outputs=tuple((self.store.url_for(k), k) for k in pending.run_keys()),
         )
 
     # ------------------------------------------------------------------------------- spark job
 
     def _spark_job(self, group: str, plans: Sequence[_Plan]) -> list[CollectionStats]:
-        sc = self.spark.sparkContext
-        # Job groups are thread-local; set here, in the thread that submits the job.
-        sc.setJobGroup(group, f"compaction of {len(plans)} collections", interruptOnCancel=True)
         frag_tasks = [t for p in plans for t in p.fragment_tasks()]
-        return run_compaction_job(sc, [p.fold_task() for p in plans], frag_tasks, self.s3)
+        fold_tasks = [p.fold_task(self.ratio, self.min_reward) for p in plans]
+        if self.spark is None:
+            return run_locally(fold_tasks, frag_tasks, self.s3)
+        # Job groups and tags are thread-local; set here, in the thread that submits the job.
+        tag_jobs(self.spark, group, f"compaction of {len(plans)} collections")
+        return run_compaction_job(self.spark, fold_tasks, frag_tasks, self.s3)
 
     def _spark_progress(self, group: str) -> tuple[int, int]:
+        if self.spark is None or is_connect(self.spark):
+            return 0, 0  # Spark Connect has no status tracker: the bar shows time only
         tracker = self.spark.sparkContext.statusTracker()
         done = total = 0
         for job_id in tracker.getJobIdsForGroup(group):
@@ -360,28 +424,39 @@ class CompactionPipeline:
             error = stats.error if stats is not None else "no result from the Spark job"
             kind = stats.error_kind if stats is not None else None
             return outcome("failed", stage="fold", error=error, error_kind=kind)
+        runs = tuple(RunEntry(r.key, r.rows, r.bytes, r.tombstones, r.sketch) for r in stats.runs)
+        done = {
+            "records_in": stats.records_in,
+            "rows_out": stats.rows_out,
+            "levels": len(runs),
+            "merges": stats.merges,
+            "bytes_out": stats.bytes_out,
+        }
         async with self._sem:
+            crash_point("install:before")
             try:
                 installed = await install_version(
-                    self.store, plan.pending, offset=plan.end, rows=stats.rows_out
+                    self.store,
+                    plan.pending,
+                    offset=plan.end,
+                    rows=stats.rows_out,
+                    runs=runs,
+                    keep=self.keep_versions,
+                    grace_s=self.prune_grace_s,
                 )
             except Exception as e:
                 return outcome("failed", stage="install", error=repr(e))
             if not installed.installed:
                 return outcome("lost", stage="install", error="another compactor installed first")
+            crash_point("install:after")
             try:
                 await self.apis[cand.host_url].compact(tenant, cid, plan.end)
             except Exception as e:
                 # The data is current; the cursor catches up next round (see module docstring).
-                return outcome(
-                    "failed",
-                    stage="cursor",
-                    error=str(e),
-                    records_in=stats.records_in,
-                    rows_out=stats.rows_out,
-                )
+                return outcome("failed", stage="cursor", error=str(e), **done)
+            crash_point("cursor:after")
             await self._prune(cid, installed.current)
-        return outcome("compacted", records_in=stats.records_in, rows_out=stats.rows_out)
+        return outcome("compacted", **done)
 
     async def _prune(self, cid: str, current: CurrentVersion | None) -> None:
         """Best effort: what is not pruned now is pruned after the next install."""
@@ -398,7 +473,7 @@ class CompactionPipeline:
         try:
             await discard_version(self.store, plan.pending)
         except Exception as e:
-            log.warning("could not delete %s: %r", plan.pending.data_key, e)
+            log.warning("could not delete the runs of %s: %r", plan.pending.data_key, e)
 
     # ---------------------------------------------------------------------------------- round
 
@@ -500,15 +575,19 @@ class CompactionPipeline:
         for o in result.outcomes:
             if o.status == "failed":
                 log.warning("%s/%s failed at %s: %s", o.tenant, o.collection_id, o.stage, o.error)
+        levels = [o.levels for o in result.outcomes if o.status == "compacted"]
         log.info(
             "round: %d compacted, %d lost, %d skipped, %d failed; %d records in, %d rows out, "
-            "%.2fs (spark %.2fs)",
+            "levels max %d mean %.2f, %d merges; %.2fs (spark %.2fs)",
             result.count("compacted"),
             result.count("lost"),
             result.count("skipped"),
             result.count("failed"),
             result.records_in,
             result.rows_out,
+            max(levels, default=0),
+            sum(levels) / len(levels) if levels else 0.0,
+            result.merges,
             result.seconds,
             result.spark_seconds,
         )
@@ -539,6 +618,8 @@ def summarize(result: RoundResult) -> dict[str, Any]:
         "failed": result.count("failed"),
         "records_in": result.records_in,
         "rows_out": result.rows_out,
+        "merges": result.merges,
+        "max_levels": result.max_levels,
         "seconds": round(result.seconds, 3),
         "spark_seconds": round(result.spark_seconds, 3),
         "failed_hosts": result.failed_hosts,

@@ -62,11 +62,7 @@ from wal3.layout import load_manifest
 from wal3.manifest import Manifest
 from wal3.paths import (  # the compactor's layout (compactor_client.versions writes it)
     compacted_prefix as compacted_prefix,  # also imported from here (tests, tools)
-)
-from wal3.paths import (
     copied_compacted_key,
-)
-from wal3.paths import (
     current_key as current_key,
 )
 from wal3.store import put_resolving
@@ -142,33 +138,58 @@ async def _read_current(store: ObjectStore, cid: UUID) -> dict[str, Any] | None:
     if (
         not isinstance(doc, dict)
         or not isinstance(doc.get("offset"), int)
-        or not isinstance(doc.get("path"), str)
         or not isinstance(doc.get("version"), int)
+        or not _data_keys(doc)
     ):
         raise CorruptCompactedPointer(f"{current_key(cid)} is not a valid pointer: {doc!r}")
     return doc
 
 
+def _data_keys(doc: dict[str, Any]) -> list[str] | None:
+    """The files a pointer's version is made of: the runs of the leveled layout (``"format":
+    2``, ``"runs"``), or the one ``"path"`` of the single-version layout; None when malformed."""
+    if doc.get("format", 1) == 1:
+        path = doc.get("path")
+        return [path] if isinstance(path, str) else None
+    runs = doc.get("runs")
+    if doc.get("format") != 2 or not isinstance(runs, list):
+        return None
+    keys = [r.get("key") for r in runs if isinstance(r, dict)]
+    if len(keys) != len(runs) or not all(isinstance(k, str) for k in keys):
+        return None
+    return keys or [""]  # an empty collection lists no runs: nothing to copy, still valid
+
+
 async def _install_copy(
     store: ObjectStore, source: UUID, target: UUID, current: dict[str, Any], claim: Claim
 ) -> None:
-    """Copy the version file, then point the target's ``CURRENT.json`` at it (both created:
-    the claim cleaned up whatever a dead attempt left)."""
-    path = str(current["path"])
-    new_path = copied_compacted_key(path, source, target)
-    if new_path is None:
-        raise CorruptCompactedPointer(
-            f"compacted version {path!r} is not under {compacted_prefix(source)}"
-        )
-    # Immutable, and ours (the claim cleaned up first): an object already there must be a copy.
-    await claim.write(lambda: copy_claimed(store, path, new_path))
+    """Copy the version's files (its runs, or its one file), then point the target's
+    ``CURRENT.json`` at the copies (all created: the claim cleaned up whatever a dead attempt
+    left)."""
+    renamed: dict[str, str] = {}
+    for path in _data_keys(current) or []:
+        if not path:
+            continue
+        new_path = copied_compacted_key(path, source, target)
+        if new_path is None:
+            raise CorruptCompactedPointer(
+                f"compacted version {path!r} is not under {compacted_prefix(source)}"
+            )
+        renamed[path] = new_path
+    for path, new_path in renamed.items():
+        # Immutable, and ours (the claim cleaned up first): an object already there must be a copy.
+        await claim.write(lambda p=path, n=new_path: copy_claimed(store, p, n))
     now = time.time()
     doc = {
         **current,
-        "path": new_path,
         "installed_at": now,
         "history": [{"version": current["version"], "installed_at": now}],
     }
+    if "path" in current:
+        doc["path"] = renamed[current["path"]]
+    if isinstance(current.get("runs"), list):
+        doc["runs"] = [{**r, "key": renamed[r["key"]]} for r in current["runs"]]
+        doc["retired"] = []  # the source's retired runs are the source's to prune
     body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     async def put_current() -> None:

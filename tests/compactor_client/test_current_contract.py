@@ -1,8 +1,9 @@
 """``compacted/{id}/CURRENT.json``: its bytes and its validation (other programs read it).
 
 The format is a contract: compactors of this and older releases, and readers of the compacted
-layout, parse it.  These pin the encoding byte for byte, what is refused as corrupt (with the key
-named), and what the history keeps.
+layout, parse it.  These pin the encoding byte for byte (format 2, the leveled layout), how a
+pointer of the single-version layout (format 1) still reads (one bottom-level run), what is
+refused as corrupt (with the key named), and what the history keeps.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from compactor_client.versions import (
     HISTORY_LIMIT,
     CorruptCurrent,
     CurrentVersion,
+    RunEntry,
     _decode,
     _encode,
     encode_rows,
@@ -27,6 +29,8 @@ from compactor_client.versions import (
 
 CID = "00000000-0000-4000-8000-000000000001"
 KEY = f"compacted/{CID}/CURRENT.json"
+RUN = f"compacted/{CID}/v0000000000000003/run-t-0.parquet"
+P = (RunEntry(key=RUN, rows=2, bytes=90, tombstones=1, sketch="AQID"),)
 
 
 def _doc(**over: Any) -> dict[str, Any]:
@@ -41,20 +45,28 @@ def _doc(**over: Any) -> dict[str, Any]:
 
 
 def test_the_pointer_is_compact_key_sorted_json() -> None:
+    old = f"compacted/{CID}/v0000000000000001/run-u-0.parquet"
     cur = CurrentVersion(
         version=3,
         offset=11,
-        rows=2,
-        path="p",
+        rows=3,
+        runs=(
+            RunEntry(key=RUN, rows=2, bytes=90, tombstones=1, sketch="AQID"),
+            RunEntry(key=f"compacted/{CID}/v0000000000000001/part-t.parquet", rows=1),
+        ),
         etag="e",
         installed_at=30.5,
         history=((2, 20.0), (1, 10.0)),
         stored=((2, 21.0),),
+        retired=((old, 2),),
     )
     assert _encode(cur.document()) == (
-        b'{"history":[{"installed_at":20.0,"stored_at":21.0,"version":2},'
-        b'{"installed_at":10.0,"version":1}],"installed_at":30.5,"offset":11,"path":"p",'
-        b'"rows":2,"version":3}'
+        b'{"format":2,"history":[{"installed_at":20.0,"stored_at":21.0,"version":2},'
+        b'{"installed_at":10.0,"version":1}],"installed_at":30.5,"offset":11,'
+        b'"retired":[{"key":"' + old.encode() + b'","until":2}],"rows":3,'
+        b'"runs":[{"bytes":90,"key":"' + RUN.encode() + b'","level":0,"rows":2,'
+        b'"sketch":"AQID","tombstones":1},{"key":"compacted/' + CID.encode() + b"/"
+        b'v0000000000000001/part-t.parquet","level":1,"rows":1,"tombstones":0}],"version":3}'
     )
 
 
@@ -63,11 +75,12 @@ def test_a_pointer_reads_back_as_written() -> None:
         version=3,
         offset=11,
         rows=2,
-        path="p",
+        runs=P,
         etag="e",
         installed_at=30.5,
         history=((2, 20.0), (1, 10.0)),
         stored=((2, 21.0), (1, 11.0)),
+        retired=((f"compacted/{CID}/v0000000000000002/run-x-0.parquet", 2),),
     )
     back = _decode(CID, _encode(cur.document()), "e")
     assert back == cur
@@ -81,7 +94,7 @@ def test_history_keeps_the_newest_installs_newest_first() -> None:
         version=HISTORY_LIMIT + 10,
         offset=2,
         rows=0,
-        path="p",
+        runs=(),
         etag="e",
         installed_at=1.0,
         history=history,
@@ -92,9 +105,20 @@ def test_history_keeps_the_newest_installs_newest_first() -> None:
 
 def test_a_version_known_only_by_its_store_time_keeps_an_entry() -> None:
     doc = CurrentVersion(
-        version=2, offset=2, rows=0, path="p", etag="e", installed_at=5.0, stored=((1, 4.0),)
+        version=2, offset=2, rows=0, runs=(), etag="e", installed_at=5.0, stored=((1, 4.0),)
     ).document()
     assert doc["history"] == [{"version": 1, "installed_at": 4.0, "stored_at": 4.0}]
+
+
+def test_a_pointer_of_the_single_version_layout_reads_as_one_bottom_run() -> None:
+    """Migration: format 1 (no "format", a "path") is one run at the bottom level, of its rows;
+    the next install writes format 2 listing that run (or retiring it after a merge)."""
+    cur = _decode(CID, json.dumps(_doc(installed_at=1.0)).encode(), "e")
+    assert cur.format == 1 and cur.levels == 1
+    assert cur.runs == (RunEntry(key=_doc()["path"], rows=2, bytes=None),)
+    assert cur.path == _doc()["path"] and cur.retired == ()
+    again = _decode(CID, _encode(cur.document()), "e")
+    assert again.format == 2 and again.runs == cur.runs
 
 
 def test_an_old_pointer_without_times_is_read() -> None:
@@ -120,7 +144,24 @@ def test_an_old_pointer_without_times_is_read() -> None:
         (json.dumps(_doc(rows=-1)).encode(), "invalid pointer"),
         (json.dumps(_doc(rows=True)).encode(), "invalid pointer"),
         (json.dumps(_doc(version=1.0)).encode(), "invalid pointer"),
-        (json.dumps(_doc(path=5)).encode(), "invalid pointer"),
+        (json.dumps(_doc(path=5)).encode(), "invalid runs"),
+        (json.dumps({**_doc(), "format": 2}).encode(), "invalid runs"),  # no runs
+        (json.dumps({**_doc(), "format": 3, "runs": []}).encode(), "unknown format"),
+        (
+            json.dumps({**_doc(), "format": 2, "runs": [{"key": RUN, "rows": "x"}]}).encode(),
+            "invalid runs",
+        ),
+        (
+            # Another collection's run (a copied pointer not rewritten): its owner prunes it.
+            json.dumps(
+                {
+                    **_doc(),
+                    "format": 2,
+                    "runs": [{"key": "compacted/x/v1/run-a.parquet", "rows": 1}],
+                }
+            ).encode(),
+            "is not under",
+        ),
         (json.dumps(_doc(installed_at="soon")).encode(), "invalid history"),
         (json.dumps(_doc(installed_at=1.0, history=[{"version": 1}])).encode(), "invalid history"),
         (

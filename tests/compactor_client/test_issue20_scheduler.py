@@ -89,7 +89,7 @@ async def test_once_runs_do_not_keep_a_member_that_never_beat_alive(tmp_path: Pa
     host = _Host("http://h1", [_log(cid)])
     wall = _Clock(1_800_000_000.0)
     taken = []
-    for run in range(6):  # a cron job every 10 minutes
+    for _run in range(6):  # a cron job every 10 minutes
         wall.t += 600
         taken.append(_picked(await _once(store, host, wall).select_round(), cid))
     # The very first run may wait for c2 (it could be starting alongside); later ones may not.

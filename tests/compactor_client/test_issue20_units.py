@@ -4,6 +4,7 @@ the executor, liveness and take-over in the scheduler.  (Real hosts and rounds: 
 
 from __future__ import annotations
 
+import json
 import os
 import types
 from pathlib import Path
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from compactor_client import versions
-from compactor_client.executor import FragmentTask, read_fragment_task
+from compactor_client.executor import ERROR_OFFSET, FragmentTask, read_fragment
 from compactor_client.fold import Row
 from compactor_client.models import DirtyLog
 from compactor_client.scheduler import Candidate, Scheduler, owner_of
@@ -146,12 +147,13 @@ def test_fragment_with_rewritten_body_fails_its_setsum(tmp_path: Path) -> None:
         hi=2,
         setsum=recorded.hexdigest(),
     )
-    out = read_fragment_task(task)
-    assert len(out) == 1 and out[0][1][0] == "e", out
-    assert out[0][1][2] == "corrupt_fragment"
+    out = read_fragment(task)
+    assert _error_kind(out) == "corrupt_fragment", out
     # The untampered fragment passes and yields its record.
     _fragment(tmp_path / "f.parquet", [good])
-    assert read_fragment_task(task) == [((0, 1), ("r", good))]
+    out = read_fragment(task)
+    assert out.column("offset").to_pylist() == [1] and out.column("note").null_count == 1
+    assert out.column("id").to_pylist() == [json.loads(good)["id"]]
 
 
 def test_fragment_failing_its_md5_is_corrupt(tmp_path: Path) -> None:
@@ -165,8 +167,14 @@ def test_fragment_failing_its_md5_is_corrupt(tmp_path: Path) -> None:
         hi=2,
         content_md5="0" * 32,
     )
-    out = read_fragment_task(task)
-    assert out[0][1][0] == "e" and out[0][1][2] == "corrupt_fragment", out
+    assert _error_kind(read_fragment(task)) == "corrupt_fragment"
+
+
+def _error_kind(batch: Any) -> str | None:
+    """The kind of the error row ``read_fragment`` returned, or None when it read records."""
+    if batch.num_rows != 1 or batch.column("offset")[0].as_py() != ERROR_OFFSET:
+        return None
+    return str(json.loads(batch.column("note")[0].as_py())["kind"])
 
 
 # ------------------------------------------------------------ item 7: liveness, take-over

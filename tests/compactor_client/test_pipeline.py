@@ -12,26 +12,21 @@ import json
 import os
 import random
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
-from compactor_client import cli
-from compactor_client.executor import FoldTask, FragmentTask, read_fragment_task
-from compactor_client.fold import Row, fold, metadata_json
+from compactor_client import cli, runs
+from compactor_client.executor import ERROR_OFFSET, FoldTask, FragmentTask, read_fragment
+from compactor_client.fold import fold
 from compactor_client.metrics import CompactorMetrics
-from compactor_client.models import DirtyLog, FragmentInfo
-from compactor_client.parquet_io import S3Options, read_version
+from compactor_client.models import FragmentInfo
+from compactor_client.parquet_io import S3Options, read_run
 from compactor_client.pipeline import (
     CompactionPipeline,
     PlanError,
@@ -39,12 +34,23 @@ from compactor_client.pipeline import (
     check_coverage,
     run_compaction_job,
 )
-from compactor_client.scheduler import Candidate
+from compactor_client.reader import read_state
 from compactor_client.sparkutil import build_session, ship_package
 from compactor_client.versions import current_key, read_current
 from wal3.localstore import LocalStore
 
-HOST = "http://host-a"
+from .kit import (
+    HOST,
+    FakeLogApi,
+    Log,
+    Served,
+    candidate,
+    fragment_bytes,
+    make_host_app,
+    normalise,
+    random_records,
+    state_view,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +61,7 @@ def spark() -> Iterator[Any]:
         ui=False,
         conf={"spark.default.parallelism": "2", "spark.sql.shuffle.partitions": "2"},
     )
-    ship_package(session.sparkContext)
+    ship_package(session)
     try:
         yield session
     finally:
@@ -65,133 +71,31 @@ def spark() -> Iterator[Any]:
 # ------------------------------------------------------------------------------------ helpers
 
 
-def random_records(rng: random.Random, n: int, ids: int = 12) -> list[dict[str, Any]]:
-    out = []
-    for _ in range(n):
-        md = None
-        if rng.random() < 0.7:
-            md = {
-                rng.choice("klmn"): rng.choice([None, 1, 2.5, True, "v", rng.randint(0, 9)])
-                for _ in range(rng.randint(0, 3))
-            }
-        out.append(
-            {
-                "id": f"doc-{rng.randrange(ids)}",
-                "op": rng.choice(["add", "add", "upsert", "upsert", "update", "delete"]),
-                "document": rng.choice([None, f"text {rng.randint(0, 99)}"]),
-                "metadata": md,
-                "embedding": rng.choice([None, [rng.uniform(-1, 1) for _ in range(3)]]),
-            }
-        )
-    return out
-
-
-def fragment_bytes(start: int, records: list[dict[str, Any]]) -> bytes:
-    table = pa.table(
-        {
-            "offset": pa.array(range(start, start + len(records)), pa.uint64()),
-            "timestamp_us": pa.array([1_000_000 + i for i in range(len(records))], pa.uint64()),
-            "body": pa.array(
-                [json.dumps(r, separators=(",", ":")).encode() for r in records], pa.binary()
-            ),
-        }
-    )
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy")
-    return sink.getvalue().to_pybytes()
-
-
-class Log:
-    """One collection's log: its records and the fragments holding them in the store."""
-
-    def __init__(self, store: LocalStore, cid: str) -> None:
-        self.store, self.cid = store, cid
-        self.records: list[dict[str, Any]] = []
-        self.fragments: list[FragmentInfo] = []
-
-    async def append_fragment(
-        self, records: list[dict[str, Any]], *, corrupt: bool = False
-    ) -> FragmentInfo:
-        start = len(self.records) + 1
-        key = f"logs/{self.cid}/{start:08d}.parquet"
-        data = b"not parquet at all" if corrupt else fragment_bytes(start, records)
-        await self.store.put(key, data)
-        self.records.extend(records)
-        frag = FragmentInfo(
-            url=self.store.url_for(key),
-            start=start,
-            limit=start + len(records),
-            num_bytes=len(data),
-            content_md5=hashlib.md5(data).hexdigest(),
-        )
-        self.fragments.append(frag)
-        return frag
-
-    @property
-    def end(self) -> int:
-        return len(self.records) + 1
-
-
-class FakeLogApi:
-    """The two host calls the pipeline makes, over in-memory logs (the real host comes later)."""
-
-    def __init__(self, logs: dict[str, Log], cursors: dict[str, int] | None = None) -> None:
-        self.logs = logs
-        self.cursors = cursors if cursors is not None else {}
-        self.compact_calls: list[tuple[str, int]] = []
-
-    async def fragments(
-        self, tenant: str, collection_id: str, *, from_offset: int | None = None
-    ) -> list[FragmentInfo]:
-        return [f for f in self.logs[collection_id].fragments if f.limit > (from_offset or 1)]
-
-    async def compact(self, tenant: str, collection_id: str, offset: int) -> int:
-        self.compact_calls.append((collection_id, offset))
-        self.cursors[collection_id] = max(self.cursors.get(collection_id, 1), offset)
-        return self.cursors[collection_id]
-
-
-def candidate(log: Log, start: int = 1) -> Candidate:
-    return Candidate(
-        HOST,
-        DirtyLog(
-            tenant="t",
-            collection_id=log.cid,
-            start=start,
-            limit=log.end,
-            num_records=log.end - start,
-            score=1.0,
-        ),
-    )
-
-
-def normalise(rows: dict[str, Row]) -> dict[str, tuple[Any, str, Any]]:
-    """Rows comparable across the float32 round trip of embeddings."""
-    return {
-        k: (
-            r.document,
-            metadata_json(r.metadata),
-            None if r.embedding is None else np.asarray(r.embedding, np.float32).tolist(),
-        )
-        for k, r in rows.items()
-    }
-
-
 async def assert_current_matches(store: LocalStore, log: Log, *, version: int) -> None:
     cur = await read_current(store, log.cid)
     assert cur is not None
     assert (cur.version, cur.offset) == (version, log.end)
     expected = fold({}, log.records)
-    assert cur.rows == len(expected)
-    actual = read_version(store.url_for(cur.path))
-    assert normalise(actual) == normalise(expected)
-    table = pq.read_table(store.url_for(cur.path).removeprefix("file://"))
-    assert table.schema.field("embedding").type == pa.list_(pa.float32())
-    assert table.column("id").to_pylist() == sorted(expected)
+    state = await read_state(store, log.cid)
+    assert (state.version, state.offset, state.levels) == (version, log.end, len(cur.runs))
+    assert state_view(state.table) == normalise(expected)
+    assert state.table.schema.field("embedding").type == pa.list_(pa.float32())
+    assert state.table.column("id").to_pylist() == sorted(expected)
+    assert cur.rows == sum(r.rows for r in cur.runs) >= len(expected)
+    # The bottom run holds rows only: tombstones are dropped there and only there.
+    bottom = read_run(store.url_for(cur.runs[-1].key))
+    assert set(bottom.column("kind").to_pylist()) <= {runs.ROW}
 
 
 async def parquet_keys(store: LocalStore, cid: str) -> set[str]:
     return {m.key async for m in store.list(f"compacted/{cid}/") if m.key.endswith(".parquet")}
+
+
+async def listed_keys(store: LocalStore, cid: str) -> tuple[set[str], set[str]]:
+    """(keys the current version lists, keys it records as retired)."""
+    cur = await read_current(store, cid)
+    assert cur is not None
+    return {r.key for r in cur.runs}, {k for k, _ in cur.retired}
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -206,12 +110,13 @@ def test_fragment_task_windows_and_range_checks(tmp_path: Path) -> None:
     path = tmp_path / "f.parquet"
     path.write_bytes(fragment_bytes(10, random_records(random.Random(1), 10)))
     url = path.as_uri()
-    got = read_fragment_task(FragmentTask(cidx=3, url=url, start=10, limit=20, lo=13, hi=17))
-    assert [k for k, _ in got] == [(3, 13), (3, 14), (3, 15), (3, 16)]
-    assert all(v[0] == "r" for _, v in got)
+    got = read_fragment(FragmentTask(cidx=3, url=url, start=10, limit=20, lo=13, hi=17))
+    assert got.column("offset").to_pylist() == [13, 14, 15, 16]
+    assert set(got.column("cidx").to_pylist()) == {3} and got.column("note").null_count == 4
     # A fragment holding offsets outside the range its listing claims is an error, not data.
-    bad = read_fragment_task(FragmentTask(cidx=3, url=url, start=12, limit=20, lo=12, hi=20))
-    assert len(bad) == 1 and bad[0][0] == (3, -1) and bad[0][1][0] == "e"
+    bad = read_fragment(FragmentTask(cidx=3, url=url, start=12, limit=20, lo=12, hi=20))
+    assert bad.num_rows == 1 and bad.column("offset").to_pylist() == [ERROR_OFFSET]
+    assert json.loads(bad.column("note")[0].as_py())["kind"] == "gap"
 
 
 def test_check_coverage() -> None:
@@ -269,7 +174,7 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     assert sample(registry, "compactor_round_seconds_count") == 1
 
     # ---- round 2: new records on top of version 1
-    v1_alpha = (await read_current(store, "alpha")).path  # type: ignore[union-attr]
+    v1_alpha = (await listed_keys(store, "alpha"))[0]
     await logs["alpha"].append_fragment(random_records(rng, 25))
     # beta's log now lists one fragment that also holds the already-compacted offsets 1..15:
     # they must be skipped (folding them twice would not be idempotent).
@@ -316,13 +221,14 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
         "delta": 12,
     }
     assert sorted(api.compact_calls) == [("alpha", 146), ("beta", 31), ("delta", 13), ("zeta", 6)]
-    # Version 1 of alpha is still readable: versions are immutable, and the previous one is kept.
-    assert await store.get(v1_alpha)
+    # Version 1 of alpha is still readable: runs are immutable, and the previous version is kept.
+    for key in v1_alpha:
+        assert await store.get(key)
     assert sample(registry, "compactor_rounds_total", outcome="ok") == 1
 
     # ---- round 3: version 3 of alpha pushes version 1 out of the kept window (2 by default);
     # with no grace it is deleted right after the install, version 2 stays for its readers.
-    v2_alpha = (await read_current(store, "alpha")).path  # type: ignore[union-attr]
+    v2_alpha = (await listed_keys(store, "alpha"))[0]
     # Prune dates supersession on the store's clock, whole seconds with one second of slack:
     # make version 2's install a minute old (Last-Modified is the file's mtime here).
     for f in (tmp_path / "store").rglob("*"):
@@ -334,8 +240,10 @@ async def test_two_rounds_build_on_previous_version(spark: Any, tmp_path: Path) 
     r3 = await pruning.run_round([candidate(logs["alpha"], start=api.cursors["alpha"])])
     assert [o.status for o in r3.outcomes] == ["compacted"]
     await assert_current_matches(store, logs["alpha"], version=3)
-    v3_alpha = (await read_current(store, "alpha")).path  # type: ignore[union-attr]
-    assert await parquet_keys(store, "alpha") == {v2_alpha, v3_alpha}
+    v3_alpha = (await listed_keys(store, "alpha"))[0]
+    # Exactly what the kept versions (2 and 3) list remains: version 1's runs that no kept
+    # version lists are gone, past the grace.
+    assert await parquet_keys(store, "alpha") == v2_alpha | v3_alpha
 
 
 async def test_racing_pipelines_never_corrupt_current(spark: Any, tmp_path: Path) -> None:
@@ -360,9 +268,9 @@ async def test_racing_pipelines_never_corrupt_current(spark: Any, tmp_path: Path
         cur = await read_current(store, cid)
         assert cur is not None and cur.offset == log.end
         await assert_current_matches(store, log, version=cur.version)
-        # Losers deleted their files: only versions that were installed at some point remain.
-        installed = {o.version for o in mine if o.status == "compacted"}
-        assert len(await parquet_keys(store, cid)) == len(installed)
+        # Losers deleted their runs: every file left is listed, or retired, by the current one.
+        live, retired = await listed_keys(store, cid)
+        assert await parquet_keys(store, cid) <= live | retired
         assert cursors[cid] == cur.offset
     calls = api_a.compact_calls + api_b.compact_calls
     assert all(offset == logs[cid].end for cid, offset in calls)
@@ -411,7 +319,7 @@ async def test_loser_of_a_race_discards_and_does_not_advance(spark: Any, tmp_pat
     assert loser_api.compact_calls == [] and winner_api.compact_calls == [("contested", 21)]
     cur = await read_current(store, "contested")
     assert cur is not None and cur.version == 1
-    assert await parquet_keys(store, "contested") == {cur.path}
+    assert await parquet_keys(store, "contested") == {r.key for r in cur.runs}
     await assert_current_matches(store, log, version=1)
     assert "spark tasks" in out.getvalue() and "installing" in out.getvalue()
 
@@ -438,80 +346,19 @@ def test_spark_job_reads_and_writes_s3_through_pyarrow(
             )
             url = f"s3://{s3_bucket}/{key}"
             frag_tasks.append(FragmentTask(cidx, url, start, start + 15, 1, 31))
-        fold_tasks.append(FoldTask(cidx, cid, 1, 31, None, f"s3://{s3_bucket}/out/{cid}.parquet"))
-    stats = run_compaction_job(spark.sparkContext, fold_tasks, frag_tasks, s3)
+        out = (f"s3://{s3_bucket}/out/{cid}.parquet", f"out/{cid}.parquet")
+        fold_tasks.append(FoldTask(cidx, cid, 1, 31, outputs=(out,)))
+    stats = run_compaction_job(spark, fold_tasks, frag_tasks, s3)
     assert sorted((s.collection_id, s.error, s.records_in) for s in stats) == [
         ("s1", None, 30),
         ("s2", None, 30),
     ]
     for cid in ("s1", "s2"):
-        got = read_version(f"s3://{s3_bucket}/out/{cid}.parquet", s3)
-        assert normalise(got) == normalise(expected[cid])
+        got = runs.materialize([read_run(f"s3://{s3_bucket}/out/{cid}.parquet", s3)])
+        assert state_view(got) == normalise(expected[cid])
 
 
 # ------------------------------------------------------------- the CLI against stub hosts
-
-
-def make_host_app(
-    logs: dict[str, Log], owned: list[str], cursors: dict[str, int], calls: list[tuple[str, int]]
-) -> FastAPI:
-    """A stub log host: dirty set, fragments and compaction for the collections it owns."""
-    app = FastAPI()
-
-    @app.get("/v1/dirty")
-    async def dirty(request: Request) -> Any:
-        out = []
-        for cid in owned:
-            start, end = cursors.get(cid, 1), logs[cid].end
-            if end > start:
-                out.append(
-                    {
-                        "tenant": "t",
-                        "collection_id": cid,
-                        "start": start,
-                        "limit": end,
-                        "num_records": end - start,
-                        "first_insertion_us": 1,
-                        "reinsert_count": 0,
-                        "score": float(end - start),
-                    }
-                )
-        return {"server_id": "stub", "logs": out}
-
-    @app.get("/v1/tenants/{tenant}/logs/{cid}/fragments")
-    async def fragments(tenant: str, cid: str, request: Request) -> Any:
-        start = int(request.query_params.get("from", 1))
-        return {"fragments": [f.model_dump() for f in logs[cid].fragments if f.limit > start]}
-
-    @app.post("/v1/tenants/{tenant}/logs/{cid}/compaction")
-    async def compaction(tenant: str, cid: str, request: Request) -> Any:
-        offset = (await request.json())["offset"]
-        calls.append((cid, offset))
-        cursors[cid] = max(cursors.get(cid, 1), offset)
-        return {"compaction_offset": cursors[cid]}
-
-    return app
-
-
-class Served:
-    def __init__(self, app: FastAPI) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)  # bound and listening before start: no startup wait needed
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
 
 
 async def test_cli_two_compactors_two_hosts_each_collection_once(
@@ -527,16 +374,16 @@ async def test_cli_two_compactors_two_hosts_each_collection_once(
     calls: list[tuple[str, int]] = []
     # Host A owns the first half, host B the rest, and both report col-0 (e.g. after a failover).
     app_a = make_host_app(logs, cids[:4], cursors, calls)
-    app_b = make_host_app(logs, cids[4:] + ["col-0"], cursors, calls)
+    app_b = make_host_app(logs, [*cids[4:], "col-0"], cursors, calls)
     with Served(app_a) as host_a, Served(app_b) as host_b:
-        common = dict(
-            hosts=(host_a.url, host_b.url),
-            api_key="k",
-            store=(tmp_path / "store").as_uri(),
-            members=("m1", "m2"),
-            once=True,
-            budget_records=10_000,
-        )
+        common = {
+            "hosts": (host_a.url, host_b.url),
+            "api_key": "k",
+            "store": (tmp_path / "store").as_uri(),
+            "members": ("m1", "m2"),
+            "once": True,
+            "budget_records": 10_000,
+        }
         regs = [CollectorRegistry(), CollectorRegistry()]
         codes = await asyncio.gather(
             cli.run(cli.Settings(member_id="m1", **common), spark=spark, registry=regs[0]),
@@ -550,7 +397,8 @@ async def test_cli_two_compactors_two_hosts_each_collection_once(
     per_member = [sample(r, "compactor_collections_compacted_total") for r in regs]
     assert sum(per_member) == len(cids) and all(n > 0 for n in per_member)
     raw = json.loads((await store.get(current_key("col-0"))).data)
-    assert {"version", "offset", "rows", "path"} <= set(raw)
+    assert {"format", "version", "offset", "rows", "runs", "retired"} <= set(raw)
+    assert raw["format"] == 2
 
 
 async def test_cli_once_exits_1_when_a_host_is_unreachable(spark: Any, tmp_path: Path) -> None:

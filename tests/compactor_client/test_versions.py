@@ -51,11 +51,13 @@ async def test_first_then_second_version(store: LocalStore) -> None:
     assert cur is not None
     assert (cur.version, cur.offset, cur.rows, cur.path) == (1, 11, 2, v1.data_key)
     doc = json.loads((await store.get(current_key("c1"))).data)
-    assert {k: doc[k] for k in ("version", "offset", "rows", "path")} == {
+    assert {k: doc[k] for k in ("format", "version", "offset", "rows", "runs", "retired")} == {
+        "format": 2,
         "version": 1,
         "offset": 11,
         "rows": 2,
-        "path": v1.data_key,
+        "runs": [{"key": v1.data_key, "level": 0, "rows": 2, "tombstones": 0}],
+        "retired": [],
     }
     assert doc["history"] == [{"version": 1, "installed_at": doc["installed_at"]}]
 
