@@ -7,6 +7,7 @@ import importlib
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from . import BENCHMARKS, DEFAULT, common
@@ -81,7 +82,11 @@ def _write_docs(blocks: dict[str, str]) -> None:
         if not pattern.search(text):
             print(f"(docs: no block for {name})")
             continue
-        text = pattern.sub(lambda m, b=body: m.group(1) + b.rstrip() + "\n" + m.group(2), text)
+
+        def fill(m: re.Match[str], body: str = body) -> str:
+            return m.group(1) + body.rstrip() + "\n" + m.group(2)
+
+        text = pattern.sub(fill, text)
         print(f"(docs: updated block {name})")
     DOCS.write_text(text)
 
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             f"(results: {common.rel(path)}"
-            + (f"; plot: {common.rel(common.Path(data['plot']))}" if data.get("plot") else "")
+            + (f"; plot: {common.rel(Path(data['plot']))}" if data.get("plot") else "")
             + f"; {data['elapsed_s']:.1f} s)"
         )
         print(flush=True)

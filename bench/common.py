@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.testkit import command_line as command_line  # re-exported: the benchmarks report it
-from verify.testkit import free_port as free_port
+from verify.testkit import free_port, wait_for_port
 from verify.testkit import machine_info as machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +67,7 @@ def fmt(x: Any, digits: int = 3) -> str:
             return "0"
         if abs(x) >= 1000:
             return f"{x:,.0f}"
-        mag = int(math.floor(math.log10(abs(x))))
+        mag = math.floor(math.log10(abs(x)))
         decimals = max(0, digits - 1 - mag)
         return f"{x:.{decimals}f}"
     return str(x)
@@ -80,7 +79,9 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     out = []
     for n, r in enumerate(cells):
-        padded = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+        padded = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
         out.append("| " + " | ".join(padded) + " |")
         if n == 0:
             seps = [":" + "-" * (widths[0] - 1)] + ["-" * (w - 1) + ":" for w in widths[1:]]
@@ -184,16 +185,12 @@ class MotoServer:
         if line.strip() != "ready":
             self.__exit__(None, None, None)
             raise RuntimeError("moto server did not start")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
-            ):
-                return self
-            time.sleep(0.05)
-        self.__exit__(None, None, None)
-        raise RuntimeError("moto server did not accept connections")
+        try:
+            wait_for_port(self.port, 15, self._proc)
+        except (TimeoutError, RuntimeError):
+            self.__exit__(None, None, None)
+            raise
+        return self
 
     def create_bucket(self, name: str) -> str:
         import boto3

@@ -23,14 +23,14 @@ from typing import Any
 from . import common, loadgen
 
 NAME = "http"
-FULL = {
+FULL: dict[str, Any] = {
     "logs": [1, 100, 1000],
     "records": [1, 100],
     "connections": 64,
     "warmup_s": 1,
     "duration_s": 5,
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "logs": [1, 100],
     "records": [1, 100],
     "connections": 64,

@@ -19,14 +19,17 @@ for that server only, so the project's virtualenv is untouched).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from . import common, loadgen
 NAME = "http_profile"
 EXTRAS = common.OUT_DIR / "uvicorn-extras"
 
-FULL = {
+FULL: dict[str, Any] = {
     "scenarios": [(1, 1), (1, 100), (100, 1)],
     "duration_s": 5,
     "warmup_s": 1,
@@ -43,7 +46,7 @@ FULL = {
     "variants": ["log_warning", "uvloop_httptools"],
     "variant_cases": [(1, 1), (1, 100)],
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "scenarios": [(1, 1)],
     "duration_s": 1,
     "warmup_s": 0,
@@ -153,7 +156,8 @@ def serve(argv: list[str]) -> int:
                 state["loop0"] = time.thread_time()
             elif action == "timers-stop":
                 loop = time.thread_time() - state.pop("loop0", time.thread_time())
-                Path(f"{args.out}/timers.json").write_text(
+                await asyncio.to_thread(
+                    Path(f"{args.out}/timers.json").write_text,
                     json.dumps(
                         {
                             "loop_thread_cpu_s": loop,
@@ -161,7 +165,7 @@ def serve(argv: list[str]) -> int:
                                 k: {"calls": v[0], "cpu_s": v[1]} for k, v in timers.items()
                             },
                         }
-                    )
+                    ),
                 )
             elif action == "stop" and "prof" in state:
                 prof = state.pop("prof")
@@ -172,7 +176,9 @@ def serve(argv: list[str]) -> int:
                     x.split("=", 1) for x in scope["query_string"].decode().split("&") if "=" in x
                 ).get("name", "profile")
                 prof.last_session.save(f"{args.out}/{name}.pyisession")
-                Path(f"{args.out}/{name}.cpu").write_text(f"{cpu} {wall}\n")
+                await asyncio.to_thread(
+                    Path(f"{args.out}/{name}.cpu").write_text, f"{cpu} {wall}\n"
+                )
             await send(
                 {
                     "type": "http.response.start",
@@ -242,21 +248,22 @@ def _install_timers() -> dict[str, list[float]]:
 
         return wrapper
 
-    fastapi.routing.solve_dependencies = timed_async(
+    def patch(owner: Any, attr: str, label: str, timer: Callable[[str, Any], Any] = timed) -> None:
+        """Replace ``owner.attr`` (looked up there at call time) by its timed wrapper."""
+        setattr(owner, attr, timer(label, getattr(owner, attr)))
+
+    patch(
+        fastapi.routing,
+        "solve_dependencies",
         "FastAPI solve_dependencies (auth, tenant scope, path params)",
-        fastapi.routing.solve_dependencies,
+        timed_async,
     )
-    host.api._parse = timed("pydantic parse (host.api._parse)", host.api._parse)
-    host.api._log.info = timed(
-        "request log line (_log.info + JsonFormatter + write)", host.api._log.info
-    )
-    proto = h11_impl.H11Protocol
-    proto.data_received = timed(
-        "h11 parse + dispatch (H11Protocol.data_received)", proto.data_received
-    )
-    wal3.writer.encode_fragment = timed(
-        "encode_fragment (on the loop thread)", wal3.writer.encode_fragment
-    )
+    patch(host.api, "_parse", "pydantic parse (host.api._parse)")
+    # The request log line's logger (host.middleware's), by name: the same object wherever it is.
+    request_log = logging.getLogger("loghost.api")
+    patch(request_log, "info", "request log line (_log.info + JsonFormatter + write)")
+    patch(h11_impl.H11Protocol, "data_received", "h11 parse + dispatch (H11Protocol.data_received)")
+    patch(wal3.writer, "encode_fragment", "encode_fragment (on the loop thread)")
     return timers
 
 
@@ -461,7 +468,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 pp = os.pathsep.join(x for x in (extras, os.environ.get("PYTHONPATH")) if x)
                 env, label = {"PYTHONPATH": pp}, "uvloop + httptools importable"
             for logs, records in cfg["variant_cases"]:
-                pair = {}
+                pair: dict[str, Any] = {}
                 for which, e in (("default", {}), ("variant", env)):
                     salt += 1
                     with loadgen.ServerProcess("host", work / f"v{salt}", env=e) as srv:
@@ -698,7 +705,6 @@ def _median_us(fn: Any, min_time_s: float, blocks: int = 5) -> float:
 def prototypes(quick: bool) -> dict[str, Any]:
     """Bench-only prototypes of the fixes suggested for host/, measured in-process against the
     current code (nothing in host/ is changed)."""
-    import asyncio
     from typing import Annotated
 
     from pydantic import (

@@ -22,13 +22,14 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from verify.testkit import free_port, wait_for_port
 
 from . import common
 
@@ -93,21 +94,6 @@ def _proc_stat(pid: int) -> tuple[float, int]:
         return float("nan"), 0
 
 
-def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> None:
-    """Wait until something accepts connections on 127.0.0.1:port."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before listening")
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection(("127.0.0.1", port), timeout=0.5),
-        ):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
-
-
 class ServerProcess:
     """``loghost serve`` (kind="host") or the ceiling app (kind="ceiling") in a child process."""
 
@@ -121,7 +107,7 @@ class ServerProcess:
         python: str | None = None,
     ) -> None:
         self.kind = kind
-        self.port = common.free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
         self.store_dir = workdir / "store"
@@ -181,7 +167,7 @@ class ServerProcess:
             cwd=common.ROOT,
         )
         try:
-            wait_port(self.port, 60, self.proc)
+            wait_for_port(self.port, 60, self.proc)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -311,7 +297,7 @@ def run_load(
     if w is not None:
         lua = workdir / "bench.lua"
         lua.write_text(_WRK_LUA.replace("%PCTS%", ",".join(str(p) for p in PCTS)))
-        dur = max(1, round(duration_s))
+        dur: float = max(1, round(duration_s))  # wrk takes whole seconds
         cmd = [
             w,
             "-t1",
@@ -339,7 +325,7 @@ def run_load(
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     if line is None:
         raise RuntimeError(f"load generator failed: {out.stdout[-2000:]} {out.stderr[-2000:]}")
-    res = json.loads(line[len("BENCHJSON ") :])
+    res: dict[str, Any] = json.loads(line[len("BENCHJSON ") :])
     secs = res["duration_us"] / 1e6
     res["requests_per_s"] = res["requests"] / secs if secs else float("nan")
     res["p50_ms"] = res["pct_us"]["50"] / 1e3

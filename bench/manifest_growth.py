@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _counting_store(inner: Any) -> Any:
     from wal3 import ObjectStore
-    from wal3.manifest import MANIFEST_PATH, SNAPSHOT_PREFIX
+    from wal3.paths import MANIFEST_PATH, SNAPSHOT_PREFIX
 
     class CountingStore(ObjectStore):
         """Delegates to ``inner``; records the size of every successful manifest/snapshot put."""
@@ -70,7 +70,7 @@ def _counting_store(inner: Any) -> Any:
         async def put(
             self, key: str, data: bytes, *, if_none_match: Any = None, if_match: str | None = None
         ) -> str:
-            etag = await inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+            etag: str = await inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
             if key.endswith(MANIFEST_PATH):
                 self.manifest_puts.append(len(data))
             elif f"/{SNAPSHOT_PREFIX}" in key or key.startswith(SNAPSHOT_PREFIX):
@@ -180,8 +180,9 @@ def windows(series: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
         lo, hi = cp - cp // 10, cp  # appends (lo, hi], i.e. indices lo..hi-1
         k = hi - lo
 
-        def mean(name: str) -> float:
-            return sum(series[name][lo:hi]) / k
+        def mean(name: str, lo: int = lo, hi: int = hi, k: int = k) -> float:
+            total: float = sum(series[name][lo:hi])
+            return total / k
 
         cyc = None
         if cp >= CYCLE:

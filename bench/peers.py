@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -34,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from verify.testkit import RedisServer, redis_executable
+
 from . import common, loadgen
 
 NAME = "peers"
@@ -42,7 +45,7 @@ PEER_PACKAGES = ["slatedb", "chromadb", "redis"]
 FLUSH_MS = 2.0  # LogWriterOptions.batch_interval_s default, 2 ms
 HEADLINE_N = 64
 
-FULL = {
+FULL: dict[str, Any] = {
     "slatedb_local": [1, 16, 64, 256],
     "slatedb_s3": [1, 16, 64, 256],
     "redis": [1, 16, 64],
@@ -53,7 +56,7 @@ FULL = {
     "strace": True,
     "headline_repeats": 2,
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "slatedb_local": [64],
     "slatedb_s3": [],
     "redis": [16],
@@ -151,7 +154,8 @@ def child(
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     if line is None:
         raise RuntimeError(f"peer failed ({' '.join(args[:1])}): {out.stderr[-1500:]}")
-    return json.loads(line[len("BENCHJSON ") :])
+    result: dict[str, Any] = json.loads(line[len("BENCHJSON ") :])
+    return result
 
 
 def strace_counts(path: Path) -> dict[str, int]:
@@ -200,7 +204,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         slate: list[dict[str, Any]] = []
         if "slatedb" in which and (py is None or "slatedb" not in versions):
             data["skipped"]["slatedb"] = "slatedb is not installed in bench/out/peers-venv"
-        elif "slatedb" in which:
+        elif "slatedb" in which and py is not None:  # (None: skipped above)
             moto = None
             if cfg["slatedb_s3"]:
                 moto = stack.enter_context(common.MotoServer())
@@ -210,7 +214,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                     tag = uuid.uuid4().hex[:8]
                     if store == "local":
                         sargs_store = ["--path", str(work / f"slatedb-{tag}")]
-                        make = lambda t=tag: LocalStore(work / f"wal3-{t}")
+                        make: Any = functools.partial(LocalStore, work / f"wal3-{tag}")
                     else:
                         assert moto is not None
                         sargs_store = [
@@ -221,9 +225,10 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                             "--path",
                             f"slatedb-{tag}",
                         ]
-                        make = lambda t=tag: S3Store(
+                        make = functools.partial(
+                            S3Store,
                             bucket=bucket,
-                            prefix=f"wal3-{t}",
+                            prefix=f"wal3-{tag}",
                             endpoint_url=moto.endpoint,
                             region="us-east-1",
                         )
@@ -322,7 +327,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         host_rows: list[dict[str, Any]] = []
         if "chroma" in which and (py is None or "chromadb" not in versions):
             data["skipped"]["chroma"] = "chromadb is not installed in bench/out/peers-venv"
-        elif "chroma" in which:
+        elif "chroma" in which and py is not None:  # (None: skipped above)
             rec_file = work / "records.json"
             rec_file.write_text(json.dumps([loadgen.record(i) for i in range(200)]))
             for per in cfg["chroma"]:
@@ -396,76 +401,48 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
 
         # ---------------------------------------------------------------- Redis
         redis_rows: list[dict[str, Any]] = []
-        server = shutil.which("redis-server")
+        server = redis_executable()
         if "redis" in which and server is None:
             data["skipped"]["redis"] = (
                 "redis-server is not installed (apt-get install redis-server)"
             )
         elif "redis" in which and (py is None or "redis" not in versions):
             data["skipped"]["redis"] = "redis-py is not installed in bench/out/peers-venv"
-        elif "redis" in which:
-            port = common.free_port()
-            rdir = work / "redis"
-            rdir.mkdir()
-            proc = subprocess.Popen(
-                [
-                    server,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--appendonly",
-                    "yes",
-                    "--appendfsync",
-                    "always",
-                    "--save",
-                    "",
-                    "--dir",
-                    str(rdir),
-                    "--protected-mode",
-                    "yes",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd=rdir,
-            )
+        elif "redis" in which and py is not None and server is not None:  # (else skipped above)
+            redis = RedisServer(work / "redis", executable=server, durable=True)
+            port = redis.port
             try:
-                loadgen.wait_port(port, 15, proc)
+                redis.start(15)
                 ver = subprocess.run(
                     [server, "--version"], capture_output=True, text=True, check=False
                 ).stdout.strip()
                 data["versions"]["redis-server"] = ver.split(" sha=")[0]
                 for n in cfg["redis"]:
                     r = child(py, ["redis", "--port", str(port), "--writers", str(n), *sargs])
-                    e = next(
+                    ours: dict[str, Any] | None = next(
                         (x["engine"] for x in slate if x["store"] == "local" and x["writers"] == n),
                         None,
                     )
-                    if e is None:
+                    if ours is None:
                         ee = engine_case(
                             "local", n, lambda: LocalStore(work / f"wal3-r-{uuid.uuid4().hex[:8]}")
                         )
-                        e = {k: ee[k] for k in ("appends_per_s", "p50_ms", "p99_ms")}
+                        ours = {k: ee[k] for k in ("appends_per_s", "p50_ms", "p99_ms")}
                     redis_rows.append(
                         {
                             "clients": n,
                             "redis": r,
-                            "engine": e,
-                            "ratio": e["appends_per_s"] / r["ops_per_s"],
+                            "engine": ours,
+                            "ratio": ours["appends_per_s"] / r["ops_per_s"],
                         }
                     )
                     print(
                         f"  . redis XADD x{n}: {r['ops_per_s']:.0f}/s (p50 "
-                        f"{r['p50_ms']:.2f} ms) | wal3 {e['appends_per_s']:.0f}/s",
+                        f"{r['p50_ms']:.2f} ms) | wal3 {ours['appends_per_s']:.0f}/s",
                         flush=True,
                     )
             finally:
-                proc.terminate()  # our own child, by its handle
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                redis.stop()  # our own child, by its handle
         data["redis"] = redis_rows
 
     data["client"] = loadgen.client_name()
@@ -563,27 +540,26 @@ def render(data: dict[str, Any]) -> str:
             "same record shape:"
         )
         out.append("")
-        rows = []
-        for c in data["chroma"]:
-            rows.append(
-                [
-                    f"Chroma add, {c['per_call']} per call",
-                    c["records_per_s"],
-                    c["ops_per_s"],
-                    c["p50_ms"],
-                    c["p99_ms"],
-                ]
-            )
-        for h in data.get("host", []):
-            rows.append(
-                [
-                    f"loghost HTTP, {h['records_per_request']} per request",
-                    h["records_per_s"],
-                    h["host"]["requests_per_s"],
-                    h["host"]["p50_ms"],
-                    h["host"]["p99_ms"],
-                ]
-            )
+        rows = [
+            [
+                f"Chroma add, {c['per_call']} per call",
+                c["records_per_s"],
+                c["ops_per_s"],
+                c["p50_ms"],
+                c["p99_ms"],
+            ]
+            for c in data["chroma"]
+        ]
+        rows.extend(
+            [
+                f"loghost HTTP, {h['records_per_request']} per request",
+                h["records_per_s"],
+                h["host"]["requests_per_s"],
+                h["host"]["p50_ms"],
+                h["host"]["p99_ms"],
+            ]
+            for h in data.get("host", [])
+        )
         out.append(
             common.md_table(
                 ["system", "records/s", "calls/s", "p50 ms per call", "p99 ms per call"], rows

@@ -70,7 +70,6 @@ async def _closed_loop(op: Any, writers: int, warmup_s: float, duration_s: float
 
 
 async def slatedb(args: argparse.Namespace) -> dict[str, Any]:
-    import slatedb as _pkg  # noqa: F401 - the version is read below
     from slatedb.uniffi import DbBuilder, ObjectStore, ObjectStoreBuilder, Settings
 
     settings = Settings.default()

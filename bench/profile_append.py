@@ -30,7 +30,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from . import common
@@ -94,7 +94,7 @@ def summarize(root: Any, total: float) -> dict[str, float]:
 
 
 def top_self(root: Any, n: int = 15) -> list[tuple[str, float]]:
-    acc: collections.Counter[str] = collections.Counter()
+    acc: dict[str, float] = collections.defaultdict(float)
 
     def walk(frame: Any) -> None:
         if frame.function == "[self]" or not frame.children:
@@ -106,7 +106,7 @@ def top_self(root: Any, n: int = 15) -> list[tuple[str, float]]:
             walk(c)
 
     walk(root)
-    return acc.most_common(n)
+    return sorted(acc.items(), key=lambda kv: kv[1], reverse=True)[:n]
 
 
 async def profile_store(kind: str, seconds: float, appenders: int = 256) -> dict[str, Any]:
@@ -127,6 +127,7 @@ async def profile_store(kind: str, seconds: float, appenders: int = 256) -> dict
         await w.close()
         await store.close()
     session = prof.last_session
+    assert session is not None, "the profiler ran"
     tag = f"profile-{kind}-x{appenders}"
     html = common.out_path(tag, False, ".html")
     txt = common.out_path(tag, False, ".txt")
@@ -154,6 +155,7 @@ async def profile_store(kind: str, seconds: float, appenders: int = 256) -> dict
 
 def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag: str) -> Any:
     from wal3 import ObjectStore
+    from wal3.paths import MANIFEST_PATH, parse_fragment_path
 
     class Timing(ObjectStore):
         async def get(self, key: str) -> Any:
@@ -166,12 +168,13 @@ def _timing_store(inner: Any, log: list[tuple[str, str, float, float, Any]], tag
             self, key: str, data: bytes, *, if_none_match: Any = None, if_match: str | None = None
         ) -> str:
             t0 = time.perf_counter()
-            etag = await inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+            etag: str = await inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
             t1 = time.perf_counter()
-            if key.endswith("manifest/MANIFEST"):
+            rel = key.split("/", 1)[-1]  # the log's prefix is one segment
+            seq = parse_fragment_path(rel)
+            if rel == MANIFEST_PATH:
                 log.append((tag, "manifest", t0, t1, data))
-            elif "/log/" in key:
-                seq = int(key.rsplit("FragmentSeqNo=", 1)[1].split(".")[0], 16)
+            elif seq is not None:
                 log.append((tag, "fragment", t0, t1, seq))
             return etag
 
@@ -198,9 +201,10 @@ async def timeline(
     think_s: float = 0.0,
     size: int = 1024,
 ) -> dict[str, Any]:
-    """``inner_fsync=None`` puts the bench-only MemoryStore under the fault injector."""
-    """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle."""
+    """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle
+    (``inner_fsync=None`` puts the bench-only MemoryStore under the fault injector)."""
     from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+    from wal3.paths import MANIFEST_PATH, join
 
     log: list[tuple[str, str, float, float, Any]] = []
     with common.scratch_dir("timeline") as d:
@@ -224,7 +228,7 @@ async def timeline(
         # Reference: the same LocalStore's conditional manifest put, synchronously, on an idle
         # loop right after the run -- what the inner put costs without contention.
         ref = LocalStore(d, fsync=bool(inner_fsync))
-        key = "ref/manifest/MANIFEST"
+        key = join("ref", MANIFEST_PATH)
         etag = ref._put(key, manifest_bytes, "*", None)
         samples = []
         for i in range(30):
@@ -254,7 +258,7 @@ async def timeline(
         last_seq.append(frags[-1]["seq_no"] if frags else 0)
     cycles = []
     for k in range(1, len(outer_m)):
-        s0, e0, _ = outer_m[k - 1]
+        _, e0, _ = outer_m[k - 1]
         s1, e1, _ = outer_m[k]
         if not (lo <= s1 and e1 <= hi):
             continue
@@ -305,8 +309,8 @@ async def timeline(
 
 def _synthetic_manifest(root_frags: int, snaps_per_depth: list[int]) -> tuple[Any, list[Any]]:
     """A manifest shaped like the writer's: snapshot pointers (deepest first), then fragments."""
-    from wal3.fragment import fragment_path
-    from wal3.manifest import FragmentPointer, Manifest, SnapshotPointer, snapshot_path
+    from wal3.manifest import FragmentPointer, Manifest, SnapshotPointer
+    from wal3.paths import fragment_path, snapshot_path
     from wal3.setsum import Setsum
 
     rng = os.urandom
@@ -323,8 +327,8 @@ def _synthetic_manifest(root_frags: int, snaps_per_depth: list[int]) -> tuple[An
             seq += span
     frags = []
     total = Setsum.zero()
-    for s in snaps:
-        total = total + s.setsum
+    for sp in snaps:
+        total = total + sp.setsum
     for _ in range(root_frags + 1):
         s = Setsum.of(rng(16))
         frags.append(
@@ -380,8 +384,8 @@ class FastCodec:
         from wal3.setsum import PRIMES
 
         lanes = [e.setsum._lanes for e in m.entries] + [m.collected._lanes]
-        total = tuple(sum(col) % p for col, p in zip(zip(*lanes), PRIMES))
-        return total == m.setsum._lanes
+        total = tuple(sum(col) % p for col, p in zip(zip(*lanes, strict=True), PRIMES, strict=True))
+        return bool(total == m.setsum._lanes)
 
 
 def _median_us(fns: dict[str, Any], min_time_s: float, blocks: int = 7) -> dict[str, float]:
@@ -404,9 +408,29 @@ def _median_us(fns: dict[str, Any], min_time_s: float, blocks: int = 7) -> dict[
     return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
 
 
-def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
+def _encoders(base: Any, nxt: list[Any]) -> tuple[Callable[[], bytes], Callable[[], bytes]]:
+    """The default manifest encoding of ``base`` plus ``nxt`` and the prototype's."""
     from wal3.manifest import _check_run
 
+    def default() -> bytes:
+        m = base.with_fragments(nxt, "bench")
+        m.check()
+        data: bytes = m.to_bytes()
+        return data
+
+    codec = FastCodec()
+
+    def fast() -> bytes:
+        codec._cache.pop(id(nxt[0]), None)  # the new pointer is never cached yet
+        m = base.with_fragments(nxt, "bench")
+        _check_run(m.entries, "manifest")  # the structural part of check() stays
+        assert codec.balanced(m)
+        return codec.to_bytes(m)
+
+    return default, fast
+
+
+def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
     shapes = [
         ("mean root at 10^3 frags", 50, [10]),
         ("mean root at 10^5 frags", 50, [10, 10, 2]),
@@ -415,23 +439,9 @@ def manifest_cpu(min_time_s: float = 0.3) -> list[dict[str, Any]]:
     out = []
     for label, nf, snaps in shapes:
         base, nxt = _synthetic_manifest(nf, snaps)
-
-        def default() -> bytes:
-            m = base.with_fragments(nxt, "bench")
-            m.check()
-            return m.to_bytes()
-
-        codec = FastCodec()
-
-        def fast() -> bytes:
-            codec._cache.pop(id(nxt[0]), None)  # the new pointer is never cached yet
-            m = base.with_fragments(nxt, "bench")
-            _check_run(m.entries, "manifest")  # the structural part of check() stays
-            assert codec.balanced(m)
-            return codec.to_bytes(m)
-
+        default, fast = _encoders(base, nxt)
         assert default() == fast(), "prototype must produce identical bytes"
-        res = {
+        res: dict[str, Any] = {
             "shape": label,
             "root_fragments": nf + 1,
             "root_snapshots": sum(snaps),
@@ -726,9 +736,9 @@ def render(data: dict[str, Any]) -> str:
         out.append("")
     out.append("Top self time (event-loop thread):")
     out.append("")
-    for p in profs:
-        out.append(
-            f"- {p['store']}: "
-            + "; ".join(f"{k} {100 * v / p['wall_s']:.1f}%" for k, v in p["top_self"][:8])
-        )
+    out.extend(
+        f"- {p['store']}: "
+        + "; ".join(f"{k} {100 * v / p['wall_s']:.1f}%" for k, v in p["top_self"][:8])
+        for p in profs
+    )
     return "\n".join(out)

@@ -45,7 +45,7 @@ from . import common, loadgen
 NAME = "scale"
 TARGET_KIB = 64
 
-FULL = {
+FULL: dict[str, Any] = {
     "mem_points": [1, 1000, 2500, 5000, 10000],
     "open_n": 200,
     "dirty_logs": 100,
@@ -56,7 +56,7 @@ FULL = {
     "rollup_repeats": 5,
     "untracked_counts": [500, 1000, 2000, 4000],
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "mem_points": [1, 400],
     "open_n": 20,
     "dirty_logs": 10,
@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def counting_store(inner: Any) -> Any:
     """An ObjectStore wrapper counting requests and bytes per op and key class."""
-    from wal3 import ObjectStore
+    from wal3 import ObjectStore, paths
 
     class CountingStore(ObjectStore):
         def __init__(self) -> None:
@@ -102,14 +102,16 @@ def counting_store(inner: Any) -> Any:
 
         @staticmethod
         def klass(key: str) -> str:
-            top = key.split("/", 1)[0]
-            if "/manifest/" in key:
+            # logs/{cid}/... and dirty/{server}/...: the key inside the log is the third part.
+            top, _, rest = key.partition("/")
+            inside = rest.partition("/")[2]
+            if inside == paths.MANIFEST_PATH:
                 part = "manifest"
-            elif "/log/" in key:
+            elif inside.startswith(paths.LOG_PREFIX):
                 part = "fragment"
-            elif "/snapshot/" in key:
+            elif inside.startswith(paths.SNAPSHOT_PREFIX):
                 part = "snapshot"
-            elif "/cursor/" in key:
+            elif inside.startswith(paths.CURSOR_PREFIX):
                 part = "cursor"
             else:
                 part = key.rsplit("/", 1)[-1]
@@ -130,7 +132,7 @@ def counting_store(inner: Any) -> Any:
             return await inner.head(key)
 
         async def put(self, key: str, data: bytes, **kw: Any) -> str:
-            etag = await inner.put(key, data, **kw)
+            etag: str = await inner.put(key, data, **kw)
             self._count("put", key, len(data))
             return etag
 
@@ -145,10 +147,11 @@ def counting_store(inner: Any) -> Any:
 
         async def copy(self, src: str, dst: str, **kw: Any) -> str:
             self._count("copy", dst)
-            return await inner.copy(src, dst, **kw)
+            etag: str = await inner.copy(src, dst, **kw)
+            return etag
 
         def url_for(self, key: str) -> str:
-            return inner.url_for(key)
+            return str(inner.url_for(key))
 
         async def close(self) -> None:
             await inner.close()
@@ -162,7 +165,7 @@ def counting_store(inner: Any) -> Any:
 def _settings(**kw: Any) -> Any:
     from host.config import Settings
 
-    base = {
+    base: dict[str, Any] = {
         "api_keys": "benchkey=*",
         "server_id": "bench",
         "max_open_logs": 20000,
@@ -300,7 +303,9 @@ def memory_part(points: list[int], work: Path, rollup_probe: bool) -> dict[str, 
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     den = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+    slope = (
+        sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else float("nan")
+    )
     per = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] > xs[0] else float("nan")
     return {
         "store": "tmpfs" if shm else "disk",
@@ -329,7 +334,9 @@ async def untracked_part(counts: list[int]) -> list[dict[str, Any]]:
             for n in counts:
                 cids = [uuid.uuid4() for _ in range(n)]
                 for cid in cids:
-                    server.manager._open[cid] = LogHandle(cid, "bench", None, None, None, 1, 0.0)  # type: ignore[arg-type]
+                    # A bare handle (no writer, reader or cursors): only its id and offset are read.
+                    bare = LogHandle(cid, "bench", None, None, None, 1, 0.0)  # type: ignore[arg-type]
+                    server.manager._open[cid] = bare
                 known = dict.fromkeys(cids, 2)
                 t0 = time.perf_counter()
                 missing = server.untracked_collections(known)
@@ -430,9 +437,9 @@ async def open_close_part(n: int, work: Path) -> dict[str, Any]:
 
 async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, Any]:
     from dirtylog import DirtyRecord
-    from host.dirty import dirty_prefix
     from host.server import Server
     from wal3 import LocalStore
+    from wal3.paths import dirty_prefix
 
     shm = common.tmpfs_dir()
     root = Path(tempfile.mkdtemp(prefix="scale-dirty-", dir=shm or work))
@@ -510,27 +517,28 @@ async def dirty_bytes_part(n_logs: int, n_frags: int, work: Path) -> dict[str, A
 
 def _make_logs(root: Path, cids: list[uuid.UUID]) -> float:
     """Write each collection log's TENANT, empty manifest and compaction cursor as plain files."""
-    from wal3.cursors import Cursor
-    from wal3.manifest import MANIFEST_PATH, Manifest
+    from wal3 import paths
+    from wal3.cursors import COMPACTION, Cursor
+    from wal3.manifest import Manifest
 
     t0 = time.perf_counter()
     manifest = Manifest.empty("bench").to_bytes()
     tenant = json.dumps({"tenant": "bench"}).encode()
     cursor = Cursor(offset=1, epoch_us=time.time_ns() // 1000, writer="bench").to_bytes()
-    man_dir = os.path.dirname(MANIFEST_PATH)
-    logs = root / "logs"
-    os.makedirs(logs, exist_ok=True)
+    objects = (
+        (paths.TENANT_PATH, tenant),
+        (paths.MANIFEST_PATH, manifest),
+        (paths.cursor_path(COMPACTION), cursor),
+    )
+    subdirs = sorted({os.path.dirname(rel) for rel, _ in objects} - {""})
+    os.makedirs(root / paths.LOGS_PREFIX, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     for cid in cids:
-        d = f"{logs}/{cid}"
+        d = f"{root}/{paths.log_prefix(cid)}"  # LocalStore: a key is a path
         os.mkdir(d)
-        os.mkdir(f"{d}/{man_dir}")
-        os.mkdir(f"{d}/cursor")
-        for rel, data in (
-            ("TENANT", tenant),
-            (MANIFEST_PATH, manifest),
-            ("cursor/compaction.json", cursor),
-        ):
+        for sub in subdirs:
+            os.mkdir(f"{d}/{sub}")
+        for rel, data in objects:
             fd = os.open(f"{d}/{rel}", flags, 0o644)
             os.write(fd, data)
             os.close(fd)
@@ -547,7 +555,7 @@ class _Offsets:
 
     async def compaction_offsets(self, ids: Any) -> dict[uuid.UUID, int]:
         from host.dirty import compaction_offsets_from_store
-        from host.manager import log_prefix
+        from wal3.paths import log_prefix
 
         self.calls += 1
         self.ids += len(ids)
@@ -563,9 +571,10 @@ class _RollupEnv:
 
     async def __aenter__(self) -> _RollupEnv:
         from dirtylog import RollUp
-        from host.dirty import WalDirtyBackend, dirty_prefix
+        from host.dirty import WalDirtyBackend
         from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
         from wal3.gc import GcOptions
+        from wal3.paths import dirty_prefix
 
         self.store = FaultyStore(LocalStore(self.root), seed=0)
         prefix = dirty_prefix("bench")

@@ -7,14 +7,18 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from verify.testkit import RedisServer, free_port, redis_executable
+from verify.testkit import RedisServer, free_port, redis_executable, wait_until_sync
+
+if TYPE_CHECKING:
+    from wal3 import ObjectStore
 
 # Tests never talk to a real cloud: pin credentials and region before any client is built.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -48,7 +52,7 @@ def s3_bucket(moto_endpoint: str) -> str:
     return name
 
 
-def _open_test_store(request: pytest.FixtureRequest, kind: str, tmp_path) -> object:  # type: ignore[no-untyped-def]
+def _open_test_store(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> ObjectStore:
     from wal3 import LocalStore, S3Store
 
     if kind == "local":
@@ -63,17 +67,19 @@ def _open_test_store(request: pytest.FixtureRequest, kind: str, tmp_path) -> obj
 
 
 @pytest.fixture(params=["local", "s3"])
-async def store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
     """The same test body against LocalStore and against S3Store on moto over HTTP."""
     s = _open_test_store(request, request.param, tmp_path)
     try:
         yield s
     finally:
-        await s.close()  # type: ignore[attr-defined]
+        await s.close()
 
 
 @pytest.fixture(params=["local", "seaweedfs"])
-async def atomic_store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
+async def atomic_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[ObjectStore]:
     """Like ``store``, for tests that race conditional writes on one key: LocalStore and S3Store
     on SeaweedFS.  Not moto, whose S3 server checks a condition and then writes without a lock,
     so two racers can both win there (a false failure, or a bug hidden by luck)."""
@@ -81,7 +87,7 @@ async def atomic_store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterato
     try:
         yield s
     finally:
-        await s.close()  # type: ignore[attr-defined]
+        await s.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,9 +98,6 @@ async def atomic_store(request: pytest.FixtureRequest, tmp_path) -> AsyncIterato
 # a lock, and it ignores If-None-Match on CopyObject; tests of those behaviours (atomic conditional
 # writes, server-side conditional copy) run against SeaweedFS, a second real S3 server, instead of
 # against an emulation written by the tests themselves.
-
-from collections import deque  # noqa: E402
-from typing import Any  # noqa: E402
 
 
 class S3FaultProxy:
@@ -358,25 +361,29 @@ class SeaweedServer:
                 cwd=self.workdir,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout_s
         client = self.client(connect_timeout=1, read_timeout=2)
-        while True:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(
-                    f"weed mini exited with {self.proc.returncode}:\n"
+                    f"weed mini exited with {proc.returncode}:\n"
                     f"{log.read_text(errors='replace')[-3000:]}"
                 )
             try:
                 client.list_buckets()
-                return
             except Exception:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"weed mini did not answer S3 within {timeout_s}s:\n"
-                        f"{log.read_text(errors='replace')[-3000:]}"
-                    ) from None
-            time.sleep(0.1)  # polling interval of a bounded readiness loop, not synchronisation
+                return False
+            return True
+
+        try:
+            wait_until_sync(answers, "weed mini to answer S3", timeout_s, 0.1)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(
+                f"weed mini did not answer S3 within {timeout_s}s:\n"
+                f"{log.read_text(errors='replace')[-3000:]}"
+            ) from None
 
     def client(self, **config: Any) -> Any:
         """A boto3 S3 client for this server."""

@@ -1,6 +1,7 @@
-"""The packages' dependency graph (issue 18): wal3 depends on none of the others, and nothing
+"""The packages' dependency graph (issue 18): wal3 depends on none of the others, nothing
 depends on the server package but the server itself (its tests, the harness and the benchmarks
-drive it from outside)."""
+drive it from outside), and nothing outside tests/ imports from it (what the tests share with
+the harness and the benchmarks is in verify/testkit)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "dirtylog": {"host", "compactor_client", "fastapi", "redis", "pyspark", "verify", "tests"},
     "compactor_client": {"host", "dirtylog", "verify", "tests", "bench"},
     "host": {"compactor_client", "verify", "tests", "bench"},
+    "verify": {"tests", "bench"},
+    "bench": {"tests"},
 }
 
 

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "mutation"
@@ -153,30 +154,30 @@ def _save(result: ModuleResult) -> Path:
     return path
 
 
-def _load_all() -> list[dict[str, object]]:
+def _load_all() -> list[dict[str, Any]]:
     if not OUT.exists():
         return []
     return [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json"))]
 
 
-def table(results: list[dict[str, object]]) -> str:
+def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of every recorded module run."""
     rows = [
         "| module | commit | mutants | killed | timed out | survived | no test ran it | "
         "score | tests | minutes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for r in sorted(results, key=lambda r: str(r["module"])):
-        rows.append(
-            f"| `{r['module']}` | {r['commit']} | {r['total']} | {r['killed']} | "
-            f"{r['timeout']} | {r['survived']} | {r['no_tests']} | "
-            f"{float(r['score']):.0%} | {', '.join(f'`{t}`' for t in r['tests'])} | "  # type: ignore[attr-defined]
-            f"{float(r['seconds']) / 60:.1f} |"
-        )  # type: ignore[arg-type]
+    rows.extend(
+        f"| `{r['module']}` | {r['commit']} | {r['total']} | {r['killed']} | "
+        f"{r['timeout']} | {r['survived']} | {r['no_tests']} | "
+        f"{float(r['score']):.0%} | {', '.join(f'`{t}`' for t in r['tests'])} | "
+        f"{float(r['seconds']) / 60:.1f} |"
+        for r in sorted(results, key=lambda r: str(r["module"]))
+    )
     return "\n".join(rows)
 
 
-def write_docs(results: list[dict[str, object]]) -> None:
+def write_docs(results: list[dict[str, Any]]) -> None:
     """Replace the marked table in docs/RELIABILITY.md (append the section if absent)."""
     text = DOC.read_text(encoding="utf-8")
     block = (

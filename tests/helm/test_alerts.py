@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import httpx
 import pytest
 import yaml
@@ -35,15 +36,16 @@ from host.metrics import Metrics
 from tests.helm.test_chart import CHART_DIR, MONITORED_AUTOSCALED, NAMESPACE, merge, render
 from tests.host.live import CID, live_server, record
 
-import helm_python as helm
-
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "OPERATIONS.md"
 # `make promtool` unpacks it into the venv (from Debian's prometheus package) when it is not on PATH.
-PROMTOOL = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
+PROMTOOL = shutil.which("promtool") or shutil.which(
+    "promtool", path=str(Path(sys.executable).parent)
+)
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None and not os.environ.get("CI"),
-    reason="promtool is not installed (make promtool)")
+    reason="promtool is not installed (make promtool)",
+)
 
 # Labels the ServiceMonitors' scrapes add to every series; the rules select on namespace/service.
 SCRAPE_LABELS = {"namespace", "service", "pod", "instance", "job", "endpoint", "container"}
@@ -92,124 +94,365 @@ UP_C0 = (f'up{{{C}, pod="loghost-compactor-7d9f-abcde"}}', "1x60")
 
 CASES = [
     # Target down or absent.
-    Case("LoghostHostsAbsent", "no-host-target", [UP_C0], "15m",
-         [{"namespace": "logs", "service": "loghost-headless", "severity": "critical"}]),
+    Case(
+        "LoghostHostsAbsent",
+        "no-host-target",
+        [UP_C0],
+        "15m",
+        [{"namespace": "logs", "service": "loghost-headless", "severity": "critical"}],
+    ),
     Case("LoghostHostsAbsent", "host-scraped", [UP_H0, UP_C0], "15m"),
-    Case("LoghostHostDown", "down-10m", [UP_H0, (f'up{{{H}, pod="loghost-1"}}', "0x20")], "10m",
-         [{"namespace": "logs", "service": "loghost-headless", "pod": "loghost-1", "severity": "warning"}]),
-    Case("LoghostHostDown", "3m-blip", [UP_H0, (f'up{{{H}, pod="loghost-1"}}', "1x5 0 0 0 1x10")], "10m"),
-    Case("LoghostCompactorsAbsent", "no-compactor-target", [UP_H0], "20m",
-         [{"namespace": "logs", "service": "loghost-compactor", "severity": "critical"}]),
+    Case(
+        "LoghostHostDown",
+        "down-10m",
+        [UP_H0, (f'up{{{H}, pod="loghost-1"}}', "0x20")],
+        "10m",
+        [
+            {
+                "namespace": "logs",
+                "service": "loghost-headless",
+                "pod": "loghost-1",
+                "severity": "warning",
+            }
+        ],
+    ),
+    Case(
+        "LoghostHostDown",
+        "3m-blip",
+        [UP_H0, (f'up{{{H}, pod="loghost-1"}}', "1x5 0 0 0 1x10")],
+        "10m",
+    ),
+    Case(
+        "LoghostCompactorsAbsent",
+        "no-compactor-target",
+        [UP_H0],
+        "20m",
+        [{"namespace": "logs", "service": "loghost-compactor", "severity": "critical"}],
+    ),
     Case("LoghostCompactorsAbsent", "compactor-scraped", [UP_H0, UP_C0], "20m"),
-    Case("LoghostCompactorDown", "down-15m", [(f'up{{{C}, pod="c-1"}}', "0x20")], "15m",
-         [{"namespace": "logs", "service": "loghost-compactor", "pod": "c-1", "severity": "warning"}]),
+    Case(
+        "LoghostCompactorDown",
+        "down-15m",
+        [(f'up{{{C}, pod="c-1"}}', "0x20")],
+        "15m",
+        [
+            {
+                "namespace": "logs",
+                "service": "loghost-compactor",
+                "pod": "c-1",
+                "severity": "warning",
+            }
+        ],
+    ),
     Case("LoghostCompactorDown", "up", [(f'up{{{C}, pod="c-1"}}', "1x20")], "15m"),
     # Dirty sets.
-    Case("LoghostDirtyUntrackedCollections", "untracked", [(f'loghost_dirty_untracked_collections{{{H}, pod="loghost-2"}}', "1x20")],
-         "10m", [{"pod": "loghost-2", "severity": "critical"}]),
-    Case("LoghostDirtyUntrackedCollections", "zero", [(f'loghost_dirty_untracked_collections{{{H}, pod="loghost-2"}}', "0x20")], "10m"),
-    Case("LoghostUncompactedTooOld", "2000s", [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "2000x30")],
-         "20m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostUncompactedTooOld", "1000s", [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "1000x30")], "20m"),
-    Case("LoghostUncompactedTooOldCritical", "8000s", [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "8000x30")],
-         "20m", [{"pod": "loghost-0", "severity": "critical"}]),
-    Case("LoghostUncompactedTooOldCritical", "2000s", [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "2000x30")], "20m"),
+    Case(
+        "LoghostDirtyUntrackedCollections",
+        "untracked",
+        [(f'loghost_dirty_untracked_collections{{{H}, pod="loghost-2"}}', "1x20")],
+        "10m",
+        [{"pod": "loghost-2", "severity": "critical"}],
+    ),
+    Case(
+        "LoghostDirtyUntrackedCollections",
+        "zero",
+        [(f'loghost_dirty_untracked_collections{{{H}, pod="loghost-2"}}', "0x20")],
+        "10m",
+    ),
+    Case(
+        "LoghostUncompactedTooOld",
+        "2000s",
+        [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "2000x30")],
+        "20m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostUncompactedTooOld",
+        "1000s",
+        [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "1000x30")],
+        "20m",
+    ),
+    Case(
+        "LoghostUncompactedTooOldCritical",
+        "8000s",
+        [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "8000x30")],
+        "20m",
+        [{"pod": "loghost-0", "severity": "critical"}],
+    ),
+    Case(
+        "LoghostUncompactedTooOldCritical",
+        "2000s",
+        [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "2000x30")],
+        "20m",
+    ),
     # Backpressure: 429 *requests* over requests. 10 of 100 appends refused while 2,000 records a
     # minute are appended: the old records-based ratio (10/2000 = 0.5%) stayed quiet.
-    Case("LoghostBackpressure", "10pct-of-requests", [
-        (f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="200"}}', "0+90x30"),
-        (f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="429"}}', "0+10x30"),
-        (f'loghost_backpressure_total{{{H}, pod="loghost-0", reason="batching"}}', "0+10x30"),
-        (f'loghost_appends_total{{{H}, pod="loghost-0"}}', "0+2000x30"),
-    ], "25m", [{"route": RECORDS, "severity": "warning"}]),
-    Case("LoghostBackpressure", "1pct", [
-        (f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="200"}}', "0+99x30"),
-        (f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="429"}}', "0+1x30"),
-    ], "25m"),
+    Case(
+        "LoghostBackpressure",
+        "10pct-of-requests",
+        [
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="200"}}',
+                "0+90x30",
+            ),
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="429"}}',
+                "0+10x30",
+            ),
+            (f'loghost_backpressure_total{{{H}, pod="loghost-0", reason="batching"}}', "0+10x30"),
+            (f'loghost_appends_total{{{H}, pod="loghost-0"}}', "0+2000x30"),
+        ],
+        "25m",
+        [{"route": RECORDS, "severity": "warning"}],
+    ),
+    Case(
+        "LoghostBackpressure",
+        "1pct",
+        [
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="200"}}',
+                "0+99x30",
+            ),
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="429"}}',
+                "0+1x30",
+            ),
+        ],
+        "25m",
+    ),
     # 5xx rate: API requests only, not the probes.
-    Case("LoghostServerErrors", "5pct-503", [
-        (f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="200"}}', "0+95x30"),
-        (f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="503"}}', "0+5x30"),
-    ], "25m", [{"pod": "loghost-1", "severity": "warning"}]),
-    Case("LoghostServerErrors", "unready-probes-only", [
-        (f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="200"}}', "0+100x30"),
-        (f'loghost_requests_total{{{H}, pod="loghost-1", route="/readyz", status="503"}}', "0+12x30"),
-    ], "25m"),
+    Case(
+        "LoghostServerErrors",
+        "5pct-503",
+        [
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="200"}}',
+                "0+95x30",
+            ),
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="503"}}',
+                "0+5x30",
+            ),
+        ],
+        "25m",
+        [{"pod": "loghost-1", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostServerErrors",
+        "unready-probes-only",
+        [
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="200"}}',
+                "0+100x30",
+            ),
+            (
+                f'loghost_requests_total{{{H}, pod="loghost-1", route="/readyz", status="503"}}',
+                "0+12x30",
+            ),
+        ],
+        "25m",
+    ),
     # Latency SLO: p99 of append latency.
-    Case("LoghostAppendLatencySLO", "p99-2s", hist("loghost_append_latency_seconds", f'{H}, pod="loghost-0"',
-                                                   {"0.5": "0+50x40", "1.0": "0+50x40", "2.5": "0+100x40", "+Inf": "0+100x40"}),
-         "30m", [{"severity": "warning"}]),
-    Case("LoghostAppendLatencySLO", "p99-0.5s", hist("loghost_append_latency_seconds", f'{H}, pod="loghost-0"',
-                                                     {"0.5": "0+100x40", "1.0": "0+100x40", "2.5": "0+100x40", "+Inf": "0+100x40"}),
-         "30m"),
+    Case(
+        "LoghostAppendLatencySLO",
+        "p99-2s",
+        hist(
+            "loghost_append_latency_seconds",
+            f'{H}, pod="loghost-0"',
+            {"0.5": "0+50x40", "1.0": "0+50x40", "2.5": "0+100x40", "+Inf": "0+100x40"},
+        ),
+        "30m",
+        [{"severity": "warning"}],
+    ),
+    Case(
+        "LoghostAppendLatencySLO",
+        "p99-0.5s",
+        hist(
+            "loghost_append_latency_seconds",
+            f'{H}, pod="loghost-0"',
+            {"0.5": "0+100x40", "1.0": "0+100x40", "2.5": "0+100x40", "+Inf": "0+100x40"},
+        ),
+        "30m",
+    ),
     # Buffered bytes near the cap (the host exports its cap).
-    Case("LoghostBufferedBytesNearLimit", "86pct", [
-        (f'loghost_buffered_bytes{{{H}, pod="loghost-0"}}', "230000000x20"),
-        (f'loghost_buffered_bytes_limit{{{H}, pod="loghost-0"}}', "268435456x20"),
-    ], "10m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostBufferedBytesNearLimit", "37pct", [
-        (f'loghost_buffered_bytes{{{H}, pod="loghost-0"}}', "100000000x20"),
-        (f'loghost_buffered_bytes_limit{{{H}, pod="loghost-0"}}', "268435456x20"),
-    ], "10m"),
+    Case(
+        "LoghostBufferedBytesNearLimit",
+        "86pct",
+        [
+            (f'loghost_buffered_bytes{{{H}, pod="loghost-0"}}', "230000000x20"),
+            (f'loghost_buffered_bytes_limit{{{H}, pod="loghost-0"}}', "268435456x20"),
+        ],
+        "10m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostBufferedBytesNearLimit",
+        "37pct",
+        [
+            (f'loghost_buffered_bytes{{{H}, pod="loghost-0"}}', "100000000x20"),
+            (f'loghost_buffered_bytes_limit{{{H}, pod="loghost-0"}}', "268435456x20"),
+        ],
+        "10m",
+    ),
     # Roll-ups.
-    Case("LoghostRollupSlow", "p99-60s", hist("loghost_rollup_duration_seconds", f'{H}, pod="loghost-0"',
-                                              {"30.0": "0x40", "60.0": "0+1x40", "+Inf": "0+1x40"}),
-         "30m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostRollupSlow", "p99-1s", hist("loghost_rollup_duration_seconds", f'{H}, pod="loghost-0"',
-                                             {"1.0": "0+6x40", "30.0": "0+6x40", "60.0": "0+6x40", "+Inf": "0+6x40"}),
-         "30m"),
-    Case("LoghostRollupFailures", "half-fail", [
-        (f'loghost_rollup_failures_total{{{H}, pod="loghost-0"}}', "0+3x30"),
-        (f'loghost_rollup_duration_seconds_count{{{H}, pod="loghost-0"}}', "0+3x30"),
-    ], "25m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostRollupFailures", "every-roll-up-fails", [
-        (f'loghost_rollup_failures_total{{{H}, pod="loghost-0"}}', "0+6x30"),
-        (f'loghost_rollup_duration_seconds_count{{{H}, pod="loghost-0"}}', "0x30"),
-    ], "25m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostRollupFailures", "one-failure", [
-        (f'loghost_rollup_failures_total{{{H}, pod="loghost-0"}}', "0x10 1x20"),
-        (f'loghost_rollup_duration_seconds_count{{{H}, pod="loghost-0"}}', "0+6x30"),
-    ], "25m"),
+    Case(
+        "LoghostRollupSlow",
+        "p99-60s",
+        hist(
+            "loghost_rollup_duration_seconds",
+            f'{H}, pod="loghost-0"',
+            {"30.0": "0x40", "60.0": "0+1x40", "+Inf": "0+1x40"},
+        ),
+        "30m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostRollupSlow",
+        "p99-1s",
+        hist(
+            "loghost_rollup_duration_seconds",
+            f'{H}, pod="loghost-0"',
+            {"1.0": "0+6x40", "30.0": "0+6x40", "60.0": "0+6x40", "+Inf": "0+6x40"},
+        ),
+        "30m",
+    ),
+    Case(
+        "LoghostRollupFailures",
+        "half-fail",
+        [
+            (f'loghost_rollup_failures_total{{{H}, pod="loghost-0"}}', "0+3x30"),
+            (f'loghost_rollup_duration_seconds_count{{{H}, pod="loghost-0"}}', "0+3x30"),
+        ],
+        "25m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostRollupFailures",
+        "every-roll-up-fails",
+        [
+            (f'loghost_rollup_failures_total{{{H}, pod="loghost-0"}}', "0+6x30"),
+            (f'loghost_rollup_duration_seconds_count{{{H}, pod="loghost-0"}}', "0x30"),
+        ],
+        "25m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostRollupFailures",
+        "one-failure",
+        [
+            (f'loghost_rollup_failures_total{{{H}, pod="loghost-0"}}', "0x10 1x20"),
+            (f'loghost_rollup_duration_seconds_count{{{H}, pod="loghost-0"}}', "0+6x30"),
+        ],
+        "25m",
+    ),
     # GC failures, without the routine 409 no_cursors.
-    Case("LoghostGcFailures", "errors", [
-        (f'loghost_gc_failures_total{{{H}, pod="loghost-0", reason="error"}}', "0+1x70"),
-    ], "65m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostGcFailures", "only-no-cursors", [
-        (f'loghost_gc_failures_total{{{H}, pod="loghost-0", reason="no_cursors"}}', "0+5x70"),
-        (f'loghost_gc_failures_total{{{H}, pod="loghost-0", reason="error"}}', "0x70"),
-    ], "65m"),
-    Case("LoghostContention", "2-per-s", [(f'loghost_contention_total{{{H}, pod="loghost-0"}}', "0+120x40")],
-         "30m", [{"pod": "loghost-0", "severity": "warning"}]),
-    Case("LoghostContention", "0.5-per-s", [(f'loghost_contention_total{{{H}, pod="loghost-0"}}', "0+30x40")], "30m"),
-    Case("LoghostLeaderHintFailures", "failing", [(f'loghost_leader_hint_failures_total{{{H}, pod="loghost-0"}}', "0+1x60")],
-         "50m", [{"pod": "loghost-0", "severity": "info"}]),
-    Case("LoghostLeaderHintFailures", "healthy", [(f'loghost_leader_hint_failures_total{{{H}, pod="loghost-0"}}', "0x60")], "50m"),
+    Case(
+        "LoghostGcFailures",
+        "errors",
+        [
+            (f'loghost_gc_failures_total{{{H}, pod="loghost-0", reason="error"}}', "0+1x70"),
+        ],
+        "65m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostGcFailures",
+        "only-no-cursors",
+        [
+            (f'loghost_gc_failures_total{{{H}, pod="loghost-0", reason="no_cursors"}}', "0+5x70"),
+            (f'loghost_gc_failures_total{{{H}, pod="loghost-0", reason="error"}}', "0x70"),
+        ],
+        "65m",
+    ),
+    Case(
+        "LoghostContention",
+        "2-per-s",
+        [(f'loghost_contention_total{{{H}, pod="loghost-0"}}', "0+120x40")],
+        "30m",
+        [{"pod": "loghost-0", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostContention",
+        "0.5-per-s",
+        [(f'loghost_contention_total{{{H}, pod="loghost-0"}}', "0+30x40")],
+        "30m",
+    ),
+    Case(
+        "LoghostLeaderHintFailures",
+        "failing",
+        [(f'loghost_leader_hint_failures_total{{{H}, pod="loghost-0"}}', "0+1x60")],
+        "50m",
+        [{"pod": "loghost-0", "severity": "info"}],
+    ),
+    Case(
+        "LoghostLeaderHintFailures",
+        "healthy",
+        [(f'loghost_leader_hint_failures_total{{{H}, pod="loghost-0"}}', "0x60")],
+        "50m",
+    ),
     # Compaction progress: failed rounds are not progress.
-    Case("LoghostCompactionStalled", "only-failed-rounds", [
-        (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
-        (f'compactor_rounds_total{{{C}, pod="c-1", outcome="failed"}}', "0+1x60"),
-        (f'compactor_rounds_total{{{C}, pod="c-1", outcome="ok"}}', "0x60"),
-        (f'compactor_collections_compacted_total{{{C}, pod="c-1"}}', "0x60"),
-    ], "50m", [{"severity": "critical"}]),
-    Case("LoghostCompactionStalled", "no-compactor-series", [
-        (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
-    ], "50m", [{"severity": "critical"}]),
-    Case("LoghostCompactionStalled", "clean-rounds", [
-        (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
-        (f'compactor_rounds_total{{{C}, pod="c-1", outcome="ok"}}', "0+1x60"),
-        (f'compactor_collections_compacted_total{{{C}, pod="c-1"}}', "0x60"),
-    ], "50m"),
-    Case("LoghostCompactionStalled", "one-poisoned-collection", [
-        (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
-        (f'compactor_rounds_total{{{C}, pod="c-1", outcome="failed"}}', "0+1x60"),
-        (f'compactor_collections_compacted_total{{{C}, pod="c-1"}}', "0+3x60"),
-    ], "50m"),
-    Case("LoghostCompactionStalled", "nothing-dirty", [
-        (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "0x60"),
-    ], "50m"),
-    Case("LoghostCompactorFailures", "spark-failing", [(f'compactor_failures_total{{{C}, pod="c-1", stage="spark"}}', "0+1x40")],
-         "35m", [{"pod": "c-1", "severity": "warning"}]),
-    Case("LoghostCompactorFailures", "none", [(f'compactor_failures_total{{{C}, pod="c-1", stage="spark"}}', "0x40")], "35m"),
+    Case(
+        "LoghostCompactionStalled",
+        "only-failed-rounds",
+        [
+            (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
+            (f'compactor_rounds_total{{{C}, pod="c-1", outcome="failed"}}', "0+1x60"),
+            (f'compactor_rounds_total{{{C}, pod="c-1", outcome="ok"}}', "0x60"),
+            (f'compactor_collections_compacted_total{{{C}, pod="c-1"}}', "0x60"),
+        ],
+        "50m",
+        [{"severity": "critical"}],
+    ),
+    Case(
+        "LoghostCompactionStalled",
+        "no-compactor-series",
+        [
+            (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
+        ],
+        "50m",
+        [{"severity": "critical"}],
+    ),
+    Case(
+        "LoghostCompactionStalled",
+        "clean-rounds",
+        [
+            (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
+            (f'compactor_rounds_total{{{C}, pod="c-1", outcome="ok"}}', "0+1x60"),
+            (f'compactor_collections_compacted_total{{{C}, pod="c-1"}}', "0x60"),
+        ],
+        "50m",
+    ),
+    Case(
+        "LoghostCompactionStalled",
+        "one-poisoned-collection",
+        [
+            (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "5x60"),
+            (f'compactor_rounds_total{{{C}, pod="c-1", outcome="failed"}}', "0+1x60"),
+            (f'compactor_collections_compacted_total{{{C}, pod="c-1"}}', "0+3x60"),
+        ],
+        "50m",
+    ),
+    Case(
+        "LoghostCompactionStalled",
+        "nothing-dirty",
+        [
+            (f'loghost_dirty_collections{{{H}, pod="loghost-0"}}', "0x60"),
+        ],
+        "50m",
+    ),
+    Case(
+        "LoghostCompactorFailures",
+        "spark-failing",
+        [(f'compactor_failures_total{{{C}, pod="c-1", stage="spark"}}', "0+1x40")],
+        "35m",
+        [{"pod": "c-1", "severity": "warning"}],
+    ),
+    Case(
+        "LoghostCompactorFailures",
+        "none",
+        [(f'compactor_failures_total{{{C}, pod="c-1", stage="spark"}}', "0x40")],
+        "35m",
+    ),
 ]
 
 
@@ -233,12 +476,16 @@ def _rules_file(rule: dict[str, Any], path: Path, *, annotations: bool) -> Path:
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     if PROMTOOL is None:
         pytest.fail("promtool is required in CI (make promtool)")
-    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [PROMTOOL, *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 @needs_promtool
 def test_promtool_checks_the_rules_and_their_templates(rule, tmp_path):
-    out = _promtool("check", "rules", str(_rules_file(rule, tmp_path / "rules.yaml", annotations=True)))
+    out = _promtool(
+        "check", "rules", str(_rules_file(rule, tmp_path / "rules.yaml", annotations=True))
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(alerts_of(rule))} rules found" in out.stdout, out.stdout
 
@@ -250,15 +497,19 @@ def test_rule_against_synthetic_series(rule, tmp_path, case):
     test = {
         "rule_files": [rules.name],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": s, "values": v} for s, v in case.series],
-            "alert_rule_test": [{
-                "eval_time": case.eval_time,
-                "alertname": case.alert,
-                "exp_alerts": [{"exp_labels": labels} for labels in case.fires],
-            }],
-        }],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in case.series],
+                "alert_rule_test": [
+                    {
+                        "eval_time": case.eval_time,
+                        "alertname": case.alert,
+                        "exp_alerts": [{"exp_labels": labels} for labels in case.fires],
+                    }
+                ],
+            }
+        ],
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     out = _promtool("test", "rules", str(tmp_path / "test.yaml"))
@@ -269,7 +520,13 @@ def test_rule_against_synthetic_series(rule, tmp_path, case):
 def test_promtool_catches_a_wrong_expectation(rule, tmp_path):
     """The harness can fail: a quiet case claimed to fire is reported."""
     case = next(c for c in CASES if c.alert == "LoghostGcFailures" and not c.fires)
-    wrong = Case(case.alert, "wrong", case.series, case.eval_time, [{"pod": "loghost-0", "severity": "warning"}])
+    wrong = Case(
+        case.alert,
+        "wrong",
+        case.series,
+        case.eval_time,
+        [{"pod": "loghost-0", "severity": "warning"}],
+    )
     with pytest.raises(AssertionError, match="LoghostGcFailures"):
         test_rule_against_synthetic_series(rule, tmp_path, wrong)
 
@@ -287,7 +544,7 @@ def runbooks() -> dict[str, str]:
     text = OPERATIONS.read_text()
     start = text.index("\n## Runbooks\n")
     end = text.find("\n## ", start + 1)
-    section = text[start:end if end != -1 else len(text)]
+    section = text[start : end if end != -1 else len(text)]
     out = {}
     for part in section.split("\n### ")[1:]:
         heading, _, body = part.partition("\n")
@@ -308,16 +565,30 @@ def test_every_alert_has_a_description_and_a_runbook_section(rule):
         for part in ("Meaning", "Check", "Action"):
             assert f"**{part}" in books[anchor], f"{name}: runbook #{anchor} has no **{part}**"
     # No runbook for an alert that no longer exists (LoghostScrubFailures could never fire).
-    anchors = {item["annotations"]["runbook_url"].partition("#")[2] for item in alerts_of(rule).values()}
+    anchors = {
+        item["annotations"]["runbook_url"].partition("#")[2] for item in alerts_of(rule).values()
+    }
     assert set(books) == anchors, set(books) ^ anchors
 
 
 def test_runbook_base_url_is_a_value(chart):
-    rule = render(chart, merge(MONITORED_AUTOSCALED, {"metrics": {"prometheusRule": {
-        "runbookBaseUrl": "https://git.example.com/loghost/blob/main/docs/OPERATIONS.md"}}})).get(
-        "PrometheusRule", "loghost")
+    rule = render(
+        chart,
+        merge(
+            MONITORED_AUTOSCALED,
+            {
+                "metrics": {
+                    "prometheusRule": {
+                        "runbookBaseUrl": "https://git.example.com/loghost/blob/main/docs/OPERATIONS.md"
+                    }
+                }
+            },
+        ),
+    ).get("PrometheusRule", "loghost")
     for name, item in alerts_of(rule).items():
-        assert item["annotations"]["runbook_url"].startswith("https://git.example.com/loghost/blob/main/docs/OPERATIONS.md#"), name
+        assert item["annotations"]["runbook_url"].startswith(
+            "https://git.example.com/loghost/blob/main/docs/OPERATIONS.md#"
+        ), name
 
 
 # --- every metric and label a rule or the dashboard selects exists ------------------------
@@ -363,7 +634,9 @@ def host_scrape(tmp_path_factory) -> tuple[str, dict[str, set[str]]]:
             r = await c.post(base + "/records", json={"records": [record(1), record(2)]})
             assert r.status_code == 200, r.text
             assert (await c.get(base + "/records", params={"from": 1})).status_code == 200
-            assert (await c.get("/v1/tenants/alice/logs/00000000-0000-4000-8000-00000000dead")).status_code == 404
+            assert (
+                await c.get("/v1/tenants/alice/logs/00000000-0000-4000-8000-00000000dead")
+            ).status_code == 404
             gc = await c.post(base + "/gc")
             assert gc.status_code == 409 and gc.json()["error"]["code"] == "no_cursors", gc.text
             async with httpx.AsyncClient(base_url=live.url) as anonymous:
@@ -399,8 +672,11 @@ def known(host_scrape) -> dict[str, set[str]]:
 
 def test_the_gc_no_cursors_409_is_labelled_routine(host_scrape):
     text, _ = host_scrape
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert samples[("loghost_gc_failures_total", (("reason", "no_cursors"),))] == 1.0
     assert ("loghost_gc_failures_total", (("reason", "error"),)) not in samples
     # The cap the buffered-bytes alert divides by is exported.
@@ -431,7 +707,9 @@ def test_dashboard_loads_and_selects_only_exported_metrics(rule, known):
     assert board["uid"] == "loghost" and board["title"]
     variables = {v["name"] for v in board["templating"]["list"]}
     assert {"datasource", "namespace", "release"} <= variables
-    targets = [(p["title"], t["expr"]) for p in board["panels"] if p["type"] != "row" for t in p["targets"]]
+    targets = [
+        (p["title"], t["expr"]) for p in board["panels"] if p["type"] != "row" for t in p["targets"]
+    ]
     assert len(targets) >= 20
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
@@ -444,16 +722,23 @@ def test_dashboard_loads_and_selects_only_exported_metrics(rule, known):
     for name, item in alerts_of(rule).items():
         for metric, _ in selectors(item["expr"]):
             base = re.sub(r"_(bucket|count|sum)$", "", metric)
-            assert any(u.startswith(base) for u in used), f"{name}: {metric} is on no dashboard panel"
+            assert any(u.startswith(base) for u in used), (
+                f"{name}: {metric} is on no dashboard panel"
+            )
 
 
 def test_dashboard_configmap(chart):
-    r = render(chart, {"grafana": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "loghost"}}}})
+    r = render(
+        chart,
+        {"grafana": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "loghost"}}}},
+    )
     cm = r.get("ConfigMap", "loghost-dashboard")
     assert cm["metadata"]["namespace"] == NAMESPACE
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "loghost"}
     assert json.loads(cm["data"]["loghost.json"]) == dashboard()
-    elsewhere = render(chart, {"grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}}})
+    elsewhere = render(
+        chart, {"grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}}}
+    )
     assert elsewhere.get("ConfigMap", "loghost-dashboard")["metadata"]["namespace"] == "monitoring"
     assert not render(chart).has("ConfigMap", "loghost-dashboard")

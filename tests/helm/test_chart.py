@@ -33,6 +33,8 @@ import pytest
 import yaml
 from packaging.version import Version
 
+from wal3 import paths
+
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "loghost"
 IMAGE_DIR = REPO / "helm" / "image"
@@ -77,6 +79,7 @@ KNOWN_METRICS = {
     "compactor_failures_total",
 }
 
+
 def merge(*dicts: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge value overlays (later wins), like several -f files."""
     out: dict[str, Any] = {}
@@ -87,7 +90,6 @@ def merge(*dicts: dict[str, Any]) -> dict[str, Any]:
             else:
                 out[key] = copy.deepcopy(value)
     return out
-
 
 
 # --- realistic value sets -----------------------------------------------------
@@ -110,8 +112,12 @@ S3_EXISTING_SECRET = {
         "compactorKey": "service-key",
     },
 }
-EXTERNAL_REDIS = {"redis": {"enabled": True, "existingSecret": "acme-redis", "existingSecretKey": "url"}}
-EXTERNAL_REDIS_URL = {"redis": {"enabled": True, "url": "redis://redis-master.redis.svc.cluster.local:6379/0"}}
+EXTERNAL_REDIS = {
+    "redis": {"enabled": True, "existingSecret": "acme-redis", "existingSecretKey": "url"}
+}
+EXTERNAL_REDIS_URL = {
+    "redis": {"enabled": True, "url": "redis://redis-master.redis.svc.cluster.local:6379/0"}
+}
 # Compactor workload kinds (compactor.workload; Deployment is the default).
 STATEFULSET = {"compactor": {"workload": "StatefulSet"}}
 DEPLOYMENT = {"compactor": {"workload": "Deployment"}}
@@ -145,7 +151,9 @@ MONITORED_AUTOSCALED = {
     "host": {"antiAffinity": "hard"},
 }
 IRSA = {
-    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/loghost"}},
+    "serviceAccount": {
+        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/loghost"}
+    },
     "store": {"s3": {"existingSecret": ""}},
 }
 LOCAL_DEV = {
@@ -164,33 +172,69 @@ LOCAL_SHARED = {
 CA_BUNDLE_VOLUME = {"name": "minio-ca", "configMap": {"name": "minio-ca-bundle"}}
 CA_BUNDLE_MOUNT = {"name": "minio-ca", "mountPath": "/etc/ssl/minio", "readOnly": True}
 CA_BUNDLE_ENV = {"name": "AWS_CA_BUNDLE", "value": "/etc/ssl/minio/ca.crt"}
-SIDECAR = {"name": "log-shipper", "image": "registry.example.com/shipper:1.2",
-           "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}
-INIT = {"name": "wait-for-minio", "image": "registry.example.com/loghost:0.1.0",
-        "command": ["python", "-c", "import socket; socket.create_connection(('minio.storage', 9000), 5)"]}
-PEER_INGRESS_NS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
-PEER_MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-EGRESS_S3 = {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 9000, "protocol": "TCP"}]}
-EXTENDED = merge(S3_EXISTING_SECRET, MONITORED_AUTOSCALED, {
-    "store": {"s3": {"credentialsFile": {"enabled": True, "key": "credentials"}}},
-    "host": {
-        "extraVolumes": [CA_BUNDLE_VOLUME], "extraVolumeMounts": [CA_BUNDLE_MOUNT],
-        "extraEnv": [CA_BUNDLE_ENV], "extraEnvFrom": [{"configMapRef": {"name": "loghost-extra"}}],
-        "initContainers": [INIT], "sidecars": [SIDECAR],
+SIDECAR = {
+    "name": "log-shipper",
+    "image": "registry.example.com/shipper:1.2",
+    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+}
+INIT = {
+    "name": "wait-for-minio",
+    "image": "registry.example.com/loghost:0.1.0",
+    "command": [
+        "python",
+        "-c",
+        "import socket; socket.create_connection(('minio.storage', 9000), 5)",
+    ],
+}
+PEER_INGRESS_NS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}
+}
+PEER_MONITORING = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+}
+EGRESS_S3 = {
+    "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+    "ports": [{"port": 9000, "protocol": "TCP"}],
+}
+EXTENDED = merge(
+    S3_EXISTING_SECRET,
+    MONITORED_AUTOSCALED,
+    {
+        "store": {"s3": {"credentialsFile": {"enabled": True, "key": "credentials"}}},
+        "host": {
+            "extraVolumes": [CA_BUNDLE_VOLUME],
+            "extraVolumeMounts": [CA_BUNDLE_MOUNT],
+            "extraEnv": [CA_BUNDLE_ENV],
+            "extraEnvFrom": [{"configMapRef": {"name": "loghost-extra"}}],
+            "initContainers": [INIT],
+            "sidecars": [SIDECAR],
+        },
+        "compactor": {
+            "extraVolumes": [CA_BUNDLE_VOLUME],
+            "extraVolumeMounts": [CA_BUNDLE_MOUNT],
+            "extraEnv": [CA_BUNDLE_ENV],
+            "extraEnvFrom": [{"secretRef": {"name": "spark-extra"}}],
+            "initContainers": [INIT],
+            "sidecars": [SIDECAR],
+        },
+        "networkPolicy": {
+            "enabled": True,
+            "apiFrom": [PEER_INGRESS_NS],
+            "metricsFrom": [PEER_MONITORING],
+            "egress": [EGRESS_S3],
+        },
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "annotations": {"nginx.ingress.kubernetes.io/proxy-body-size": "16m"},
+            "hosts": [
+                {"host": "logs.example.com", "paths": [{"path": "/v1", "pathType": "Prefix"}]}
+            ],
+            "tls": [{"secretName": "logs-example-tls", "hosts": ["logs.example.com"]}],
+        },
+        "grafana": {"dashboard": {"enabled": True}},
     },
-    "compactor": {
-        "extraVolumes": [CA_BUNDLE_VOLUME], "extraVolumeMounts": [CA_BUNDLE_MOUNT],
-        "extraEnv": [CA_BUNDLE_ENV], "extraEnvFrom": [{"secretRef": {"name": "spark-extra"}}],
-        "initContainers": [INIT], "sidecars": [SIDECAR],
-    },
-    "networkPolicy": {"enabled": True, "apiFrom": [PEER_INGRESS_NS], "metricsFrom": [PEER_MONITORING],
-                      "egress": [EGRESS_S3]},
-    "ingress": {"enabled": True, "className": "nginx",
-                "annotations": {"nginx.ingress.kubernetes.io/proxy-body-size": "16m"},
-                "hosts": [{"host": "logs.example.com", "paths": [{"path": "/v1", "pathType": "Prefix"}]}],
-                "tls": [{"secretName": "logs-example-tls", "hosts": ["logs.example.com"]}]},
-    "grafana": {"dashboard": {"enabled": True}},
-})
+)
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -203,13 +247,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "five-replicas": FIVE_REPLICAS,
     "monitored-autoscaled": MONITORED_AUTOSCALED,
     "monitored-autoscaled-statefulset": {
-        **MONITORED_AUTOSCALED, "compactor": {**MONITORED_AUTOSCALED["compactor"], "workload": "StatefulSet"},
+        **MONITORED_AUTOSCALED,
+        "compactor": {**MONITORED_AUTOSCALED["compactor"], "workload": "StatefulSet"},
     },
     "irsa-ambient-credentials": IRSA,
     "local-dev": LOCAL_DEV,
     "local-shared-claim": LOCAL_SHARED,
 }
-
 
 
 # --- rendering helpers --------------------------------------------------------
@@ -239,7 +283,9 @@ class Rendered:
             self.by_key[key] = obj
 
     def get(self, kind: str, name: str) -> dict[str, Any]:
-        assert (kind, name) in self.by_key, f"{kind}/{name} not rendered; have {sorted(self.by_key)}"
+        assert (kind, name) in self.by_key, (
+            f"{kind}/{name} not rendered; have {sorted(self.by_key)}"
+        )
         return self.by_key[(kind, name)]
 
     def kinds(self, kind: str) -> list[dict[str, Any]]:
@@ -249,11 +295,17 @@ class Rendered:
         return (kind, name) in self.by_key
 
 
-def render(chart, values: dict[str, Any] | None = None, name: str = RELEASE,
-           namespace: str = NAMESPACE, **options: Any) -> Rendered:
+def render(
+    chart,
+    values: dict[str, Any] | None = None,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+    **options: Any,
+) -> Rendered:
     """Render with BASE_VALUES under ``values``; ``options`` go to the SDK (is_upgrade, ...)."""
-    return Rendered(chart.render(merge(BASE_VALUES, values or {}), name=name, namespace=namespace,
-                                 **options))
+    return Rendered(
+        chart.render(merge(BASE_VALUES, values or {}), name=name, namespace=namespace, **options)
+    )
 
 
 def lint(values: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
@@ -275,8 +327,11 @@ def compactor_deploy(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
 
 def compactor_workload(r: Rendered, name: str = RELEASE) -> dict[str, Any]:
     """The compactor workload, whichever kind was rendered (exactly one of them)."""
-    found = [r.by_key[(kind, f"{name}-compactor")] for kind in ("Deployment", "StatefulSet")
-             if (kind, f"{name}-compactor") in r.by_key]
+    found = [
+        r.by_key[(kind, f"{name}-compactor")]
+        for kind in ("Deployment", "StatefulSet")
+        if (kind, f"{name}-compactor") in r.by_key
+    ]
     assert len(found) == 1, [w["kind"] for w in found]
     return found[0]
 
@@ -312,7 +367,9 @@ def env_value(workload: dict[str, Any], cname: str, var: str) -> str:
 
 def expand(value: str, bindings: dict[str, str]) -> str:
     """Kubernetes $(VAR) expansion."""
-    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: bindings.get(m.group(1), m.group(0)), value)
+    return re.sub(
+        r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: bindings.get(m.group(1), m.group(0)), value
+    )
 
 
 def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
@@ -354,7 +411,10 @@ _LABEL_SELECTOR = {
     },
     "additionalProperties": False,
 }
-_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): {
         "type": "object",
@@ -373,8 +433,10 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                     "namespaceSelector": {
                         "type": "object",
                         "additionalProperties": False,
-                        "properties": {"any": {"type": "boolean"},
-                                       "matchNames": {"type": "array", "items": {"type": "string"}}},
+                        "properties": {
+                            "any": {"type": "boolean"},
+                            "matchNames": {"type": "array", "items": {"type": "string"}},
+                        },
                     },
                     "endpoints": {
                         "type": "array",
@@ -424,12 +486,21 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                                         "required": ["expr"],
                                         "additionalProperties": False,
                                         "properties": {
-                                            "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                                            "alert": {
+                                                "type": "string",
+                                                "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+                                            },
                                             "record": {"type": "string"},
                                             "expr": {"type": "string", "minLength": 1},
                                             "for": _DURATION,
-                                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                            "labels": {
+                                                "type": "object",
+                                                "additionalProperties": {"type": "string"},
+                                            },
+                                            "annotations": {
+                                                "type": "object",
+                                                "additionalProperties": {"type": "string"},
+                                            },
                                         },
                                     },
                                 },
@@ -474,8 +545,17 @@ def test_lint_strict_has_no_errors_or_warnings():
     assert serious == [], serious
 
 
-@pytest.mark.parametrize("scenario", ["s3-existing-secret", "external-spark", "monitored-autoscaled",
-                                      "monitored-autoscaled-statefulset", "five-replicas", "local-dev"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "s3-existing-secret",
+        "external-spark",
+        "monitored-autoscaled",
+        "monitored-autoscaled-statefulset",
+        "five-replicas",
+        "local-dev",
+    ],
+)
 def test_lint_strict_with_overrides(scenario):
     report = lint(SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
@@ -495,8 +575,10 @@ def test_every_manifest_validates(chart, scenario):
         try:
             validate_object(obj)
         except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
-            pytest.fail(f"{scenario}: {obj['kind']}/{obj['metadata']['name']}: "
-                        f"{'.'.join(map(str, exc.path))}: {exc.message}")
+            pytest.fail(
+                f"{scenario}: {obj['kind']}/{obj['metadata']['name']}: "
+                f"{'.'.join(map(str, exc.path))}: {exc.message}"
+            )
         assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
     assert not r.kinds("Secret"), "the chart must never create Secrets from values"
 
@@ -516,7 +598,9 @@ def test_default_render_has_the_expected_objects(chart):
     assert set(r.by_key) == expected
     # The StatefulSet kind swaps only the workload object.
     r = render(chart, STATEFULSET)
-    assert set(r.by_key) == expected - {("Deployment", "loghost-compactor")} | {("StatefulSet", "loghost-compactor")}
+    assert set(r.by_key) == expected - {("Deployment", "loghost-compactor")} | {
+        ("StatefulSet", "loghost-compactor")
+    }
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))
@@ -558,7 +642,10 @@ def test_server_id_is_the_pod_name(chart, values):
 def test_server_ids_follow_a_renamed_release(chart):
     r = render(chart, {}, name="prod")
     sts = host_sts(r, "prod-loghost")
-    assert env_of(sts, "loghost")["LOGHOST_SERVER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert (
+        env_of(sts, "loghost")["LOGHOST_SERVER_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.name"
+    )
     assert host_advertise_urls(r, "prod-loghost")[0] == (
         "http://prod-loghost-0.prod-loghost-headless.logs.svc.cluster.local:8080"
     )
@@ -588,7 +675,9 @@ def test_env_references_are_defined_before_use(chart):
                 seen: set[str] = set()
                 for item in c.get("env", []):
                     for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", item.get("value", "")):
-                        assert ref in seen, f"{c['name']}: {item['name']} uses $({ref}) before it is defined"
+                        assert ref in seen, (
+                            f"{c['name']}: {item['name']} uses $({ref}) before it is defined"
+                        )
                     seen.add(item["name"])
 
 
@@ -616,7 +705,10 @@ def test_probes_point_at_the_real_endpoints(chart):
 
 
 def test_shutdown_gets_time_to_flush(chart):
-    for values in [{}, {"host": {"config": {"shutdownGraceS": 90}, "terminationGracePeriodSeconds": 120}}]:
+    for values in [
+        {},
+        {"host": {"config": {"shutdownGraceS": 90}, "terminationGracePeriodSeconds": 120}},
+    ]:
         sts = host_sts(render(chart, values))
         spec = sts["spec"]["template"]["spec"]
         c = container(sts, "loghost")
@@ -630,7 +722,9 @@ def test_shutdown_gets_time_to_flush(chart):
 
 def test_too_short_termination_grace_is_refused(chart):
     with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
-        render(chart, {"host": {"terminationGracePeriodSeconds": 30, "config": {"shutdownGraceS": 30}}})
+        render(
+            chart, {"host": {"terminationGracePeriodSeconds": 30, "config": {"shutdownGraceS": 30}}}
+        )
 
 
 def test_resources_pdb_and_anti_affinity(chart):
@@ -649,7 +743,9 @@ def test_resources_pdb_and_anti_affinity(chart):
     assert selects(term["labelSelector"]["matchLabels"], pod_labels(sts))
 
     hard = host_sts(render(chart, {"host": {"antiAffinity": "hard"}}))
-    req = hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    req = hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
     assert selects(req[0]["labelSelector"]["matchLabels"], pod_labels(hard))
     none = host_sts(render(chart, {"host": {"antiAffinity": "none"}}))
     assert "affinity" not in none["spec"]["template"]["spec"]
@@ -692,8 +788,16 @@ def test_client_service_reaches_serving_hosts_only(chart):
 # --- compactor wiring ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "five-replicas", "external-spark", "s3-existing-secret",
-                                      "monitored-autoscaled-statefulset"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "defaults",
+        "five-replicas",
+        "external-spark",
+        "s3-existing-secret",
+        "monitored-autoscaled-statefulset",
+    ],
+)
 def test_compactor_gets_every_host_url(chart, scenario):
     r = render(chart, SCENARIOS[scenario])
     hosts = env_value(compactor_workload(r), "compactor", "COMPACTOR_HOSTS").split(",")
@@ -705,7 +809,7 @@ def test_compactor_gets_every_host_url(chart, scenario):
 def test_extra_hosts_are_appended(chart):
     r = render(chart, {"compactor": {"extraHosts": ["http://old-host-7.example.svc:8080"]}})
     hosts = env_value(compactor_workload(r), "compactor", "COMPACTOR_HOSTS").split(",")
-    assert hosts == host_advertise_urls(r) + ["http://old-host-7.example.svc:8080"]
+    assert hosts == [*host_advertise_urls(r), "http://old-host-7.example.svc:8080"]
 
 
 def test_version_pruning_is_configurable(chart):
@@ -741,7 +845,9 @@ def test_kubernetes_membership_and_hpa_are_coherent(chart):
     sts = compactor_sts(r)
     env = env_of(sts, "compactor")
     assert "replicas" not in sts["spec"], "the HPA owns the replica count"
-    assert "COMPACTOR_MEMBERS" not in env, "members come from the supervisor, not a stale rendered list"
+    assert "COMPACTOR_MEMBERS" not in env, (
+        "members come from the supervisor, not a stale rendered list"
+    )
     assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["MEMBERSHIP_MODE"]["value"] == "statefulset"
     assert env["MEMBERSHIP_STATEFULSET"]["value"] == sts["metadata"]["name"]
@@ -753,17 +859,27 @@ def test_kubernetes_membership_and_hpa_are_coherent(chart):
     assert pod["automountServiceAccountToken"] is True
 
     hpa = r.get("HorizontalPodAutoscaler", "loghost-compactor")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": sts["metadata"]["name"],
+    }
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
 
     role = r.get("Role", "loghost-compactor")
-    assert role["rules"] == [{
-        "apiGroups": ["apps"], "resources": ["statefulsets"],
-        "resourceNames": [sts["metadata"]["name"]], "verbs": ["get"],
-    }]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["statefulsets"],
+            "resourceNames": [sts["metadata"]["name"]],
+            "verbs": ["get"],
+        }
+    ]
     binding = r.get("RoleBinding", "loghost-compactor")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}
+    ]
     # Hosts never get an API token.
     assert host_sts(r)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
@@ -775,11 +891,16 @@ def parse_selector(text: str) -> dict[str, str]:
 def supervisor_config(workload: dict[str, Any]):
     """The supervisor's Config built from the container env the chart renders, with the
     downward-API fields filled in as the kubelet would: proves the two agree on names."""
-    spec = importlib.util.spec_from_file_location("compactor_supervisor", IMAGE_DIR / "compactor-supervisor.py")
+    spec = importlib.util.spec_from_file_location(
+        "compactor_supervisor", IMAGE_DIR / "compactor-supervisor.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fields = {"metadata.name": "loghost-compactor-6d4cf56db6-q2xlz", "metadata.namespace": NAMESPACE,
-              "status.podIP": "10.0.0.7"}
+    fields = {
+        "metadata.name": "loghost-compactor-6d4cf56db6-q2xlz",
+        "metadata.namespace": NAMESPACE,
+        "status.podIP": "10.0.0.7",
+    }
     env = {"MEMBERSHIP_API_URL": "https://10.96.0.1:443"}
     for item in env_list(workload, "compactor"):
         if "value" in item:
@@ -797,7 +918,8 @@ def test_default_compactor_is_a_single_deployment(chart):
     assert deploy["metadata"]["labels"]["app.kubernetes.io/component"] == "compactor"
     assert spec["replicas"] == 1
     assert spec["selector"]["matchLabels"] == {
-        "app.kubernetes.io/name": "loghost", "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/name": "loghost",
+        "app.kubernetes.io/instance": RELEASE,
         "app.kubernetes.io/component": "compactor",
     }
     assert selects(spec["selector"]["matchLabels"], pod_labels(deploy))
@@ -806,7 +928,10 @@ def test_default_compactor_is_a_single_deployment(chart):
     # StatefulSet-only fields stay out; a Deployment gets a one-at-a-time, no-surge rollout.
     for field in ("serviceName", "podManagementPolicy", "volumeClaimTemplates", "updateStrategy"):
         assert field not in spec, field
-    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
     # One compactor, no API access: no member list, so it owns every collection.
     env = env_of(deploy, "compactor")
     assert container(deploy, "compactor")["args"] == ["compactor", "run"]
@@ -821,9 +946,14 @@ def test_default_compactor_is_a_single_deployment(chart):
     assert env_value(deploy, "compactor", "COMPACTOR_STORE") == STORE_URL
     refs = secret_refs(r)
     assert mounted_secret_file(deploy, "compactor", "COMPACTOR_API_KEY_FILE") == (
-        "loghost-api-keys", "COMPACTOR_API_KEY")
+        "loghost-api-keys",
+        "COMPACTOR_API_KEY",
+    )
     assert "COMPACTOR_API_KEY" not in env
-    assert refs[("loghost-compactor", "AWS_SECRET_ACCESS_KEY")] == ("loghost-s3", "AWS_SECRET_ACCESS_KEY")
+    assert refs[("loghost-compactor", "AWS_SECRET_ACCESS_KEY")] == (
+        "loghost-s3",
+        "AWS_SECRET_ACCESS_KEY",
+    )
     for obj in r.objects:
         validate_object(obj)
 
@@ -843,7 +973,11 @@ def test_deployment_with_static_membership_refuses_more_than_one_replica(chart, 
     report = lint(values, strict=True, namespace=NAMESPACE)
     assert report["errors"], "lint must surface the refusal too"
     # Each named fix renders.
-    for fix in ({"membership": {"mode": "kubernetes"}}, {"workload": "StatefulSet"}, {"replicas": 1}):
+    for fix in (
+        {"membership": {"mode": "kubernetes"}},
+        {"workload": "StatefulSet"},
+        {"replicas": 1},
+    ):
         r = render(chart, merge(values, {"compactor": fix}))
         assert compactor_workload(r)["kind"] == fix.get("workload", "Deployment")
     # A disabled compactor is not checked.
@@ -868,24 +1002,40 @@ def test_deployment_with_static_membership_is_also_refused_at_render(tmp_path):
             render(loaded, {"compactor": {"replicas": 3}})
     message = str(err.value)
     assert "compactor.replicas=3" in message
-    assert "compactor.membership.mode=kubernetes" in message and "compactor.workload=StatefulSet" in message
+    assert (
+        "compactor.membership.mode=kubernetes" in message
+        and "compactor.workload=StatefulSet" in message
+    )
 
 
 def test_deployment_kubernetes_membership_lists_pods(chart):
-    r = render(chart, merge(DEPLOYMENT, {"compactor": {"replicas": 3, "membership": {"mode": "kubernetes",
-                                                                                      "pollSeconds": 20}}}))
+    r = render(
+        chart,
+        merge(
+            DEPLOYMENT,
+            {"compactor": {"replicas": 3, "membership": {"mode": "kubernetes", "pollSeconds": 20}}},
+        ),
+    )
     deploy = compactor_deploy(r)
     env = env_of(deploy, "compactor")
     pod = deploy["spec"]["template"]["spec"]
     assert deploy["spec"]["replicas"] == 3
-    assert container(deploy, "compactor")["args"] == ["compactor-supervisor", "--", "compactor", "run"]
+    assert container(deploy, "compactor")["args"] == [
+        "compactor-supervisor",
+        "--",
+        "compactor",
+        "run",
+    ]
     assert "COMPACTOR_MEMBERS" not in env, "members come from the supervisor's pod list"
     assert env["COMPACTOR_MEMBER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["MEMBERSHIP_MODE"]["value"] == "pods"
     assert "MEMBERSHIP_STATEFULSET" not in env
     # The supervisor lists exactly the pods the Deployment selects.
-    assert parse_selector(env["MEMBERSHIP_SELECTOR"]["value"]) == deploy["spec"]["selector"]["matchLabels"]
+    assert (
+        parse_selector(env["MEMBERSHIP_SELECTOR"]["value"])
+        == deploy["spec"]["selector"]["matchLabels"]
+    )
     assert env["MEMBERSHIP_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["MEMBERSHIP_POLL_S"]["value"] == "20"
     assert pod["automountServiceAccountToken"] is True
@@ -894,8 +1044,14 @@ def test_deployment_kubernetes_membership_lists_pods(chart):
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     binding = r.get("RoleBinding", "loghost-compactor")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "loghost-compactor"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "loghost-compactor",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}
+    ]
     assert not r.kinds("ClusterRole") and not r.kinds("ClusterRoleBinding"), "nothing cluster-wide"
     assert host_sts(r)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     for obj in r.objects:
@@ -922,7 +1078,11 @@ def test_hpa_and_pdb_follow_the_deployment(chart):
     deploy = compactor_deploy(r)
     assert "replicas" not in deploy["spec"], "the HPA owns the replica count"
     hpa = r.get("HorizontalPodAutoscaler", "loghost-compactor")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "loghost-compactor"}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "loghost-compactor",
+    }
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
     pdb = r.get("PodDisruptionBudget", "loghost-compactor")
     assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(deploy))
@@ -933,7 +1093,10 @@ def test_hpa_and_pdb_follow_the_deployment(chart):
 def test_compactor_service_is_the_same_for_both_kinds(chart):
     # Switching compactor.workload on an installed release must not need a change to the
     # Service's immutable clusterIP; it stays the headless metrics target either way.
-    services = [render(chart, WORKLOADS[kind]).get("Service", "loghost-compactor") for kind in sorted(WORKLOADS)]
+    services = [
+        render(chart, WORKLOADS[kind]).get("Service", "loghost-compactor")
+        for kind in sorted(WORKLOADS)
+    ]
     assert services[0] == services[1]
     assert services[0]["spec"]["clusterIP"] == "None"
 
@@ -961,7 +1124,9 @@ def test_spark_local_mode(chart, kind):
     for probe in ("livenessProbe", "startupProbe"):
         assert "httpGet" not in c[probe]
         assert env["COMPACTOR_HEARTBEAT_FILE"]["value"] in c[probe]["exec"]["command"]
-    assert env["COMPACTOR_STORE"]["value"] == env_value(host_sts(render(chart)), "loghost", "LOGHOST_STORE")
+    assert env["COMPACTOR_STORE"]["value"] == env_value(
+        host_sts(render(chart)), "loghost", "LOGHOST_STORE"
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))
@@ -969,7 +1134,10 @@ def test_spark_external_master(chart, kind):
     sts = compactor_workload(render(chart, merge(EXTERNAL_SPARK, WORKLOADS[kind])))
     assert sts["kind"] == kind
     env = env_of(sts, "compactor")
-    assert env["COMPACTOR_SPARK_MASTER"]["value"] == "spark://spark-master.spark.svc.cluster.local:7077"
+    assert (
+        env["COMPACTOR_SPARK_MASTER"]["value"]
+        == "spark://spark-master.spark.svc.cluster.local:7077"
+    )
     submit = env["PYSPARK_SUBMIT_ARGS"]["value"]
     # Executors in the cluster call back to the driver in this pod, by pod IP.
     assert "--conf spark.driver.host=$(POD_IP)" in submit
@@ -984,12 +1152,16 @@ def test_spark_external_master(chart, kind):
     [("3Gi", "2g", True), ("2Gi", "2g", False), ("3072Mi", "2048m", True), ("2500M", "2g", False)],
 )
 def test_spark_heap_must_fit_the_memory_limit(chart, limit, driver, ok):
-    values = {"compactor": {"spark": {"driverMemory": driver},
-                            "resources": {"requests": {"memory": limit}, "limits": {"memory": limit}}}}
+    values = {
+        "compactor": {
+            "spark": {"driverMemory": driver},
+            "resources": {"requests": {"memory": limit}, "limits": {"memory": limit}},
+        }
+    }
     if ok:
         render(chart, values)
     else:
-        with pytest.raises(helm.HelmRenderError, match="limits.memory"):
+        with pytest.raises(helm.HelmRenderError, match=r"limits\.memory"):
             render(chart, values)
 
 
@@ -1002,8 +1174,11 @@ def test_compactor_can_be_disabled(chart):
 # --- secrets & credentials ------------------------------------------------------
 
 SECRET_ENV = {
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-    "LOGHOST_API_KEYS", "COMPACTOR_API_KEY",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "LOGHOST_API_KEYS",
+    "COMPACTOR_API_KEY",
 }
 
 
@@ -1016,7 +1191,9 @@ def secret_refs(r: Rendered) -> dict[tuple[str, str], tuple[str, str]]:
                 if item["name"] in SECRET_ENV or item["name"] == "LOGHOST_REDIS_URL":
                     ref = item.get("valueFrom", {}).get("secretKeyRef")
                     if item["name"] in SECRET_ENV:
-                        assert ref is not None and "value" not in item, f"{item['name']} must come from a Secret"
+                        assert ref is not None and "value" not in item, (
+                            f"{item['name']} must come from a Secret"
+                        )
                     if ref:
                         refs[(sts["metadata"]["name"], item["name"])] = (ref["name"], ref["key"])
             assert not c.get("envFrom"), "no bulk env import: every secret is named explicitly"
@@ -1038,18 +1215,33 @@ def test_secrets_are_referenced_not_inlined(chart, kind):
     # inherit the environment, not the file.
     assert ("loghost-compactor", "COMPACTOR_API_KEY") not in refs
     assert mounted_secret_file(compactor_workload(r), "compactor", "COMPACTOR_API_KEY_FILE") == (
-        "acme-loghost-keys", "service-key")
-    as_env = secret_refs(render(chart, merge(S3_EXISTING_SECRET, WORKLOADS[kind],
-                                             {"apiKeys": {"compactorKeyAsFile": False}})))
-    assert as_env[("loghost-compactor", "COMPACTOR_API_KEY")] == ("acme-loghost-keys", "service-key")
+        "acme-loghost-keys",
+        "service-key",
+    )
+    as_env = secret_refs(
+        render(
+            chart,
+            merge(S3_EXISTING_SECRET, WORKLOADS[kind], {"apiKeys": {"compactorKeyAsFile": False}}),
+        )
+    )
+    assert as_env[("loghost-compactor", "COMPACTOR_API_KEY")] == (
+        "acme-loghost-keys",
+        "service-key",
+    )
     assert refs[("loghost", "LOGHOST_REDIS_URL")] == ("acme-redis", "url")
     session = env_of(host_sts(r), "loghost")["AWS_SESSION_TOKEN"]
     assert session["valueFrom"]["secretKeyRef"]["optional"] is True
     # S3-compatible endpoint and region reach both programs.
     for sts, cname in ((host_sts(r), "loghost"), (compactor_workload(r), "compactor")):
-        assert env_value(sts, cname, "AWS_ENDPOINT_URL") == "https://minio.storage.svc.cluster.local:9000"
+        assert (
+            env_value(sts, cname, "AWS_ENDPOINT_URL")
+            == "https://minio.storage.svc.cluster.local:9000"
+        )
         assert env_value(sts, cname, "AWS_REGION") == "eu-central-1"
-        assert env_value(sts, cname, "LOGHOST_STORE" if cname == "loghost" else "COMPACTOR_STORE") == "s3://acme-wal/prod/loghost"
+        assert (
+            env_value(sts, cname, "LOGHOST_STORE" if cname == "loghost" else "COMPACTOR_STORE")
+            == "s3://acme-wal/prod/loghost"
+        )
 
 
 def api_keys_file(sts: dict[str, Any]) -> tuple[str, str]:
@@ -1070,9 +1262,11 @@ def mounted_secret_file(sts: dict[str, Any], cname: str, var: str) -> tuple[str,
     assert mount.get("readOnly") is True and "subPath" not in mount, mount
     volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
     secret = volume["secret"]
-    file_name = path[len(mount["mountPath"].rstrip("/")) + 1:]
+    file_name = path[len(mount["mountPath"].rstrip("/")) + 1 :]
     items = {i["path"]: i["key"] for i in secret["items"]}
-    assert list(items) == [file_name], items  # that one entry (the host's keys, not the compactor's)
+    assert list(items) == [file_name], (
+        items
+    )  # that one entry (the host's keys, not the compactor's)
     assert secret["defaultMode"] & 0o007 == 0 and secret["defaultMode"] & 0o040, secret
     assert spec["securityContext"]["fsGroup"] is not None
     return secret["secretName"], items[file_name]
@@ -1086,8 +1280,10 @@ def test_api_keys_are_a_mounted_secret_file(chart, scenario):
     r = render(chart, values)
     sts = host_sts(r)
     keys = values.get("apiKeys", {})
-    assert api_keys_file(sts) == (keys.get("existingSecret", "loghost-api-keys"),
-                                  keys.get("hostKey", "LOGHOST_API_KEYS"))
+    assert api_keys_file(sts) == (
+        keys.get("existingSecret", "loghost-api-keys"),
+        keys.get("hostKey", "LOGHOST_API_KEYS"),
+    )
     assert "LOGHOST_API_KEYS" not in env_of(sts, "loghost")
 
 
@@ -1095,7 +1291,11 @@ def test_ambient_credentials_render_no_keys(chart):
     r = render(chart, IRSA)
     assert len(workloads(r)) == 2
     for sts in workloads(r):
-        names = {e["name"] for c in sts["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+        names = {
+            e["name"]
+            for c in sts["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", [])
+        }
         assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
         assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "loghost"
     sa = r.get("ServiceAccount", "loghost")
@@ -1106,7 +1306,9 @@ def test_redis_is_optional(chart):
     assert "LOGHOST_REDIS_URL" not in env_of(host_sts(render(chart)), "loghost")
     plain = env_of(host_sts(render(chart, EXTERNAL_REDIS_URL)), "loghost")["LOGHOST_REDIS_URL"]
     assert plain["value"] == "redis://redis-master.redis.svc.cluster.local:6379/0"
-    assert "LOGHOST_REDIS_URL" not in env_of(compactor_workload(render(chart, EXTERNAL_REDIS_URL)), "compactor")
+    assert "LOGHOST_REDIS_URL" not in env_of(
+        compactor_workload(render(chart, EXTERNAL_REDIS_URL)), "compactor"
+    )
 
 
 # --- values.schema.json rejects bad values ----------------------------------------
@@ -1119,22 +1321,30 @@ BAD_VALUES = {
     "http-store-url": {"store": {"url": "http://bucket/prefix"}},
     "s3-url-without-bucket": {"store": {"url": "s3://"}},
     "inline-access-key": {"store": {"s3": {"accessKeyId": "AKIAIOSFODNN7EXAMPLE"}}},
-    "inline-secret-key": {"store": {"s3": {"secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}},
+    "inline-secret-key": {
+        "store": {"s3": {"secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}
+    },
     "inline-api-keys": {"apiKeys": {"keys": "k1=tenant-a,svc=*"}},
     "no-api-key-secret": {"apiKeys": {"existingSecret": ""}},
-    "credentials-in-endpoint-url": {"store": {"s3": {"endpointUrl": "https://user:pass@minio:9000"}}},
+    "credentials-in-endpoint-url": {
+        "store": {"s3": {"endpointUrl": "https://user:pass@minio:9000"}}
+    },
     "redis-password-in-url": {"redis": {"enabled": True, "url": "redis://:hunter2@redis:6379/0"}},
     "redis-enabled-without-url": {"redis": {"enabled": True}},
     "redis-not-a-url": {"redis": {"enabled": True, "url": "redis-master:6379"}},
     "spark-master-yarn": {"compactor": {"spark": {"master": "yarn"}}},
     "spark-driver-memory-unit": {"compactor": {"spark": {"driverMemory": "2GB"}}},
-    "spark-conf-owned-by-chart": {"compactor": {"spark": {"conf": {"spark.driver.host": "1.2.3.4"}}}},
+    "spark-conf-owned-by-chart": {
+        "compactor": {"spark": {"conf": {"spark.driver.host": "1.2.3.4"}}}
+    },
     "spark-conf-not-spark": {"compactor": {"spark": {"conf": {"executor.memory": "4g"}}}},
     "hpa-with-static-membership": {"compactor": {"autoscaling": {"enabled": True}}},
     "unknown-membership-mode": {"compactor": {"membership": {"mode": "dns"}}},
     "unknown-workload-kind": {"compactor": {"workload": "DaemonSet"}},
     "workload-kind-lowercase": {"compactor": {"workload": "deployment"}},
-    "hpa-with-static-membership-statefulset": merge(STATEFULSET, {"compactor": {"autoscaling": {"enabled": True}}}),
+    "hpa-with-static-membership-statefulset": merge(
+        STATEFULSET, {"compactor": {"autoscaling": {"enabled": True}}}
+    ),
     "privileged-port": {"host": {"port": 80}},
     "root-allowed": {"host": {"podSecurityContext": {"runAsNonRoot": False}}},
     "root-user": {"compactor": {"podSecurityContext": {"runAsUser": 0}}},
@@ -1163,9 +1373,15 @@ def test_schema_accepts_the_realistic_values(chart, scenario):
 
 
 def test_schema_rejects_plain_redis_password_but_allows_user_without_password(chart):
-    chart.validate_schema(merge(BASE_VALUES, {"redis": {"enabled": True, "url": "rediss://default@redis:6380"}}))
+    chart.validate_schema(
+        merge(BASE_VALUES, {"redis": {"enabled": True, "url": "rediss://default@redis:6380"}})
+    )
     with pytest.raises(helm.HelmValuesError):
-        chart.validate_schema(merge(BASE_VALUES, {"redis": {"enabled": True, "url": "rediss://default:pw@redis:6380"}}))
+        chart.validate_schema(
+            merge(
+                BASE_VALUES, {"redis": {"enabled": True, "url": "rediss://default:pw@redis:6380"}}
+            )
+        )
 
 
 # --- local (dev) store ------------------------------------------------------------
@@ -1198,8 +1414,13 @@ def test_local_shared_claim_is_mounted_by_hosts_and_compactors(chart, kind):
         ({"store": {"url": "file:///data/wal"}}, "dev-only"),
         ({"store": {"url": "file:///var/wal", "local": {"existingClaim": "x"}}}, "mountPath"),
         ({"host": {"persistence": {"enabled": True}}}, "local"),
-        (merge(MONITORED_AUTOSCALED, {"compactor": {"autoscaling": {"minReplicas": 5, "maxReplicas": 3}}}),
-         "minReplicas"),
+        (
+            merge(
+                MONITORED_AUTOSCALED,
+                {"compactor": {"autoscaling": {"minReplicas": 5, "maxReplicas": 3}}},
+            ),
+            "minReplicas",
+        ),
     ],
 )
 def test_inconsistent_settings_are_refused(chart, values, message):
@@ -1220,7 +1441,9 @@ def test_prometheus_annotations_match_ports(chart, kind):
         ports = [p["containerPort"] for p in container(sts, cname)["ports"]]
         assert int(ann["prometheus.io/port"]) in ports
     off = render(chart, {"metrics": {"podAnnotations": False}})
-    assert "prometheus.io/scrape" not in (host_sts(off)["spec"]["template"]["metadata"].get("annotations") or {})
+    assert "prometheus.io/scrape" not in (
+        host_sts(off)["spec"]["template"]["metadata"].get("annotations") or {}
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))
@@ -1228,20 +1451,32 @@ def test_service_monitors_select_one_target_per_pod(chart, kind):
     r = render(chart, merge(MONITORED_AUTOSCALED, WORKLOADS[kind]))
     host_sm = r.get("ServiceMonitor", "loghost")
     services = r.kinds("Service")
-    matched = [s for s in services if selects(host_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    matched = [
+        s
+        for s in services
+        if selects(host_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+    ]
     assert [s["metadata"]["name"] for s in matched] == ["loghost-headless"]
     assert host_sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert host_sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in matched[0]["spec"]["ports"]}
+    assert host_sm["spec"]["endpoints"][0]["port"] in {
+        p["name"] for p in matched[0]["spec"]["ports"]
+    }
     assert host_sm["spec"]["endpoints"][0]["path"] == "/metrics"
 
     comp_sm = r.get("ServiceMonitor", "loghost-compactor")
-    matched = [s for s in services if selects(comp_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    matched = [
+        s
+        for s in services
+        if selects(comp_sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+    ]
     assert [s["metadata"]["name"] for s in matched] == ["loghost-compactor"]
     assert comp_sm["spec"]["endpoints"][0]["port"] == "metrics"
     # ...and that Service reaches the compactor pods, on a port they expose.
     workload = compactor_workload(r)
     assert selects(matched[0]["spec"]["selector"], pod_labels(workload))
-    assert matched[0]["spec"]["ports"][0]["targetPort"] in {p["name"] for p in container(workload, "compactor")["ports"]}
+    assert matched[0]["spec"]["ports"][0]["targetPort"] in {
+        p["name"] for p in container(workload, "compactor")["ports"]
+    }
 
 
 def test_alert_rules_use_exported_metrics(chart):
@@ -1250,19 +1485,34 @@ def test_alert_rules_use_exported_metrics(chart):
     for group in rule["spec"]["groups"]:
         for item in group["rules"]:
             alerts[item["alert"]] = item
-    for name in ["LoghostDirtyUntrackedCollections", "LoghostUncompactedTooOld", "LoghostBackpressure",
-                 "LoghostRollupSlow", "LoghostContention", "LoghostLeaderHintFailures",
-                 "LoghostCompactionStalled", "LoghostCompactorFailures", "LoghostHostsAbsent",
-                 "LoghostHostDown", "LoghostCompactorsAbsent", "LoghostCompactorDown",
-                 "LoghostRollupFailures", "LoghostGcFailures", "LoghostServerErrors",
-                 "LoghostAppendLatencySLO", "LoghostBufferedBytesNearLimit"]:
+    for name in [
+        "LoghostDirtyUntrackedCollections",
+        "LoghostUncompactedTooOld",
+        "LoghostBackpressure",
+        "LoghostRollupSlow",
+        "LoghostContention",
+        "LoghostLeaderHintFailures",
+        "LoghostCompactionStalled",
+        "LoghostCompactorFailures",
+        "LoghostHostsAbsent",
+        "LoghostHostDown",
+        "LoghostCompactorsAbsent",
+        "LoghostCompactorDown",
+        "LoghostRollupFailures",
+        "LoghostGcFailures",
+        "LoghostServerErrors",
+        "LoghostAppendLatencySLO",
+        "LoghostBufferedBytesNearLimit",
+    ]:
         assert name in alerts, name
     # Nothing scrubs in the background, so an alert on scrub failures could never fire.
     assert "LoghostScrubFailures" not in alerts
     for name, item in alerts.items():
         expr = item["expr"]
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), name
-        used = set(re.findall(r"\b((?:loghost|compactor)_[a-z_]+?)(?:_bucket|_count|_sum)?\s*\{", expr))
+        used = set(
+            re.findall(r"\b((?:loghost|compactor)_[a-z_]+?)(?:_bucket|_count|_sum)?\s*\{", expr)
+        )
         assert used or re.search(r"\bup\{", expr), f"{name}: no metric selector in {expr!r}"
         assert used <= KNOWN_METRICS, f"{name}: unknown metrics {used - KNOWN_METRICS}"
         # scoped to this release's services, so two releases don't mix
@@ -1288,9 +1538,15 @@ def test_long_release_names_stay_within_kubernetes_limits(chart):
         # controller-revision-hash label = name + "-" + 10 chars must fit in 63
         assert len(sts["metadata"]["name"]) <= 52
         validate_object(sts)
-    hosts = [s for s in r.kinds("StatefulSet") if s["metadata"]["labels"]["app.kubernetes.io/component"] == "host"]
+    hosts = [
+        s
+        for s in r.kinds("StatefulSet")
+        if s["metadata"]["labels"]["app.kubernetes.io/component"] == "host"
+    ]
     (host,) = hosts
-    urls = env_value(compactor_sts(r, host["metadata"]["name"]), "compactor", "COMPACTOR_HOSTS").split(",")
+    urls = env_value(
+        compactor_sts(r, host["metadata"]["name"]), "compactor", "COMPACTOR_HOSTS"
+    ).split(",")
     assert urls == host_advertise_urls(r, host["metadata"]["name"])
     for url in urls:
         for label in url.split("//")[1].split(":")[0].split("."):
@@ -1332,21 +1588,32 @@ def test_dockerfile_builds_the_image_the_chart_runs(chart):
     assert values["host"]["podSecurityContext"]["runAsUser"] == uid
     assert values["compactor"]["podSecurityContext"]["runAsUser"] == uid
     # the supervisor the chart invokes is on PATH under that name
-    assert re.search(r"^COPY .*helm/image/compactor-supervisor\.py /usr/local/bin/compactor-supervisor$", text, re.M)
+    assert re.search(
+        r"^COPY .*helm/image/compactor-supervisor\.py /usr/local/bin/compactor-supervisor$",
+        text,
+        re.M,
+    )
 
 
 def test_dockerfile_bakes_in_no_secrets():
     for line in dockerfile().splitlines():
-        if re.match(r"^\s*(ENV|ARG)\b", line) or line.strip().startswith(("PIP_", "PATH=", "JAVA_HOME=")):
-            assert not re.search(r"(AWS_|SECRET|PASSWORD|TOKEN|API_KEY|REDIS_URL)", line, re.I), line
+        if re.match(r"^\s*(ENV|ARG)\b", line) or line.strip().startswith(
+            ("PIP_", "PATH=", "JAVA_HOME=")
+        ):
+            assert not re.search(r"(AWS_|SECRET|PASSWORD|TOKEN|API_KEY|REDIS_URL)", line, re.I), (
+                line
+            )
     assert not re.search(r"^COPY .*\.(env|pem|key)\b", dockerfile(), re.M)
 
 
 def test_dockerignore_lets_in_every_package_the_distribution_declares():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     includes = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    allowed = {line[1:].rstrip("/") for line in (IMAGE_DIR / "Dockerfile.dockerignore").read_text().splitlines()
-               if line.startswith("!")}
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (IMAGE_DIR / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
     assert "pyproject.toml" in allowed
     for pattern in includes:
         package = pattern.rstrip("*")
@@ -1375,7 +1642,9 @@ def test_store_url_is_required(chart, tmp_path):
         chart.render({}, name=RELEASE, namespace=NAMESPACE)
     with pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"store": {"url": ""}})
-    assert helm.lint(str(CHART_DIR), {}, strict=True)["errors"], "lint must refuse a missing store.url"
+    assert helm.lint(str(CHART_DIR), {}, strict=True)["errors"], (
+        "lint must refuse a missing store.url"
+    )
     assert "url" not in yaml.safe_load((CHART_DIR / "values.yaml").read_text())["store"]
     # ...and for installs that skip the schema, every template fails with one clear message.
     copy_dir = tmp_path / "loghost"
@@ -1383,7 +1652,10 @@ def test_store_url_is_required(chart, tmp_path):
     (copy_dir / "values.schema.json").unlink()
     with helm.Chart.load(str(copy_dir)) as loaded:
         for values in ({}, {"store": {"url": ""}}, {"compactor": {"enabled": False}}):
-            with pytest.raises(helm.HelmRenderError, match="store.url is required: the s3://bucket/prefix of a bucket you own"):
+            with pytest.raises(
+                helm.HelmRenderError,
+                match=r"store\.url is required: the s3://bucket/prefix of a bucket you own",
+            ):
                 loaded.render(values, name=RELEASE, namespace=NAMESPACE)
         loaded.render({"store": {"url": STORE_URL}}, name=RELEASE, namespace=NAMESPACE)
 
@@ -1391,15 +1663,26 @@ def test_store_url_is_required(chart, tmp_path):
 def test_store_url_reaches_both_programs_and_the_notes(chart):
     r = render(chart, {"store": {"url": "s3://acme-wal/eu/prod"}})
     assert env_value(host_sts(r), "loghost", "LOGHOST_STORE") == "s3://acme-wal/eu/prod"
-    assert env_value(compactor_workload(r), "compactor", "COMPACTOR_STORE") == "s3://acme-wal/eu/prod"
-    assert "dirty/<pod name>/ in s3://acme-wal/eu/prod" in r.notes
+    assert (
+        env_value(compactor_workload(r), "compactor", "COMPACTOR_STORE") == "s3://acme-wal/eu/prod"
+    )
+    # The notes name where the hosts keep their dirty logs (wal3.paths.dirty_prefix).
+    assert f"{paths.DIRTY_PREFIX}<pod name>/ in s3://acme-wal/eu/prod" in r.notes
 
 
 # --- issue 22: every server setting is a value -----------------------------------------
 
 # Settings the chart sets itself (pod identity, listen address, store, keys file, Redis).
-CHART_OWNED_SETTINGS = {"store", "listen", "server_id", "advertise_url", "redis_url", "api_keys",
-                        "api_keys_file", "dev"}
+CHART_OWNED_SETTINGS = {
+    "store",
+    "listen",
+    "server_id",
+    "advertise_url",
+    "redis_url",
+    "api_keys",
+    "api_keys_file",
+    "dev",
+}
 
 
 def _camel(name: str) -> str:
@@ -1422,7 +1705,9 @@ def test_every_server_setting_is_a_value():
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["host"]["config"]
     fields = _settings_fields()
     assert len(fields) >= 27
-    assert set(props) == {_camel(n) for n in fields} == set(values), set(props) ^ {_camel(n) for n in fields}
+    assert set(props) == {_camel(n) for n in fields} == set(values), set(props) ^ {
+        _camel(n) for n in fields
+    }
     for name, field in fields.items():
         prop = props[_camel(name)]
         if field.annotation is int:
@@ -1437,7 +1722,9 @@ def test_every_server_setting_is_a_value():
                 bounds["exclusiveMinimum"] = m.gt
             elif isinstance(m, at.Le):
                 bounds["maximum"] = m.le
-        assert {k: prop[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in prop} == bounds, name
+        assert {
+            k: prop[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in prop
+        } == bounds, name
 
 
 def _config_values() -> dict[str, Any]:
@@ -1445,7 +1732,9 @@ def _config_values() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, field in _settings_fields().items():
         if field.annotation is int:
-            out[_camel(name)] = int(field.default) * 3 + 7 if name != "max_buffered_bytes" else 1 << 30
+            out[_camel(name)] = (
+                int(field.default) * 3 + 7 if name != "max_buffered_bytes" else 1 << 30
+            )
         elif field.annotation is float:
             out[_camel(name)] = 0.5 if name == "gc_max_fraction" else float(field.default) + 2.5
         else:
@@ -1457,7 +1746,9 @@ def test_settings_values_render_as_the_env_the_server_reads(chart, monkeypatch):
     from host.config import Settings
 
     config = _config_values()
-    sts = host_sts(render(chart, {"host": {"config": config, "terminationGracePeriodSeconds": 200}}))
+    sts = host_sts(
+        render(chart, {"host": {"config": config, "terminationGracePeriodSeconds": 200}})
+    )
     env = {k: v["value"] for k, v in env_of(sts, "loghost").items() if "value" in v}
     for key in list(env):
         if not key.startswith("LOGHOST_"):
@@ -1489,8 +1780,15 @@ def test_null_settings_keep_the_server_defaults(chart):
 
 
 def test_settings_out_of_bounds_are_refused(chart):
-    for bad in ({"gcMaxFraction": 1.5}, {"maxBufferedBytes": 100}, {"snapshotThreshold": 1},
-                {"leaderTtlMs": 10}, {"idleCloseS": 0}, {"maxOpenLogs": "many"}, {"maxOpenLog": 5}):
+    for bad in (
+        {"gcMaxFraction": 1.5},
+        {"maxBufferedBytes": 100},
+        {"snapshotThreshold": 1},
+        {"leaderTtlMs": 10},
+        {"idleCloseS": 0},
+        {"maxOpenLogs": "many"},
+        {"maxOpenLog": 5},
+    ):
         with pytest.raises(helm.HelmValuesError):
             chart.validate_schema(merge(BASE_VALUES, {"host": {"config": bad}}))
 
@@ -1502,13 +1800,17 @@ def test_settings_out_of_bounds_are_refused(chart):
 def test_extra_volumes_env_init_containers_and_sidecars(chart, kind):
     """A TLS MinIO's CA bundle reaches both programs: volume, mount, AWS_CA_BUNDLE."""
     r = render(chart, merge(EXTENDED, WORKLOADS[kind]))
-    for workload, cname, env_from in ((host_sts(r), "loghost", {"configMapRef": {"name": "loghost-extra"}}),
-                                      (compactor_workload(r), "compactor", {"secretRef": {"name": "spark-extra"}})):
+    for workload, cname, env_from in (
+        (host_sts(r), "loghost", {"configMapRef": {"name": "loghost-extra"}}),
+        (compactor_workload(r), "compactor", {"secretRef": {"name": "spark-extra"}}),
+    ):
         pod = workload["spec"]["template"]["spec"]
         c = container(workload, cname)
         assert CA_BUNDLE_VOLUME in pod["volumes"]
         assert CA_BUNDLE_MOUNT in c["volumeMounts"]
-        assert env_value(workload, cname, "AWS_CA_BUNDLE").startswith(CA_BUNDLE_MOUNT["mountPath"] + "/")
+        assert env_value(workload, cname, "AWS_CA_BUNDLE").startswith(
+            CA_BUNDLE_MOUNT["mountPath"] + "/"
+        )
         assert c["envFrom"] == [env_from]
         assert pod["initContainers"] == [INIT]
         assert [x["name"] for x in pod["containers"]] == [cname, "log-shipper"]
@@ -1529,18 +1831,34 @@ def test_compactor_anti_affinity_is_preferred_by_default(chart, kind):
     r = render(chart, WORKLOADS[kind])
     workload = compactor_workload(r)
     term = workload["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ][0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     # It spreads compactors from each other, not from the hosts.
     assert selects(term["labelSelector"]["matchLabels"], pod_labels(workload))
     assert not selects(term["labelSelector"]["matchLabels"], pod_labels(host_sts(r)))
-    hard = compactor_workload(render(chart, merge(WORKLOADS[kind], {"compactor": {"antiAffinity": "hard"}})))
-    assert hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    none = compactor_workload(render(chart, merge(WORKLOADS[kind], {"compactor": {"antiAffinity": "none"}})))
+    hard = compactor_workload(
+        render(chart, merge(WORKLOADS[kind], {"compactor": {"antiAffinity": "hard"}}))
+    )
+    assert hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    none = compactor_workload(
+        render(chart, merge(WORKLOADS[kind], {"compactor": {"antiAffinity": "none"}}))
+    )
     assert "affinity" not in none["spec"]["template"]["spec"]
-    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["spark"]}]}]}}}
-    custom = compactor_workload(render(chart, merge(WORKLOADS[kind], {"compactor": {"affinity": own}})))
+    own = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["spark"]}]}
+                ]
+            }
+        }
+    }
+    custom = compactor_workload(
+        render(chart, merge(WORKLOADS[kind], {"compactor": {"affinity": own}}))
+    )
     assert custom["spec"]["template"]["spec"]["affinity"] == own
 
 
@@ -1554,29 +1872,41 @@ def test_compactor_probes_watch_the_round_loop(chart):
         assert (c[probe]["periodSeconds"], c[probe]["failureThreshold"]) == (period, threshold)
     # A handler of your own replaces the check; null turns a probe off.
     mine = {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 20}
-    c = container(compactor_workload(render(chart, {"compactor": {"livenessProbe": mine, "startupProbe": None}})),
-                  "compactor")
+    c = container(
+        compactor_workload(
+            render(chart, {"compactor": {"livenessProbe": mine, "startupProbe": None}})
+        ),
+        "compactor",
+    )
     assert c["livenessProbe"]["httpGet"] == mine["httpGet"] and "exec" not in c["livenessProbe"]
     assert c["livenessProbe"]["periodSeconds"] == 20 and "startupProbe" not in c
     with pytest.raises(helm.HelmValuesError):
-        chart.validate_schema(merge(BASE_VALUES, {"compactor": {"heartbeat": {"maxAgeSeconds": 5}}}))
+        chart.validate_schema(
+            merge(BASE_VALUES, {"compactor": {"heartbeat": {"maxAgeSeconds": 5}}})
+        )
 
 
 # --- issue 22: secrets as files, and pods that roll when a Secret changes ----------------
 
 
 def test_s3_credentials_as_a_file(chart):
-    r = render(chart, merge(S3_EXISTING_SECRET, {"store": {"s3": {"credentialsFile": {"enabled": True}}}}))
+    r = render(
+        chart, merge(S3_EXISTING_SECRET, {"store": {"s3": {"credentialsFile": {"enabled": True}}}})
+    )
     for workload, cname in ((host_sts(r), "loghost"), (compactor_workload(r), "compactor")):
         env = env_of(workload, cname)
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
         assert mounted_secret_file(workload, cname, "AWS_SHARED_CREDENTIALS_FILE") == (
-            "acme-s3-credentials", "credentials")
+            "acme-s3-credentials",
+            "credentials",
+        )
         assert env_value(workload, cname, "AWS_REGION") == "eu-central-1"
     # Ambient credentials (IRSA) mount nothing.
     irsa = render(chart, merge(IRSA, {"store": {"s3": {"credentialsFile": {"enabled": True}}}}))
     for workload in workloads(irsa):
-        assert "AWS_SHARED_CREDENTIALS_FILE" not in {e["name"] for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert "AWS_SHARED_CREDENTIALS_FILE" not in {
+            e["name"] for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
 
 
 def test_the_documented_credentials_file_format_is_what_the_aws_sdk_reads(tmp_path, monkeypatch):
@@ -1610,7 +1940,9 @@ def cluster_chart(tmp_path):
     text = helpers.read_text()
     assert text.count(LOOKUP_SECRET) == 1 and text.count(LOOKUP_STS) == 1
     text = text.replace(LOOKUP_SECRET, "get $root.Values.testLookup.secrets $name")
-    text = text.replace(LOOKUP_STS, "get .Values.testLookup.statefulsets (include \"loghost.host.name\" .)")
+    text = text.replace(
+        LOOKUP_STS, 'get .Values.testLookup.statefulsets (include "loghost.host.name" .)'
+    )
     helpers.write_text(text)
     schema = json.loads((copy_dir / "values.schema.json").read_text())
     schema["properties"]["testLookup"] = {"type": "object"}
@@ -1622,15 +1954,25 @@ def cluster_chart(tmp_path):
 def _secrets(**data: dict[str, str]) -> dict[str, Any]:
     import base64
 
-    return {"testLookup": {"statefulsets": {}, "secrets": {
-        name: {"data": {k: base64.b64encode(v.encode()).decode() for k, v in entries.items()}}
-        for name, entries in data.items()}}}
+    return {
+        "testLookup": {
+            "statefulsets": {},
+            "secrets": {
+                name: {
+                    "data": {k: base64.b64encode(v.encode()).decode() for k, v in entries.items()}
+                }
+                for name, entries in data.items()
+            },
+        }
+    }
 
 
 def _checksums(chart, values: dict[str, Any]) -> tuple[str | None, str | None]:
     r = render(chart, values)
-    return tuple(w["spec"]["template"]["metadata"]["annotations"].get("checksum/secrets")
-                 for w in (host_sts(r), compactor_workload(r)))
+    return tuple(
+        w["spec"]["template"]["metadata"]["annotations"].get("checksum/secrets")
+        for w in (host_sts(r), compactor_workload(r))
+    )
 
 
 def test_pods_roll_when_a_secret_they_read_at_start_changes(cluster_chart):
@@ -1639,22 +1981,45 @@ def test_pods_roll_when_a_secret_they_read_at_start_changes(cluster_chart):
     before = _checksums(cluster_chart, _secrets(**{"loghost-s3": s3, "loghost-api-keys": keys}))
     assert all(before) and before[0] != before[1]
     # New S3 credentials roll both.
-    after = _checksums(cluster_chart, _secrets(**{"loghost-s3": {**s3, "AWS_SECRET_ACCESS_KEY": "s2"},
-                                                  "loghost-api-keys": keys}))
+    after = _checksums(
+        cluster_chart,
+        _secrets(**{"loghost-s3": {**s3, "AWS_SECRET_ACCESS_KEY": "s2"}, "loghost-api-keys": keys}),
+    )
     assert after[0] != before[0] and after[1] != before[1]
     # A new compactor key rolls the compactors only.
-    after = _checksums(cluster_chart, _secrets(**{"loghost-s3": s3, "loghost-api-keys": {**keys, "COMPACTOR_API_KEY": "svc2"}}))
+    after = _checksums(
+        cluster_chart,
+        _secrets(**{"loghost-s3": s3, "loghost-api-keys": {**keys, "COMPACTOR_API_KEY": "svc2"}}),
+    )
     assert after[0] == before[0] and after[1] != before[1]
     # The hosts' API keys are re-read by the running hosts: a change rolls nothing.
-    after = _checksums(cluster_chart, _secrets(**{"loghost-s3": s3, "loghost-api-keys": {**keys, "LOGHOST_API_KEYS": "k2=bob,svc=*"}}))
+    after = _checksums(
+        cluster_chart,
+        _secrets(
+            **{"loghost-s3": s3, "loghost-api-keys": {**keys, "LOGHOST_API_KEYS": "k2=bob,svc=*"}}
+        ),
+    )
     assert after == before
     # A Redis URL Secret rolls the hosts.
-    redis = merge(EXTERNAL_REDIS, _secrets(**{"loghost-s3": s3, "loghost-api-keys": keys, "acme-redis": {"url": "redis://a"}}))
-    other = merge(EXTERNAL_REDIS, _secrets(**{"loghost-s3": s3, "loghost-api-keys": keys, "acme-redis": {"url": "redis://b"}}))
+    redis = merge(
+        EXTERNAL_REDIS,
+        _secrets(
+            **{"loghost-s3": s3, "loghost-api-keys": keys, "acme-redis": {"url": "redis://a"}}
+        ),
+    )
+    other = merge(
+        EXTERNAL_REDIS,
+        _secrets(
+            **{"loghost-s3": s3, "loghost-api-keys": keys, "acme-redis": {"url": "redis://b"}}
+        ),
+    )
     assert _checksums(cluster_chart, redis)[0] != _checksums(cluster_chart, other)[0]
     assert _checksums(cluster_chart, redis)[1] == _checksums(cluster_chart, other)[1]
     # Off: no annotation.
-    assert _checksums(cluster_chart, merge(_secrets(), {"rollOnSecretChange": False})) == (None, None)
+    assert _checksums(cluster_chart, merge(_secrets(), {"rollOnSecretChange": False})) == (
+        None,
+        None,
+    )
 
 
 def test_offline_rendering_has_a_stable_checksum(chart):
@@ -1673,8 +2038,11 @@ def test_network_policies(chart, kind):
     r = render(chart, merge(EXTENDED, WORKLOADS[kind]))
     host_np = r.get("NetworkPolicy", "loghost")
     comp_np = r.get("NetworkPolicy", "loghost-compactor")
-    host_pod, comp_pod, test_pod = (pod_labels(host_sts(r)), pod_labels(compactor_workload(r)),
-                                    r.get("Pod", "loghost-test-healthz")["metadata"]["labels"])
+    host_pod, comp_pod, test_pod = (
+        pod_labels(host_sts(r)),
+        pod_labels(compactor_workload(r)),
+        r.get("Pod", "loghost-test-healthz")["metadata"]["labels"],
+    )
     assert selects(host_np["spec"]["podSelector"]["matchLabels"], host_pod)
     assert not selects(host_np["spec"]["podSelector"]["matchLabels"], comp_pod)
     assert selects(comp_np["spec"]["podSelector"]["matchLabels"], comp_pod)
@@ -1687,11 +2055,17 @@ def test_network_policies(chart, kind):
         assert any(selects(sel, labels) for sel in selectors), labels
     assert PEER_INGRESS_NS in peers and PEER_MONITORING in peers
     (metrics_rule,) = comp_np["spec"]["ingress"]
-    assert metrics_rule == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [PEER_MONITORING]}
+    assert metrics_rule == {
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+        "from": [PEER_MONITORING],
+    }
     for np in (host_np, comp_np):
         assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
         egress = np["spec"]["egress"]
-        assert egress[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+        assert egress[0]["ports"] == [
+            {"port": 53, "protocol": "UDP"},
+            {"port": 53, "protocol": "TCP"},
+        ]
         assert selects(egress[1]["to"][0]["podSelector"]["matchLabels"], comp_pod)
         assert selects(egress[1]["to"][0]["podSelector"]["matchLabels"], host_pod)
         assert egress[2] == EGRESS_S3
@@ -1701,17 +2075,28 @@ def test_network_policies(chart, kind):
 def test_network_policies_open_by_default_peers(chart):
     r = render(chart, merge(EXTERNAL_SPARK, {"networkPolicy": {"enabled": True}}))
     host_np = r.get("NetworkPolicy", "loghost")
-    assert host_np["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]  # any source
+    assert host_np["spec"]["ingress"] == [
+        {"ports": [{"port": "http", "protocol": "TCP"}]}
+    ]  # any source
     assert host_np["spec"]["policyTypes"] == ["Ingress"] and "egress" not in host_np["spec"]
     comp = r.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"]
     # An external Spark cluster's executors call the driver back on ports Spark picks.
     assert comp == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}, {}]
-    only = render(chart, merge(EXTERNAL_SPARK, {"networkPolicy": {"enabled": True, "sparkExecutorsFrom": [PEER_INGRESS_NS]}}))
-    assert only.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"][1] == {"from": [PEER_INGRESS_NS]}
+    only = render(
+        chart,
+        merge(
+            EXTERNAL_SPARK,
+            {"networkPolicy": {"enabled": True, "sparkExecutorsFrom": [PEER_INGRESS_NS]}},
+        ),
+    )
+    assert only.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"][1] == {
+        "from": [PEER_INGRESS_NS]
+    }
     local = render(chart, {"networkPolicy": {"enabled": True}, "compactor": {"enabled": True}})
     assert len(local.get("NetworkPolicy", "loghost-compactor")["spec"]["ingress"]) == 1
-    assert not render(chart, {"networkPolicy": {"enabled": True}, "compactor": {"enabled": False}}).has(
-        "NetworkPolicy", "loghost-compactor")
+    assert not render(
+        chart, {"networkPolicy": {"enabled": True}, "compactor": {"enabled": False}}
+    ).has("NetworkPolicy", "loghost-compactor")
 
 
 def test_ingress_routes_to_the_client_service(chart):
@@ -1726,7 +2111,9 @@ def test_ingress_routes_to_the_client_service(chart):
     assert path["path"] == "/v1" and path["pathType"] == "Prefix"
     client = r.get("Service", path["backend"]["service"]["name"])
     assert client["metadata"]["labels"]["loghost/service"] == "client"
-    assert path["backend"]["service"]["port"]["name"] in {p["name"] for p in client["spec"]["ports"]}
+    assert path["backend"]["service"]["port"]["name"] in {
+        p["name"] for p in client["spec"]["ports"]
+    }
     assert ing["spec"]["tls"] == [{"secretName": "logs-example-tls", "hosts": ["logs.example.com"]}]
     validate_object(ing)
     with pytest.raises(helm.HelmValuesError):
@@ -1747,7 +2134,10 @@ def test_helm_test_pod_gets_healthz_through_the_client_service(chart):
     (c,) = pod["spec"]["containers"]
     url = {e["name"]: e["value"] for e in c["env"]}["LOGHOST_URL"]
     client = r.get("Service", "loghost")
-    assert url == f"http://loghost.{NAMESPACE}.svc.cluster.local:{client['spec']['ports'][0]['port']}/healthz"
+    assert (
+        url
+        == f"http://loghost.{NAMESPACE}.svc.cluster.local:{client['spec']['ports'][0]['port']}/healthz"
+    )
     assert c["image"] == container(host_sts(r), "loghost")["image"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -1772,8 +2162,11 @@ async def test_helm_test_command_passes_against_a_live_host_and_fails_without_on
 
     async def run(url: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            *command, env={"LOGHOST_URL": url, "PATH": "/usr/bin:/bin"},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            *command,
+            env={"LOGHOST_URL": url, "PATH": "/usr/bin:/bin"},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         return proc.returncode, out.decode()
 
@@ -1797,24 +2190,37 @@ def test_notes_on_install_and_on_an_upgrade_without_a_cluster(chart):
     # upgrade prints the adopt command for the pods it may have removed.
     upgrade = render(chart, {"host": {"replicas": 2}}, is_upgrade=True)
     assert "If this upgrade lowered host.replicas" in upgrade.notes
-    assert ('curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" -d \'{"server_id": "loghost-<i>"}\' '
-            "http://loghost-0.loghost-headless.logs.svc.cluster.local:8080/v1/dirty/adopt") in upgrade.notes
+    assert (
+        'curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" -d \'{"server_id": "loghost-<i>"}\' '
+        "http://loghost-0.loghost-headless.logs.svc.cluster.local:8080/v1/dirty/adopt"
+    ) in upgrade.notes
     assert "(loghost-2 and up)" in upgrade.notes
 
 
 def test_notes_print_the_exact_adopt_commands_on_a_scale_in(cluster_chart):
     def notes(replicas_before: int | None, replicas: int, upgrade: bool = True) -> str:
-        live = {"testLookup": {"secrets": {}, "statefulsets": (
-            {"loghost": {"spec": {"replicas": replicas_before}}} if replicas_before else {})}}
-        return render(cluster_chart, merge(live, {"host": {"replicas": replicas}}),
-                      **({"is_upgrade": True} if upgrade else {"is_install": True})).notes
+        live = {
+            "testLookup": {
+                "secrets": {},
+                "statefulsets": (
+                    {"loghost": {"spec": {"replicas": replicas_before}}} if replicas_before else {}
+                ),
+            }
+        }
+        return render(
+            cluster_chart,
+            merge(live, {"host": {"replicas": replicas}}),
+            **({"is_upgrade": True} if upgrade else {"is_install": True}),
+        ).notes
 
     text = notes(5, 3)
     assert "scales the hosts IN from 5 to 3 pods" in text
     assert "loghost-3 loghost-4 stay in the store" in text
     for gone in ("loghost-3", "loghost-4"):
-        assert (f'curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" -d \'{{"server_id": "{gone}"}}\' '
-                "http://loghost-0.loghost-headless.logs.svc.cluster.local:8080/v1/dirty/adopt") in text
+        assert (
+            f'curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" -d \'{{"server_id": "{gone}"}}\' '
+            "http://loghost-0.loghost-headless.logs.svc.cluster.local:8080/v1/dirty/adopt"
+        ) in text
     assert '"server_id": "loghost-2"' not in text
     assert "kubectl port-forward --namespace logs pod/loghost-0 8080:8080" in text
     # Scaling out, keeping the count, or a first install: no warning, no command.

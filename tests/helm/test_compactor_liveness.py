@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -26,14 +27,12 @@ from compactor_client import cli
 from tests.helm.test_chart import compactor_workload, container, env_of, render
 from tests.host.live import SERVICE_KEY, live_server
 
-import helm_python as helm
-
 
 class _SparkContext:
     def __init__(self) -> None:
         self.listFiles: list[str] = []
 
-    def addPyFile(self, path: str) -> None:  # noqa: N802 - pyspark's name
+    def addPyFile(self, path: str) -> None:
         self.listFiles.append(path)
 
 
@@ -60,8 +59,9 @@ async def test_the_round_loop_touches_the_heartbeat_file(tmp_path: Path) -> None
     beat = tmp_path / "heartbeat"
     store = tmp_path / "store"
     async with live_server(str(store)) as live:
-        settings = _settings(live.url, store, COMPACTOR_API_KEY=SERVICE_KEY,
-                             COMPACTOR_HEARTBEAT_FILE=str(beat))
+        settings = _settings(
+            live.url, store, COMPACTOR_API_KEY=SERVICE_KEY, COMPACTOR_HEARTBEAT_FILE=str(beat)
+        )
         assert settings.heartbeat_file == str(beat)
         assert await cli.run(settings, spark=_Spark(), registry=CollectorRegistry()) == 0
         assert beat.is_file()
@@ -80,8 +80,12 @@ async def test_the_api_key_can_come_from_a_mounted_file(tmp_path: Path) -> None:
         assert settings.api_key == SERVICE_KEY
         assert await cli.run(settings, spark=_Spark(), registry=CollectorRegistry()) == 0
     # The environment variable still wins, and a missing file is a configuration error.
-    assert _settings("http://127.0.0.1:1", store, COMPACTOR_API_KEY="k",
-                     COMPACTOR_API_KEY_FILE=str(key_file)).api_key == "k"
+    assert (
+        _settings(
+            "http://127.0.0.1:1", store, COMPACTOR_API_KEY="k", COMPACTOR_API_KEY_FILE=str(key_file)
+        ).api_key
+        == "k"
+    )
     with pytest.raises(cli.SettingsError, match="COMPACTOR_API_KEY_FILE"):
         _settings("http://127.0.0.1:1", store, COMPACTOR_API_KEY_FILE=str(tmp_path / "absent"))
 
@@ -94,7 +98,9 @@ def _probe_command(chart: Any, probe: str, values: dict[str, Any] | None = None)
 
 
 @pytest.mark.parametrize("probe", ["livenessProbe", "startupProbe"])
-def test_the_rendered_probe_fails_on_a_stale_or_missing_heartbeat(chart, tmp_path: Path, probe: str) -> None:
+def test_the_rendered_probe_fails_on_a_stale_or_missing_heartbeat(
+    chart, tmp_path: Path, probe: str
+) -> None:
     workload = compactor_workload(render(chart))
     path = env_of(workload, "compactor")["COMPACTOR_HEARTBEAT_FILE"]["value"]
     assert path.startswith("/tmp/"), "on the writable /tmp emptyDir"
@@ -113,6 +119,8 @@ def test_the_rendered_probe_fails_on_a_stale_or_missing_heartbeat(chart, tmp_pat
 
 
 def test_the_probe_age_follows_the_values(chart) -> None:
-    command = _probe_command(chart, "livenessProbe", {"compactor": {"heartbeat": {"maxAgeSeconds": 7200}}})
+    command = _probe_command(
+        chart, "livenessProbe", {"compactor": {"heartbeat": {"maxAgeSeconds": 7200}}}
+    )
     assert command[-1] == "7200"
     assert "7200" not in _probe_command(chart, "livenessProbe")

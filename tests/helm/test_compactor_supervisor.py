@@ -53,8 +53,9 @@ while True:
 """
 
 
-def pod(name: str, phase: str = "Running", deleting: bool = False, node: str | None = "node-1"
-        ) -> dict:
+def pod(
+    name: str, phase: str = "Running", deleting: bool = False, node: str | None = "node-1"
+) -> dict:
     meta: dict = {"name": name, "namespace": NS}
     if deleting:
         meta["deletionTimestamp"] = "2024-05-01T12:00:00Z"
@@ -75,10 +76,13 @@ class FakeAPI:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 api.requests.append((self.path, self.headers.get("Authorization")))
                 url = urllib.parse.urlsplit(self.path)
-                if url.path == f"/apis/apps/v1/namespaces/{NS}/statefulsets/{STS}" and not url.query:
+                if (
+                    url.path == f"/apis/apps/v1/namespaces/{NS}/statefulsets/{STS}"
+                    and not url.query
+                ):
                     spec = {} if api.replicas is None else {"replicas": api.replicas}
                     reply = {"kind": "StatefulSet", "spec": spec}
                 elif url.path == f"/api/v1/namespaces/{NS}/pods":
@@ -109,7 +113,9 @@ class FakeAPI:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def __enter__(self) -> FakeAPI:
         self.thread.start()
@@ -126,8 +132,13 @@ def api():
         yield fake
 
 
-def start(tmp_path: Path, api: FakeAPI, pod: str = f"{STS}-1", child_exit: int = -1,
-          mode: str | None = None) -> tuple[subprocess.Popen, Path]:
+def start(
+    tmp_path: Path,
+    api: FakeAPI,
+    pod: str = f"{STS}-1",
+    child_exit: int = -1,
+    mode: str | None = None,
+) -> tuple[subprocess.Popen, Path]:
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     out = tmp_path / "events.log"
@@ -149,7 +160,15 @@ def start(tmp_path: Path, api: FakeAPI, pod: str = f"{STS}-1", child_exit: int =
         if mode:
             env["MEMBERSHIP_MODE"] = mode
     proc = subprocess.Popen(
-        [sys.executable, str(SUPERVISOR), "--", sys.executable, str(child), str(out), str(child_exit)],
+        [
+            sys.executable,
+            str(SUPERVISOR),
+            "--",
+            sys.executable,
+            str(child),
+            str(out),
+            str(child_exit),
+        ],
         env=env,
     )
     return proc, out
@@ -260,7 +279,10 @@ def test_compactor_exit_status_is_propagated(tmp_path, api):
 def test_refuses_to_run_without_configuration(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SUPERVISOR), "--", "true"],
-        env={"PATH": os.environ.get("PATH", "")}, capture_output=True, text=True, timeout=10,
+        env={"PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=10,
     )
     assert result.returncode != 0
     assert "MEMBERSHIP_STATEFULSET" in result.stderr
@@ -289,15 +311,24 @@ def test_members_from_a_pod_list():
         {"metadata": {"name": "lh-compactor-h-8"}},  # no status yet: not counted
         pod("lh-compactor-i-9", "Pending", node=None),  # fits nowhere: must not take a share
     ]
-    assert members_from_pods(pods, "lh-compactor-z-0") == ["lh-compactor-a-1", "lh-compactor-b-2", "lh-compactor-z-0"]
+    assert members_from_pods(pods, "lh-compactor-z-0") == [
+        "lh-compactor-a-1",
+        "lh-compactor-b-2",
+        "lh-compactor-z-0",
+    ]
     # Our own pod is a member even if the list does not (yet) show it as live.
-    assert members_from_pods([pod("lh-compactor-a-1", "Failed")], "lh-compactor-a-1") == ["lh-compactor-a-1"]
+    assert members_from_pods([pod("lh-compactor-a-1", "Failed")], "lh-compactor-a-1") == [
+        "lh-compactor-a-1"
+    ]
     assert members_from_pods([], "me") == ["me"]
 
 
 def test_pods_mode_starts_with_the_live_pods(tmp_path, api):
-    api.pods = [pod("lh-compactor-x", "Running"), pod("lh-compactor-gone", "Running", deleting=True),
-                pod("lh-compactor-done", "Succeeded")]
+    api.pods = [
+        pod("lh-compactor-x", "Running"),
+        pod("lh-compactor-gone", "Running", deleting=True),
+        pod("lh-compactor-done", "Succeeded"),
+    ]
     proc, out = start(tmp_path, api, pod=DEPLOY_POD, mode="pods")
     try:
         seen = wait_for(out, lambda e: len(e) >= 1)
@@ -320,14 +351,25 @@ def test_pods_mode_restarts_when_the_member_set_changes(tmp_path, api):
     proc, out = start(tmp_path, api, pod=DEPLOY_POD, mode="pods")
     try:
         wait_for(out, lambda e: e == [f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-x"])
-        api.pods = [me, pod("lh-compactor-x", "Running"), pod("lh-compactor-a", "Pending")]  # scaled out
+        api.pods = [
+            me,
+            pod("lh-compactor-x", "Running"),
+            pod("lh-compactor-a", "Pending"),
+        ]  # scaled out
         seen = wait_for(out, lambda e: len(e) >= 3)
-        assert seen[1:3] == ["term", f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-a,lh-compactor-x"]
+        assert seen[1:3] == [
+            "term",
+            f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-a,lh-compactor-x",
+        ]
         # The new pod turning Running is not a membership change: no restart.
         api.pods = [me, pod("lh-compactor-x", "Running"), pod("lh-compactor-a", "Running")]
         wait_for_polls(api, 3)
         assert len(events(out)) == 3
-        api.pods = [me, pod("lh-compactor-x", "Running", deleting=True), pod("lh-compactor-a", "Running")]
+        api.pods = [
+            me,
+            pod("lh-compactor-x", "Running", deleting=True),
+            pod("lh-compactor-a", "Running"),
+        ]
         seen = wait_for(out, lambda e: len(e) >= 5)
         assert seen[3:5] == ["term", f"start {DEPLOY_POD} {DEPLOY_POD},lh-compactor-a"]
         api.pods = [me]  # down to this pod alone: it still runs, with just itself
@@ -370,9 +412,17 @@ def test_an_explicit_statefulset_mode_is_the_default_behaviour(tmp_path, api):
 def test_refuses_bad_mode_configuration(env, message):
     result = subprocess.run(
         [sys.executable, str(SUPERVISOR), "--", "true"],
-        env={"PATH": os.environ.get("PATH", ""), "MEMBERSHIP_NAMESPACE": NS, "POD_NAME": DEPLOY_POD,
-             "MEMBERSHIP_API_URL": "http://127.0.0.1:9", **env},
-        capture_output=True, text=True, timeout=10, check=False,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "MEMBERSHIP_NAMESPACE": NS,
+            "POD_NAME": DEPLOY_POD,
+            "MEMBERSHIP_API_URL": "http://127.0.0.1:9",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
     )
     assert result.returncode != 0
     assert message in result.stderr
@@ -414,8 +464,14 @@ class FlushingChild:
 
 def supervisor_with(child: FlushingChild):
     module = load_supervisor()
-    cfg = module.Config({"MEMBERSHIP_STATEFULSET": STS, "MEMBERSHIP_NAMESPACE": NS,
-                         "MEMBERSHIP_API_URL": "http://127.0.0.1:9", "POD_NAME": f"{STS}-0"})
+    cfg = module.Config(
+        {
+            "MEMBERSHIP_STATEFULSET": STS,
+            "MEMBERSHIP_NAMESPACE": NS,
+            "MEMBERSHIP_API_URL": "http://127.0.0.1:9",
+            "POD_NAME": f"{STS}-0",
+        }
+    )
     sup = module.Supervisor(cfg, ["compactor", "run"])
     sup.child = child  # as start() leaves it: running, not yet signalled
     sup.child_signalled = False

@@ -6,9 +6,12 @@ Each is the smallest reproduction at the level where the bug lives; they fail un
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
+from verify import keys
+from verify.testkit import wait_until
 from wal3 import (
     FaultRule,
     FaultyStore,
@@ -24,9 +27,11 @@ from wal3.cursors import CursorStore
 from wal3.fork import fork_log
 from wal3.gc import GarbageCollector, GcOptions
 from wal3.layout import load_manifest
+from wal3.paths import MANIFEST_PATH, fragment_path, join, log_prefix
 from wal3.scrub import scrub_log
+from wal3.store import GetResult
 
-SNAPSHOT = r"/snapshot/SNAPSHOT\."
+SNAPSHOT = keys.in_any_log(keys.SNAPSHOT)
 
 
 async def _write(store: FaultyStore | LocalStore, prefix: str, n: int) -> LogWriter:
@@ -56,13 +61,13 @@ async def test_regression_writer_links_snapshot_that_a_409_kept_out_of_the_store
     base = LocalStore(tmp_path)
     faulty = FaultyStore(base, seed=1)
     rule = faulty.add_rule(FaultRule("precondition", ops={"put"}, key_regex=SNAPSHOT, times=1))
-    w = await _write(faulty, "logs/a", 12)
+    w = await _write(faulty, log_prefix("a"), 12)
     await w.compact_manifest()
     await w.close()
     assert rule.fired == 1
-    report = await scrub_log(base, "logs/a")
+    report = await scrub_log(base, log_prefix("a"))
     assert report.ok, report.problems
-    assert await _all_bodies(base, "logs/a") == [b"record-%d" % i for i in range(12)]
+    assert await _all_bodies(base, log_prefix("a")) == [b"record-%d" % i for i in range(12)]
 
 
 async def test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_store(
@@ -72,28 +77,30 @@ async def test_regression_gc_links_split_snapshot_that_a_409_kept_out_of_the_sto
     straddles the cutoff is assumed present after a failed condition, and phase 2 installs a root
     pointing at it."""
     base = LocalStore(tmp_path)
-    w = await _write(base, "logs/g", 16)
+    w = await _write(base, log_prefix("g"), 16)
     await w.compact_manifest()
     m = w.manifest
     assert m.snapshots, "the log needs a snapshot to split"
     cut = m.snapshots[0].start + 1  # inside the first snapshot: GC must split it
     await w.close()
-    await CursorStore(base, "logs/g", "t").init("compaction", cut)
+    await CursorStore(base, log_prefix("g"), "t").init("compaction", cut)
     faulty = FaultyStore(base, seed=2)
     rule = faulty.add_rule(FaultRule("precondition", ops={"put"}, key_regex=SNAPSHOT, times=1))
-    gc = GarbageCollector(faulty, "logs/g", GcOptions(grace_s=0))
+    gc = GarbageCollector(faulty, log_prefix("g"), GcOptions(grace_s=0))
     for _ in range(3):  # a pass may fail on the fault; the next one must finish cleanly
         try:
             await gc.run_once()
         except (StoreUnavailable, GarbageRejected):
             continue
     assert rule.fired == 1
-    report = await scrub_log(base, "logs/g")
+    report = await scrub_log(base, log_prefix("g"))
     assert report.ok, report.problems
-    loaded = await load_manifest(base, "logs/g")
+    loaded = await load_manifest(base, log_prefix("g"))
     assert loaded is not None
     oldest = loaded[0].oldest_offset
-    assert await _all_bodies(base, "logs/g") == [b"record-%d" % i for i in range(oldest - 1, 16)]
+    assert await _all_bodies(base, log_prefix("g")) == [
+        b"record-%d" % i for i in range(oldest - 1, 16)
+    ]
 
 
 async def test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_store(
@@ -102,17 +109,17 @@ async def test_regression_fork_links_fragment_copy_that_a_409_kept_out_of_the_st
     """Same cause in fork: a fragment copy that fails its condition is taken as "a retried fork
     copied it already", and the fork's manifest references a fragment the fork does not have."""
     base = LocalStore(tmp_path)
-    w = await _write(base, "logs/src", 16)
+    w = await _write(base, log_prefix("src"), 16)
     await w.close()
     faulty = FaultyStore(base, seed=3)
     rule = faulty.add_rule(
-        FaultRule("precondition", ops={"copy"}, key_regex=r"/log/Bucket=", times=1)
+        FaultRule("precondition", ops={"copy"}, key_regex=keys.in_any_log(keys.FRAGMENT), times=1)
     )
-    await fork_log(faulty, "logs/src", "logs/dst", from_offset=5)
+    await fork_log(faulty, log_prefix("src"), log_prefix("dst"), from_offset=5)
     assert rule.fired == 1
-    report = await scrub_log(base, "logs/dst")
+    report = await scrub_log(base, log_prefix("dst"))
     assert report.ok, report.problems
-    assert await _all_bodies(base, "logs/dst") == [b"record-%d" % i for i in range(4, 16)]
+    assert await _all_bodies(base, log_prefix("dst")) == [b"record-%d" % i for i in range(4, 16)]
 
 
 @pytest.mark.timeout(20)  # the bug livelocks the event loop: only the signal timeout ends it
@@ -143,12 +150,19 @@ async def test_regression_cancelled_close_livelocks_the_next_request_for_that_lo
         entered = asyncio.Event()
         release = asyncio.Event()
 
-        async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def, override]
-            if self.armed and key.endswith("manifest/MANIFEST"):
+        async def put(
+            self,
+            key: str,
+            data: bytes,
+            *,
+            if_none_match: Literal["*"] | None = None,
+            if_match: str | None = None,
+        ) -> str:
+            if self.armed and key.endswith(MANIFEST_PATH):
                 type(self).armed = False
                 self.entered.set()
                 await self.release.wait()
-            return await super().put(key, data, **kw)
+            return await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     store = GatedStore(tmp_path)
     settings = Settings(store="unused", api_keys="k=*", server_id="t", max_open_logs=1)
@@ -170,10 +184,7 @@ async def test_regression_cancelled_close_livelocks_the_next_request_for_that_lo
 
     evicting = asyncio.create_task(open_b())
     await asyncio.wait_for(GatedStore.entered.wait(), 10)  # the flush reached the manifest write
-    deadline = asyncio.get_running_loop().time() + 10
-    while a not in mgr._closing:  # polling for the eviction to start, bounded
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.005)
+    await wait_until(lambda: a in mgr._closing, "the eviction to start", 10, 0.005)
     assert not mgr._closing[a].done()  # held: the close is really in flight
     evicting.cancel()  # the request that evicts a goes away mid-close (the write is still held)
     with pytest.raises(asyncio.CancelledError):
@@ -195,7 +206,7 @@ async def test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotte
     window shrinks from 256 fragments to whatever the root still holds."""
     store = LocalStore(tmp_path)
     opts = LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
-    w1 = await LogWriter.open(store, "logs/k", opts)
+    w1 = await LogWriter.open(store, log_prefix("k"), opts)
     first = await w1.append_many([b"once"], idempotency_key="key-1")
     for i in range(8):
         await w1.append_many([b"later-%d" % i])
@@ -204,32 +215,36 @@ async def test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotte
         "the keyed fragment must be inside a snapshot for this test"
     )
     await w1.close()
-    w2 = await LogWriter.open(store, "logs/k", opts)  # a restart, or another host
+    w2 = await LogWriter.open(store, log_prefix("k"), opts)  # a restart, or another host
     again = await w2.append_many([b"once"], idempotency_key="key-1")  # the client's retry
     await w2.close()
     assert again.deduplicated and again.first_offset == first.first_offset
-    assert (await _all_bodies(store, "logs/k")).count(b"once") == 1
+    assert (await _all_bodies(store, log_prefix("k"))).count(b"once") == 1
 
 
-class _GateStore:
-    """Forwards to a store, holding manifest puts until ``gate`` is set (``reached`` tells when
-    the first one is waiting)."""
+class _GateStore(LocalStore):
+    """Another view of the test's LocalStore directory, holding manifest puts until ``gate`` is
+    set (``reached`` tells when the first one is waiting)."""
 
-    def __init__(self, inner: LocalStore) -> None:
+    def __init__(self, root: Path) -> None:
         import asyncio
 
-        self.inner = inner
+        super().__init__(root)
         self.gate = asyncio.Event()
         self.reached = asyncio.Event()
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(self.inner, name)
-
-    async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def]
-        if key.endswith("manifest/MANIFEST"):
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
+        if key.endswith(MANIFEST_PATH):
             self.reached.set()
             await self.gate.wait()
-        return await self.inner.put(key, data, **kw)
+        return await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
 
 
 async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_snapshot(
@@ -245,20 +260,20 @@ async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_sn
 
     store = LocalStore(tmp_path)
     opts = LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
-    base = await LogWriter.open(store, "logs/two", opts)
+    base = await LogWriter.open(store, log_prefix("two"), opts)
     for i in range(3):
         await base.append_many([b"base-%d" % i])
     await base.close()
-    gated = _GateStore(store)
-    a = await LogWriter.open(gated, "logs/two", opts)  # type: ignore[arg-type]
-    b = await LogWriter.open(store, "logs/two", opts)
+    gated = _GateStore(tmp_path)
+    a = await LogWriter.open(gated, log_prefix("two"), opts)
+    b = await LogWriter.open(store, log_prefix("two"), opts)
     pending = asyncio.ensure_future(a.append_many([b"from-a"], idempotency_key="a-1"))
     await gated.reached.wait()  # A's fragment is uploaded; its manifest write is held
     # B appends: its upload collides with A's fragment, B read-repairs A's fragment into the log.
     for i in range(6):
         await b.append_many([b"from-b-%d" % i])
     await b.compact_manifest()
-    assert b"from-a" in await _all_bodies(store, "logs/two")
+    assert b"from-a" in await _all_bodies(store, log_prefix("two"))
     gated.gate.set()
     outcome: object
     try:
@@ -267,7 +282,7 @@ async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_sn
         outcome = e
     await a.close()
     await b.close()
-    bodies = await _all_bodies(store, "logs/two")
+    bodies = await _all_bodies(store, log_prefix("two"))
     assert bodies.count(b"from-a") == 1, (
         f"A's records are in the log {bodies.count(b'from-a')} times"
     )
@@ -316,25 +331,23 @@ async def test_regression_append_joining_a_reads_open_of_a_new_log_gets_404(tmp_
     assert got_append == 1, f"the append failed: {got_append!r}"
 
 
-class _ReadGate:
-    """Forwards to a store, holding gets of the given keys until ``gate`` is set."""
+class _ReadGate(LocalStore):
+    """Another view of the test's LocalStore directory, holding gets of the given keys until
+    ``gate`` is set."""
 
-    def __init__(self, inner: object, held: set[str]) -> None:
+    def __init__(self, root: Path, held: set[str]) -> None:
         import asyncio
 
-        self.inner = inner
+        super().__init__(root)
         self.held = held
         self.gate = asyncio.Event()
         self.reached = asyncio.Event()
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(self.inner, name)
-
-    async def get(self, key: str):  # type: ignore[no-untyped-def]
+    async def get(self, key: str) -> GetResult:
         if key in self.held:
             self.reached.set()
             await self.gate.wait()
-        return await self.inner.get(key)
+        return await super().get(key)
 
 
 async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped(
@@ -350,24 +363,22 @@ async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped
     import asyncio
 
     from wal3 import SimulatedCrash, WriterClosed
-    from wal3.fragment import fragment_path
-    from wal3.layout import join
 
     base = LocalStore(tmp_path)
-    w0 = await LogWriter.open(base, "logs/c")
+    w0 = await LogWriter.open(base, log_prefix("c"))
     for i in range(3):
         await w0.append_many([b"before-%d" % i])
     await w0.close()
     # A process dies between uploading a keyed fragment and writing the manifest.
     dying = FaultyStore(base, seed=5)
-    dying.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=r"manifest/MANIFEST$", times=1))
-    w1 = await LogWriter.open(dying, "logs/c")
+    dying.add_rule(FaultRule("crash_before", ops={"put"}, key_regex=keys.MANIFEST, times=1))
+    w1 = await LogWriter.open(dying, log_prefix("c"))
     with pytest.raises((SimulatedCrash, WriterClosed)):
         await w1.append_many([b"retried"], idempotency_key="k")
     await w1.close()
     # The restarted process: its first key load is slow (held), a keyless append runs meanwhile.
-    gated = _ReadGate(base, {join("logs/c", fragment_path(s)) for s in (1, 2, 3)})
-    w2 = await LogWriter.open(gated, "logs/c")  # type: ignore[arg-type]
+    gated = _ReadGate(tmp_path, {join(log_prefix("c"), fragment_path(s)) for s in (1, 2, 3)})
+    w2 = await LogWriter.open(gated, log_prefix("c"))
     loading = asyncio.ensure_future(w2.append_many([b"other"], idempotency_key="k2"))
     await gated.reached.wait()
     await w2.append_many([b"keyless"])  # collides with the orphan: read repair links it
@@ -375,7 +386,7 @@ async def test_regression_keys_of_fragments_repaired_while_keys_load_are_dropped
     await loading
     again = await w2.append_many([b"retried"], idempotency_key="k")  # the client's retry
     await w2.close()
-    bodies = await _all_bodies(base, "logs/c")
+    bodies = await _all_bodies(base, log_prefix("c"))
     assert bodies.count(b"retried") == 1, bodies
     assert again.deduplicated
 
@@ -397,17 +408,17 @@ async def test_regression_idempotency_window_ends_at_the_gc_cutoff_after_reopen(
     at ``gc_grace_s=0`` (the verifier's setting) merely reading not-yet-deleted fragments is not
     enough."""
     store = LocalStore(tmp_path)
-    w1 = await LogWriter.open(store, "logs/w")
+    w1 = await LogWriter.open(store, log_prefix("w"))
     first = await w1.append_many([b"once"], idempotency_key="k")
     for i in range(4):
         await w1.append_many([b"later-%d" % i])
     await w1.close()
     # A compactor consumed the whole log; GC collects it (grace 0: apply and delete in one pass).
-    await CursorStore(store, "logs/w", "t").init("compaction", 6)
-    gc = GarbageCollector(store, "logs/w", GcOptions(grace_s=0))
+    await CursorStore(store, log_prefix("w"), "t").init("compaction", 6)
+    gc = GarbageCollector(store, log_prefix("w"), GcOptions(grace_s=0))
     report = await gc.run_once()
     assert report.phase == "done", report
-    w2 = await LogWriter.open(store, "logs/w")  # a restart, or another host
+    w2 = await LogWriter.open(store, log_prefix("w"))  # a restart, or another host
     again = await w2.append_many([b"once"], idempotency_key="k")  # the client's retry
     await w2.close()
     assert again.deduplicated and again.first_offset == first.first_offset, again

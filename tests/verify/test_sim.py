@@ -19,13 +19,15 @@ SHORT_FORM = (0, 300)  # the seeds `make test` runs (all six known bugs of 3c616
 
 
 def _run(
-    main: Callable[[SimStore, Actor], Awaitable[Any]], rates: FaultRates = FaultRates()
+    main: Callable[[SimStore, Actor], Awaitable[Any]], rates: FaultRates | None = None
 ) -> tuple[Any, list[str]]:
     """Run ``main(store, actor)`` on a virtual loop with a fresh simulated store."""
     trace: list[str] = []
 
     async def go(loop: simloop.SimLoop) -> Any:
-        sim = SimStore(loop, random.Random(1), trace.append, rates=rates)
+        sim = SimStore(
+            loop, random.Random(1), trace.append, rates=FaultRates() if rates is None else rates
+        )
         actor = sim.actor("t")
         return await main(sim, actor)
 

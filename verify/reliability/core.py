@@ -23,19 +23,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .infra import SERVICE_KEY, TENANT_KEYS, wait_until
+from verify.testkit import wait_until
+
+from .infra import SERVICE_KEY, TENANT_KEYS
 
 Hosts = Callable[[], Sequence[str]]
 
@@ -586,8 +589,12 @@ async def seal_driver(run: Run, count: int) -> None:
     rng = random.Random(f"seal:{run.seed}")
     wl = run.workload
     target = (wl.writers * (wl.appends_per_writer or 100)) // 3
-    while run.acked_appends < target and not run.stop.is_set():
-        await asyncio.sleep(0.05)  # driver pacing
+    await wait_until(
+        lambda: run.acked_appends >= target or run.stop.is_set(),
+        "a third of the appends acknowledged",
+        math.inf,  # the run's own deadline sets the stop event
+        0.05,
+    )
     for coll in rng.sample(run.collections, min(count, len(run.collections))):
         run.sealed.add(coll.cid)
         r = await service_call(run, "POST", coll.path + "/seal", rng)
@@ -988,7 +995,7 @@ async def audit(
     for p in problems[:20]:
         run.violation(f"scrub: {p}")
     if check_dirty:
-        await dirty_coverage(run, hosts, {cid: st for cid, st in states.items()})
+        await dirty_coverage(run, hosts, dict(states))
     for st in states.values():
         st.pop("_by_off", None)
         st.pop("_below", None)
@@ -1006,7 +1013,7 @@ def finish(run: Run, result: Result, started: float) -> Result:
 
 
 async def run_with(
-    run: Run, during: Callable[[Load], Awaitable[None]] | None, timeout_s: float
+    run: Run, during: Callable[[Load], Coroutine[Any, Any, None]] | None, timeout_s: float
 ) -> Load:
     """Start the load, run ``during`` beside it (the fault schedule), wait for the writers."""
     load = start_load(run)

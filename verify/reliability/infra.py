@@ -11,21 +11,21 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
-from verify.testkit import QuietUvicorn, free_port, wait_until
-from wal3 import ObjectStore, SimulatedCrash
+from verify.testkit import QuietUvicorn, free_port, wait_until, wait_until_sync
+from wal3 import ObjectStore, SimulatedCrash, paths
 from wal3.store import GetResult, ObjectMeta
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_KEY = "svc-key"
@@ -86,8 +86,8 @@ class CrashLatch(ObjectStore):
             obs(op, key, data)
 
     async def _call(
-        self, op: str, key: str, fn: Callable[[], Awaitable[Any]], data: bytes | None = None
-    ) -> Any:
+        self, op: str, key: str, fn: Callable[[], Awaitable[T]], data: bytes | None = None
+    ) -> T:
         self._check()
         try:
             out = await fn()
@@ -95,14 +95,14 @@ class CrashLatch(ObjectStore):
             self._die(e)
             raise
         self._check()  # died while this request was in flight: its answer is never seen
-        self._seen(op, key, out.data if op == "get" else data)
+        self._seen(op, key, out.data if isinstance(out, GetResult) else data)
         return out
 
     async def get(self, key: str) -> GetResult:
-        return await self._call("get", key, lambda: self.inner.get(key))  # type: ignore[no-any-return]
+        return await self._call("get", key, lambda: self.inner.get(key))
 
     async def head(self, key: str) -> ObjectMeta:
-        return await self._call("head", key, lambda: self.inner.head(key))  # type: ignore[no-any-return]
+        return await self._call("head", key, lambda: self.inner.head(key))
 
     async def put(
         self,
@@ -112,7 +112,7 @@ class CrashLatch(ObjectStore):
         if_none_match: Literal["*"] | None = None,
         if_match: str | None = None,
     ) -> str:
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             "put",
             key,
             lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match),
@@ -135,7 +135,7 @@ class CrashLatch(ObjectStore):
             raise
 
     async def copy(self, src: str, dst: str, *, if_none_match: Literal["*"] | None = None) -> str:
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(
             "copy", dst, lambda: self.inner.copy(src, dst, if_none_match=if_none_match)
         )
 
@@ -199,11 +199,7 @@ class InProcessHost:
                 uvicorn_config(create_app(self.server), settings, timeout_graceful_shutdown=10)
             )
             self._task = asyncio.create_task(self._userver.serve(), name=f"uvicorn-{self.port}")
-            await wait_until(
-                lambda: self._userver.started or self._task.done(),  # type: ignore[union-attr]
-                "uvicorn to start",
-                60,
-            )
+            await wait_until(self._serving_or_gone, "uvicorn to start", 60)
             if not self._task.done():
                 return
             # Startup itself hit an injected crash (e.g. opening the dirty log): try again, as a
@@ -214,6 +210,10 @@ class InProcessHost:
             if self.latch.dead is None:
                 raise RuntimeError("in-process log host failed to start")
         raise RuntimeError("in-process log host kept crashing while starting")
+
+    def _serving_or_gone(self) -> bool:
+        assert self._userver is not None and self._task is not None
+        return bool(self._userver.started) or self._task.done()
 
     async def stop(self) -> None:
         if self._userver is None:
@@ -306,18 +306,21 @@ class ProcHost:
                 cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
             )
         self.starts += 1
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(f"log host exited: {log.read_text(errors='replace')[-3000:]}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
+                return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.05)  # polling for readiness, bounded by the deadline
-        self.kill9()
-        raise RuntimeError("log host did not become healthy")
+                return False
+
+        try:
+            wait_until_sync(healthy, f"log host {self.server_id} to be healthy", timeout_s, 0.05)
+        except TimeoutError:
+            self.kill9()
+            raise RuntimeError("log host did not become healthy") from None
 
     def kill9(self) -> None:
         """SIGKILL our child: no flush, no goodbye."""
@@ -364,11 +367,14 @@ class ProcHost:
         before = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc.send_signal(signal.SIGUSR1)
         text = ""
-        for _ in range(100):  # polling for the dump to be written, bounded
-            await asyncio.sleep(0.05)
+
+        def dumped() -> bool:
+            nonlocal text
             text = self.log_path.read_text(errors="replace")[before:]
-            if "most recent call first" in text and text.rstrip().endswith(")"):
-                break
+            return "most recent call first" in text and text.rstrip().endswith(")")
+
+        with contextlib.suppress(TimeoutError):  # a partial dump is still worth reporting
+            await wait_until(dumped, "the stack dump", 5.0, 0.05)
         frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("File ")]
         inner = [f for f in frames if "/host/" in f or "/wal3/" in f or "/dirtylog/" in f]
         return (
@@ -381,18 +387,18 @@ class ProcHost:
 
 
 def compacted_objects(root: Path) -> tuple[int, int]:
-    """(Parquet parts, CURRENT.json files) under ``root/compacted``."""
+    """(data files of either layout, ``CURRENT.json`` pointers) the compactors wrote into the
+    LocalStore at ``root`` (whose keys are its paths)."""
     parts = currents = 0
-    base = root / "compacted"
+    base = root / paths.COMPACTED_PREFIX
     if not base.is_dir():
         return 0, 0
-    for _dirpath, _dirs, files in os.walk(base):
-        for f in files:
-            if f.endswith(".parquet"):
-                parts += 1
-            elif f == "CURRENT.json":
-                currents += 1
+    for coll in base.iterdir():
+        for dirpath, _dirs, files in os.walk(coll):
+            for f in files:
+                key = (Path(dirpath) / f).relative_to(root).as_posix()
+                if paths.parse_compacted_key(coll.name, key) is not None:
+                    parts += 1
+                elif key == paths.current_key(coll.name):
+                    currents += 1
     return parts, currents
-
-
-LOG_KEY = re.compile(r"^logs/([0-9a-f-]{36})/")

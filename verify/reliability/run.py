@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.testkit import command_line, machine_info, redis_executable
+from wal3 import paths
 
 from .core import Result
 from .infra import ROOT
@@ -96,7 +98,7 @@ async def run_one(
     name: str, seed: int, quick: bool, workdir: Path, opts: Options | None = None
 ) -> Result:
     """Run one scenario with one seed in ``workdir`` (created), in this process."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     fn, _ = SCENARIOS[name]
     started = time.monotonic()
     try:
@@ -131,7 +133,7 @@ async def run_isolated(
     """
     opts = opts or Options()
     limit = timeout_s or time_limit(name, quick, opts)
-    workdir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     out = workdir / "result.json"
     cmd = [
         sys.executable,
@@ -148,7 +150,8 @@ async def run_isolated(
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     started = time.monotonic()
-    with open(workdir / "child.log", "ab") as log:
+    log = await asyncio.to_thread(open, workdir / "child.log", "ab")
+    with log:
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             cwd=ROOT,
@@ -195,10 +198,8 @@ async def run_isolated(
 def _kill_group(pgid: int) -> None:
     import signal
 
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)  # the child's own session: it and what it started
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _hang_summary(path: Path) -> str:
@@ -492,14 +493,13 @@ def render_doc(data: dict[str, Any]) -> str:
             f"{sum(1 for r in rs if r['scrub_ok'])}/{len(rs)} ok | "
             f"{ok}/{len(rs)} | {sum(r['seconds'] for r in rs):.0f} |"
         )
-    per_seed = []
-    for r in results:
-        per_seed.append(
-            f"| {r['scenario']} | {r['seed']} | {r['faults']:,} | {r['acknowledged']:,} | "
-            f"{r['read']:,} | {r['lost']} | {r['duplicated']} | "
-            f"{'ok' if r['scrub_ok'] else 'FAIL'} | {len(r['violations'])} | "
-            f"{r['unacked_present']}/{r['unacked_absent']} | {r['seconds']:.1f} |"
-        )
+    per_seed = [
+        f"| {r['scenario']} | {r['seed']} | {r['faults']:,} | {r['acknowledged']:,} | "
+        f"{r['read']:,} | {r['lost']} | {r['duplicated']} | "
+        f"{'ok' if r['scrub_ok'] else 'FAIL'} | {len(r['violations'])} | "
+        f"{r['unacked_present']}/{r['unacked_absent']} | {r['seconds']:.1f} |"
+        for r in results
+    ]
     soak = [r for r in results if r["scenario"] == "soak"]
     soak_md = "(the soak was not part of this run)"
     if soak:
@@ -555,6 +555,7 @@ def render_doc(data: dict[str, Any]) -> str:
             for r in failed
         )
     )
+    current = paths.CURRENT_NAME  # the compactors' pointer object
     return f"""# Reliability
 
 The promise: **every acknowledged write is read back exactly once, and the setsum proves the data
@@ -675,9 +676,9 @@ fragments.  Crash scenarios arm 2
 `compactor_kill` run `python -m host.cli serve` processes (and `redis-server`, and
 `python -m compactor_client run --once` with Spark `local[2]`).  In `compactor_kill` every log also
 carries a reader cursor at 1 so the audit can fold the whole log: after the kill every
-`CURRENT.json` must be readable, no cursor ahead of its `CURRENT.json` offset and each version equal
+`{current}` must be readable, no cursor ahead of its `{current}` offset and each version equal
 to a reference fold (`verify/oracle.py`) of the log up to
-its offset; after the rerun every cursor must equal its `CURRENT.json` offset and the log's tail.
+its offset; after the rerun every cursor must equal its `{current}` offset and the log's tail.
 
 ## Covered and not covered
 

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -23,13 +22,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
+from dirtylog import CURSOR_NAME as ROLLUP_CURSOR
+from verify import keys
 from verify.testkit import RedisServer, wait_until
-from wal3 import FaultRule, FaultyStore, LocalStore
-from wal3.gc import Garbage, GarbageRejected
+from wal3 import FaultRule, FaultyStore, LocalStore, paths
+from wal3.errors import GarbageRejected
+from wal3.faulty import FaultKind
+from wal3.gc import Garbage
 
 from .core import (
     Collection,
@@ -108,8 +111,8 @@ class GatedRule(FaultRule):
         )
 
 
-_GARBAGE = re.compile(r"^((?:logs|dirty)/[^/]+)/gc/GARBAGE$")
-_CURSOR = re.compile(r"^(dirty/[^/]+)/cursor/stable_prefix\.json$")
+_GARBAGE = keys.server_log(keys.GARBAGE)
+_CURSOR = keys.server_log(keys.cursor(ROLLUP_CURSOR), dirty_only=True)
 
 
 class PhaseTracker:
@@ -149,18 +152,27 @@ class PhaseTracker:
                 self.rollup[m.group(1)] = "moved"
 
     def gc_state(self, key: str) -> str | None:
-        parts = key.split("/")
-        return self.gc.get("/".join(parts[:2]))
+        return self.gc.get(keys.log_of(key))
 
 
 # -------------------------------------------------------------------- in-process scenarios
+
+
+class StoreRates(TypedDict, total=False):
+    """FaultyStore's background faults (its keyword arguments)."""
+
+    latency_s: float
+    jitter_s: float
+    error_rate: float
+    lost_response_rate: float
+    precondition_storm_rate: float
 
 
 @dataclass
 class StorePlan:
     """The fault schedule of one in-process scenario."""
 
-    faulty: dict[str, float] = field(default_factory=dict)  # FaultyStore background rates
+    faulty: StoreRates = field(default_factory=lambda: StoreRates())  # background rates
     rules: list[FaultRule] = field(default_factory=list)  # armed from the start
     crash: Callable[[random.Random, PhaseTracker, int], FaultRule] | None = None
     crashes: int = 0  # crash rules armed one after another (after each restart)
@@ -268,7 +280,7 @@ def plan_latency(seed: int, quick: bool) -> StorePlan:
     long_spike = FaultRule(
         "latency",
         ops={"put"},
-        key_regex=r"/manifest/MANIFEST$",
+        key_regex=keys.in_any_log(keys.MANIFEST),
         probability=rng.uniform(0.002, 0.01),
         latency_s=rng.uniform(2.5, 4.0),
     )
@@ -294,7 +306,7 @@ def plan_storms(seed: int, quick: bool) -> StorePlan:
         FaultRule(
             "precondition",
             ops={"put"},
-            key_regex=r"/manifest/MANIFEST$",
+            key_regex=keys.in_any_log(keys.MANIFEST),
             after=rng.randint(5, 80),
             times=rng.randint(5, 40),
         ),
@@ -309,13 +321,13 @@ def plan_lost(seed: int, quick: bool) -> StorePlan:
         FaultRule(
             "lost_response",
             ops={"put"},
-            key_regex=r"/manifest/MANIFEST$",
+            key_regex=keys.in_any_log(keys.MANIFEST),
             probability=rng.uniform(0.02, 0.1),
         ),
         FaultRule(
             "lost_response",
             ops={"put"},
-            key_regex=r"/log/Bucket=",
+            key_regex=keys.in_any_log(keys.FRAGMENT),
             probability=rng.uniform(0.02, 0.1),
         ),
         FaultRule(
@@ -332,7 +344,7 @@ def plan_hook_failures(seed: int, quick: bool) -> StorePlan:
     """The fragment hook (this host's dirty-log append) fails: sometimes, and in bursts long
     enough to outlast the writer's retries, while GC, pins and a seal run alongside."""
     rng = random.Random(f"hook:{seed}")
-    dirty_puts = r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)"
+    dirty_puts = keys.in_dirty_log(keys.either(keys.FRAGMENT, keys.MANIFEST))
     rules = [
         FaultRule("error", ops={"put"}, key_regex=dirty_puts, probability=rng.uniform(0.05, 0.2)),
         FaultRule(
@@ -359,19 +371,21 @@ def plan_pins_and_seal(seed: int, quick: bool) -> StorePlan:
     )
 
 
+_CRASHES: tuple[FaultKind, ...] = ("crash_before", "crash_after")
+
+
 def _crash_frag_manifest(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
-    kind, regex = rng.choice(
-        [
-            ("crash_after", r"^logs/[^/]+/log/Bucket="),  # fragment landed, manifest never written
-            ("crash_after", r"/log/Bucket="),  # ... any log, the dirty log included
-            ("crash_before", r"^logs/[^/]+/manifest/MANIFEST$"),  # fragment(s) up, manifest not
-            (
-                "crash_after",
-                r"^logs/[^/]+/manifest/MANIFEST$",
-            ),  # manifest landed, answer never seen
-        ]
-    )
-    return FaultRule(kind, ops={"put"}, key_regex=regex, after=rng.randint(3, 40), times=1)  # type: ignore[arg-type]
+    points: list[tuple[FaultKind, str]] = [
+        # A fragment landed, its manifest was never written.
+        ("crash_after", keys.in_collection_log(keys.FRAGMENT)),
+        ("crash_after", keys.in_any_log(keys.FRAGMENT)),  # ... any log, the dirty log included
+        # Fragment(s) up, the manifest not.
+        ("crash_before", keys.in_collection_log(keys.MANIFEST)),
+        # The manifest landed, its answer was never seen.
+        ("crash_after", keys.in_collection_log(keys.MANIFEST)),
+    ]
+    kind, regex = rng.choice(points)
+    return FaultRule(kind, ops={"put"}, key_regex=regex, after=rng.randint(3, 40), times=1)
 
 
 def plan_crash_fragment_manifest(seed: int, quick: bool) -> StorePlan:
@@ -380,9 +394,9 @@ def plan_crash_fragment_manifest(seed: int, quick: bool) -> StorePlan:
 
 def _crash_snapshot(rng: random.Random, _t: PhaseTracker, i: int) -> FaultRule:
     return FaultRule(
-        rng.choice(("crash_before", "crash_after")),
-        ops={"put"},  # type: ignore[arg-type]
-        key_regex=r"/snapshot/SNAPSHOT\.",
+        rng.choice(_CRASHES),
+        ops={"put"},
+        key_regex=keys.in_any_log(keys.SNAPSHOT),
         after=rng.randint(0, 4),
         times=1,
     )
@@ -401,10 +415,10 @@ def plan_crash_snapshot(seed: int, quick: bool) -> StorePlan:
 
 
 def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultRule]:
-    logs_garbage = r"^logs/[^/]+/gc/GARBAGE$"
+    logs_garbage = keys.in_collection_log(keys.GARBAGE)
 
     def make(rng: random.Random, t: PhaseTracker, i: int) -> FaultRule:
-        kind = rng.choice(("crash_before", "crash_after"))
+        kind = rng.choice(_CRASHES)
         after = rng.randint(0, 2)
         if phase == "plan":  # phase 1: writing the plan to gc/GARBAGE
             return GatedRule(
@@ -412,7 +426,7 @@ def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultR
                 ops={"put"},
                 key_regex=logs_garbage,
                 after=after,
-                times=1,  # type: ignore[arg-type]
+                times=1,
                 gate=lambda op, key: t.gc_state(key) in (None, "reset"),
             )
         if phase == "apply":  # phase 2: the manifest write that applies it, or its marker
@@ -420,7 +434,7 @@ def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultR
                 return GatedRule(
                     kind,
                     ops={"put"},
-                    key_regex=r"^logs/[^/]+/manifest/MANIFEST$",  # type: ignore[arg-type]
+                    key_regex=keys.in_collection_log(keys.MANIFEST),
                     after=0,
                     times=1,
                     gate=lambda op, key: t.gc_state(key) == "plan",
@@ -430,14 +444,14 @@ def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultR
                 ops={"put"},
                 key_regex=logs_garbage,
                 after=after,
-                times=1,  # type: ignore[arg-type]
+                times=1,
                 gate=lambda op, key: t.gc_state(key) == "plan",
             )
         if phase == "delete":  # phase 3: deleting fragments and snapshots
             return GatedRule(
                 kind,
                 ops={"delete"},
-                key_regex=r"^logs/[^/]+/(log|snapshot)/",  # type: ignore[arg-type]
+                key_regex=keys.in_collection_log(keys.either(keys.FRAGMENT, keys.SNAPSHOT)),
                 after=after,
                 times=1,
                 gate=lambda op, key: t.gc_state(key) == "applied",
@@ -448,7 +462,7 @@ def _gc_crash(phase: str) -> Callable[[random.Random, PhaseTracker, int], FaultR
             ops={"put"},
             key_regex=logs_garbage,
             after=after,
-            times=1,  # type: ignore[arg-type]
+            times=1,
             gate=lambda op, key: t.gc_state(key) == "applied",
         )
 
@@ -470,7 +484,7 @@ def plan_crash_gc(phase: str) -> Callable[[int, bool], StorePlan]:
 
 def _rollup_crash(step: str) -> Callable[[random.Random, PhaseTracker, int], FaultRule]:
     def make(rng: random.Random, t: PhaseTracker, i: int) -> FaultRule:
-        kind = rng.choice(("crash_before", "crash_after"))
+        kind = rng.choice(_CRASHES)
 
         def rolling(op: str, key: str) -> bool:
             return t.rollups_in_flight > 0
@@ -479,7 +493,7 @@ def _rollup_crash(step: str) -> Callable[[random.Random, PhaseTracker, int], Fau
             return GatedRule(
                 "crash_before",
                 ops={"get"},
-                key_regex=r"^dirty/[^/]+/log/Bucket=",
+                key_regex=keys.in_dirty_log(keys.FRAGMENT),
                 after=rng.randint(0, 2),
                 times=1,
                 gate=rolling,
@@ -487,27 +501,27 @@ def _rollup_crash(step: str) -> Callable[[random.Random, PhaseTracker, int], Fau
         if step == "append":  # re-appending the still-dirty collections
             return GatedRule(
                 kind,
-                ops={"put"},  # type: ignore[arg-type]
-                key_regex=r"^dirty/[^/]+/(log/Bucket=|manifest/MANIFEST$)",
+                ops={"put"},
+                key_regex=keys.in_dirty_log(keys.either(keys.FRAGMENT, keys.MANIFEST)),
                 after=rng.randint(0, 1),
                 times=1,
                 gate=lambda op, key: (
-                    rolling(op, key) and t.rollup.get("/".join(key.split("/")[:2])) == "loaded"
+                    rolling(op, key) and t.rollup.get(keys.log_of(key)) == "loaded"
                 ),
             )
         if step == "cursor":  # moving the stable_prefix cursor past the window
             return GatedRule(
                 kind,
                 ops={"put"},
-                key_regex=r"cursor/stable_prefix\.json$",  # type: ignore[arg-type]
+                key_regex=keys.cursor(ROLLUP_CURSOR),
                 after=rng.randint(0, 2),
                 times=1,
             )
         assert step == "gc"  # the dirty log's own garbage collection
         return GatedRule(
             kind,
-            ops={"put", "delete"},  # type: ignore[arg-type]
-            key_regex=r"^dirty/[^/]+/(gc/GARBAGE$|log/|snapshot/)",
+            ops={"put", "delete"},
+            key_regex=keys.in_dirty_log(keys.either(keys.GARBAGE, keys.FRAGMENT, keys.SNAPSHOT)),
             after=rng.randint(0, 3),
             times=1,
             gate=lambda op, key: op == "put" or t.gc_state(key) == "applied",
@@ -781,6 +795,40 @@ def _compactor_env() -> dict[str, str]:
     return env
 
 
+def _start_logged(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a compactor in a session of its own (so its Spark JVM dies with a killpg), its
+    output in ``log``."""
+    with open(log, "wb") as out:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            cmd,
+            env=_compactor_env(),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _run_logged(cmd: list[str], log: Path) -> int:
+    """Run a compactor to completion, its output in ``log``; its exit status."""
+    with open(log, "wb") as out:
+        return subprocess.run(
+            cmd, env=_compactor_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=900
+        ).returncode
+
+
+async def _state(run: Run, coll: Collection) -> dict[str, Any]:
+    """A collection's log state (from a random host, with the service key)."""
+    r = await service_call(run, "GET", coll.path)
+    assert r is not None and r.status_code == 200, r and r.text
+    return dict(r.json())
+
+
+async def _states(run: Run, colls: list[Collection]) -> dict[str, dict[str, Any]]:
+    """Every collection's log state, by collection id."""
+    return {c.cid: await _state(run, c) for c in colls}
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -822,11 +870,11 @@ def _check_compacted(
 
     from verify.oracle import reference_fold
 
-    cur_path = store / "compacted" / coll.cid / "CURRENT.json"
+    cur_path = store / paths.current_key(coll.cid)  # LocalStore: a key is a path
     cursor = int(state["compaction_offset"])
     if not cur_path.exists():
         if cursor > 1:
-            run.violation(f"{coll.cid}: compaction cursor {cursor} but no CURRENT.json")
+            run.violation(f"{coll.cid}: compaction cursor {cursor} but no {paths.CURRENT_NAME}")
         if complete:
             run.violation(f"{coll.cid}: never compacted")
         return None
@@ -835,10 +883,12 @@ def _check_compacted(
         offset = int(current["offset"])
         table = pq.read_table(store / current["path"])
     except Exception as e:
-        run.violation(f"{coll.cid}: CURRENT.json unusable: {e!r}")
+        run.violation(f"{coll.cid}: {paths.CURRENT_NAME} unusable: {e!r}")
         return None
     if cursor > offset:
-        run.violation(f"{coll.cid}: cursor {cursor} is ahead of CURRENT.json offset {offset}")
+        run.violation(
+            f"{coll.cid}: cursor {cursor} is ahead of {paths.CURRENT_NAME} offset {offset}"
+        )
     if complete and not (cursor == offset == int(state["next_offset"])):
         run.violation(
             f"{coll.cid}: after the final round cursor={cursor} CURRENT={offset} "
@@ -908,16 +958,9 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         phases["initial_load"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         await service_call(run, "POST", "/v1/dirty/rollup")
-        out = open(logdir / "compactor-1.log", "wb")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            _compactor_cmd(host.url, store),
-            env=_compactor_env(),
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        proc = await asyncio.to_thread(
+            _start_logged, _compactor_cmd(host.url, store), logdir / "compactor-1.log"
         )
-        out.close()
         killed = False
         try:
 
@@ -948,7 +991,7 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
             "current_json": currents,
         }
         # The state the kill left behind is consistent already.
-        states = {c.cid: (await service_call(run, "GET", c.path)).json() for c in colls}  # type: ignore[union-attr]
+        states = await _states(run, colls)
         for c in colls:
             recs = await _read_full(run, c, host.url)
             _check_compacted(run, store, c, states[c.cid], recs, complete=False)
@@ -957,19 +1000,14 @@ async def scenario_compactor_kill(seed: int, quick: bool, workdir: Path, opts: O
         # Rerun to completion on a quiet log host.
         await service_call(run, "POST", "/v1/dirty/rollup")
         for attempt in range(3):
-            with open(logdir / f"compactor-{attempt + 2}.log", "wb") as out2:
-                done = await asyncio.to_thread(
-                    subprocess.run,
-                    _compactor_cmd(host.url, store),
-                    env=_compactor_env(),
-                    cwd=ROOT,
-                    stdout=out2,
-                    stderr=subprocess.STDOUT,
-                    timeout=900,
-                )
-            if done.returncode != 0:
-                run.violation(f"compactor rerun {attempt + 1} exited {done.returncode}")
-            states = {c.cid: (await service_call(run, "GET", c.path)).json() for c in colls}  # type: ignore[union-attr]
+            code = await asyncio.to_thread(
+                _run_logged,
+                _compactor_cmd(host.url, store),
+                logdir / f"compactor-{attempt + 2}.log",
+            )
+            if code != 0:
+                run.violation(f"compactor rerun {attempt + 1} exited {code}")
+            states = await _states(run, colls)
             if all(s["compaction_offset"] == s["next_offset"] for s in states.values()):
                 break
             await service_call(run, "POST", "/v1/dirty/rollup")
@@ -1042,7 +1080,7 @@ async def scenario_compaction_invariants(
     logdir.mkdir(parents=True, exist_ok=True)
     # c2 ran once long ago and is gone for good: only its stale liveness record is left.
     await LocalStore(store).put(
-        "compactors/live/c2.json", json.dumps({"member_id": "c2", "at": 0.0}).encode()
+        paths.live_key("c2"), json.dumps({"member_id": "c2", "at": 0.0}).encode()
     )
     rounds = 0
 
@@ -1050,17 +1088,11 @@ async def scenario_compaction_invariants(
         nonlocal rounds
         rounds += 1
         await service_call(run, "POST", "/v1/dirty/rollup")
-        with open(logdir / f"compactor-{rounds}.log", "wb") as out:
-            done = await asyncio.to_thread(
-                subprocess.run,
-                _compactor_cmd_members(host.url, store, "c1,c2"),
-                env=_compactor_env(),
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=900,
-            )
-        return done.returncode
+        return await asyncio.to_thread(
+            _run_logged,
+            _compactor_cmd_members(host.url, store, "c1,c2"),
+            logdir / f"compactor-{rounds}.log",
+        )
 
     forks: list[tuple[Collection, Collection]] = []
     tampered = Collection("alice", str(uuid.UUID(int=rng.getrandbits(128), version=4)))
@@ -1105,7 +1137,7 @@ async def scenario_compaction_invariants(
         r = await service_call(run, "POST", "/v1/dirty/rollup")
         dirty = {e["collection_id"] for e in (r.json()["logs"] if r is not None else [])}
         for _src, tgt in forks:
-            st = (await service_call(run, "GET", tgt.path)).json()  # type: ignore[union-attr]
+            st = await _state(run, tgt)
             if int(st["next_offset"]) > int(st["compaction_offset"]) and tgt.cid not in dirty:
                 run.violation(f"fork {tgt.cid} has uncompacted records but is in no dirty set")
         # A collection whose only fragment is rewritten after it was written.
@@ -1116,7 +1148,8 @@ async def scenario_compaction_invariants(
             json={"records": [{"id": "doc", "op": "upsert", "document": "original"}]},
         )
         assert r is not None and r.status_code == 200, r and r.text
-        frag = next((store / "logs" / tampered.cid / "log").rglob("*.parquet"))
+        # Its first and only fragment (LocalStore: a key is a path).
+        frag = store / paths.join(paths.log_prefix(tampered.cid), paths.fragment_path(1))
         _tamper_fragment(frag)
         run.events["tampered_fragment"] += 1
         run.stop.set()
@@ -1125,10 +1158,7 @@ async def scenario_compaction_invariants(
         everyone = list(colls) + [t for _s, t in forks]
         for _attempt in range(4):
             await compactor_round()  # exits 1: the tampered collection fails, by design
-            states = {
-                c.cid: (await service_call(run, "GET", c.path)).json()  # type: ignore[union-attr]
-                for c in everyone
-            }
+            states = await _states(run, everyone)
             if all(s["compaction_offset"] == s["next_offset"] for s in states.values()):
                 break
         result.notes["compactor_rounds"] = rounds
@@ -1145,7 +1175,7 @@ async def scenario_compaction_invariants(
                 if int(r["offset"]) < int(st["oldest_offset"])
             ]
             _check_compacted(run, store, tgt, st, below + own, complete=True)
-        if (store / "compacted" / tampered.cid / "CURRENT.json").exists():
+        if (store / paths.current_key(tampered.cid)).exists():
             run.violation(f"{tampered.cid}: a tampered fragment was compacted")
         r = await service_call(run, "GET", tampered.path + "/records", params={"from": 1})
         if r is None or r.status_code != 500 or r.json()["error"]["code"] != "corrupt_fragment":

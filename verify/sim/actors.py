@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from verify.testkit import wait_until
 from wal3.cursors import COMPACTION, CursorStore
 from wal3.errors import (
     Backpressure,
@@ -32,8 +34,9 @@ from wal3.errors import (
 )
 from wal3.fork import fork_log
 from wal3.gc import Garbage, GarbageCollector, GcOptions, pin_cursor
-from wal3.layout import GARBAGE_PATH, join, load_manifest
+from wal3.layout import load_manifest
 from wal3.manifest import Manifest
+from wal3.paths import CURSOR_PREFIX, GARBAGE_PATH, MANIFEST_PATH, join
 from wal3.reader import Limits, LogReader
 from wal3.writer import FragmentInfo, LogWriter, LogWriterOptions
 
@@ -54,7 +57,7 @@ PIN_LATENCY = Latency(
     p_stall=0.05,
     pause=(0.2, 1.0),
     p_pause=0.3,
-    pause_after=("/cursor/",),
+    pause_after=("/" + CURSOR_PREFIX,),
     pause_before=("get",),
 )
 EMERGENCY = ("emergency0", "emergency1", "emergency2")
@@ -420,8 +423,8 @@ class World:
         while not self.finishing:
             if not slot.busy:
                 slot.start()
-            while slot.busy:  # a pass of a process that died is abandoned, never awaited
-                await asyncio.sleep(0.1)
+            # A pass of a process that died is abandoned, never awaited: poll (virtual time).
+            await wait_until(lambda: not slot.busy, "the collector's pass", math.inf, 0.1)
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
 
     def gc_all(self) -> None:
@@ -447,7 +450,7 @@ class World:
         assert slot.actor is not None
         slot.running = slot.actor
         # (A log whose first writer has not created it yet is no failure of the collector.)
-        exists = self.sim.objects.get(join(PREFIX, "manifest/MANIFEST")) is not None
+        exists = self.sim.objects.get(join(PREFIX, MANIFEST_PATH)) is not None
         name = slot.actor.name
         quiet = self.quiet  # a pass that began amid faults may still end in one
         self.model.gc_started[name] = self.loop.time()
@@ -594,7 +597,7 @@ class World:
                 continue
             seen = obj.etag
             floor = self._pending_cut()
-            mobj = self.sim.objects.get(join(PREFIX, "manifest/MANIFEST"))
+            mobj = self.sim.objects.get(join(PREFIX, MANIFEST_PATH))
             m = Manifest.from_bytes(mobj.data) if mobj is not None else None
             if (
                 floor is None

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+from wal3.paths import LOG_PREFIX, MANIFEST_PATH, join
+
+from .actors import PREFIX
 from .config import make_config
 from .run import RunResult
 
@@ -17,6 +20,8 @@ _ONTO_EMPTY = re.compile(
     r"(w[\d.]+) onto a root GC emptied\)"
 )
 _WRITER_CRASH = re.compile(r" w\d+\.\d+ CRASH ")
+_FRAGMENT_PUT = f" put {join(PREFIX, LOG_PREFIX)}"  # the trace's line of a fragment upload
+_MANIFEST_PUT = re.compile(r" (gcb?\.\d+) put " + re.escape(join(PREFIX, MANIFEST_PATH)) + " -> ok")
 
 BUGS: dict[int, str] = {
     1: "an acknowledged append is written twice (hook fails, also during read repair)",
@@ -75,7 +80,7 @@ def _only_uploads_failed(r: RunResult) -> bool:
             break
         if _WRITER_CRASH.search(line) or " hook fails " in line:
             return False
-        if " put log0/log/" in line and "503 sticky" in line:
+        if _FRAGMENT_PUT in line and "503 sticky" in line:
             sticky = True
     return sticky
 
@@ -90,7 +95,7 @@ def _discarded_by_another(r: RunResult) -> bool:
         m = re.search(r" (gcb?\.\d+) -> discarded .*a cursor now pins", line)
         if m:
             discarder = m.group(1)
-        m = re.search(r" (gcb?\.\d+) put log0/manifest/MANIFEST -> ok", line)
+        m = _MANIFEST_PUT.search(line)
         if discarder is not None and m and m.group(1) != discarder:
             return True
     return discarder is not None

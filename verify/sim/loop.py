@@ -13,11 +13,12 @@ import selectors
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 from wal3.clock import Clock
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 # Virtual wall time starts at a fixed instant so timestamps are the same in every replay.
 BASE_WALL_S = 1_700_000_000.0
@@ -77,13 +78,13 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.iterations += 1
         if self.iterations > self._budget:
             raise Livelock(f"{self._budget} loop iterations at virtual time {self.time():.3f}")
-        super()._run_once()  # type: ignore[misc]
+        super()._run_once()  # type: ignore[misc]  # private to BaseEventLoop: not in typeshed
 
     def time(self) -> float:
         return self._vsel.now
 
     def run_in_executor(
-        self, executor: Executor | None, func: Callable[..., T], *args: Any
+        self, executor: Executor | None, func: Callable[[*Ts], T], *args: *Ts
     ) -> asyncio.Future[T]:
         fut: asyncio.Future[T] = self.create_future()
         try:
@@ -100,7 +101,7 @@ class VirtualClock(Clock):
     loop: SimLoop
 
     def wall_us(self) -> int:
-        return int(round((BASE_WALL_S + self.loop.time()) * 1_000_000))
+        return round((BASE_WALL_S + self.loop.time()) * 1_000_000)
 
     def monotonic(self) -> float:
         return self.loop.time()

@@ -33,10 +33,18 @@ from dataclasses import dataclass, field
 
 from wal3.cursors import Cursor
 from wal3.errors import CorruptFragment, CorruptManifest, GarbageRejected
-from wal3.fragment import DecodedFragment, decode_fragment, parse_fragment_path
+from wal3.fragment import DecodedFragment, decode_fragment
 from wal3.gc import Garbage
-from wal3.layout import CURSOR_PREFIX, GARBAGE_PATH, join
-from wal3.manifest import MANIFEST_PATH, FragmentPointer, Manifest, Snapshot
+from wal3.manifest import FragmentPointer, Manifest, Snapshot
+from wal3.paths import (
+    CURSOR_PREFIX,
+    GARBAGE_PATH,
+    LOG_PREFIX,
+    MANIFEST_PATH,
+    SNAPSHOT_PREFIX,
+    join,
+    parse_fragment_path,
+)
 from wal3.writer import AppendResult
 
 from .store import Actor, Obj
@@ -345,12 +353,12 @@ class Model:
         if key.startswith(join(self.prefix, CURSOR_PREFIX)):
             self.cursor_hist.setdefault(key, []).append((self.now(), None))
             return
-        if key.startswith((join(self.prefix, "log/"), join(self.prefix, "snapshot/"))):
+        if key.startswith((join(self.prefix, LOG_PREFIX), join(self.prefix, SNAPSHOT_PREFIX))):
             self._check_grace(actor, key, self.linked.get((key, old.etag)))
         rng = self.linked.get((key, old.etag))
         if rng is None:
             return
-        prefix = next((p for p in self.logs if key.startswith(join(p, "log/"))), None)
+        prefix = next((p for p in self.logs if key.startswith(join(p, LOG_PREFIX))), None)
         if prefix is None:
             return
         cursors = self.cursors_now(prefix)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .run import RunResult, run_seed, run_seeds
 
@@ -76,11 +77,9 @@ class Summary:
             "| faults injected | count |",
             "|---|---:|",
         ]
-        for k in sorted(self.faults):
-            lines.append(f"| {k} | {self.faults[k]} |")
+        lines.extend(f"| {k} | {self.faults[k]} |" for k in sorted(self.faults))
         lines += ["", "| actions | count |", "|---|---:|"]
-        for k in sorted(self.stats):
-            lines.append(f"| {k} | {self.stats[k]} |")
+        lines.extend(f"| {k} | {self.stats[k]} |" for k in sorted(self.stats))
         lines.append("")
         if self.failures:
             by_check: dict[str, list[int]] = collections.defaultdict(list)
@@ -116,7 +115,7 @@ class Ledger:
         self.path = path
         self.first, self.last = first, last
         self.commit = source_commit()
-        self.done: dict[int, dict[str, object]] = {}
+        self.done: dict[int, dict[str, Any]] = {}  # parsed JSON lines
         self.sittings = 1
         if path.exists():
             lines = path.read_text().splitlines()
@@ -167,15 +166,15 @@ class Ledger:
     def replay_into(self, summary: Summary) -> None:
         """Add the recorded chunks' totals to ``summary`` (re-running their failing seeds)."""
         for entry in self.done.values():
-            summary.seeds += int(entry["seeds"])  # type: ignore[call-overload]
-            summary.steps += int(entry["steps"])  # type: ignore[call-overload]
-            summary.ops += int(entry["ops"])  # type: ignore[call-overload]
-            summary.virtual_s += float(entry["virtual_s"])  # type: ignore[arg-type]
+            summary.seeds += int(entry["seeds"])
+            summary.steps += int(entry["steps"])
+            summary.ops += int(entry["ops"])
+            summary.virtual_s += float(entry["virtual_s"])
             # The chunks of a sitting ran ``jobs`` at a time: their seeds' time over ``jobs``.
-            summary.wall_s += float(entry["wall_s"]) / max(1, summary.jobs)  # type: ignore[arg-type]
-            summary.faults.update(entry["faults"])  # type: ignore[arg-type]
-            summary.stats.update(entry["stats"])  # type: ignore[arg-type]
-            for seed in entry["failing"]:  # type: ignore[attr-defined]
+            summary.wall_s += float(entry["wall_s"]) / max(1, summary.jobs)
+            summary.faults.update(entry["faults"])
+            summary.stats.update(entry["stats"])
+            for seed in entry["failing"]:
                 summary.failures.append(run_seed(int(seed)))
 
 
@@ -194,10 +193,6 @@ def source_commit() -> str:
     return f"{head}+modified" if dirty else head
 
 
-def _chunks(a: int, b: int) -> list[list[int]]:
-    return [list(range(i, min(b, i + CHUNK))) for i in range(a, b, CHUNK)]
-
-
 def _results(chunks: list[list[int]], jobs: int) -> Iterator[tuple[list[int], list[RunResult]]]:
     if jobs <= 1:
         for c in chunks:
@@ -205,7 +200,7 @@ def _results(chunks: list[list[int]], jobs: int) -> Iterator[tuple[list[int], li
         return
     ctx = multiprocessing.get_context("spawn")  # pyarrow threads: never fork
     with ctx.Pool(jobs) as pool:
-        yield from zip(chunks, pool.imap(run_seeds, chunks))
+        yield from zip(chunks, pool.imap(run_seeds, chunks), strict=True)
         pool.terminate()
 
 

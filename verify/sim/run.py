@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from wal3.cursors import COMPACTION
 from wal3.errors import GarbageRejected
 from wal3.gc import Garbage
-from wal3.layout import GARBAGE_PATH, join
+from wal3.paths import GARBAGE_PATH, MANIFEST_PATH, join
 from wal3.scrub import scrub_log
 
 from . import loop as simloop
@@ -73,14 +73,14 @@ class _Trace:
 
 
 async def _with_timeout(
-    world: World, what: str, aw: asyncio.Future[object] | asyncio.Task[object], timeout: float
+    world: World, what: str, aw: asyncio.Future[object] | asyncio.Task[object], limit_s: float
 ) -> bool:
     try:
-        await asyncio.wait_for(asyncio.shield(aw), timeout)
+        await asyncio.wait_for(asyncio.shield(aw), limit_s)
         return True
     except TimeoutError:
         world.model.violate(
-            "liveness", f"{what} did not finish within {timeout}s after the faults stopped"
+            "liveness", f"{what} did not finish within {limit_s}s after the faults stopped"
         )
         return False
     except Exception:
@@ -92,6 +92,7 @@ def _choose(world: World, step: int) -> None:
     if cfg.seal_at is not None and step == cfg.seal_at:
         world.seal()
         return
+    actions: tuple[tuple[str, float], ...]
     if world.quiet:
         actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1), ("pin", cfg.pin_w / 3))
     else:
@@ -165,8 +166,7 @@ async def _enter_quiet(world: World) -> None:
             world.trace(f"{actor.name} closed")
     for s in world.writers:
         s.writer = None
-    w = await world.writers[0].open()
-    if w is None:
+    if await world.writers[0].open() is None:
         world.model.violate("liveness", "no writer could open after the faults stopped")
     if await world.cursors.load(COMPACTION) is None:
         await world.set_cursor(COMPACTION, tail=False)
@@ -242,7 +242,7 @@ async def _finish(world: World) -> None:
             await _with_timeout(world, "a final append", t, 60.0)
     world.model.check()
     for prefix in list(world.model.logs):
-        if world.sim.objects.get(join(prefix, "manifest/MANIFEST")) is None:
+        if world.sim.objects.get(join(prefix, MANIFEST_PATH)) is None:
             continue
         report = await scrub_log(world.reader_view, prefix)
         if not report.ok:

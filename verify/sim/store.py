@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
 from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable, Wal3Error
+from wal3.paths import CURSOR_PREFIX, GARBAGE_PATH
 from wal3.store import GetResult, ObjectMeta, ObjectStore, check_condition, content_etag
 
 from .loop import SimLoop, wall_s
@@ -68,7 +70,7 @@ class Latency:
     # first operation of a kind in ``pause_before`` on another key after control operations.
     p_pause: float = 0.0
     pause: tuple[float, float] = (0.3, 2.5)
-    pause_after: tuple[str, ...] = ("/cursor/", "/gc/GARBAGE")
+    pause_after: tuple[str, ...] = ("/" + CURSOR_PREFIX, "/" + GARBAGE_PATH)
     pause_before: tuple[str, ...] = ("put", "delete")
 
 
@@ -248,7 +250,7 @@ class SimStore:
         if not actor.alive and not lands:
             self.trace(f"#{op_id} {actor.name} {kind} {key}: lost with its process")
             await self._forever(actor)
-        result: T | None = None
+        landed: list[T] = []  # what ``apply`` returned, once it ran
         error: Wal3Error | None = None
         if fault in ("before", "sticky"):
             error = StoreUnavailable(f"simulated 503 ({fault}) on {kind} {key}")
@@ -266,7 +268,7 @@ class SimStore:
             outcome = "409 concurrent"
         else:
             try:
-                result = apply()
+                landed.append(apply())
                 outcome = "ok"
             except (ObjectNotFound, PreconditionFailed) as e:
                 error = e
@@ -284,7 +286,7 @@ class SimStore:
             raise StoreUnavailable(f"simulated lost answer to {kind} {key}")
         if error is not None:
             raise error
-        return result  # type: ignore[return-value]
+        return landed[0]
 
     # ------------------------------------------------------------------- the truth, applied
 
@@ -368,12 +370,12 @@ class ActorView(ObjectStore):
 
     async def list(
         self, prefix: str, *, start_after: str | None = None
-    ) -> AsyncIterator[ObjectMeta]:  # type: ignore[override]
+    ) -> AsyncIterator[ObjectMeta]:
         after = start_after
         while True:
             page = await self.sim.op(
-                self.actor, "list", prefix, lambda a=after: self.sim.do_list(prefix, a)
-            )  # type: ignore[misc]
+                self.actor, "list", prefix, functools.partial(self.sim.do_list, prefix, after)
+            )
             for meta in page:
                 yield meta
             if len(page) < LIST_PAGE:

@@ -7,17 +7,19 @@ a report is made on.  Nothing here imports ``tests/``; everything binds 127.0.0.
 
 from .machine import command_line, machine_info
 from .polling import wait_until, wait_until_sync
-from .ports import free_port
+from .ports import accepts_connections, free_port, wait_for_port
 from .redis_server import RedisServer, redis_executable
 from .uvicorn_server import QuietUvicorn
 
 __all__ = [
     "QuietUvicorn",
     "RedisServer",
+    "accepts_connections",
     "command_line",
     "free_port",
     "machine_info",
     "redis_executable",
+    "wait_for_port",
     "wait_until",
     "wait_until_sync",
 ]

@@ -21,7 +21,8 @@ def redis_executable() -> str | None:
 
 
 class RedisServer:
-    """redis-server on a fixed loopback port, without persistence.
+    """redis-server on a fixed loopback port, without persistence (``durable``: every write is
+    appended to its AOF and fsynced before the answer, the benchmarks' durable peer).
 
     ``stop()`` kills it, so a ``start()`` afterwards is a restart with nothing in memory: the case
     the advisory leader hint must survive.  ``pause()`` (SIGSTOP) leaves connections accepted by
@@ -29,7 +30,12 @@ class RedisServer:
     """
 
     def __init__(
-        self, workdir: Path, port: int | None = None, executable: str | None = None
+        self,
+        workdir: Path,
+        port: int | None = None,
+        executable: str | None = None,
+        *,
+        durable: bool = False,
     ) -> None:
         exe = executable or redis_executable()
         if exe is None:
@@ -38,6 +44,7 @@ class RedisServer:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.workdir = workdir
+        self.durable = durable
         self.proc: subprocess.Popen[bytes] | None = None
         self.stops = 0
 
@@ -66,8 +73,11 @@ class RedisServer:
                     "127.0.0.1",
                     "--save",
                     "",
-                    "--appendonly",
-                    "no",
+                    *(
+                        ("--appendonly", "yes", "--appendfsync", "always")
+                        if self.durable
+                        else ("--appendonly", "no")
+                    ),
                     "--dir",
                     str(self.workdir),
                 ],
