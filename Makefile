@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STORE  ?= ./data/loghost
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test test-fast bench reliability mutation deps redis promtool clean sim sim-long
+.PHONY: run test test-fast lint bench reliability mutation deps redis promtool clean sim sim-long
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ run: $(STAMP)
 # its servers).  `pytest -q` alone runs the same suite in one process.
 test: $(STAMP) redis promtool
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+
+# Lint and types, as configured in pyproject.toml: ruff (rules and format) over the tree, mypy over
+# the packages and tools (wal3 strict).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP) redis
 	$(PY) -m bench
