@@ -25,9 +25,7 @@ from wal3.paths import (
     join,
     log_prefix,
 )
-from wal3.paths import (
-    dirty_prefix as dirty_prefix,  # also imported from here (tests, tools)
-)
+from wal3.paths import dirty_prefix as dirty_prefix  # re-exported: tests and tools use it
 
 from .forks import claim_ttl_s
 

@@ -61,9 +61,9 @@ from wal3.fork import fork_log
 from wal3.layout import load_manifest
 from wal3.manifest import Manifest
 from wal3.paths import (  # the compactor's layout (compactor_client.versions writes it)
-    compacted_prefix as compacted_prefix,  # also imported from here (tests, tools)
+    compacted_prefix,
     copied_compacted_key,
-    current_key as current_key,
+    current_key,
 )
 from wal3.store import put_resolving
 

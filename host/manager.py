@@ -48,9 +48,7 @@ from wal3.manifest import Manifest
 from wal3.paths import (
     TENANT_PATH,
     join,
-)
-from wal3.paths import (
-    log_prefix as log_prefix,  # also imported from here (tests, tools)
+    log_prefix,  # also imported from here (tests, tools)
 )
 from wal3.writer import FragmentHook, FragmentInfo
 
