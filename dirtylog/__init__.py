@@ -2,23 +2,28 @@
 
 Every fragment written to a collection log appends one 48-byte ``mark_dirty`` record
 (:class:`DirtyLogHook`) to the server's own dirty log; :class:`RollUp` periodically coalesces that
-log into an in-memory dirty set that compactors pull (:meth:`RollUp.select`).  Everything here is
+log into an in-memory dirty set that compactors pull (:meth:`RollUp.select`): each pass folds what
+was appended since the last one and relogs a bounded window at the log's head, so its cost follows
+new marks, not the size of the set.  Everything here is
 written against the abstract :class:`DirtyLogBackend` / :class:`CompactionOffsets` protocols.
 """
 
 from .backend import CompactionOffsets, DirtyLogBackend, LogTails
-from .errors import DirtyLogError
+from .dirtyset import DirtySet
+from .errors import DirtyLogError, RollUpError
 from .hook import DirtyLogHook, epoch_us
 from .memory import MemoryCompactionOffsets, MemoryLogBackend, MemoryLogTails
 from .record import RECORD_SIZE, DirtyRecord, DirtyRecordError, RecordKind
 from .rollup import (
     CURSOR_NAME,
+    DEFAULT_COMPACTION_LOOKUPS,
     DEFAULT_ROLLUP_INTERVAL_S,
+    DEFAULT_TAIL_LOOKUPS,
+    DEFAULT_WINDOW_RECORDS,
     Coalesced,
     HandOverResult,
     InspectedRecord,
     RollUp,
-    RollUpError,
     RollUpResult,
     coalesce,
     hand_over,
@@ -28,7 +33,10 @@ from .selection import DirtyEntry, missing_from_dirty_set, score, select_entries
 
 __all__ = [
     "CURSOR_NAME",
+    "DEFAULT_COMPACTION_LOOKUPS",
     "DEFAULT_ROLLUP_INTERVAL_S",
+    "DEFAULT_TAIL_LOOKUPS",
+    "DEFAULT_WINDOW_RECORDS",
     "RECORD_SIZE",
     "Coalesced",
     "CompactionOffsets",
@@ -38,6 +46,7 @@ __all__ = [
     "DirtyLogHook",
     "DirtyRecord",
     "DirtyRecordError",
+    "DirtySet",
     "HandOverResult",
     "InspectedRecord",
     "LogTails",

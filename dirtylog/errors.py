@@ -13,3 +13,8 @@ from __future__ import annotations
 
 class DirtyLogError(Exception):
     """Base class of every error the dirty log defines (a bad record, a broken contract)."""
+
+
+class RollUpError(DirtyLogError):
+    """The dirty log violated its contract (a gap, or a short read before the end), or a roll-up
+    was about to move its cursor past a record a dirty collection still depends on."""

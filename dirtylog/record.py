@@ -11,6 +11,11 @@ Layout (all integers little-endian)::
     45     version                     u8 = 1
     46-47  reserved                    zero
 
+A clear names what a compaction moved: ``collection_id`` is compacted below ``log_position`` (the
+compaction cursor the host was told, ``POST .../compaction``; ``num_records`` and
+``reinsert_count`` are 0).  A clear with the nil UUID and a zero position is a checkpoint: a
+roll-up that found nothing left dirty (the only clear before issue 24, which every reader ignores).
+
 Decoding is strict: any deviation is a :class:`DirtyRecordError`, never a silently skipped record,
 because a skipped mark would drop a dirty collection.
 """
@@ -90,8 +95,22 @@ class DirtyRecord:
 
     @classmethod
     def clear(cls, now_us: int) -> DirtyRecord:
-        """A clear record: a roll-up found nothing left dirty (nil UUID, zero fields)."""
+        """A checkpoint clear: a roll-up found nothing left dirty (nil UUID, zero fields)."""
         return cls(NIL_UUID, 0, 0, now_us, 0, RecordKind.CLEAR)
+
+    @classmethod
+    def compacted(cls, collection_id: uuid.UUID, offset: int, now_us: int) -> DirtyRecord:
+        """A clear naming a collection: everything below ``offset`` is compacted."""
+        if collection_id == NIL_UUID:
+            raise DirtyRecordError("a compaction clear names a collection, not the nil UUID")
+        if offset < 1:
+            raise DirtyRecordError(f"compaction offset must be >= 1, got {offset}")
+        return cls(collection_id, offset, 0, now_us, 0, RecordKind.CLEAR)
+
+    @property
+    def is_checkpoint(self) -> bool:
+        """A clear that names no collection (a roll-up's checkpoint): it changes nothing."""
+        return self.kind == RecordKind.CLEAR and self.collection_id == NIL_UUID
 
     # -------------------------------------------------------------------------------------- codec
 

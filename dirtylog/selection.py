@@ -15,7 +15,8 @@ fresh small ones and breaks ties between equal sizes and ages.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -73,22 +74,29 @@ def select_entries(
     """Up to ``limit`` qualifying entries, highest score (computed at ``now_us``) first.
 
     An entry qualifies when ``num_records >= min_records``, or it waited more than ``max_age_s``
-    since its first insertion, or it was re-inserted more than ``max_reinserts`` times.
+    since its first insertion, or it was re-inserted more than ``max_reinserts`` times.  Only the
+    chosen entries are rescored as objects: O(entries × log limit), no sort of the whole set.
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    chosen: list[DirtyEntry] = []
-    for entry in entries:
-        age_s = (now_us - entry.first_insertion_us) / 1e6
-        if (
-            entry.num_records >= min_records
-            or (max_age_s is not None and age_s > max_age_s)
-            or (max_reinserts is not None and entry.reinsert_count > max_reinserts)
-        ):
-            chosen.append(entry.rescored(now_us))
-    # Deterministic order: score, then older, then id, so equal scores do not flap between pulls.
-    chosen.sort(key=lambda e: (-e.score, e.first_insertion_us, e.collection_id.bytes))
-    return chosen[:limit]
+    if limit == 0:
+        return []
+
+    def keyed() -> Iterator[tuple[float, int, int, DirtyEntry]]:
+        for entry in entries:
+            n, first, r = entry.num_records, entry.first_insertion_us, entry.reinsert_count
+            age_us = now_us - first
+            if (
+                n >= min_records
+                or (max_age_s is not None and age_us / 1e6 > max_age_s)
+                or (max_reinserts is not None and r > max_reinserts)
+            ):
+                # score(), inlined (the same operations, so the same float); then older, then
+                # id, so equal scores do not flap between pulls.
+                s = n * (1.0 + (age_us if age_us > 0 else 0) / 1e6 / AGE_SCALE_S) + r
+                yield (-s, first, entry.collection_id.int, entry)
+
+    return [entry.rescored(now_us) for *_, entry in heapq.nsmallest(limit, keyed())]
 
 
 def missing_from_dirty_set(
@@ -102,7 +110,9 @@ def missing_from_dirty_set(
     legitimately not rolled up yet, and compactions during the run may legitimately drop entries.
     Its size is the metric ``loghost_dirty_untracked_collections``; anything but 0 is a bug.
     """
-    present = set(entries) if isinstance(entries, Mapping) else {e.collection_id for e in entries}
+    present: Mapping[UUID, object] | set[UUID] = (
+        entries if isinstance(entries, Mapping) else {e.collection_id for e in entries}
+    )
     return {
         cid
         for cid, (next_off, compacted) in known.items()

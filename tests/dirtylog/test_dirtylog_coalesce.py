@@ -91,7 +91,7 @@ def test_carrying_the_result_forward_preserves_it(
         )
         for c, s in first.items()
     ]
-    for window in (carried, records + carried, records + [DirtyRecord.clear(now)] + carried):
+    for window in (carried, records + carried, [*records, DirtyRecord.clear(now), *carried]):
         again = coalesce(window, compacted)
         assert {c: (s.start, s.limit, s.first_insertion_us) for c, s in again.items()} == {
             c: (s.start, s.limit, s.first_insertion_us) for c, s in first.items()
@@ -103,13 +103,13 @@ def test_carrying_the_result_forward_preserves_it(
 def test_a_mark_after_a_purge_is_never_dropped(
     records: list[DirtyRecord], c: uuid.UUID, pos: int, n: int
 ) -> None:
-    window = records + [DirtyRecord.purge(c, 0), DirtyRecord.mark(c, pos, n, 5)]
+    window = [*records, DirtyRecord.purge(c, 0), DirtyRecord.mark(c, pos, n, 5)]
     got = coalesce(window)
     assert got[c] == Coalesced(pos, pos + n, 5, 0)
 
 
 @given(logs)
 def test_clear_is_a_no_op(records: list[DirtyRecord]) -> None:
-    assert coalesce([DirtyRecord.clear(1)] + records + [DirtyRecord.clear(2)]) == coalesce(
+    assert coalesce([DirtyRecord.clear(1), *records, DirtyRecord.clear(2)]) == coalesce(
         [r for r in records if r.kind != RecordKind.CLEAR]
     )

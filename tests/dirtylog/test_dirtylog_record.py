@@ -140,14 +140,14 @@ def test_decode_rejects_non_bytes() -> None:
     ],
 )
 def test_encode_rejects_out_of_range_fields(field: str, value: object) -> None:
-    fields = dict(
-        collection_id=uuid.uuid4(),
-        log_position=1,
-        num_records=1,
-        initial_insertion_epoch_us=1,
-        reinsert_count=0,
-        kind=RecordKind.MARK_DIRTY,
-    )
+    fields = {
+        "collection_id": uuid.uuid4(),
+        "log_position": 1,
+        "num_records": 1,
+        "initial_insertion_epoch_us": 1,
+        "reinsert_count": 0,
+        "kind": RecordKind.MARK_DIRTY,
+    }
     fields[field] = value
     with pytest.raises(DirtyRecordError):
         DirtyRecord(**fields).encode()  # type: ignore[arg-type]

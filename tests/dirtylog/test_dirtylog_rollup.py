@@ -23,7 +23,7 @@ from dirtylog import (
     score,
     select_entries,
 )
-from wal3.errors import LogPurged, SimulatedCrash
+from wal3.errors import LogPurged
 
 from .helpers import T0_US, FakeClock, cid, decoded_from, spans
 
@@ -144,10 +144,11 @@ async def test_clear_record_cursor_advance_and_gc() -> None:
     for offset in (1, 4):
         with pytest.raises(LogPurged):
             await w.backend.read(offset, 1)
-    # An idle window (just the clear) writes nothing and keeps the cursor.
+    # An idle window (just the clear) writes nothing and keeps the cursor; the pass reads nothing
+    # (the clear is its own, and it folds only what was appended since the last pass).
     appends = w.backend.calls["append"]
     idle = await w.rollup.run()
-    assert idle.idle and idle.entries == {} and idle.records_read == 1
+    assert idle.idle and idle.entries == {} and idle.records_read == 0
     assert w.backend.calls["append"] == appends
     assert (await w.backend.load_cursor(CURSOR_NAME))[0] == 5  # type: ignore[index]
     # ... and the next write is picked up from there.
@@ -379,24 +380,6 @@ def test_missing_from_dirty_set() -> None:
     known = {cid(1): (6, 1), cid(2): (6, 6), cid(3): (9, 2)}
     assert missing_from_dirty_set(known, entries) == {cid(3)}
     assert missing_from_dirty_set(known, list(entries.values())) == {cid(3)}
-
-
-async def test_run_periodically_reports_and_stops() -> None:
-    w = World()
-    await w.write(cid(1), 1, 1)
-    stop = asyncio.Event()
-    results = []
-    errors: list[BaseException] = []
-    w.backend.inject_fault("load_cursor")
-
-    def on_result(r: object) -> None:
-        results.append(r)
-        stop.set()
-
-    await w.rollup.run_periodically(0.0, stop, on_result=on_result, on_error=errors.append)
-    assert len(errors) == 1 and isinstance(errors[0], SimulatedCrash)
-    assert len(results) == 1 and set(w.rollup.entries()) == {cid(1)}
-    assert w.rollup.last_result is results[0]
 
 
 def test_rollup_rejects_bad_limits() -> None:

@@ -209,7 +209,7 @@ class DirtyLogMachine(RuleBasedStateMachine):
     def memory_set_never_claims_compacted_work(self) -> None:
         if not hasattr(self, "rollup"):
             return
-        for c, entry in self.rollup.entries().items():
+        for entry in self.rollup.entries().values():
             assert entry.start < entry.limit
 
     @precondition(lambda self: hasattr(self, "rollup"))

@@ -17,17 +17,25 @@ from dirtylog.rollup import RollUpError
 
 def test_every_error_class_the_dirty_log_defines_derives_from_the_root() -> None:
     import dirtylog.backend
+    import dirtylog.coalesce
+    import dirtylog.dirtyset
+    import dirtylog.errors
     import dirtylog.hook
     import dirtylog.memory
     import dirtylog.selection
+    import dirtylog.window
 
     mods = [
         record_module,
         rollup_module,
         dirtylog.backend,
+        dirtylog.coalesce,
+        dirtylog.dirtyset,
+        dirtylog.errors,
         dirtylog.hook,
         dirtylog.memory,
         dirtylog.selection,
+        dirtylog.window,
     ]
     defined = [
         c

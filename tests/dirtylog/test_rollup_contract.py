@@ -499,26 +499,6 @@ async def test_a_gc_failure_is_reported_in_the_result_and_the_log(caplog) -> Non
     ]
 
 
-async def test_a_failed_periodic_run_is_logged_and_reported(caplog) -> None:
-    import asyncio
-
-    w = World()
-    await w.committed(cid(1), 1, 5)
-    w.backend.inject_fault("next_offset", exc=RuntimeError("boom"))
-    stop = asyncio.Event()
-    errors: list[BaseException] = []
-
-    def on_error(e: BaseException) -> None:
-        errors.append(e)
-        stop.set()
-
-    with caplog.at_level(logging.ERROR, logger="dirtylog.rollup"):
-        await w.rollup.run_periodically(3600, stop, on_error=on_error)
-    assert [str(e) for e in errors] == ["boom"]
-    failed = [r for r in caplog.records if r.getMessage() == "dirty-log roll-up failed"]
-    assert len(failed) == 1 and failed[0].exc_info is not None
-
-
 # ------------------------------------------------------------------------- reads and inspection
 
 
