@@ -15,7 +15,7 @@ from dirtylog import DirtyLogHook, RollUp, RollUpResult
 from wal3 import Limits, LogReader, LogWriter, ObjectStore
 from wal3.claim import ClaimWatch, release_if_dead
 from wal3.cursors import COMPACTION, CursorStore
-from wal3.errors import ObjectNotFound
+from wal3.errors import ObjectNotFound, ProcessDeath
 from wal3.gc import GarbageCollector, GcOptions
 from wal3.layout import load_manifest
 from wal3.manifest import Manifest
@@ -210,6 +210,18 @@ class DirtyLog:
     async def run_now(self) -> RollUpResult:
         """Roll up immediately."""
         return await self.rollup.run()
+
+    async def compacted(self, collection_id: UUID, offset: int) -> None:
+        """A compaction cursor moved (``POST .../compaction``, already durable): clip the
+        collection in memory at once and append a clear record, so the roll-up learns it
+        without reading the cursor.  A failed append only keeps the collection listed longer
+        (a later roll-up's bounded fallback reads the cursor): the request still succeeds."""
+        try:
+            await self.rollup.compacted(collection_id, offset)
+        except ProcessDeath:
+            raise
+        except Exception as e:
+            _log.warning("dirty log: clear record for %s not written: %r", collection_id, e)
 
     async def close(self) -> None:
         """Flush the dirty log."""

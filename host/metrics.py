@@ -91,6 +91,17 @@ class Metrics:
         self.reinsertions = Counter(
             "loghost_dirty_reinsertions_total", "Dirty entries re-appended by roll-ups", registry=r
         )
+        self.dirty_fallback_lookups = Counter(
+            "loghost_dirty_fallback_lookups_total",
+            "Collection logs a roll-up read for what it was not told (bounded per pass)",
+            ["kind"],
+            registry=r,
+        )
+        self.dirty_log_records = Gauge(
+            "loghost_dirty_log_records",
+            "Dirty-log records from the stable_prefix cursor to the end, after a roll-up",
+            registry=r,
+        )
         self.untracked = Gauge(
             "loghost_dirty_untracked_collections",
             "Open collections with uncompacted records missing from the dirty set (must stay 0)",

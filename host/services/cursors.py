@@ -74,6 +74,6 @@ class CursorService:
                 raise BadRequest(f"offset: {offset} is past the log's tail {tail}")
             w = await h.cursors.advance(COMPACTION, offset)
             h.note_compaction(w.cursor.offset)
-            self._dirty.note_compacted(cid, h.compaction_offset)
+            await self._dirty.compacted(cid, h.compaction_offset)
             self._gc.schedule(cid)
             return CompactionResponse(compaction_offset=h.compaction_offset)

@@ -76,10 +76,11 @@ class DirtySet:
         self._purged.update(ids)
         return first
 
-    def note_compacted(self, cid: UUID, offset: int) -> None:
-        """A compactor moved ``cid``'s compaction cursor to ``offset``."""
+    async def compacted(self, cid: UUID, offset: int) -> None:
+        """A compactor moved ``cid``'s compaction cursor to ``offset`` (a clear record: no
+        cursor read by roll-ups)."""
         if self._log is not None:
-            self._log.rollup.note_compacted(cid, offset)
+            await self._log.compacted(cid, offset)
 
     def entries(self) -> dict[UUID, DirtyEntry]:
         """The dirty set as of the last roll-up (plus compactions noted since)."""

@@ -58,6 +58,9 @@ class RollupScheduler:
 
     def _record(self, result: RollUpResult) -> None:
         self._metrics.reinsertions.inc(result.reinserted)
+        self._metrics.dirty_fallback_lookups.labels("compaction").inc(result.compaction_lookups)
+        self._metrics.dirty_fallback_lookups.labels("tail").inc(result.tail_lookups)
+        self._metrics.dirty_log_records.set(result.retained)
         entries = result.entries
         self._metrics.dirty_collections.set(len(entries))
         now_us = time.time_ns() // 1000
