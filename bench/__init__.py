@@ -28,5 +28,6 @@ BENCHMARKS: dict[str, str] = {
     "peers": "bench.peers",
     "http_profile": "bench.http_profile",
     "compaction": "bench.compaction_bench",
+    "rollup": "bench.rollup",
 }
-DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers", "compaction")
+DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers", "compaction", "rollup")
