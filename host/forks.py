@@ -32,6 +32,7 @@ first write's claim (``create_collection_log``), including a request cancelled m
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -154,9 +155,9 @@ def _data_keys(doc: dict[str, Any]) -> list[str] | None:
     runs = doc.get("runs")
     if doc.get("format") != 2 or not isinstance(runs, list):
         return None
-    keys = [r.get("key") for r in runs if isinstance(r, dict)]
-    if len(keys) != len(runs) or not all(isinstance(k, str) for k in keys):
-        return None
+    keys = [r["key"] for r in runs if isinstance(r, dict) and isinstance(r.get("key"), str)]
+    if len(keys) != len(runs):
+        return None  # a run that is not an object with a string key
     return keys or [""]  # an empty collection lists no runs: nothing to copy, still valid
 
 
@@ -178,7 +179,7 @@ async def _install_copy(
         renamed[path] = new_path
     for path, new_path in renamed.items():
         # Immutable, and ours (the claim cleaned up first): an object already there must be a copy.
-        await claim.write(lambda p=path, n=new_path: copy_claimed(store, p, n))
+        await claim.write(functools.partial(copy_claimed, store, path, new_path))
     now = time.time()
     doc = {
         **current,
