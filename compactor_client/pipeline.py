@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -237,7 +238,13 @@ def run_compaction_job(
     read_parts = max(1, min(len(rows), parallelism * 2))
     fold_parts = partitions or max(1, min(len(fold_tasks), parallelism * 2))
     read, fold = stage_functions(s3)
-    tasks = spark.createDataFrame(rows, schema=TASK_DDL).repartition(read_parts)
+    # Interleaved, so that contiguous slices of the list share out the fragments evenly.
+    random.Random(len(rows)).shuffle(rows)
+    tasks = spark.createDataFrame(rows, schema=TASK_DDL)
+    if is_connect(spark):
+        # A local relation is one partition on Connect; a classic session already slices the
+        # list into defaultParallelism partitions (no shuffle needed).
+        tasks = tasks.repartition(read_parts)
     records = tasks.mapInArrow(read, READ_DDL)
     # Every row of a collection in one partition; one applyInArrow call per collection.
     stats = records.repartition(fold_parts, "cidx").groupBy("cidx").applyInArrow(fold, STATS_DDL)

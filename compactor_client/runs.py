@@ -108,12 +108,19 @@ def _check_metadata(md: Any) -> dict[str, Scalar] | None:
     return md
 
 
+_FLOAT_ONLY = frozenset({float})
+_NUMBERS = frozenset({float, int})
+
+
 def _check_embedding(emb: Any) -> list[float] | None:
     if emb is None:
         return None
-    if not isinstance(emb, list) or not all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) for x in emb
-    ):
+    if not isinstance(emb, list):
+        raise InvalidRecord("embedding must be a list of numbers")
+    kinds = set(map(type, emb))  # bool is its own type: not a number here
+    if kinds <= _FLOAT_ONLY:
+        return emb  # floats as JSON decoded them: nothing to convert
+    if not kinds <= _NUMBERS:
         raise InvalidRecord("embedding must be a list of numbers")
     try:
         return [float(x) for x in emb]
@@ -588,16 +595,17 @@ def resolve_bottom(run: pa.Table) -> pa.Table:
     emb = pc.if_else(mask, run.column("ins_embedding"), run.column("embedding"))
     md = pc.if_else(mask, run.column("ins_metadata"), run.column("metadata"))
     if upsert.any():
-        # An upsert onto nothing inserts its patch without the keys it removes.
+        # An upsert onto nothing inserts its patch without the keys it removes: only patches
+        # with a null value (":null" in compact JSON) need Python.
         ups = np.flatnonzero(upsert)
-        texts = md.take(pa.array(ups, pa.int64())).to_pylist()
-        cleaned = [
-            t if t is None or "null" not in t else metadata_json(_clean(json.loads(t)))
-            for t in texts
-        ]
-        ix = np.arange(run.num_rows, dtype=np.int64)
-        ix[ups] = run.num_rows + np.arange(len(ups), dtype=np.int64)
-        md = _concat([md, pa.array(cleaned, pa.string())], pa.string()).take(pa.array(ix))
+        nulls = pc.match_substring(md.take(pa.array(ups, pa.int64())), ":null")
+        fix = ups[pc.fill_null(nulls, False).to_numpy(zero_copy_only=False)]
+        if len(fix):
+            texts = md.take(pa.array(fix, pa.int64())).to_pylist()
+            cleaned = [None if t is None else metadata_json(_clean(json.loads(t))) for t in texts]
+            ix = np.arange(run.num_rows, dtype=np.int64)
+            ix[fix] = run.num_rows + np.arange(len(fix), dtype=np.int64)
+            md = _concat([md, pa.array(cleaned, pa.string())], pa.string()).take(pa.array(ix))
     n = run.num_rows
     out = pa.table(
         {

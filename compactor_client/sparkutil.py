@@ -58,6 +58,11 @@ def build_session(
         # Local workers would otherwise run whatever "python3" is on PATH, which may lack pyarrow;
         # PySpark reads only this variable for the workers' interpreter (not spark.pyspark.python).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # Everything is in this process: nothing needs to reach the driver from elsewhere, so
+        # it binds loopback (Spark would pick the host's first external address).
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            if key not in (conf or {}):
+                builder = builder.config(key, "127.0.0.1")
     builder = builder.config("spark.ui.enabled", "true" if ui else "false")
     # Our own progress display replaces Spark's console bar, which would garble it.
     builder = builder.config(

@@ -20,7 +20,7 @@ from wal3 import LocalStore
 
 from ..host.live import SERVICE_KEY, live_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def random_records(rng: random.Random, n: int, ids: int) -> list[dict[str, Any]]:
