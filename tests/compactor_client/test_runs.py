@@ -20,10 +20,13 @@ from hypothesis import strategies as st
 
 from compactor_client import runs
 from compactor_client.executor import FoldTask, fold_collection
-from compactor_client.fold import InvalidRecord, fold, metadata_json
+from compactor_client.fold import InvalidRecord, Row, fold, metadata_json
 from compactor_client.levels import Level, Policy, candidates, choose, reward
-from compactor_client.parquet_io import read_run, write_run
+from compactor_client.parquet_io import read_run, rows_to_table, write_run
 from verify.oracle import reference_fold
+
+from .test_fold import CASES, model, prev_st, records_st
+from .test_fold import rows_of as fold_rows_of
 
 
 def window(records: list[dict[str, Any]], start: int = 1) -> pa.Table:
@@ -249,3 +252,36 @@ def test_a_fold_merges_until_every_level_keeps_its_ratio(tmp_path: Any) -> None:
         assert all(sizes[i] * 4 <= sizes[i + 1] for i in range(len(sizes) - 1)), sizes
         got = state(runs.materialize([read_run(r.url) for r in base]))
         assert got == oracle(all_records)
+
+
+# ------------------------------------------------------- the fold's own tests, on this path
+
+
+def arrow_fold(prev: dict[str, Row], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``fold(prev, records)`` on the Arrow path: the previous rows as a bottom run (a version
+    of the single-version layout), the records as a window run over it, read back merged."""
+    base = runs.as_run(rows_to_table(prev.values()))
+    top = runs.fold_window(window(records, 1)) if records else runs.empty_run()
+    out = {}
+    for r in runs.materialize([top, base] if prev else [top]).to_pylist():
+        out[r["id"]] = (r["document"], json.loads(r["metadata"]), r["embedding"])
+    return out
+
+
+@pytest.mark.parametrize(("name", "prev", "records", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_the_fold_table_on_the_arrow_path(
+    name: str, prev: dict[str, Row], records: list[dict[str, Any]], expected: dict[str, Any]
+) -> None:
+    assert arrow_fold(prev, records) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(prev=prev_st, records=st.lists(records_st, max_size=25))
+def test_the_arrow_path_matches_the_folds_model(
+    prev: dict[str, Any], records: list[dict[str, Any]]
+) -> None:
+    want = {
+        k: (d, m, None if e is None else np.asarray(e, np.float32).tolist())
+        for k, (d, m, e) in model(prev, records).items()
+    }
+    assert arrow_fold(fold_rows_of(prev), records) == want
