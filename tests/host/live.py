@@ -60,9 +60,12 @@ async def live_server(
     **settings: Any,
 ) -> AsyncIterator[Live]:
     """Run a log host on a free 127.0.0.1 port (or ``port``) until the block ends."""
+    if store_url is None and store is None:
+        # A default URL would be a directory under the working directory, shared between runs.
+        raise ValueError("live_server needs a store: a URL or an ObjectStore")
     port = port or free_port()
     base: dict[str, Any] = {
-        "store": store_url or "unused",
+        "store": store_url or "unused",  # not opened: ``store`` is used
         "listen": f"127.0.0.1:{port}",
         "api_keys": KEYS,
         "server_id": f"test-{port}",
