@@ -489,7 +489,48 @@ def _report(
     log.info("round summary %s", json.dumps(summary, sort_keys=True))
 
 
-def _configure_logging(level: str) -> None:
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces secrets in every record a handler emits, whoever logged it.
+
+    The compactor logs no secret itself, but at DEBUG the libraries under it may: botocore
+    prints request headers (the access key id), Spark Connect's client the plans it sends —
+    which carry the tasks' functions, and with them the S3 credentials the executors get.
+    """
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        super().__init__()
+        # Longest first, so a secret containing another is replaced whole; short values (a
+        # placeholder like "x") would only garble logs.
+        self.secrets = sorted({v for v in secrets if len(v) >= 6}, key=len, reverse=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        text = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        exc = record.exc_text or ""
+        if any(v in text or v in exc for v in self.secrets):
+            for v in self.secrets:
+                text = text.replace(v, "***")
+                exc = exc.replace(v, "***")
+            record.msg, record.args = text, None
+            record.exc_text = exc or None
+        return True
+
+
+def secrets_of(settings: Settings | None, environ: Mapping[str, str]) -> list[str]:
+    """What must never reach a log: the API key and the store's credentials."""
+    out = [environ.get(name, "") for name in SECRET_VARIABLES]
+    if settings is not None:
+        out.append(settings.api_key)
+    return [v for v in out if v]
+
+
+def _configure_logging(level: str, secrets: Sequence[str] = ()) -> None:
     if sys.stderr.isatty():
         from rich.logging import RichHandler
 
@@ -498,6 +539,7 @@ def _configure_logging(level: str) -> None:
     else:
         handler = logging.StreamHandler()
         fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.addFilter(RedactSecrets(secrets))
     logging.basicConfig(level=level.upper(), handlers=[handler], format=fmt)
 
 
@@ -511,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_listen(settings.metrics_listen)
     except SettingsError as e:
         parser.error(str(e))  # exits 2
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, secrets_of(settings, os.environ))
 
     async def _main() -> int:
         stop = asyncio.Event()
