@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import httpx
 import pytest
 import yaml
@@ -52,12 +51,6 @@ SCRAPE_LABELS = {"namespace", "service", "pod", "instance", "job", "endpoint", "
 H = 'namespace="logs", service="loghost-headless"'
 C = 'namespace="logs", service="loghost-compactor"'
 RECORDS = "/v1/tenants/{tenant}/logs/{collection_id}/records"
-
-
-@pytest.fixture(scope="module")
-def chart():
-    with helm.Chart.load(str(CHART_DIR)) as loaded:
-        yield loaded
 
 
 @pytest.fixture(scope="module")

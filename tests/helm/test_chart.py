@@ -259,12 +259,6 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 # --- rendering helpers --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chart():
-    with helm.Chart.load(str(CHART_DIR)) as loaded:
-        yield loaded
-
-
 class Rendered:
     """A rendered release: parsed objects by (kind, name), plus NOTES.txt."""
 

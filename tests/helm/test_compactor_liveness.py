@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -41,12 +40,6 @@ class _Spark:
 
     def __init__(self) -> None:
         self.sparkContext = _SparkContext()
-
-
-@pytest.fixture(scope="module")
-def chart():
-    with helm.Chart.load(str(Path(__file__).resolve().parents[2] / "helm" / "loghost")) as loaded:
-        yield loaded
 
 
 def _settings(url: str, store: Path, **env: str) -> cli.Settings:

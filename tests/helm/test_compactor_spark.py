@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from .test_chart import (  # noqa: F401 - chart is a fixture
+from .test_chart import (
     WORKLOADS,
-    chart,
     compactor_workload,
     env_of,
     helm,
@@ -33,7 +32,7 @@ def objects(r: Any, kind: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("kind", sorted(WORKLOADS))
-def test_a_spark_connect_endpoint_replaces_the_master(chart: Any, kind: str) -> None:  # noqa: F811
+def test_a_spark_connect_endpoint_replaces_the_master(chart: Any, kind: str) -> None:
     r = render(chart, merge(CONNECT, WORKLOADS[kind]))
     env = env_of(compactor_workload(r), "compactor")
     assert (
@@ -45,7 +44,7 @@ def test_a_spark_connect_endpoint_replaces_the_master(chart: Any, kind: str) -> 
     assert "Spark Connect sc://spark-connect" in r.notes
 
 
-def test_a_kubernetes_master_is_accepted_and_executors_call_back_by_pod_ip(chart: Any) -> None:  # noqa: F811
+def test_a_kubernetes_master_is_accepted_and_executors_call_back_by_pod_ip(chart: Any) -> None:
     env = env_of(compactor_workload(render(chart, K8S)), "compactor")
     assert env["COMPACTOR_SPARK_MASTER"]["value"] == "k8s://https://kubernetes.default.svc:443"
     submit = env["PYSPARK_SUBMIT_ARGS"]["value"]
@@ -53,7 +52,7 @@ def test_a_kubernetes_master_is_accepted_and_executors_call_back_by_pod_ip(chart
     assert "--conf spark.kubernetes.container.image=registry.local/loghost:1" in submit
 
 
-def test_s3_credentials_mode_and_level_ratio_reach_the_compactor(chart: Any) -> None:  # noqa: F811
+def test_s3_credentials_mode_and_level_ratio_reach_the_compactor(chart: Any) -> None:
     env = env_of(compactor_workload(render(chart)), "compactor")
     assert env["COMPACTOR_S3_CREDENTIALS"]["value"] == "driver"
     assert "COMPACTOR_LEVEL_RATIO" not in env
@@ -63,7 +62,7 @@ def test_s3_credentials_mode_and_level_ratio_reach_the_compactor(chart: Any) -> 
     assert env["COMPACTOR_LEVEL_RATIO"]["value"] == "8"
 
 
-def test_connect_needs_no_ingress_for_executors(chart: Any) -> None:  # noqa: F811
+def test_connect_needs_no_ingress_for_executors(chart: Any) -> None:
     values = merge(CONNECT, {"networkPolicy": {"enabled": True}})
     policies = objects(render(chart, values), "NetworkPolicy")
     compactor = [p for p in policies if "compactor" in p["metadata"]["name"]]
@@ -83,6 +82,6 @@ def test_connect_needs_no_ingress_for_executors(chart: Any) -> None:  # noqa: F8
         {"compactor": {"levelRatio": 1}},
     ],
 )
-def test_bad_spark_settings_are_refused(chart: Any, values: dict[str, Any]) -> None:  # noqa: F811
+def test_bad_spark_settings_are_refused(chart: Any, values: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmValuesError):
         render(chart, values)
