@@ -79,8 +79,8 @@ from .coalesce import Coalesced, Coalescer, Monotonic, Observations, coalesce, w
 from .dirtyset import DirtySet, FoldStats
 from .errors import RollUpError
 from .hook import Clock, DirtyLogHook, epoch_us
-from .record import DirtyRecord, DirtyRecordError
-from .selection import DirtyEntry, select_entries
+from .record import DirtyRecord, DirtyRecordError, RecordKind
+from .selection import DirtyEntry, score, select_entries
 from .window import (
     CURSOR_NAME,
     HandOverResult,
@@ -222,7 +222,14 @@ class RollUp:
         # One pass or purge at a time in this process: racing passes would only burn CAS retries,
         # and a purge landing mid-pass could be overtaken by that pass's relogs.
         self._lock = asyncio.Lock()
+        # Orders the records that change a floor (clears, purges, a cursor moved back) in the log
+        # as in memory; held briefly, so a clear does not wait for a pass.
+        self._order = asyncio.Lock()
         self._set = self._new_set()
+        # The last complete set, served united with ``_set`` until a rebuild completes (a lost
+        # race, a reopen): a superset is safe (a phantom costs a compactor a no-op), a missing
+        # entry strands data.  None once ``_set`` is complete.
+        self._prior: dict[UUID, DirtyEntry] | None = None
         self._loaded = False  # memory holds the fold of [cursor, read)
         self._rebuilding = False  # the fold since the last load is not complete yet
         self._cursor = 1
@@ -237,8 +244,28 @@ class RollUp:
     # ------------------------------------------------------------------------------ in-memory
 
     def entries(self) -> dict[UUID, DirtyEntry]:
-        """The dirty set as this process knows it (a copy)."""
-        return dict(self._set.entries)
+        """The dirty set as this process knows it (a copy): while a rebuild is incomplete, the
+        last complete set united with what the rebuild has folded so far."""
+        current = self._set.entries
+        if self._prior is None:
+            return dict(current)
+        out = dict(self._prior)
+        for cid, entry in current.items():
+            old = out.get(cid)
+            out[cid] = entry if old is None else _united(old, entry, self._clock())
+        return out
+
+    def carry_over(self, previous: RollUp) -> None:
+        """Serve ``previous``'s set (united with ours) until this roll-up has completed a
+        rebuild: a reopened dirty log's new roll-up must not list everything clean meanwhile."""
+        if self._loaded and not self._rebuilding:
+            return  # complete already
+        carried = previous.entries()
+        if self._prior is not None:
+            for cid, entry in self._prior.items():
+                old = carried.get(cid)
+                carried[cid] = entry if old is None else _united(old, entry, self._clock())
+        self._prior = carried
 
     @property
     def dirty_set(self) -> DirtySet:
@@ -255,14 +282,90 @@ class RollUp:
         (resetting its reinsert count), drop it when nothing is left.  Prefer :meth:`compacted`,
         which also makes it durable."""
         self._set.note_compacted(collection_id, offset, self._read)
+        if self._prior is not None:
+            entry = self._prior.get(collection_id)
+            if entry is not None:
+                clipped = _clipped_entry(entry, offset, self._clock())
+                if clipped is None:
+                    del self._prior[collection_id]
+                else:
+                    self._prior[collection_id] = clipped
 
     async def compacted(self, collection_id: UUID, offset: int) -> int:
         """A compaction cursor moved to ``offset`` (it already has, durably): note it in memory
         at once and append the clear record that tells every later fold.  Returns the clear's
-        offset.  Its failure loses nothing: the collection is only kept dirty longer."""
-        self.note_compacted(collection_id, offset)
-        body = DirtyRecord.compacted(collection_id, offset, self._clock()).encode()
-        return await self._backend.append_many([body])
+        offset.  Its failure loses nothing: the collection is only kept dirty longer.
+
+        Ordered with purges (and cursors moved back): a clear that reached the log after a purge
+        of the collection would restore, at every later fold, the floor the purge forgot."""
+        async with self._order:
+            self.note_compacted(collection_id, offset)
+            body = DirtyRecord.compacted(collection_id, offset, self._clock()).encode()
+            return await self._backend.append_many([body])
+
+    async def uncompacted(self, collection_id: UUID, offset: int, tail: int) -> int:
+        """The collection's compaction cursor moved BACK to ``offset`` (already durable; its log
+        ends at ``tail``): make ``[offset, tail)`` dirty again, durably, before returning.
+
+        Appends a purge (which forgets the floor learnt from earlier clears) and, in the same
+        append, a mark from ``offset`` to the highest end known of the collection's marks and
+        ``tail``.  Marks appended before the purge and not folded yet (writes that may still land
+        past ``tail``) are then folded, and a mark past the purge restates any that ends higher.
+        Returns the purge's offset."""
+        if collection_id.int == 0:
+            raise ValueError("the nil UUID names no collection")
+        async with self._lock, self._order:
+            now_us = self._clock()
+            limit, first_us = self._known_span(collection_id, max(tail, offset), now_us)
+            marks: list[DirtyRecord] = []
+            if limit > offset:
+                marks.append(
+                    DirtyRecord(
+                        collection_id, offset, limit - offset, first_us, 0, RecordKind.MARK_DIRTY
+                    )
+                )
+            bodies = [DirtyRecord.purge(collection_id, now_us).encode()]
+            first = await self._backend.append_many(bodies + [m.encode() for m in marks])
+            placed = [(first + 1 + i, m) for i, m in enumerate(marks)]
+            if self._loaded:
+                try:
+                    await self._fold_new(first, self._monotonic())
+                except ProcessDeath:
+                    raise
+                except Exception as e:
+                    log.warning(
+                        "dirty log: marks before the purge of %s unread: %r", collection_id, e
+                    )
+                else:
+                    late, first_us = self._known_span(collection_id, limit, first_us)
+                    if late > limit:
+                        m = DirtyRecord(
+                            collection_id, offset, late - offset, first_us, 0, RecordKind.MARK_DIRTY
+                        )
+                        placed.append((await self._backend.append_many([m.encode()]), m))
+            # In memory as the fold of these records will have it (the next pass folds them again:
+            # the purge then the marks, the same result).
+            now = self._monotonic()
+            self._set.purge(collection_id)
+            for at, m in placed:
+                self._set.fold(at, m, now, now)
+            if self._prior is not None:
+                self._prior.pop(collection_id, None)
+                for _, m in placed:
+                    entry = _entry_of(m, now_us)
+                    old = self._prior.get(collection_id)
+                    self._prior[collection_id] = (
+                        entry if old is None else _united(old, entry, now_us)
+                    )
+            return first
+
+    def _known_span(self, cid: UUID, limit: int, first_us: int) -> tuple[int, int]:
+        """``limit`` and ``first_us`` widened by what memory holds of the collection."""
+        for entry in (self._set.entries.get(cid), (self._prior or {}).get(cid)):
+            if entry is not None:
+                limit = max(limit, entry.limit)
+                first_us = min(first_us, entry.first_insertion_us)
+        return limit, first_us
 
     def select(
         self,
@@ -274,7 +377,7 @@ class RollUp:
     ) -> list[DirtyEntry]:
         """The pull API's answer, from memory: qualifying entries, highest score first."""
         return select_entries(
-            self._set.entries.values(),
+            self._set.entries.values() if self._prior is None else self.entries().values(),
             min_records=min_records,
             limit=limit,
             now_us=self._clock() if now_us is None else now_us,
@@ -285,10 +388,12 @@ class RollUp:
     async def purge(self, collection_ids: Iterable[UUID]) -> int | None:
         """Append purge records (serialised with passes) and drop the ids from the set."""
         ids = list(dict.fromkeys(collection_ids))
-        async with self._lock:
+        async with self._lock, self._order:
             first = await self._hook.purge(ids)
             for cid in ids:
                 self._set.purge(cid)
+                if self._prior is not None:
+                    self._prior.pop(cid, None)
             return first
 
     # -------------------------------------------------------------------------------- the pass
@@ -313,6 +418,10 @@ class RollUp:
                     raise
 
     def _reset(self) -> None:
+        if self._loaded and (not self._rebuilding or self._prior is not None):
+            # Complete (or a rebuild's part, united with the last complete set): served until
+            # a rebuild completes.
+            self._prior = self.entries()
         self._loaded = False
         self._set = self._new_set()
         self._own.clear()
@@ -348,6 +457,7 @@ class RollUp:
         folded = await self._fold_new(end, now)
         grow = 0 if self._rebuilding else folded
         self._rebuilding = False
+        self._prior = None  # the rebuild is complete: it alone is the set now
         dirty = self._set
         if dirty.last_meaningful < cursor:
             # Nothing but checkpoints since the cursor: writing yet another one every interval
@@ -538,3 +648,44 @@ class RollUp:
         )
         self._last = result
         return result
+
+
+def _entry(
+    cid: UUID, start: int, limit: int, first_us: int, reinserts: int, now_us: int
+) -> DirtyEntry:
+    n = limit - start
+    return DirtyEntry(
+        cid, start, limit, n, first_us, reinserts, score(n, first_us, reinserts, now_us)
+    )
+
+
+def _united(a: DirtyEntry, b: DirtyEntry, now_us: int) -> DirtyEntry:
+    """One entry covering both (the safe direction: a superset)."""
+    return _entry(
+        a.collection_id,
+        min(a.start, b.start),
+        max(a.limit, b.limit),
+        min(a.first_insertion_us, b.first_insertion_us),
+        max(a.reinsert_count, b.reinsert_count),
+        now_us,
+    )
+
+
+def _clipped_entry(entry: DirtyEntry, floor: int, now_us: int) -> DirtyEntry | None:
+    """The entry above ``floor`` (its reinsert count restarted when cut), None when empty."""
+    if entry.limit <= floor:
+        return None
+    if entry.start >= floor:
+        return entry
+    return _entry(entry.collection_id, floor, entry.limit, entry.first_insertion_us, 0, now_us)
+
+
+def _entry_of(mark: DirtyRecord, now_us: int) -> DirtyEntry:
+    return _entry(
+        mark.collection_id,
+        mark.log_position,
+        mark.end,
+        mark.initial_insertion_epoch_us,
+        mark.reinsert_count,
+        now_us,
+    )

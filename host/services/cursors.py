@@ -10,7 +10,7 @@ from wal3.cursors import COMPACTION, Witness
 from wal3.gc import pin_cursor
 
 from ..errors import BadRequest, NotFound
-from ..manager import LogManager
+from ..manager import LogHandle, LogManager
 from ..models import CompactionResponse, CursorOut, CursorPut
 from .dirtyset import DirtySet
 from .gc import GcScheduler
@@ -55,15 +55,29 @@ class CursorService:
                 raise LogPurged(req.offset, m.oldest_offset)
             # Write, then confirm against gc/GARBAGE and the stored manifest that no collector
             # (here or in another process) has passed the offset; undone if one has.
+            previous = h.compaction_offset
             w = await pin_cursor(self._store, h.prefix, h.cursors, name, req.offset, req.witness)
             if name == COMPACTION:
-                h.compaction_offset = req.offset
+                await self._moved_back(h, previous, req.offset, m.next_offset)
         return _cursor_out(name, w)
 
     async def delete(self, tenant: str, cid: UUID, name: str) -> None:
-        """Delete a cursor."""
+        """Delete a cursor (the compaction cursor's absence means nothing compacted above the
+        log's oldest offset)."""
         async with self._manager.use(cid, tenant) as h:
+            previous = h.compaction_offset
             await h.cursors.delete(name)
+            if name == COMPACTION:
+                m = await self._manager.view(h)
+                await self._moved_back(h, previous, m.oldest_offset, m.next_offset)
+
+    async def _moved_back(self, h: LogHandle, previous: int, offset: int, tail: int) -> None:
+        """The compaction cursor is now ``offset``: lower the open log's memory of it (what
+        fallbacks and clears use), and when it moved back, make ``[offset, tail)`` dirty again
+        before answering (the dirty set's floor learnt from earlier compactions is higher)."""
+        h.compaction_offset = offset
+        if offset < previous:
+            await self._dirty.uncompacted(h.collection_id, offset, tail)
 
     async def compacted(self, tenant: str, cid: UUID, offset: int) -> CompactionResponse:
         """Everything below ``offset`` is compacted: move the compaction cursor forward (never

@@ -62,9 +62,12 @@ class DirtySet:
             async with self._reopen:
                 if self.opened().backend.writer.failed is not None:
                     # The dirty log's writer died under a store crash: reopen it (read repair
-                    # links what it left); the roll-up set is rebuilt by the next roll-up.
+                    # links what it left).  The new roll-up rebuilds the set at its first pass;
+                    # until then it serves the old one's (nothing listed clean while dirty).
                     _log.warning("reopening the dirty log after writer failure")
-                    self._log = await self._open_log()
+                    reopened = await self._open_log()
+                    reopened.rollup.carry_over(self.opened().rollup)
+                    self._log = reopened
             log = self.opened()
         await log.mark(cid, first_offset, count)
         self._purged.discard(cid)  # a write after a purge makes it dirty again
@@ -81,6 +84,13 @@ class DirtySet:
         cursor read by roll-ups)."""
         if self._log is not None:
             await self._log.compacted(cid, offset)
+
+    async def uncompacted(self, cid: UUID, offset: int, tail: int) -> None:
+        """``cid``'s compaction cursor moved BACK to ``offset`` (a PUT or DELETE of it): make
+        ``[offset, tail)`` dirty again in the dirty log (a purge, then a mark) before answering.
+        A failure fails the request: the cursor moved, and only this makes it known."""
+        await self.opened().rollup.uncompacted(cid, offset, tail)
+        self._purged.discard(cid)
 
     def entries(self) -> dict[UUID, DirtyEntry]:
         """The dirty set as of the last roll-up (plus compactions noted since)."""
