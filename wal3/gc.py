@@ -661,12 +661,63 @@ class VerifiedCut:
                     f"the pending floor at {floor.offset} was retracted or replaced before the cut"
                 )
             if m.entries[: len(self.removed)] != self.removed:
-                raise GarbageRejected(
-                    "the log's oldest pointers changed since the plan was verified"
-                )
+                # A writer that rolled some of the verified pointers into a snapshot meanwhile
+                # (it links its pending snapshot in the very write that applies this edit, and
+                # every collector edit gives it one more write) changed nothing the proof is
+                # about: undo the roll and cut as verified (seed 8007 of the long simulation:
+                # every pass was discarded while the writer worked through its snapshot backlog).
+                unrolled = _unrolled(m, self.removed)
+                if unrolled is None:
+                    raise GarbageRejected(
+                        "the log's oldest pointers changed since the plan was verified"
+                    )
+                m = unrolled
             return replace(g.apply(m, writer), gc_floor=None)
 
         return fn
+
+
+def _unrolled(m: Manifest, removed: tuple[Pointer, ...]) -> Manifest | None:
+    """``m`` with the verified root prefix ``removed`` back in place of the snapshots a writer
+    rolled parts of it into since; None unless ``m``'s root is exactly that.
+
+    Each root pointer of ``m`` up to the end of ``removed`` must be either the next verified
+    pointer itself or a snapshot pointer standing for a run of consecutive verified pointers:
+    the same range, the same byte count and the same setsum as the run together (nested rolls
+    included: a roll of rolls still sums to the run it covers).  So the cut removes exactly
+    what was proved, by pointer, and the roll's own pointer only leaves the root with it; it is
+    never deleted by this plan (phase 3 deletes what the plan lists, after re-checking what
+    the manifest references) but swept as an orphan once it is wholly below the live range.
+    A roll reaching past ``removed`` (into what the plan keeps) is not undone: None.
+    """
+    entries = m.entries
+    out: list[Pointer] = []
+    i = k = 0
+    while i < len(removed):
+        if k >= len(entries):
+            return None
+        e = entries[k]
+        k += 1
+        if e == removed[i]:
+            out.append(e)
+            i += 1
+            continue
+        if not isinstance(e, SnapshotPointer) or e in removed or e.start != removed[i].start:
+            return None
+        j, acc, size = i, Setsum.zero(), 0
+        while j < len(removed) and removed[j].limit <= e.limit:
+            acc, size = acc + removed[j].setsum, size + removed[j].num_bytes
+            j += 1
+        if j == i or removed[j - 1].limit != e.limit or acc != e.setsum or size != e.num_bytes:
+            return None
+        out.extend(removed[i:j])
+        i = j
+    rest = (*out, *entries[k:])
+    snapshots = tuple(p for p in rest if isinstance(p, SnapshotPointer))
+    fragments = tuple(p for p in rest if isinstance(p, FragmentPointer))
+    if (*snapshots, *fragments) != rest:
+        return None  # not in root order (snapshots, then fragments): not the manifest verified
+    return replace(m, snapshots=snapshots, fragments=fragments)
 
 
 async def verify_cut(store: ObjectStore, prefix: str, g: Garbage, m: Manifest) -> VerifiedCut:
