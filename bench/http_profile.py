@@ -79,7 +79,7 @@ CATEGORIES: list[tuple[str, Any]] = [
         lambda f, c, p: f == "solve_dependencies",
     ),
     ("  append: read body (_read_body)", lambda f, c, p: f == "_read_body"),
-    ("  append: pydantic parse (_parse)", lambda f, c, p: f == "_parse" and "host/api" in p),
+    ("  append: pydantic parse (parse)", lambda f, c, p: f == "parse" and "host/requests" in p),
     (
         "  append: re-encode records (model_dump_json per record)",
         lambda f, c, p: f == "<listcomp>" and "host/api" in p,
@@ -212,7 +212,8 @@ def _install_timers() -> dict[str, list[float]]:
     import fastapi.routing
     from uvicorn.protocols.http import h11_impl
 
-    import host.api
+    import host.appendbody
+    import host.requests
     import wal3.writer
 
     timers: dict[str, list[float]] = {}
@@ -258,7 +259,10 @@ def _install_timers() -> dict[str, list[float]]:
         "FastAPI solve_dependencies (auth, tenant scope, path params)",
         timed_async,
     )
-    patch(host.api, "_parse", "pydantic parse (host.api._parse)")
+    # One timer for both names: appendbody imports ``parse`` from requests by name.
+    parse_timer = timed("pydantic parse (host.requests.parse)", host.requests.parse)
+    host.requests.parse = parse_timer
+    host.appendbody.parse = parse_timer
     # The request log line's logger (host.middleware's), by name: the same object wherever it is.
     request_log = logging.getLogger("loghost.api")
     patch(request_log, "info", "request log line (_log.info + JsonFormatter + write)")

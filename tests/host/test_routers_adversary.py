@@ -322,12 +322,6 @@ async def test_compaction_schedules_gc_while_the_dirty_log_write_is_stalled(
         assert r.status_code == 200, r.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="13026b8 removed host.api._parse (now host.requests.parse, imported by name into "
-    "host.appendbody): bench/http_profile.py's server (python -m bench --only http_profile) "
-    "patches host.api._parse at start and dies with AttributeError",
-)
 def test_bench_http_profile_can_install_its_timers(monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
@@ -335,7 +329,8 @@ def test_bench_http_profile_can_install_its_timers(monkeypatch: pytest.MonkeyPat
     from uvicorn.protocols.http import h11_impl
 
     import bench.http_profile as hp
-    import host.api
+    import host.appendbody
+    import host.requests
     import wal3.writer
 
     # Whatever _install_timers patches is put back after the test.
@@ -344,9 +339,12 @@ def test_bench_http_profile_can_install_its_timers(monkeypatch: pytest.MonkeyPat
         (h11_impl.H11Protocol, "data_received"),
         (wal3.writer, "encode_fragment"),
         (logging.getLogger("loghost.api"), "info"),
+        (host.requests, "parse"),
+        (host.appendbody, "parse"),
     ):
         monkeypatch.setattr(owner, attr, getattr(owner, attr))
-    if hasattr(host.api, "_parse"):
-        monkeypatch.setattr(host.api, "_parse", host.api._parse)
+    original = host.requests.parse
     timers = hp._install_timers()
     assert timers
+    assert host.requests.parse is not original, "the request body parse is not timed"
+    assert host.appendbody.parse is host.requests.parse, "the append path's parse is not timed"
