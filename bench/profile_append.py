@@ -203,7 +203,7 @@ async def timeline(
 ) -> dict[str, Any]:
     """Run FaultyStore(20 ms) x 256 appenders and split each manifest-write cycle
     (``inner_fsync=None`` puts the bench-only MemoryStore under the fault injector)."""
-    from wal3 import FaultyStore, LocalStore, LogWriter, LogWriterOptions
+    from wal3 import BatchOptions, FaultyStore, LocalStore, LogWriter, LogWriterOptions
     from wal3.paths import MANIFEST_PATH, join
 
     log: list[tuple[str, str, float, float, Any]] = []
@@ -217,7 +217,7 @@ async def timeline(
         w = await LogWriter.open(
             store,
             f"tl-{uuid.uuid4().hex[:6]}",
-            LogWriterOptions(writer_name="bench", **(options or {})),
+            LogWriterOptions(writer_name="bench", batch=BatchOptions(**(options or {}))),
         )
         warm = 0.5
         t_begin = time.perf_counter()
@@ -533,11 +533,11 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 VARIANTS: list[tuple[str, dict[str, Any], bool | None, float, int]] = [
-    # (label, LogWriterOptions overrides, inner LocalStore fsync / None = MemoryStore, think, size)
+    # (label, BatchOptions overrides, inner LocalStore fsync / None = MemoryStore, think, size)
     ("defaults (batch_interval_s=0.002, max_inflight_fragments=8)", {}, True, 0.0, 1024),
     ("defaults, inner LocalStore(fsync=False)", {}, False, 0.0, 1024),
     ("defaults, inner MemoryStore (no disk)", {}, None, 0.0, 1024),
-    ("batch_interval_s=0, inner MemoryStore", {"batch_interval_s": 0.0}, None, 0.0, 1024),
+    ("batch_interval_s=0, inner MemoryStore", {"interval_s": 0.0}, None, 0.0, 1024),
     ("appenders think U(0, 5 ms), inner MemoryStore", {}, None, 0.005, 1024),
     ("defaults, 4 KiB records", {}, True, 0.0, 4096),
     ("4 KiB records, inner MemoryStore", {}, None, 0.0, 4096),

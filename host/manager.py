@@ -33,6 +33,8 @@ from typing import Any
 from uuid import UUID
 
 from wal3 import (
+    BatchOptions,
+    LeaseOptions,
     LogReader,
     LogSealed,
     LogWriter,
@@ -40,6 +42,7 @@ from wal3 import (
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
+    SnapshotOptions,
 )
 from wal3.claim import ClaimWatch
 from wal3.cursors import COMPACTION, CursorStore
@@ -142,14 +145,17 @@ class LogManager:
             # server id) never write byte-identical manifests, so an etag names one writer,
             # which read leases rely on (an identity write would otherwise keep the etag).
             writer_name=f"loghost:{settings.server_id}:{secrets.token_hex(4)}",
-            batch_interval_s=settings.batch_interval_ms / 1000.0,
-            max_outstanding_bytes=settings.max_log_outstanding_bytes,
-            snapshot_fragment_threshold=settings.snapshot_fragment_threshold,
-            snapshot_threshold=settings.snapshot_threshold,
-            # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
-            snapshot_max_age_s=max(0.001, min(60.0, gc_grace / 2)),
-            read_lease_s=settings.read_lease_ms / 1000.0,
-            name_is_unique=True,
+            batch=BatchOptions(
+                interval_s=settings.batch_interval_ms / 1000.0,
+                max_outstanding_bytes=settings.max_log_outstanding_bytes,
+            ),
+            snapshot=SnapshotOptions(
+                fragment_threshold=settings.snapshot_fragment_threshold,
+                snapshot_threshold=settings.snapshot_threshold,
+                # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
+                max_age_s=max(0.001, min(60.0, gc_grace / 2)),
+            ),
+            lease=LeaseOptions(read_lease_s=settings.read_lease_ms / 1000.0, name_is_unique=True),
         )
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -311,7 +317,7 @@ class LogManager:
         go to the store unless this writer wrote the log last).  Only an optimisation: the lease
         alone decides what reads trust.
         """
-        if self._writer_options.read_lease_s <= 0:
+        if self._writer_options.lease.read_lease_s <= 0:
             return  # no leases: reads always load the stored manifest, memory is never used
         while True:
             t = self._leader.tenure(str(h.collection_id))

@@ -19,7 +19,14 @@ from collections.abc import Awaitable
 from uuid import UUID
 
 from dirtylog import DirtyLogHook, RollUp, RollUpResult
-from wal3 import LogWriter, LogWriterOptions, ObjectStore, open_store
+from wal3 import (
+    BatchOptions,
+    LogWriter,
+    LogWriterOptions,
+    ObjectStore,
+    SnapshotOptions,
+    open_store,
+)
 from wal3.paths import dirty_prefix
 
 from .auth import Authenticator
@@ -141,8 +148,10 @@ class Server:
             prefix,
             LogWriterOptions(
                 writer_name=f"loghost:{self.settings.server_id}",
-                batch_interval_s=self.settings.batch_interval_ms / 1000.0,
-                snapshot_max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2)),
+                batch=BatchOptions(interval_s=self.settings.batch_interval_ms / 1000.0),
+                snapshot=SnapshotOptions(
+                    max_age_s=max(0.001, min(60.0, self.settings.gc_grace_s / 2))
+                ),
             ),
         )
         # The dirty log is read by roll-ups, not compactors: no intrinsic compaction cursor.

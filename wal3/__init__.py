@@ -35,10 +35,18 @@ from .errors import (
 from .fragment import LogRecord
 from .localstore import LocalStore
 from .manifest import FragmentPointer, Manifest, Snapshot, SnapshotPointer
+from .options import (
+    BatchOptions,
+    IdempotencyOptions,
+    LeaseOptions,
+    LogWriterOptions,
+    RetryOptions,
+    SnapshotOptions,
+)
 from .reader import Limits, LogReader
 from .setsum import Setsum
 from .store import GetResult, ObjectMeta, ObjectStore
-from .writer import AppendResult, FragmentInfo, LogPosition, LogWriter, LogWriterOptions
+from .writer import AppendResult, FragmentInfo, LogPosition, LogWriter
 
 if TYPE_CHECKING:
     from .faulty import FaultRule, FaultyStore
@@ -65,6 +73,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AppendResult",
     "Backpressure",
+    "BatchOptions",
     "CorruptFragment",
     "CorruptManifest",
     "CursorConflict",
@@ -75,7 +84,9 @@ __all__ = [
     "FragmentPointer",
     "GarbageRejected",
     "GetResult",
+    "IdempotencyOptions",
     "InvalidCursorName",
+    "LeaseOptions",
     "Limits",
     "LocalStore",
     "LogContention",
@@ -94,11 +105,13 @@ __all__ = [
     "ObjectNotFound",
     "ObjectStore",
     "PreconditionFailed",
+    "RetryOptions",
     "S3Store",
     "ScrubFailed",
     "Setsum",
     "SimulatedCrash",
     "Snapshot",
+    "SnapshotOptions",
     "SnapshotPointer",
     "StoreError",
     "StoreUnavailable",

@@ -86,12 +86,9 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     Backpressure,
     CorruptFragment,
@@ -116,6 +113,16 @@ from .fragment import (
 )
 from .layout import load_manifest
 from .manifest import FragmentPointer, Manifest, Snapshot, ensure_room, plan_snapshot
+from .options import (
+    FENCE_FACTOR,
+    BatchOptions,
+    IdempotencyOptions,
+    LeaseOptions,
+    LogWriterOptions,
+    RetryOptions,
+    SnapshotOptions,
+    default_writer_name,
+)
 from .paths import MANIFEST_PATH, fragment_path, join
 from .reader import Limits, SnapshotCache, resolve_fragments, tail_fragments
 from .setsum import Setsum
@@ -128,18 +135,29 @@ from .store import (
     put_resolving,
 )
 
+__all__ = [
+    "FENCE_FACTOR",
+    "AppendResult",
+    "BatchOptions",
+    "FragmentHook",
+    "FragmentInfo",
+    "IdempotencyOptions",
+    "LeaseOptions",
+    "LogPosition",
+    "LogWriter",
+    "LogWriterOptions",
+    "ManifestEdit",
+    "RetryOptions",
+    "SnapshotOptions",
+    "default_writer_name",
+]
+
 _log = logging.getLogger("wal3.writer")
 _INLINE_ENCODE_BYTES = 256 << 10  # smaller batches encode faster than a thread hop
-FENCE_FACTOR = 1.25  # a take-over's fence over the lease it fences (clock-rate margin)
 
 
 def _lease_ms(read_lease_s: float) -> int:
     return max(0, round(read_lease_s * 1000))
-
-
-def default_writer_name() -> str:
-    """A name identifying this process in manifests, for debugging."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,49 +203,6 @@ class FragmentInfo:
 
 FragmentHook = Callable[[FragmentInfo], Awaitable[None]]
 ManifestEdit = Callable[[Manifest], Manifest]
-
-
-@dataclass(frozen=True)
-class LogWriterOptions:
-    """Tuning for a writer; the defaults suit a log host with many small logs."""
-
-    writer_name: str = field(default_factory=default_writer_name)
-    batch_size_bytes: int = 8 << 20
-    batch_max_records: int = 100_000
-    batch_interval_s: float = 0.002
-    max_inflight_fragments: int = 8
-    max_outstanding_bytes: int = 64 << 20
-    snapshot_fragment_threshold: int = 100
-    snapshot_threshold: int = 20
-    snapshot_max_age_s: float = 60.0
-    dedup_window_fragments: int = 256
-    dedup_window_keys: int = 10_000
-    # Keys pushed out of ``dedup_window_keys`` while their fragment is still within
-    # ``dedup_window_fragments``: kept as a hash -> sequence number each (about 100 bytes), and a
-    # retry that matches one is answered from that fragment's footer.  Past this many, the
-    # oldest go (the window then ends there).
-    dedup_spill_keys: int = 100_000
-    max_append_attempts: int = 3
-    max_rebases: int = 64
-    clock: Clock = SYSTEM_CLOCK  # wall time for record timestamps, monotonic for ages
-    # How long a store check vouches for the manifest this writer wrote (``current_manifest``);
-    # 0: never (every read loads the stored manifest, and nothing waits for a fence).
-    read_lease_s: float = 0.0
-    # ``writer_name`` belongs to this process alone (no other process ever uses it): a manifest
-    # that names it was written here, by this writer or one before it (closed: one writer per
-    # log per process), so opening it is no take-over.
-    name_is_unique: bool = False
-    # A fragment whose upload is retried this long after its hook ran is marked again before it
-    # is re-sent: whoever consumes the marks (the dirty log's roll-up) may by then have judged the
-    # old mark settled, seen no fragment at its sequence number, and dropped it.  Below the
-    # roll-up's settle time (at least 60 s), so a re-sent upload always has a young mark.
-    remark_after_s: float = 30.0
-
-    @property
-    def fence_s(self) -> float:
-        """How long acknowledgements wait after a take-over: the lease and a margin for clock
-        rates (see the module docstring)."""
-        return self.read_lease_s * FENCE_FACTOR
 
 
 def _bare(etag: str) -> str:
@@ -429,7 +404,7 @@ class LogWriter:
         self._committed = asyncio.Event()
         self._keys: collections.OrderedDict[str, AppendResult] = collections.OrderedDict()
         self._key_seq: dict[str, int] = {}  # the fragment each key is in, to expire the window
-        # hash(key) -> fragment, for keys past dedup_window_keys still in the fragment window.
+        # hash(key) -> fragment, for keys past idempotency.window_keys still in the fragment window.
         self._spill: dict[int, int] = {}
         self._keys_loaded = False
         self._unlearned: set[int] = set()  # sequence numbers whose footers we still must read
@@ -460,13 +435,13 @@ class LogWriter:
         """
         opts = options or LogWriterOptions()
         created = False
-        for _ in range(opts.max_rebases):
+        for _ in range(opts.retry.max_rebases):
             issued = opts.clock.monotonic()
             loaded = await load_manifest(store, prefix)
             if loaded is not None:
                 break
             empty = replace(
-                Manifest.empty(opts.writer_name), read_lease_ms=_lease_ms(opts.read_lease_s)
+                Manifest.empty(opts.writer_name), read_lease_ms=_lease_ms(opts.lease.read_lease_s)
             )
             try:
                 etag = await put_resolving(
@@ -484,7 +459,7 @@ class LogWriter:
             w._landed(None, etag, issued, None)  # nobody could lease what did not exist
         elif authored is not None and authored[0] and _bare(authored[0]) == _bare(etag):
             w._authored, w._lease_from = etag, issued
-        elif opts.name_is_unique and manifest.writer == opts.writer_name:
+        elif opts.lease.name_is_unique and manifest.writer == opts.writer_name:
             # Written by this process (e.g. created before this writer opened): ours.
             w._authored, w._lease_from = etag, issued
         else:
@@ -565,7 +540,7 @@ class LogWriter:
         """Renew the read lease with a HEAD of the manifest: True if it is still the one this
         writer wrote.  False when the store moved on (another writer wrote it) or cannot tell;
         the writer then stops vouching until it writes again."""
-        if self._opts.read_lease_s <= 0 or not self.authored:
+        if self._opts.lease.read_lease_s <= 0 or not self.authored:
             return False
         task = self._confirming
         if task is None:
@@ -627,21 +602,21 @@ class LogWriter:
         host before the field) is fenced for this host's own setting and a margin (``fence_s``:
         older versions fenced by their own settings, assumed equal)."""
         if manifest is None:
-            return self._opts.read_lease_s
+            return self._opts.lease.read_lease_s
         if manifest.read_lease_ms is None:
-            return self._opts.read_lease_s
+            return self._opts.lease.read_lease_s
         return manifest.read_lease_ms / 1000.0
 
     def _stamped(self, new: Manifest) -> Manifest:
         """``new`` as this writer puts it: recording the lease it may answer from it for."""
-        ms = _lease_ms(self._opts.read_lease_s)
+        ms = _lease_ms(self._opts.lease.read_lease_s)
         return new if new.read_lease_ms == ms else replace(new, read_lease_ms=ms)
 
     def _lease_s(self) -> float:
         """The lease on the manifest in memory: ours, never longer than it records (so a
         take-over, fencing for the recorded one, always outlasts it)."""
         recorded = self._manifest.read_lease_ms
-        return min(self._opts.read_lease_s, 0.0 if recorded is None else recorded / 1000.0)
+        return min(self._opts.lease.read_lease_s, 0.0 if recorded is None else recorded / 1000.0)
 
     def _raise_fence(self, manifest: Manifest | None) -> None:
         lease = self._base_lease_s(manifest)
@@ -706,7 +681,7 @@ class LogWriter:
             if waiter is not None:
                 return (await asyncio.shield(waiter)).as_duplicate()
         item = _Append([bytes(b) for b in bodies], idempotency_key, self._loop)
-        if self._outstanding_bytes + item.nbytes > self._opts.max_outstanding_bytes:
+        if self._outstanding_bytes + item.nbytes > self._opts.batch.max_outstanding_bytes:
             self.stats["backpressure"] += 1
             raise Backpressure(
                 f"{self._outstanding_bytes} bytes outstanding on {self._prefix}", "batching"
@@ -817,16 +792,16 @@ class LogWriter:
             self._wake.set()
             return
         opts = self._opts
-        while self._pending and len(self._inflight) < opts.max_inflight_fragments:
+        while self._pending and len(self._inflight) < opts.batch.max_inflight_fragments:
             idle = not self._inflight
             if not (
                 idle
                 or self._closing
                 or self._timer_fired
-                or self._pending_bytes >= opts.batch_size_bytes
+                or self._pending_bytes >= opts.batch.size_bytes
             ):
                 if self._timer is None:
-                    self._timer = self._loop.call_later(opts.batch_interval_s, self._on_timer)
+                    self._timer = self._loop.call_later(opts.batch.interval_s, self._on_timer)
                 return
             self._start_batch()
         self._timer_fired = False
@@ -846,8 +821,8 @@ class LogWriter:
         while self._pending:
             a = self._pending[0]
             if appends and (
-                nbytes + a.nbytes > opts.batch_size_bytes
-                or nrec + len(a.bodies) > opts.batch_max_records
+                nbytes + a.nbytes > opts.batch.size_bytes
+                or nrec + len(a.bodies) > opts.batch.max_records
             ):
                 break
             self._pending.popleft()
@@ -915,10 +890,10 @@ class LogWriter:
             b.encoded.set_result(frag.setsum)
             self._mine[b.seq_no] = (b.md5, frag.setsum)
             self._mine.move_to_end(b.seq_no)
-            while len(self._mine) > 4 * self._opts.dedup_window_fragments:
+            while len(self._mine) > 4 * self._opts.idempotency.window_fragments:
                 self._mine.popitem(last=False)
             self._encoded[b.md5] = None
-            while len(self._encoded) > 4 * self._opts.dedup_window_fragments:
+            while len(self._encoded) > 4 * self._opts.idempotency.window_fragments:
                 self._encoded.popitem(last=False)
             await self._settle(b)
         except BaseException as e:
@@ -937,7 +912,7 @@ class LogWriter:
             if (
                 b.hooked
                 and b.upload != "ok"
-                and self._opts.clock.monotonic() - b.hooked_at >= self._opts.remark_after_s
+                and self._opts.clock.monotonic() - b.hooked_at >= self._opts.retry.remark_after_s
             ):
                 b.hooked = False  # an old mark may be gone by now: mark again, then re-send
             await self._settle(b)
@@ -1072,7 +1047,7 @@ class LogWriter:
         if self._snapshot is None:
             return None
         snap, written = self._snapshot
-        if self._opts.clock.monotonic() - written > self._opts.snapshot_max_age_s:
+        if self._opts.clock.monotonic() - written > self._opts.snapshot.max_age_s:
             # Garbage collection may treat an old unlinked snapshot as an orphan: never link it.
             self._snapshot = None
             return None
@@ -1118,7 +1093,7 @@ class LogWriter:
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 current, cur_etag = loaded
-                if current.same_tail(base) and rebases < self._opts.max_rebases:
+                if current.same_tail(base) and rebases < self._opts.retry.max_rebases:
                     # Nobody appended (GC, a snapshot or a seal elsewhere): rebase and retry.
                     self._manifest, self._etag = current, cur_etag
                     rebases += 1
@@ -1312,7 +1287,7 @@ class LogWriter:
                         a.attempts += 1
                     elif moved and linked_others:
                         a.others_rounds += 1
-                        if a.others_rounds > self._opts.max_append_attempts:
+                        if a.others_rounds > self._opts.retry.max_append_attempts:
                             a.attempts += 1
                     elif not moved:
                         a.attempts += 1
@@ -1333,8 +1308,8 @@ class LogWriter:
                                 f"another writer appended to {self._prefix}; not written"
                             ),
                         )
-                    elif a.attempts >= self._opts.max_append_attempts:
-                        kept_ahead = a.others_rounds > self._opts.max_append_attempts
+                    elif a.attempts >= self._opts.retry.max_append_attempts:
+                        kept_ahead = a.others_rounds > self._opts.retry.max_append_attempts
                         self._reject(
                             a,
                             LogContention(
@@ -1407,7 +1382,7 @@ class LogWriter:
                 continue  # only the first unsettled batch is what stalls the log: charge it
             head = False
             b.attempts += 1
-            if b.attempts >= self._opts.max_append_attempts:
+            if b.attempts >= self._opts.retry.max_append_attempts:
                 cause = self._repair_blocked or b.error
                 err = StoreUnavailable(
                     f"fragment {b.seq_no} of {self._prefix} could not be linked ({cause!r}); "
@@ -1501,7 +1476,7 @@ class LogWriter:
         cause = self._repair_blocked if self._repair_blocked is not None else b.error
         return StoreUnavailable(
             f"{self._prefix}: not written after "
-            f"{self._opts.max_append_attempts} attempts ({cause!r})"
+            f"{self._opts.retry.max_append_attempts} attempts ({cause!r})"
         )
 
     def _go_stale(self, err: BaseException) -> None:
@@ -1533,7 +1508,7 @@ class LogWriter:
         """
         self._repair_blocked = None
         met_writer = linked_others = False
-        for _ in range(self._opts.max_rebases):
+        for _ in range(self._opts.retry.max_rebases):
             if manifest.sealed:
                 break
             seq = manifest.next_seq_no
@@ -1619,8 +1594,8 @@ class LogWriter:
             return
         snap = plan_snapshot(
             self._manifest,
-            fragment_threshold=self._opts.snapshot_fragment_threshold,
-            snapshot_threshold=self._opts.snapshot_threshold,
+            fragment_threshold=self._opts.snapshot.fragment_threshold,
+            snapshot_threshold=self._opts.snapshot.snapshot_threshold,
             writer=self._opts.writer_name,
         )
         if snap is not None:
@@ -1646,19 +1621,22 @@ class LogWriter:
         self._keys[key] = r
         self._keys.move_to_end(key)
         self._key_seq[key] = seq_no
-        while len(self._keys) > self._opts.dedup_window_keys:
+        while len(self._keys) > self._opts.idempotency.window_keys:
             old = self._keys.popitem(last=False)[0]
             seq = self._key_seq.pop(old, None)
-            if seq is not None and self._opts.dedup_spill_keys > 0:
+            if seq is not None and self._opts.idempotency.spill_keys > 0:
                 # Still within the fragment window: keep a pointer to its footer.
                 self._spill[hash(old)] = seq
-                while len(self._spill) > self._opts.dedup_spill_keys:
+                while len(self._spill) > self._opts.idempotency.spill_keys:
                     del self._spill[next(iter(self._spill))]
 
     async def _spilled_key(self, key: str) -> AppendResult | None:
         """A key pushed out of memory but still within the fragment window: from its footer."""
         seq = self._spill.get(hash(key))
-        if seq is None or seq < self._manifest.next_seq_no - self._opts.dedup_window_fragments:
+        if (
+            seq is None
+            or seq < self._manifest.next_seq_no - self._opts.idempotency.window_fragments
+        ):
             return None
         try:
             got = await self._store.get(join(self._prefix, fragment_path(seq)))
@@ -1673,7 +1651,7 @@ class LogWriter:
     def _expire_keys(self) -> None:
         """Forget keys whose fragment left the window: memory stays bounded by the window, which
         is also all a reopened writer would know (keys are kept in insertion order, ~seq order)."""
-        horizon = self._manifest.next_seq_no - self._opts.dedup_window_fragments
+        horizon = self._manifest.next_seq_no - self._opts.idempotency.window_fragments
         while self._keys:
             key = next(iter(self._keys))
             if self._key_seq.get(key, horizon) >= horizon:
@@ -1705,12 +1683,14 @@ class LogWriter:
             return
         async with self._keys_lock:
             if not self._keys_loaded:
-                # The window is the last ``dedup_window_fragments`` sequence numbers, read by path:
+                # The window is the last ``idempotency.window_fragments`` sequence numbers, read by path:
                 # wherever they sit (root or snapshots) and even when garbage collection already
                 # unlinked them (it keeps their objects for the window).  Every sequence number
                 # below the tail was linked once, so every such object is the log's own.
                 nxt = self._manifest.next_seq_no
-                self._unlearned.update(range(max(1, nxt - self._opts.dedup_window_fragments), nxt))
+                self._unlearned.update(
+                    range(max(1, nxt - self._opts.idempotency.window_fragments), nxt)
+                )
             while self._unlearned:
                 await self._learn_keys()
             self._keys_loaded = True

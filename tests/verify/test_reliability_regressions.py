@@ -21,6 +21,7 @@ from wal3 import (
     LogReader,
     LogWriter,
     LogWriterOptions,
+    SnapshotOptions,
     StoreUnavailable,
 )
 from wal3.cursors import CursorStore
@@ -36,7 +37,9 @@ SNAPSHOT = keys.in_any_log(keys.SNAPSHOT)
 
 async def _write(store: FaultyStore | LocalStore, prefix: str, n: int) -> LogWriter:
     w = await LogWriter.open(
-        store, prefix, LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
+        store,
+        prefix,
+        LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=2, snapshot_threshold=2)),
     )
     for i in range(n):
         await w.append(b"record-%d" % i)  # sequential: one fragment per record
@@ -205,7 +208,7 @@ async def test_regression_idempotency_keys_in_snapshotted_fragments_are_forgotte
     after a crash or failover appends its records a second time; with the default thresholds the
     window shrinks from 256 fragments to whatever the root still holds."""
     store = LocalStore(tmp_path)
-    opts = LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
+    opts = LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=2, snapshot_threshold=2))
     w1 = await LogWriter.open(store, log_prefix("k"), opts)
     first = await w1.append_many([b"once"], idempotency_key="key-1")
     for i in range(8):
@@ -259,7 +262,7 @@ async def test_regression_writer_repeats_a_batch_another_writer_linked_into_a_sn
     import asyncio
 
     store = LocalStore(tmp_path)
-    opts = LogWriterOptions(snapshot_fragment_threshold=2, snapshot_threshold=2)
+    opts = LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=2, snapshot_threshold=2))
     base = await LogWriter.open(store, log_prefix("two"), opts)
     for i in range(3):
         await base.append_many([b"base-%d" % i])

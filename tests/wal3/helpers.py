@@ -17,6 +17,7 @@ from wal3 import (
     Manifest,
     ObjectStore,
     Setsum,
+    SnapshotOptions,
 )
 from wal3.cursors import CursorStore
 from wal3.fragment import LogRecord, decode_fragment
@@ -168,7 +169,9 @@ async def twelve_record_log(root: Path, prefix: str, cursor: int) -> tuple[Local
     eight in two depth-1 snapshots of four, and a compaction cursor at ``cursor`` (our own
     planner cuts it at 10 for a cursor at 10: both snapshots and fragment 9 go)."""
     store = LocalStore(root)
-    opts = LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100, writer_name="w")
+    opts = LogWriterOptions(
+        writer_name="w", snapshot=SnapshotOptions(fragment_threshold=4, snapshot_threshold=100)
+    )
     w = await LogWriter.open(store, prefix, opts)
     for i in range(12):
         await w.append(f"r{i + 1}".encode())

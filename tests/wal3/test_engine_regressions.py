@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from wal3 import (
+    BatchOptions,
     CorruptFragment,
     CorruptManifest,
     FaultRule,
@@ -26,6 +27,7 @@ from wal3 import (
     ObjectNotFound,
     ObjectStore,
     Setsum,
+    SnapshotOptions,
     StoreUnavailable,
 )
 from wal3.clock import Clock as WallClock
@@ -110,7 +112,7 @@ async def test_gc_does_not_wedge_when_the_cutoff_falls_inside_a_snapshots_first_
     """Splitting a straddling snapshot that loses nothing rebuilt it at the same content address,
     both live and listed for deletion: phase 3 refused on every run, for ever."""
     clock = Clock()
-    opts = LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=100)
+    opts = LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=3, snapshot_threshold=100))
     w = await LogWriter.open(store, "logs/split", opts)
     for i in range(8):
         await w.append_many([f"a{i}".encode(), f"b{i}".encode()])  # fragments of two records
@@ -230,7 +232,9 @@ async def test_one_transient_upload_failure_is_retried_not_reported_as_contentio
     rule = faulty.add_rule(
         FaultRule("error", ops={"put"}, key_regex=r"FragmentSeqNo=0+3\.parquet$", times=4)
     )
-    opts = LogWriterOptions(batch_size_bytes=1, max_inflight_fragments=8)  # one append a batch
+    opts = LogWriterOptions(
+        batch=BatchOptions(size_bytes=1, max_inflight_fragments=8)
+    )  # one append a batch
     w = await LogWriter.open(faulty, "logs/transient", opts)
     results = await asyncio.gather(
         *(w.append(f"t{i}".encode()) for i in range(8)), return_exceptions=True
@@ -355,7 +359,7 @@ async def test_a_pipelined_batch_collected_before_recovery_is_not_appended_again
     before A recovers: A used to re-append X after Y (twice in the log, out of order)."""
     a_store = GateStore(store)
     a = await LogWriter.open(
-        a_store, "logs/rx", LogWriterOptions(writer_name="A", batch_size_bytes=1)
+        a_store, "logs/rx", LogWriterOptions(writer_name="A", batch=BatchOptions(size_bytes=1))
     )
     await a.append(b"w0")
     manifest_put = a_store.hold("put", r"manifest/MANIFEST$")
@@ -382,7 +386,7 @@ async def test_uploads_finishing_after_a_seal_are_answered_and_close_returns(
     store: ObjectStore,
 ) -> None:
     a_store = GateStore(store)
-    a = await LogWriter.open(a_store, "logs/sc", LogWriterOptions(batch_size_bytes=1))
+    a = await LogWriter.open(a_store, "logs/sc", LogWriterOptions(batch=BatchOptions(size_bytes=1)))
     await a.append(b"w0")
     g2, g3 = a_store.hold("put", _frag(2)), a_store.hold("put", _frag(3))
     ts = [asyncio.create_task(a.append(f"x{i}".encode())) for i in (2, 3)]
@@ -403,7 +407,9 @@ async def test_after_a_long_upload_outage_the_pipeline_recovers_fully(store: Obj
     """Dead speculative fragments: each recovery uncovers one; charging every waiting batch an
     attempt per recovery used to fail most of the next burst on a healthy store."""
     faulty = FaultyStore(store, seed=0)
-    w = await LogWriter.open(faulty, "logs/outage", LogWriterOptions(batch_size_bytes=1))
+    w = await LogWriter.open(
+        faulty, "logs/outage", LogWriterOptions(batch=BatchOptions(size_bytes=1))
+    )
     await w.append(b"w0")
     rule = faulty.add_rule(FaultRule("error", ops={"put"}, key_regex=_frag(2), times=12))
     await asyncio.gather(*(w.append(f"a{i}".encode()) for i in range(8)), return_exceptions=True)
@@ -433,7 +439,9 @@ async def test_the_only_writer_never_answers_contention(store: ObjectStore) -> N
             if repaired[info.seq_no] == 1:
                 raise RuntimeError("dirty log hiccup")
 
-    w = await LogWriter.open(store, "logs/only", LogWriterOptions(batch_size_bytes=1), hook=hook)
+    w = await LogWriter.open(
+        store, "logs/only", LogWriterOptions(batch=BatchOptions(size_bytes=1)), hook=hook
+    )
     await w.append(b"w0")
     await asyncio.gather(*(w.append(f"a{i}".encode()) for i in (2, 3, 4)), return_exceptions=True)
     phase["down"] = False
@@ -501,7 +509,9 @@ async def test_gc_trusts_no_cursor_past_the_tail(store: ObjectStore) -> None:
 
 async def _snapshotted(store: ObjectStore, prefix: str) -> Manifest:
     w = await LogWriter.open(
-        store, prefix, LogWriterOptions(snapshot_fragment_threshold=4, snapshot_threshold=100)
+        store,
+        prefix,
+        LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=4, snapshot_threshold=100)),
     )
     for i in range(12):
         await w.append(f"r{i + 1}".encode())

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wal3 import CorruptFragment, LogWriter, LogWriterOptions, ObjectStore
+from wal3 import BatchOptions, CorruptFragment, LogWriter, LogWriterOptions, ObjectStore
 from wal3.fragment import (
     META_KEYS,
     decode_fragment,
@@ -58,7 +58,7 @@ def test_footer_keys_carry_the_hash_and_old_footers_still_read() -> None:
 
 
 async def test_a_duplicate_answers_the_hash_of_the_first_request(store: ObjectStore) -> None:
-    w = await LogWriter.open(store, "logs/h", LogWriterOptions(batch_interval_s=0))
+    w = await LogWriter.open(store, "logs/h", LogWriterOptions(batch=BatchOptions(interval_s=0)))
     first = await w.append_many([b"x", b"y"], idempotency_key="k")
     assert first.digest == request_digest([b"x", b"y"]) and not first.deduplicated
     # live window, another body: the answer names the first request's hash, not this one's

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wal3 import (
+    BatchOptions,
     CursorConflict,
     CursorNotFound,
     FaultRule,
@@ -26,6 +27,7 @@ from wal3 import (
     NoCursors,
     ObjectStore,
     SimulatedCrash,
+    SnapshotOptions,
 )
 from wal3.cursors import CursorStore
 from wal3.fork import fork_log
@@ -38,7 +40,7 @@ from wal3.scrub import find_logs, scrub_log
 
 from .helpers import Clock, assert_dense, fill, read_all
 
-SMALL = LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=2)
+SMALL = LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=3, snapshot_threshold=2))
 
 
 async def _objects(store: ObjectStore, prefix: str) -> set[str]:
@@ -459,7 +461,8 @@ async def test_appenders_cursor_mover_and_gc_together(moto_endpoint: str, s3_buc
         store,
         "log",
         LogWriterOptions(
-            snapshot_fragment_threshold=4, snapshot_threshold=2, batch_interval_s=0.001
+            batch=BatchOptions(interval_s=0.001),
+            snapshot=SnapshotOptions(fragment_threshold=4, snapshot_threshold=2),
         ),
     )
     cursors = CursorStore(store, "log", "mover")

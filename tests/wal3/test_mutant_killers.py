@@ -11,7 +11,15 @@ from dataclasses import replace
 
 import pytest
 
-from wal3 import LogSealed, LogWriter, LogWriterOptions, ObjectStore, Setsum
+from wal3 import (
+    BatchOptions,
+    LogSealed,
+    LogWriter,
+    LogWriterOptions,
+    ObjectStore,
+    Setsum,
+    SnapshotOptions,
+)
 from wal3.cursors import CursorStore
 from wal3.fragment import fragment_path
 from wal3.gc import (
@@ -70,7 +78,9 @@ async def test_a_stale_writer_cannot_undo_another_process_collection(store: Obje
 
 async def test_two_keyed_appends_in_one_fragment_keep_their_own_offsets(store: ObjectStore) -> None:
     gated = GateStore(store)
-    w = await LogWriter.open(gated, "logs/keys", LogWriterOptions(max_inflight_fragments=1))
+    w = await LogWriter.open(
+        gated, "logs/keys", LogWriterOptions(batch=BatchOptions(max_inflight_fragments=1))
+    )
     await w.append_many([b"warm"], idempotency_key="warm")  # loads the key window first
     held = gated.hold("put", r"/log/")
     first = asyncio.create_task(w.append(b"zero"))  # its fragment is held in the store
@@ -131,7 +141,9 @@ async def test_phase_three_never_deletes_what_the_manifest_still_references(
     """A hand-built applied plan that lists live objects (as a planning bug would)."""
     clock = Clock()
     w = await LogWriter.open(
-        store, "logs/p3", LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=100)
+        store,
+        "logs/p3",
+        LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=3, snapshot_threshold=100)),
     )
     for i in range(8):
         await w.append(f"r{i}".encode())

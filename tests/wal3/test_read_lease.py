@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from wal3 import LogWriter, LogWriterOptions, ObjectStore
+from wal3 import BatchOptions, LeaseOptions, LogWriter, LogWriterOptions, ObjectStore
 from wal3.clock import Clock
 from wal3.layout import load_manifest
 
@@ -42,7 +42,12 @@ class ManualClock(Clock):
 
 
 def _opts(clock: ManualClock, name: str, lease_s: float = 1.0) -> LogWriterOptions:
-    return LogWriterOptions(writer_name=name, clock=clock, read_lease_s=lease_s, batch_interval_s=0)
+    return LogWriterOptions(
+        writer_name=name,
+        clock=clock,
+        batch=BatchOptions(interval_s=0),
+        lease=LeaseOptions(read_lease_s=lease_s),
+    )
 
 
 async def _settle() -> None:
@@ -172,9 +177,8 @@ async def test_a_manifest_naming_our_unique_writer_is_ours(store: ObjectStore) -
     unique = LogWriterOptions(
         writer_name="host:abcd",
         clock=clock,
-        read_lease_s=1.0,
-        batch_interval_s=0,
-        name_is_unique=True,
+        batch=BatchOptions(interval_s=0),
+        lease=LeaseOptions(read_lease_s=1.0, name_is_unique=True),
     )
     first = await LogWriter.open(store, "logs/u", unique)
     await first.append(b"r1")

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
-from wal3 import LocalStore, LogWriter, LogWriterOptions, ObjectStore
+from wal3 import BatchOptions, LeaseOptions, LocalStore, LogWriter, LogWriterOptions, ObjectStore
 from wal3.store import GetResult, ObjectMeta
 
 from .test_read_lease import ManualClock, _settle
@@ -75,7 +75,12 @@ async def test_a_lease_renewal_racing_our_own_write_does_not_fence_us(tmp_path: 
     w = await LogWriter.open(
         store,
         "logs/g",
-        LogWriterOptions(writer_name="only", clock=clock, read_lease_s=1.0, batch_interval_s=0),
+        LogWriterOptions(
+            writer_name="only",
+            clock=clock,
+            batch=BatchOptions(interval_s=0),
+            lease=LeaseOptions(read_lease_s=1.0),
+        ),
     )
     await w.append(b"r1")
     clock.advance(1.0)  # idle for a lease: the next read renews it with a HEAD
@@ -97,14 +102,14 @@ async def test_a_retry_within_the_last_256_fragments_is_deduplicated(tmp_path: P
     store = LocalStore(tmp_path / "store")
     opts = LogWriterOptions(writer_name="w")  # the defaults the log host uses
     w = await LogWriter.open(store, "logs/k", opts)
-    n = opts.dedup_window_keys + 1
+    n = opts.idempotency.window_keys + 1
     # Many clients, one keyed append each, at once: group commit packs them into few fragments.
     results: list[Any] = await asyncio.gather(
         *(w.append_many([b'{"id":"%d"}' % i], idempotency_key=f"k{i}") for i in range(n))
     )
     first = results[0]
     fragments_since = w.manifest.next_seq_no - 1  # every fragment of the log, k0's included
-    assert fragments_since < opts.dedup_window_fragments, fragments_since
+    assert fragments_since < opts.idempotency.window_fragments, fragments_since
     retry = await w.append_many([b'{"id":"0"}'], idempotency_key="k0")
     assert retry.deduplicated, (
         f"k0 appended again at {retry.first_offset} (first at "

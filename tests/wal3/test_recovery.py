@@ -8,12 +8,14 @@ import collections
 import pytest
 
 from wal3 import (
+    BatchOptions,
     FaultRule,
     FaultyStore,
     LogContention,
     LogWriter,
     LogWriterOptions,
     ObjectStore,
+    RetryOptions,
     Setsum,
     SimulatedCrash,
     StoreUnavailable,
@@ -116,7 +118,7 @@ async def test_errors_latency_and_lost_responses_with_idempotent_retries(
         lost_response_rate=0.05,
         precondition_storm_rate=0.05,
     )
-    opts = LogWriterOptions(batch_interval_s=0.001)
+    opts = LogWriterOptions(batch=BatchOptions(interval_s=0.001))
     w = await LogWriter.open(faulty, "logs/faults", opts)
     acked: dict[str, int] = {}
     errors: list[str] = []
@@ -178,7 +180,9 @@ async def test_hook_failure_fails_the_write_and_is_retried_by_repair(store: Obje
         if failing["on"]:
             raise StoreUnavailable("dirty log down")
 
-    w = await LogWriter.open(store, "logs/hook", LogWriterOptions(max_append_attempts=2), hook=hook)
+    w = await LogWriter.open(
+        store, "logs/hook", LogWriterOptions(retry=RetryOptions(max_append_attempts=2)), hook=hook
+    )
     with pytest.raises(StoreUnavailable):
         await w.append(b"tracked?")
     failing["on"] = False

@@ -25,12 +25,14 @@ from typing import Any
 import pytest
 
 from wal3 import (
+    BatchOptions,
     LocalStore,
     LogContention,
     LogSealed,
     LogWriter,
     LogWriterOptions,
     ObjectStore,
+    RetryOptions,
     StoreUnavailable,
     Wal3Error,
 )
@@ -63,8 +65,8 @@ async def _bodies(store: ObjectStore, prefix: str = PREFIX) -> list[bytes]:
     return await verified_bodies(store, prefix)
 
 
-async def _open(store: ObjectStore, **kw: Any) -> LogWriter:
-    opts = LogWriterOptions(writer_name="us", batch_size_bytes=1, **kw)
+async def _open(store: ObjectStore) -> LogWriter:
+    opts = LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1))
     return await LogWriter.open(store, PREFIX, opts)
 
 
@@ -245,7 +247,7 @@ async def test_repair_hook_failure_then_failed_head_duplicates_an_append(tmp_pat
             if len(repaired_calls) == 1:
                 raise RuntimeError("dirty log briefly down")
 
-    opts = LogWriterOptions(writer_name="us", batch_size_bytes=1)
+    opts = LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1))
     w = await LogWriter.open(ScriptedStore(inner, script), PREFIX, opts, hook=hook)
     await w.append(b"ours")
     with contextlib.suppress(Wal3Error):
@@ -344,7 +346,9 @@ async def test_cap_reached_with_our_own_batches_beyond_it(tmp_path: Path) -> Non
     inner = LocalStore(tmp_path / "s", fsync=False)
     hook = Hooked()
     script, _ = _hold_first_fragment_until(5, _count_manifest_puts(4, {}))
-    opts = LogWriterOptions(writer_name="us", batch_size_bytes=1, max_rebases=2)
+    opts = LogWriterOptions(
+        writer_name="us", batch=BatchOptions(size_bytes=1), retry=RetryOptions(max_rebases=2)
+    )
     w = await LogWriter.open(ScriptedStore(inner, script), PREFIX, opts, hook=hook)
     bodies = [f"b{i}".encode() for i in range(5)]
     results = await asyncio.gather(*(w.append(b) for b in bodies))
@@ -367,7 +371,7 @@ async def test_rule_a_with_our_settled_batches_behind_the_linked_one(tmp_path: P
     hook = Hooked()
     # Puts 1-4: the commit of 1..k fails; put 5 is repair's: the other writer links first.
     script, _ = _hold_first_fragment_until(4, _count_manifest_puts(4, {5: other.link_tail_orphan}))
-    opts = LogWriterOptions(writer_name="us", batch_size_bytes=1)
+    opts = LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1))
     w = await LogWriter.open(ScriptedStore(inner, script), PREFIX, opts, hook=hook)
     bodies = [f"b{i}".encode() for i in range(4)]
     results = await asyncio.gather(*(w.append(b) for b in bodies), return_exceptions=True)
@@ -424,7 +428,7 @@ async def test_rule_a_stop_leaves_a_crashed_writers_orphans_for_the_next_round(
     w = await LogWriter.open(
         ScriptedStore(inner, script),
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1)),
         hook=hook,
     )
     await w.append(b"ours")  # manifest put 1
@@ -463,7 +467,7 @@ async def test_rule_a_after_our_repair_put_landed_unseen(tmp_path: Path) -> None
     w = await LogWriter.open(
         ScriptedStore(inner, script),
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1)),
         hook=hook,
     )
     await w.append(b"ours")
@@ -496,7 +500,9 @@ async def test_open_on_more_orphans_than_the_cap(tmp_path: Path) -> None:
         inner,
         PREFIX,
         LogWriterOptions(
-            writer_name="us2", batch_size_bytes=1, max_rebases=3, max_append_attempts=2
+            writer_name="us2",
+            batch=BatchOptions(size_bytes=1),
+            retry=RetryOptions(max_rebases=3, max_append_attempts=2),
         ),
         hook=hook,
     )
@@ -543,7 +549,7 @@ async def test_our_batch_kept_behind_an_orphan_rule_a_left_then_its_writer_dies(
     w = await LogWriter.open(
         ScriptedStore(inner, script),
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1)),
         hook=hook,
     )
     ra, rb = await asyncio.gather(w.append(b"a"), w.append(b"b"), return_exceptions=True)

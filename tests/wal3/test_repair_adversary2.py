@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from wal3 import (
+    BatchOptions,
     LocalStore,
     LogContention,
     LogWriter,
     LogWriterOptions,
     ObjectStore,
+    RetryOptions,
     StoreUnavailable,
 )
 from wal3.fragment import (
@@ -68,8 +70,10 @@ async def _gc_touches_manifest(store: Any) -> None:
     await store.put(MANIFEST_KEY, replace(m, writer="gc").to_bytes(), if_match=etag)
 
 
-async def _open(store: Any, name: str = "us", **kw: Any) -> Any:
-    opts = LogWriterOptions(writer_name=name, batch_size_bytes=1, **kw)
+async def _open(store: Any, name: str = "us", **retry: Any) -> Any:
+    opts = LogWriterOptions(
+        writer_name=name, batch=BatchOptions(size_bytes=1), retry=RetryOptions(**retry)
+    )
     return await LogWriter.open(store, PREFIX, opts)
 
 
@@ -115,7 +119,7 @@ async def test_a_live_writer_deeper_than_the_cap_is_chased_for_free(tmp_path: Pa
     await w.close()
     bodies = await _bodies(inner)
     assert bodies[0] == b"ours" and bodies.count(b"collides") <= 1, bodies
-    assert used <= 2 * w.options.max_append_attempts + 1, (  # free rounds, then charged
+    assert used <= 2 * w.options.retry.max_append_attempts + 1, (  # free rounds, then charged
         f"the append was retried into {used} of the other writer's pipelines"
     )
 
@@ -154,7 +158,7 @@ async def test_a_live_writer_with_our_name_is_chased_for_free(tmp_path: Path) ->
     await w.close()
     bodies = await _bodies(inner)
     assert bodies[0] == b"ours" and bodies.count(b"collides") <= 1, bodies
-    assert used <= 2 * w.options.max_append_attempts + 1, (  # free rounds, then charged
+    assert used <= 2 * w.options.retry.max_append_attempts + 1, (  # free rounds, then charged
         f"the append waited for {used} of the other writer's fragments"
     )
 
@@ -195,7 +199,11 @@ async def test_gc_edit_over_our_lost_repair_put_answers_contention(tmp_path: Pat
     w = await LogWriter.open(
         ScriptedStore(inner, script),
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1, max_append_attempts=1),
+        LogWriterOptions(
+            writer_name="us",
+            batch=BatchOptions(size_bytes=1),
+            retry=RetryOptions(max_append_attempts=1),
+        ),
         hook=hook,
     )
     await w.append(b"ours")
@@ -238,7 +246,9 @@ async def test_keyed_retry_whose_first_attempt_lies_beyond_the_cap(tmp_path: Pat
     w = await LogWriter.open(
         inner,
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1, max_rebases=2),
+        LogWriterOptions(
+            writer_name="us", batch=BatchOptions(size_bytes=1), retry=RetryOptions(max_rebases=2)
+        ),
         hook=hook,
     )
     r = await w.append_many([b"keyed"], idempotency_key="k")
@@ -282,7 +292,9 @@ async def test_backlog_past_the_cap_with_a_hook_fault_midway(tmp_path: Path) -> 
     w = await LogWriter.open(
         inner,
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1, max_rebases=2),
+        LogWriterOptions(
+            writer_name="us", batch=BatchOptions(size_bytes=1), retry=RetryOptions(max_rebases=2)
+        ),
         hook=hook,
     )
     pos = await w.append(b"after")
@@ -373,7 +385,7 @@ async def test_unknown_upload_marked_dead_over_another_writers_orphan(tmp_path: 
     w = await LogWriter.open(
         ScriptedStore(inner, script),
         PREFIX,
-        LogWriterOptions(writer_name="us", batch_size_bytes=1),
+        LogWriterOptions(writer_name="us", batch=BatchOptions(size_bytes=1)),
         hook=hook,
     )
     await w.append(b"ours")

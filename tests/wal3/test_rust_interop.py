@@ -27,6 +27,7 @@ from wal3 import (
     ObjectNotFound,
     ObjectStore,
     SimulatedCrash,
+    SnapshotOptions,
 )
 from wal3.cursors import CursorStore
 from wal3.errors import CorruptManifest
@@ -49,7 +50,7 @@ from .helpers import assert_dense, read_all
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUST = FIXTURES / "rust_wal3"
-SMALL = LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=2)
+SMALL = LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=3, snapshot_threshold=2))
 ZERO = "0" * 64
 
 

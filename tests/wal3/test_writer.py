@@ -9,6 +9,8 @@ import pytest
 
 from wal3 import (
     Backpressure,
+    BatchOptions,
+    IdempotencyOptions,
     Limits,
     LogContention,
     LogPurged,
@@ -17,6 +19,7 @@ from wal3 import (
     LogWriter,
     LogWriterOptions,
     ObjectStore,
+    SnapshotOptions,
 )
 from wal3.layout import load_manifest
 
@@ -24,7 +27,9 @@ from .helpers import assert_dense, read_all, recomputed_setsum
 
 
 async def test_concurrent_appends_read_back_exactly_once(store: ObjectStore) -> None:
-    w = await LogWriter.open(store, "logs/c", LogWriterOptions(batch_interval_s=0.001))
+    w = await LogWriter.open(
+        store, "logs/c", LogWriterOptions(batch=BatchOptions(interval_s=0.001))
+    )
     acked: dict[int, bytes] = {}
 
     async def appender(t: int) -> None:
@@ -93,7 +98,9 @@ async def test_idempotency_window_in_memory_is_the_window_a_reopen_would_know(
 ) -> None:
     # Memory per open log is bounded by the window (here 4 fragments), not by how many keyed
     # appends the log ever took; and a live writer dedups exactly what a reopened one would.
-    opts = LogWriterOptions(dedup_window_fragments=4, batch_interval_s=0)
+    opts = LogWriterOptions(
+        batch=BatchOptions(interval_s=0), idempotency=IdempotencyOptions(window_fragments=4)
+    )
     w = await LogWriter.open(store, "logs/window", opts)
     for i in range(10):
         await w.append_many([f"r{i}".encode()], idempotency_key=f"k{i}")  # one fragment each
@@ -129,7 +136,9 @@ async def test_seal_refuses_appends_and_persists(store: ObjectStore) -> None:
 
 
 async def test_backpressure_is_typed_and_bounded(store: ObjectStore) -> None:
-    w = await LogWriter.open(store, "logs/b", LogWriterOptions(max_outstanding_bytes=500))
+    w = await LogWriter.open(
+        store, "logs/b", LogWriterOptions(batch=BatchOptions(max_outstanding_bytes=500))
+    )
     results = await asyncio.gather(
         *(w.append(b"x" * 100) for _ in range(10)), return_exceptions=True
     )
@@ -161,7 +170,7 @@ async def test_cancelled_callers_do_not_wedge_the_log(store: ObjectStore) -> Non
 
 
 async def test_close_flushes_everything_accepted(store: ObjectStore) -> None:
-    w = await LogWriter.open(store, "logs/f", LogWriterOptions(batch_interval_s=10.0))
+    w = await LogWriter.open(store, "logs/f", LogWriterOptions(batch=BatchOptions(interval_s=10.0)))
     tasks = [asyncio.create_task(w.append(f"f{i}".encode())) for i in range(30)]
     await asyncio.sleep(0)  # one scheduler turn: all 30 enqueue synchronously in it
     await w.close()
@@ -170,7 +179,7 @@ async def test_close_flushes_everything_accepted(store: ObjectStore) -> None:
 
 
 async def test_snapshots_nest_and_tail_reads_skip_them(store: ObjectStore) -> None:
-    opts = LogWriterOptions(snapshot_fragment_threshold=3, snapshot_threshold=2)
+    opts = LogWriterOptions(snapshot=SnapshotOptions(fragment_threshold=3, snapshot_threshold=2))
     w = await LogWriter.open(store, "logs/n", opts)
     for i in range(60):
         await w.append(f"n{i}".encode())  # serial: one fragment each

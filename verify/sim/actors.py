@@ -38,7 +38,14 @@ from wal3.layout import load_manifest
 from wal3.manifest import Manifest
 from wal3.paths import CURSOR_PREFIX, GARBAGE_PATH, MANIFEST_PATH, join
 from wal3.reader import Limits, LogReader
-from wal3.writer import FragmentInfo, LogWriter, LogWriterOptions
+from wal3.writer import (
+    BatchOptions,
+    FragmentInfo,
+    IdempotencyOptions,
+    LogWriter,
+    LogWriterOptions,
+    SnapshotOptions,
+)
 
 from .config import RunConfig
 from .loop import SimLoop, VirtualClock, wall_s
@@ -99,12 +106,13 @@ class WriterSlot:
         cfg = world.cfg
         opts = LogWriterOptions(
             writer_name=actor.name,
-            batch_size_bytes=cfg.batch_bytes,
-            max_inflight_fragments=cfg.pipeline,
-            snapshot_fragment_threshold=cfg.snapshot_fragment_threshold,
-            snapshot_threshold=cfg.snapshot_threshold,
-            dedup_window_fragments=cfg.window,
             clock=world.clock,
+            batch=BatchOptions(size_bytes=cfg.batch_bytes, max_inflight_fragments=cfg.pipeline),
+            snapshot=SnapshotOptions(
+                fragment_threshold=cfg.snapshot_fragment_threshold,
+                snapshot_threshold=cfg.snapshot_threshold,
+            ),
+            idempotency=IdempotencyOptions(window_fragments=cfg.window),
         )
         world.trace(f"{actor.name} opening")
         try:
