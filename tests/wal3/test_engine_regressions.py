@@ -400,7 +400,7 @@ async def test_uploads_finishing_after_a_seal_are_answered_and_close_returns(
     results = await asyncio.wait_for(asyncio.gather(*ts, return_exceptions=True), 60)
     assert all(isinstance(r, LogSealed) for r in results), results
     await asyncio.wait_for(a.close(), 60)
-    assert not a._inflight
+    assert not a._batcher.in_flight
 
 
 async def test_after_a_long_upload_outage_the_pipeline_recovers_fully(store: ObjectStore) -> None:

@@ -87,7 +87,8 @@ async def test_two_keyed_appends_in_one_fragment_keep_their_own_offsets(store: O
     await held.reached.wait()
     k1 = asyncio.create_task(w.append_many([b"a"], idempotency_key="k1"))
     k2 = asyncio.create_task(w.append_many([b"b", b"c"], idempotency_key="k2"))
-    while len(w._pending) < 2:  # both queued behind the held fragment (bounded by the gate)
+    # Both queued behind the held fragment (bounded by the gate).
+    while len(w._batcher._pending) < 2:
         await asyncio.sleep(0)
     held.release.set()
     r0, r1, r2 = await asyncio.gather(first, k1, k2)

@@ -1,0 +1,259 @@
+"""``Lease``: the writer's reads and writes of its manifest, and the read lease and the fence they
+prove.
+
+Every load and every put of the manifest by the writer goes through here, so the lease knows of
+each one: a put it issued is counted while in flight (a lease-renewing HEAD overlapping it may see
+our own next manifest), a write that landed on a base this writer did not write raises the fence,
+and so does a load that shows someone else's manifest.
+
+Read leases (``read_lease_s`` > 0): when may a reader answer from this writer's in-memory
+manifest instead of loading the stored one?  Another process may have written the log (a second
+writer is fenced, not prevented: the leader hint is advisory and may be wrong in any way), and
+an answer must never miss a record that was acknowledged before it was asked for.  The store's
+conditional writes are the only fence, so the rule is built on them and on monotonic clocks:
+
+* **Lease.**  ``current_manifest()`` is the manifest in memory only if this writer wrote it itself
+  (its etag is one our own put returned) and a store interaction *issued* less than
+  ``read_lease_s`` ago proved it was still the stored one: our write (issued at ``i``, so the
+  manifest was ours at some moment after ``i``) or a HEAD that found its etag
+  (``confirm_lease``).  A HEAD that finds another etag while one of our own manifest puts is
+  in flight (or was issued during the HEAD) gives no lease but keeps authorship: the etag may be
+  our own next manifest, its answer not back yet, and dropping authorship would make that write
+  look like a take-over (the writer fencing itself).  If it is another writer's, our put's
+  If-Match fails and recovery loads and fences it.  The manifest is read before the clock is, so
+  a pause in between can only shorten the lease.  A manifest this writer merely loaded is never leased: its author may still
+  write on top of it without fencing (its base is its own), and we would not know.  Etags are
+  content hashes (S3, the local store), so "an etag our put returned" names our bytes only if no
+  other writer can write byte-identical ones: every manifest names its writer, and writer names
+  must be unique per process (the log host's are).
+* **Fence.**  A writer whose manifest write lands on a base it did not write (a take-over: it
+  loaded that base, so another writer may hold a lease on it) acknowledges nothing until
+  ``1.25 x`` *the base's lease* after that write's answer arrived.  Likewise after every load
+  that shows a manifest it did not write: what it then learns (idempotency keys of others'
+  appends) is not answered before the fence either.
+* **Whose lease.**  Every manifest this writer puts records its ``read_lease_s`` (the
+  ``read_lease_ms`` field, which Rust ignores), a writer never leases a manifest for longer than
+  it records (one without the field is not leased at all), and the fence is for the lease
+  recorded in the base, never for the taker's own setting.  So writers configured differently
+  (a rolling change of the setting, a host at 0) stay safe: the bound a holder's lease obeys is
+  written next to the manifest it vouches for, by the holder.  (One fixed cluster-wide fence
+  would also be safe, but would make every take-over pay the largest lease anyone may ever
+  configure, and a host at 0 would still have to know it.)  A base without the field (Rust,
+  a version of this writer before the field) is fenced for this writer's own setting, as
+  before.  The fence a writer raised outlives it: ``open(authored=...)`` hands it to the next
+  writer of the log in this process, whatever that one finds stored.
+
+Why no stale read, case by case (H leases manifest M, another writer G acknowledges X):
+
+1. G's write of X lands on M (a take-over).  H's last proof of M was issued before X landed
+   (after it, the store held G's manifest and the proof would have failed), so H's lease ends
+   before landing + ``read_lease_s``; G acknowledges X no sooner than landing +
+   ``fence_s`` (G's clock, measured from when it learned of the landing, later still).  Any read
+   asked after the acknowledgement finds H's lease over; H's HEAD then sees G's etag, and the
+   read loads the stored manifest (X included).  The 25 % covers clock-rate differences.
+2. G's write lands on a manifest G wrote itself.  Nobody else can lease it (only its author
+   leases), so nobody answers from an older one: M was replaced by G's earlier take-over write,
+   whose fence has passed as in 1.
+3. H crashes, stalls, is suspended or is cut off from Redis: its lease only runs out; it never
+   extends without a store round trip, so a stalled H that wakes up re-proves before it answers
+   (``Clock.monotonic`` counts suspended time, so a suspend cannot stretch a lease).
+4. X reached H through a load (H's recovery read it, or learned its key): H's answers based on
+   that load wait for its own fence, which ends after G's (H loaded after X landed).
+5. Redis restarts empty, stalls, fails over, or names two holders: nothing above reads it.
+
+Costs: one HEAD per ``read_lease_s`` per log read from memory without being written (own writes
+renew the lease for free), and a ``fence_s`` wait for acknowledgements after a take-over (a
+fail-over, a restart, a split between hosts), never in the steady state.  With
+``read_lease_s`` = 0 nothing is leased and nothing waits: every read loads the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+
+from .errors import ObjectNotFound, StoreUnavailable
+from .layout import load_manifest
+from .manifest import Manifest
+from .options import FENCE_FACTOR, LogWriterOptions
+from .paths import MANIFEST_PATH, join
+from .store import ObjectStore, put_resolving
+
+
+def lease_ms(read_lease_s: float) -> int:
+    """A lease in seconds as a manifest records it (``read_lease_ms``)."""
+    return max(0, round(read_lease_s * 1000))
+
+
+def bare_etag(etag: str) -> str:
+    """An etag without the quotes S3 puts around it (callers may see either form)."""
+    return etag.strip('"')
+
+
+class Lease:
+    """The writer's path to its stored manifest and what that path proves: which manifest this
+    writer wrote (authorship), since when it is known to be the stored one (the lease), and
+    before when nothing may be acknowledged (the fence)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        options: LogWriterOptions,
+        held: Callable[[], tuple[Manifest, str]],
+        healthy: Callable[[], bool],
+    ) -> None:
+        """``held`` gives the manifest the writer holds in memory and its etag (what a lease
+        vouches for); ``healthy`` whether the writer may vouch for it at all (not failed, not
+        recovering, not lost track of the store)."""
+        self._store = store
+        self._prefix = prefix
+        self._opts = options
+        self._held = held
+        self._healthy = healthy
+        # The etag of the newest manifest this writer put, when the latest proof that the stored
+        # manifest was ours was issued, and the time before which nothing is acknowledged.
+        self._authored: str | None = None
+        self._lease_from: float | None = None
+        self._fence_until = float("-inf")
+        self._confirming: asyncio.Task[bool] | None = None
+        # Our manifest puts: in flight now, and issued ever.  A lease-renewing HEAD overlapping
+        # one may see our own next manifest before its answer reaches us (``confirm``).
+        self._puts_in_flight = 0
+        self._puts_issued = 0
+
+    # ------------------------------------------------------------------------------ the store
+
+    async def load(self) -> tuple[Manifest, str] | None:
+        """Load the stored manifest (what it shows of others waits for the fence)."""
+        loaded = await load_manifest(self._store, self._prefix)
+        if loaded is not None:
+            self.note_load(*loaded)
+        return loaded
+
+    async def put(self, new: Manifest, base_etag: str) -> str:
+        """Put ``new`` over ``base_etag``, counted in flight for ``confirm``."""
+        self._puts_in_flight += 1
+        self._puts_issued += 1
+        try:
+            return await put_resolving(
+                self._store, join(self._prefix, MANIFEST_PATH), new.to_bytes(), if_match=base_etag
+            )
+        finally:
+            self._puts_in_flight -= 1
+
+    def stamped(self, new: Manifest) -> Manifest:
+        """``new`` as this writer puts it: recording the lease it may answer from it for."""
+        ms = lease_ms(self._opts.lease.read_lease_s)
+        return new if new.read_lease_ms == ms else replace(new, read_lease_ms=ms)
+
+    # ---------------------------------------------------------------------- what it proves
+
+    def landed(
+        self, base: str | None, etag: str, issued: float, base_manifest: Manifest | None
+    ) -> None:
+        """Our manifest write, issued at ``issued`` on top of ``base`` (``base_manifest``),
+        landed as ``etag``."""
+        if base is not None and (
+            self._authored is None or bare_etag(base) != bare_etag(self._authored)
+        ):
+            # A take-over: whoever wrote ``base`` may hold a lease on it, as long as it says.
+            self._raise_fence(base_manifest)
+        self._authored, self._lease_from = etag, issued
+
+    def note_load(self, manifest: Manifest, etag: str) -> None:
+        """We read a manifest from the store: what it shows of others waits for the fence."""
+        if self._authored is None or bare_etag(etag) != bare_etag(self._authored):
+            self._raise_fence(manifest)
+
+    def adopt(self, etag: str, issued: float) -> None:
+        """The stored manifest, read at ``issued``, is one this process wrote: ours."""
+        self._authored, self._lease_from = etag, issued
+
+    def inherit_fence(self, until: float) -> None:
+        """The fence the log's previous writer in this process raised is this writer's too."""
+        self._fence_until = max(self._fence_until, until)
+
+    @property
+    def fence_until(self) -> float:
+        """Monotonic time before which this writer acknowledges nothing (a take-over)."""
+        return self._fence_until
+
+    def authored(self, etag: str) -> bool:
+        """Whether ``etag`` (the manifest in memory) is one this writer wrote."""
+        return self._authored is not None and bare_etag(etag) == bare_etag(self._authored)
+
+    def remaining(self) -> float:
+        """Seconds the read lease has left (0 when there is none)."""
+        manifest, etag = self._held()
+        lease = self._lease_s(manifest)
+        if lease <= 0 or self._lease_from is None or not self.authored(etag) or not self._healthy():
+            return 0.0
+        return max(0.0, self._lease_from + lease - self._opts.clock.monotonic())
+
+    async def confirm(self) -> bool:
+        """Renew the read lease with a HEAD of the manifest: True if it is still the one this
+        writer wrote.  False when the store moved on (another writer wrote it) or cannot tell;
+        the writer then stops vouching until it writes again."""
+        if self._opts.lease.read_lease_s <= 0 or not self.authored(self._held()[1]):
+            return False
+        task = self._confirming
+        if task is None:
+            task = self._confirming = asyncio.ensure_future(self._confirm())
+            task.add_done_callback(lambda _t: setattr(self, "_confirming", None))
+        return await asyncio.shield(task)
+
+    async def _confirm(self) -> bool:
+        etag = self._held()[1]
+        issued = self._opts.clock.monotonic()
+        puts_before = self._puts_issued
+        try:
+            held = await self._store.head(join(self._prefix, MANIFEST_PATH))
+        except (StoreUnavailable, ObjectNotFound, OSError):
+            return False
+        now_etag = self._held()[1]
+        if now_etag != etag or not self.authored(now_etag):
+            return self.remaining() > 0  # we wrote again meanwhile: that write proves it
+        if bare_etag(held.etag) != bare_etag(etag):
+            if self._puts_in_flight or self._puts_issued != puts_before:
+                # Maybe our own next manifest, its answer not back yet: no lease now, but
+                # authorship stays (dropping it would make that write look like a take-over
+                # and fence us against ourselves).  If another writer's it is, our put's
+                # If-Match fails and recovery loads (and fences) what it wrote.
+                return False
+            self._authored, self._lease_from = None, None  # someone else wrote the log
+            return False
+        self._lease_from = max(self._lease_from or issued, issued)
+        return True
+
+    async def wait_fence(self) -> None:
+        """Return once the fence (a take-over) has passed: an acknowledgement of anything this
+        writer knows may be given then (see the module docstring)."""
+        wait = self._fence_until - self._opts.clock.monotonic()
+        if wait > 0:
+            await self._opts.clock.sleep(wait)
+
+    def _base_lease_s(self, manifest: Manifest | None) -> float:
+        """How long the author of ``manifest`` may answer reads from it: the lease it recorded
+        in it, whatever this host's own setting; a manifest without one (Rust, a version of this
+        host before the field) is fenced for this host's own setting and a margin (``fence_s``:
+        older versions fenced by their own settings, assumed equal)."""
+        if manifest is None:
+            return self._opts.lease.read_lease_s
+        if manifest.read_lease_ms is None:
+            return self._opts.lease.read_lease_s
+        return manifest.read_lease_ms / 1000.0
+
+    def _lease_s(self, manifest: Manifest) -> float:
+        """The lease on the manifest in memory: ours, never longer than it records (so a
+        take-over, fencing for the recorded one, always outlasts it)."""
+        recorded = manifest.read_lease_ms
+        return min(self._opts.lease.read_lease_s, 0.0 if recorded is None else recorded / 1000.0)
+
+    def _raise_fence(self, manifest: Manifest | None) -> None:
+        lease = self._base_lease_s(manifest)
+        if lease > 0:
+            self._fence_until = max(
+                self._fence_until, self._opts.clock.monotonic() + FENCE_FACTOR * lease
+            )
