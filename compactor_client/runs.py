@@ -128,7 +128,7 @@ def _check_embedding(emb: Any) -> list[float] | None:
         raise InvalidRecord("embedding value too large for a float") from None
 
 
-def parse_records(offsets: Sequence[int], bodies: Sequence[bytes]) -> pa.Table:
+def parse_records(offsets: Sequence[int], bodies: Sequence[bytes | str]) -> pa.Table:
     """Decode record bodies (compact JSON ``Record``s) into ``RECORD_SCHEMA`` columns.
 
     Validation is ``fold``'s: a malformed record raises ``InvalidRecord``.  An ``add``'s metadata
@@ -355,8 +355,20 @@ def as_run(table: pa.Table) -> pa.Table:
 
 
 def _md_dicts(column: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> list[dict[str, Any] | None]:
+    """The metadata of ``rows`` as dicts; equal texts share one dict (nothing here mutates a
+    metadata dict: compositions build new ones), so repeated metadata is decoded once."""
     texts = column.take(pa.array(rows, pa.int64())).to_pylist() if len(rows) else []
-    return [None if t is None else json.loads(t) for t in texts]
+    parsed: dict[str, dict[str, Any]] = {}
+    out: list[dict[str, Any] | None] = []
+    for t in texts:
+        if t is None:
+            out.append(None)
+            continue
+        md = parsed.get(t)
+        if md is None:
+            md = parsed[t] = json.loads(t)
+        out.append(md)
+    return out
 
 
 def fold_window(records: pa.Table) -> pa.Table:
