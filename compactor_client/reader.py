@@ -134,7 +134,7 @@ def _materialize_rows(
         ):
             state = materialize([read_run(u, s3) for u in json.loads(urls)])
             n = state.num_rows
-            yield pa.RecordBatch.from_pydict(
+            out = pa.table(
                 {
                     "collection_id": pa.array([cid] * n, pa.string()),
                     "version": pa.array([version] * n, pa.int64()),
@@ -144,6 +144,7 @@ def _materialize_rows(
                     "embedding": state.column("embedding"),
                 }
             )
+            yield from out.to_batches()
 
 
 def read_collections(

@@ -446,3 +446,30 @@ def test_cli_settings_flags_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["run", "--hosts", "http://a:1"])  # no key, no store
     assert exit_info.value.code == 2
+
+
+async def test_read_collections_gives_many_states_as_one_dataframe(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The reader's Spark side: every collection's runs merged on the executors, one DataFrame."""
+    from compactor_client.reader import read_collections
+
+    store = LocalStore(tmp_path / "store")
+    rng = random.Random(13)
+    logs = {cid: Log(store, cid) for cid in ("ra", "rb", "rc")}
+    api = FakeLogApi(logs)
+    pipeline = CompactionPipeline(spark, store, {HOST: api}, ratio=2.0)
+    for _ in range(3):  # several rounds: several levels to merge on read
+        for log in logs.values():
+            await log.append_fragment(random_records(rng, 15, ids=30))
+        await pipeline.run_round([candidate(log, api.cursors.get(c, 1)) for c, log in logs.items()])
+    df = read_collections(spark, str(tmp_path / "store"), [*logs, "never-compacted"])
+    rows = df.collect()
+    for cid, log in logs.items():
+        got = {
+            r["id"]: (r["document"], r["metadata"], r["embedding"])
+            for r in rows
+            if r["collection_id"] == cid
+        }
+        assert got == normalise(fold({}, log.records)), cid
+    assert {r["collection_id"] for r in rows} == set(logs)
