@@ -214,7 +214,7 @@ def _install_timers() -> dict[str, list[float]]:
 
     import host.appendbody
     import host.requests
-    import wal3.writer
+    import wal3.batcher
 
     timers: dict[str, list[float]] = {}
 
@@ -267,7 +267,7 @@ def _install_timers() -> dict[str, list[float]]:
     request_log = logging.getLogger("loghost.api")
     patch(request_log, "info", "request log line (_log.info + JsonFormatter + write)")
     patch(h11_impl.H11Protocol, "data_received", "h11 parse + dispatch (H11Protocol.data_received)")
-    patch(wal3.writer, "encode_fragment", "encode_fragment (on the loop thread)")
+    patch(wal3.batcher, "encode_fragment", "encode_fragment (on the loop thread)")
     return timers
 
 
