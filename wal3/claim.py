@@ -297,12 +297,11 @@ class Claim:
                 return
             self._lost = True  # given away: nothing of ours may be done under it any more
             doc = {**self._doc, "released": True}
-            try:
+            # Taken over (nothing to give), or the store is down (it expires).
+            with contextlib.suppress(PreconditionFailed, StoreUnavailable, ObjectNotFound, OSError):
                 self.etag = await put_resolving(
                     self.store, self.key, _encode(doc), if_match=self.etag
                 )
-            except (PreconditionFailed, StoreUnavailable, ObjectNotFound, OSError):
-                pass  # taken over (nothing to give), or the store is down (it expires)
 
     async def abandon(self, error: BaseException) -> None:
         """The attempt failed with ``error``: close the claim, and release it only when no write
@@ -327,10 +326,9 @@ class Claim:
     async def finish(self) -> None:
         """The manifest exists: the claim means nothing any more (best effort)."""
         self._close("finished")
-        try:
+        # A leftover claim of an existing log is harmless.
+        with contextlib.suppress(StoreUnavailable, OSError):
             await self.store.delete(self.key)
-        except (StoreUnavailable, OSError):
-            pass  # a leftover claim of an existing log is harmless
 
 
 def _encode(doc: dict[str, Any]) -> bytes:

@@ -16,7 +16,8 @@ import enum
 from typing import ClassVar
 
 
-class ErrorKind(str, enum.Enum):
+# Not StrEnum (UP042): that would change what str() and f-strings of a kind give (ErrorKind.NAME).
+class ErrorKind(str, enum.Enum):  # noqa: UP042
     """What an engine error means to its caller: the closed set every error class picks from.
 
     Kinds are as fine as the answers callers tell apart, so each one has exactly one HTTP answer

@@ -23,17 +23,18 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import CorruptFragment, LogFull
-from .paths import (  # re-exported: the key layout lives in wal3.paths
-    BUCKET_SIZE,  # noqa: F401 - re-exported
-    fragment_path,
-    parse_fragment_path,  # noqa: F401 - re-exported
-)
+
+# Re-exported: every key is spelled in wal3.paths, and older callers import them from here.
+from .paths import BUCKET_SIZE as BUCKET_SIZE
+from .paths import fragment_path
+from .paths import parse_fragment_path as parse_fragment_path
 from .setsum import Setsum
 
 _U64_MAX = (1 << 64) - 1  # Rust's u64: sequence numbers and offset limits end here
@@ -66,7 +67,7 @@ def request_digest(bodies: Sequence[bytes]) -> str:
 
 def key_digest(entry: KeyEntry) -> str | None:
     """The request hash of a key's entry, None when the fragment predates it."""
-    return entry[2] if len(entry) > 2 else None  # type: ignore[misc]
+    return entry[2] if len(entry) > 2 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +202,8 @@ def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, KeyEntry]]:
     return _footer(schema.metadata or {})
 
 
-def _key_entry(v: list[object]) -> KeyEntry:
-    first, count = int(v[0]), int(v[1])  # type: ignore[call-overload]
+def _key_entry(v: list[Any]) -> KeyEntry:
+    first, count = int(v[0]), int(v[1])  # JSON values: int() takes them or raises (corrupt)
     if len(v) < 3:
         return first, count  # written before keys carried their request's hash
     digest = v[2]
@@ -244,7 +245,7 @@ def decode_fragment(data: bytes, *, compute_setsum: bool = True) -> DecodedFragm
         raise CorruptFragment("fragment offsets are not contiguous")
     records = [
         LogRecord(offset=int(o), timestamp_us=int(t), body=b)
-        for o, t, b in zip(offsets.tolist(), stamps.tolist(), bodies)
+        for o, t, b in zip(offsets.tolist(), stamps.tolist(), bodies, strict=True)
     ]
     setsum = Setsum.zero()
     if compute_setsum:

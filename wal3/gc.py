@@ -39,7 +39,7 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 from .cursors import COMPACTION, CursorStore, Witness
 from .errors import (
@@ -118,6 +118,10 @@ class GcOptions:
     intrinsic_cursor: str | None = COMPACTION
 
 
+@overload
+def _g_int(obj: dict[str, Any], key: str) -> int: ...
+@overload
+def _g_int(obj: dict[str, Any], key: str, *, optional: bool) -> int | None: ...
 def _g_int(obj: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
     v = obj.get(key)
     if v is None and optional:
@@ -312,8 +316,8 @@ class Garbage:
                     Snapshot.from_json(s) for s in _g_list(obj, "snapshots_to_make")
                 ),
                 snapshot_for_root=None if root is None else SnapshotPointer.from_json(root),
-                fragments_to_drop_start=_g_int(obj, "fragments_to_drop_start"),  # type: ignore[arg-type]
-                fragments_to_drop_limit=_g_int(obj, "fragments_to_drop_limit"),  # type: ignore[arg-type]
+                fragments_to_drop_start=_g_int(obj, "fragments_to_drop_start"),
+                fragments_to_drop_limit=_g_int(obj, "fragments_to_drop_limit"),
                 setsum_to_discard=_setsum(obj.get("setsum_to_discard"), "setsum_to_discard"),
                 first_to_keep=_unpos(obj.get("first_to_keep"), "first_to_keep"),
                 created_us=_g_int(obj, "created_us", optional=True),
@@ -333,8 +337,8 @@ class Garbage:
             snapshots_to_drop=(),
             snapshots_to_make=(),
             snapshot_for_root=None,
-            fragments_to_drop_start=_g_int(frags, "first_seq_no"),  # type: ignore[arg-type]
-            fragments_to_drop_limit=_g_int(frags, "limit_seq_no"),  # type: ignore[arg-type]
+            fragments_to_drop_start=_g_int(frags, "first_seq_no"),
+            fragments_to_drop_limit=_g_int(frags, "limit_seq_no"),
             setsum_to_discard=_setsum(obj.get("setsum_to_discard"), "setsum_to_discard"),
             first_to_keep=_unpos(obj.get("first_to_keep"), "first_to_keep"),
             created_us=_g_int(obj, "created_us", optional=True),
@@ -1317,7 +1321,7 @@ class GarbageCollector:
             return None
         if marked != seen:
             await self._store.put(key, body)
-        return min(marked[0], seen[0]), min(marked[1], seen[1])  # type: ignore[type-var]
+        return min(marked[0], seen[0]), min(marked[1], seen[1])
 
     async def _phase3(self, report: GcReport, g: Garbage, etag: str) -> None:
         """Delete what the applied plan unlinked, once the grace interval has passed.
@@ -1412,7 +1416,11 @@ class GarbageCollector:
         for i in range(0, len(names), step):
             chunk = names[i : i + step]
             starts = await asyncio.gather(*(first_offset(n) for n in chunk))
-            out += [n for n, start in zip(chunk, starts) if start is not None and start < cut]
+            out += [
+                n
+                for n, start in zip(chunk, starts, strict=True)
+                if start is not None and start < cut
+            ]
         return out
 
     async def _delete(self, keys: list[str]) -> int:

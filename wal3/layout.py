@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from .errors import ObjectNotFound
 from .manifest import Manifest
-from .paths import (  # re-exported for older callers; every key is spelled in wal3.paths
-    CLOCK_PATH,  # noqa: F401 - re-exported
-    CURSOR_PREFIX,  # noqa: F401 - re-exported
-    GARBAGE_PATH,  # noqa: F401 - re-exported
-    LOG_PREFIX,  # noqa: F401 - re-exported
-    MANIFEST_PATH,
-    OLDEST_PATH,  # noqa: F401 - re-exported
-    join,
-)
+
+# Re-exported: every key is spelled in wal3.paths, and older callers import them from here.
+from .paths import CLOCK_PATH as CLOCK_PATH
+from .paths import CURSOR_PREFIX as CURSOR_PREFIX
+from .paths import GARBAGE_PATH as GARBAGE_PATH
+from .paths import LOG_PREFIX as LOG_PREFIX
+from .paths import MANIFEST_PATH, join
+from .paths import OLDEST_PATH as OLDEST_PATH
 from .store import ObjectStore
 
 

@@ -17,13 +17,15 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from .errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
 from .store import GetResult, ObjectMeta, ObjectStore, check_condition, content_etag
+
+_T = TypeVar("_T")
 
 _HIDDEN = ".wal3-local"  # temp files and lock files live here, outside the key space
 _STALE_TEMP_S = 3600.0
@@ -267,7 +269,7 @@ class LocalStore(ObjectStore):
             self._executor.shutdown(wait=False)
             self._executor = None
 
-    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         # A pool of its own: blocking fsyncs of many logs must not queue behind the loop's
         # small default pool, and run_in_executor skips to_thread's per-call context copy.
         if self._executor is None:

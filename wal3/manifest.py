@@ -18,15 +18,14 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import CorruptManifest, LogFull
-from .paths import (  # re-exported: the key layout lives in wal3.paths
-    MANIFEST_PATH,  # noqa: F401 - re-exported
-    SNAPSHOT_PREFIX,  # noqa: F401 - re-exported
-    fragment_path,
-    snapshot_path,
-)
+
+# Re-exported: every key is spelled in wal3.paths, and older callers import them from here.
+from .paths import MANIFEST_PATH as MANIFEST_PATH
+from .paths import SNAPSHOT_PREFIX as SNAPSHOT_PREFIX
+from .paths import fragment_path, snapshot_path
 from .setsum import Setsum
 
 # Rust's integers are u64 (positions, sequence numbers, sizes) and u8 (depths); serde rejects
@@ -56,7 +55,7 @@ def _pos(offset: int) -> dict[str, int]:
     return {"offset": offset}
 
 
-def _u64(v: Any) -> bool:
+def _u64(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64_MAX
 
 
@@ -150,9 +149,11 @@ class FragmentPointer:
     def json_bytes(self) -> bytes:
         """The compact JSON encoding, computed once (pointers are immutable and every manifest
         write re-encodes all of them)."""
-        if self._json is None:
-            object.__setattr__(self, "_json", _compact(self.to_json()))
-        return self._json  # type: ignore[return-value]
+        encoded = self._json
+        if encoded is None:
+            encoded = _compact(self.to_json())
+            object.__setattr__(self, "_json", encoded)
+        return encoded
 
     def to_json(self) -> dict[str, Any]:
         """JSON form, as the Rust crate writes it (plus ``content_md5`` when known)."""
@@ -198,9 +199,11 @@ class SnapshotPointer:
 
     def json_bytes(self) -> bytes:
         """The compact JSON encoding, computed once."""
-        if self._json is None:
-            object.__setattr__(self, "_json", _compact(self.to_json()))
-        return self._json  # type: ignore[return-value]
+        encoded = self._json
+        if encoded is None:
+            encoded = _compact(self.to_json())
+            object.__setattr__(self, "_json", encoded)
+        return encoded
 
     @property
     def path(self) -> str:
@@ -274,11 +277,12 @@ def _check_run(entries: Sequence[Pointer], where: str) -> None:
                 raise CorruptManifest(
                     f"{where}: {e.path} starts at {e.start}, expected {prev.limit} (gap or overlap)"
                 )
-            if isinstance(e, FragmentPointer) and isinstance(prev, FragmentPointer):
-                if e.seq_no != prev.seq_no + 1:
-                    raise CorruptManifest(
-                        f"{where}: fragment seq_no {e.seq_no} follows {prev.seq_no}"
-                    )
+            if (
+                isinstance(e, FragmentPointer)
+                and isinstance(prev, FragmentPointer)
+                and e.seq_no != prev.seq_no + 1
+            ):
+                raise CorruptManifest(f"{where}: fragment seq_no {e.seq_no} follows {prev.seq_no}")
         prev = e
 
 
@@ -303,11 +307,13 @@ class Snapshot:
         if not children:
             raise ValueError("a snapshot holds at least one pointer")
         setsum = _sum(children)
-        if all(isinstance(c, FragmentPointer) for c in children):
-            return cls(snapshot_path(setsum), 1, setsum, writer, (), tuple(children))  # type: ignore[arg-type]
-        if all(isinstance(c, SnapshotPointer) for c in children):
-            depth = max(c.depth for c in children) + 1  # type: ignore[union-attr]
-            return cls(snapshot_path(setsum), depth, setsum, writer, tuple(children), ())  # type: ignore[arg-type]
+        fragments = [c for c in children if isinstance(c, FragmentPointer)]
+        if len(fragments) == len(children):
+            return cls(snapshot_path(setsum), 1, setsum, writer, (), tuple(fragments))
+        snapshots = [c for c in children if isinstance(c, SnapshotPointer)]
+        if len(snapshots) == len(children):
+            depth = max(c.depth for c in snapshots) + 1
+            return cls(snapshot_path(setsum), depth, setsum, writer, tuple(snapshots), ())
         raise ValueError("a snapshot never holds both snapshots and fragments")
 
     @property
@@ -479,11 +485,6 @@ class Manifest:
         """Bytes of all live fragments."""
         return sum(e.num_bytes for e in self.entries)
 
-    @property
-    def num_fragments_in_root(self) -> int:
-        """Fragment pointers held directly by the root."""
-        return len(self.fragments)
-
     # ---------------------------------------------------------------------------- checking
 
     def check(self) -> None:
@@ -504,12 +505,16 @@ class Manifest:
                 raise CorruptManifest(
                     f"manifest starts at {entries[0].start}, expected {self.initial_offset}"
                 )
-            if not self.snapshots and self.fragments and self.initial_seq_no is not None:
-                if self.fragments[0].seq_no != self.initial_seq_no:
-                    raise CorruptManifest(
-                        f"first fragment is seq {self.fragments[0].seq_no}, "
-                        f"expected {self.initial_seq_no}"
-                    )
+            if (
+                not self.snapshots
+                and self.fragments
+                and self.initial_seq_no is not None
+                and self.fragments[0].seq_no != self.initial_seq_no
+            ):
+                raise CorruptManifest(
+                    f"first fragment is seq {self.fragments[0].seq_no}, "
+                    f"expected {self.initial_seq_no}"
+                )
         if _sum(entries) + self.collected != self.setsum:
             raise CorruptManifest("setsum does not balance: live pointers + collected != setsum")
 

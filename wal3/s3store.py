@@ -80,7 +80,8 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
 _Retry = Literal["throttle", "transient"]
 
 
-class _NoResendHTTPSession(AIOHTTPSession):
+# aiobotocore ships no type information (pyproject ignores its imports): its classes are Any.
+class _NoResendHTTPSession(AIOHTTPSession):  # type: ignore[misc]
     """aiobotocore's aiohttp session with aiohttp's silent resend switched off.
 
     aiohttp re-sends an "idempotent" request (PUT included) once when the server drops the
@@ -337,7 +338,7 @@ class S3Store(ObjectStore):
         while True:
             page_params = dict(params)
 
-            async def call(s3: Any) -> Any:
+            async def call(s3: Any, page_params: dict[str, Any] = page_params) -> Any:
                 return await s3.list_objects_v2(**page_params)
 
             try:

@@ -39,7 +39,7 @@ class Setsum:
 
     def __init__(self, lanes: Iterable[int] = (0, 0, 0, 0, 0, 0, 0, 0)) -> None:
         lanes = tuple(int(x) for x in lanes)
-        if len(lanes) != 8 or any(not 0 <= x < p for x, p in zip(lanes, PRIMES)):
+        if len(lanes) != 8 or any(not 0 <= x < p for x, p in zip(lanes, PRIMES, strict=True)):
             raise ValueError("a setsum has eight lanes, each reduced modulo its prime")
         self._lanes: tuple[int, ...] = lanes
 
@@ -54,7 +54,7 @@ class Setsum:
     def of(cls, item: bytes) -> Setsum:
         """The setsum of a single item."""
         lanes = _LANES.unpack(hashlib.sha3_256(item).digest())
-        return cls(x % p for x, p in zip(lanes, PRIMES))
+        return cls(x % p for x, p in zip(lanes, PRIMES, strict=True))
 
     @classmethod
     def of_items(cls, items: Iterable[bytes]) -> Setsum:
@@ -96,18 +96,18 @@ class Setsum:
             acc[5] += la[5]
             acc[6] += la[6]
             acc[7] += la[7]
-        return cls._trusted(tuple(a % p for a, p in zip(acc, PRIMES)))
+        return cls._trusted(tuple(a % p for a, p in zip(acc, PRIMES, strict=True)))
 
     # --------------------------------------------------------------------------- arithmetic
 
     def __add__(self, other: Setsum) -> Setsum:
         return Setsum._trusted(
-            tuple((a + b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES))
+            tuple((a + b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES, strict=True))
         )
 
     def __sub__(self, other: Setsum) -> Setsum:
         return Setsum._trusted(
-            tuple((a - b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES))
+            tuple((a - b) % p for a, b, p in zip(self._lanes, other._lanes, PRIMES, strict=True))
         )
 
     def __eq__(self, other: object) -> bool:

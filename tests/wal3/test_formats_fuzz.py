@@ -10,6 +10,7 @@ garbage plan applied to (or verified against) a real manifest may only be refuse
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,7 @@ def mutated(draw: st.DrawFn, base: Any) -> bytes:
             node = node[key]
         if holder is None:
             if isinstance(doc, dict):
-                holder, key = doc, draw(st.sampled_from(list(doc) + ["extra"]))
+                holder, key = doc, draw(st.sampled_from([*doc, "extra"]))
             else:
                 doc = draw(json_values)
                 continue
@@ -166,10 +167,8 @@ def test_manifest(data: bytes) -> None:
     m = only(CorruptManifest, Manifest.from_bytes, data)
     if m is not None:
         assert Manifest.from_bytes(m.to_bytes()) == m
-        try:
-            m.next_seq_no
-        except CorruptManifest:
-            pass
+        with contextlib.suppress(CorruptManifest):
+            _ = m.next_seq_no  # may raise only CorruptManifest
         assert m.oldest_offset <= m.next_offset
 
 

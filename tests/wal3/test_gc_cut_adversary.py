@@ -22,7 +22,7 @@ from wal3.cursors import CursorStore
 from wal3.errors import GarbageRejected
 from wal3.gc import GarbageCollector, GcOptions, GcReport, live_snapshot_paths, verify_cut
 from wal3.layout import load_manifest
-from wal3.manifest import Manifest, Snapshot, SnapshotPointer
+from wal3.manifest import Manifest, Snapshot
 from wal3.paths import MANIFEST_PATH, join
 from wal3.reader import SnapshotCache
 from wal3.setsum import Setsum
@@ -183,7 +183,7 @@ def test_a_roll_pointer_equal_to_a_verified_one_elsewhere_is_refused(tmp_path: P
         store = await _snapshotted_log(tmp_path, 7)
         g, m, cut = await _plan(store, _Clock())
         fn = cut.edit(g, "gc")
-        s_a, s_b, s_c = m.snapshots
+        _s_a, s_b, s_c = m.snapshots
         with pytest.raises(GarbageRejected):
             fn(replace(m, snapshots=(s_b, s_c)))
 

@@ -87,11 +87,11 @@ async def test_two_keyed_appends_in_one_fragment_keep_their_own_offsets(store: O
     await held.reached.wait()
     k1 = asyncio.create_task(w.append_many([b"a"], idempotency_key="k1"))
     k2 = asyncio.create_task(w.append_many([b"b", b"c"], idempotency_key="k2"))
-    # Both queued behind the held fragment (bounded by the gate).
-    while len(w._batcher._pending) < 2:
+    # Both queued behind the held fragment (bounded by the gate); nothing signals it: poll.
+    while len(w._batcher._pending) < 2:  # noqa: ASYNC110
         await asyncio.sleep(0)
     held.release.set()
-    r0, r1, r2 = await asyncio.gather(first, k1, k2)
+    _r0, r1, r2 = await asyncio.gather(first, k1, k2)
     assert (r1.first_offset, r1.count, r2.first_offset, r2.count) == (3, 1, 4, 2)
     loaded = await load_manifest(store, "logs/keys")
     assert loaded is not None and loaded[0].next_seq_no == 4  # warm, zero, then one for both
@@ -126,10 +126,10 @@ async def test_the_verifier_refuses_plans_whose_setsums_do_not_balance(store: Ob
     g, m = await _plan(store, "logs/balance", 5)
     verify_garbage(g, m, GcOptions(max_fraction=1.0))  # the true plan passes
     wrong = replace(g, setsum_to_discard=g.setsum_to_discard + Setsum.of(b"x"))
-    with pytest.raises(GarbageRejected, match="balance|discarded"):
+    with pytest.raises(GarbageRejected, match=r"balance|discarded"):
         verify_garbage(wrong, m, GcOptions(max_fraction=1.0))
     short = replace(g, setsum_to_discard=Setsum.zero())
-    with pytest.raises(GarbageRejected, match="balance|discarded"):
+    with pytest.raises(GarbageRejected, match=r"balance|discarded"):
         verify_garbage(short, m, GcOptions(max_fraction=1.0))
 
 
@@ -154,7 +154,7 @@ async def test_phase_three_never_deletes_what_the_manifest_still_references(
     await CursorStore(store, "logs/p3", "t").init("compaction", m.next_offset)
     live = await live_snapshot_paths(store, "logs/p3", m, SnapshotCache())
     assert live
-    snaps = [p for p in m.snapshots]
+    snaps = list(m.snapshots)
     bad = Garbage(
         snapshots_to_drop=tuple(snaps),
         snapshots_to_make=(),

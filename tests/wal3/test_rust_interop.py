@@ -9,7 +9,9 @@ written from the Rust sources at that commit: what serde's derive demands of ``G
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import json
 import struct
 from pathlib import Path
@@ -334,7 +336,7 @@ def rust_apply(man: dict[str, Any], g: dict[str, Any]) -> dict[str, Any] | None:
     live = Setsum.sum(_hex(e["setsum"]) for e in new["snapshots"] + new["fragments"])
     assert _hex(new["setsum"]) == live + _hex(new["collected"]), "scrub: setsum"
     for run in (new["snapshots"], new["fragments"]):
-        for a, b in zip(run, run[1:]):
+        for a, b in itertools.pairwise(run):
             assert a["limit"] == b["start"], "scrub: gap"
     if new["snapshots"] and new["fragments"]:
         assert new["snapshots"][-1]["limit"] == new["fragments"][0]["start"], "scrub: gap"
@@ -617,10 +619,8 @@ async def test_rust_phase3_after_our_phase2_keeps_the_log_intact(tmp_path: Path,
     plan = rust_decode_garbage(json.loads(raw))
     assert "applied_us" in plan  # our extension, which Rust ignores
     for path in rust_phase3_paths(plan):
-        try:
+        with contextlib.suppress(ObjectNotFound):
             await store.delete(join("logs/r", path))
-        except ObjectNotFound:
-            pass
     await store.put(join("logs/r", GARBAGE_PATH), canonical(RUST_EMPTY))
     await _intact(store, "logs/r", plan["first_to_keep"]["offset"])
     report = await gc.run_once()  # and ours carries on from Rust's idle file
@@ -769,10 +769,8 @@ async def test_rusts_wrapped_lone_child_is_read_and_collected(tmp_path: Path) ->
     await _intact(store, "logs/z", obj["first_to_keep"]["offset"])
     # Rust's phase 3 on it, then ours collects further over the wrapped pointer.
     for path in rust_phase3_paths(obj):
-        try:
+        with contextlib.suppress(ObjectNotFound):
             await store.delete(join("logs/z", path))
-        except ObjectNotFound:
-            pass
     await store.put(join("logs/z", GARBAGE_PATH), EMPTY_GARBAGE)
     await _intact(store, "logs/z", obj["first_to_keep"]["offset"])
     cursors = CursorStore(store, "logs/z", "t")
@@ -802,10 +800,8 @@ async def test_rusts_wrapped_plan_is_resumed_by_ours(tmp_path: Path) -> None:
     obj["snapshots_to_make"].append(json.loads(wrapper.to_bytes()))
     obj["snapshot_for_root"] = wrapper.to_pointer().to_json()
     for s in obj["snapshots_to_make"]:
-        try:
+        with contextlib.suppress(ObjectNotFound):
             await store.delete(join("logs/y", s["path"]))
-        except ObjectNotFound:
-            pass
     await _garbage_file(store, "logs/y", obj)
     gc = GarbageCollector(store, "logs/y", GcOptions(grace_s=60, retain_fragments=0), clock=clock)
     assert (await gc.run_once()).phase == "waiting"

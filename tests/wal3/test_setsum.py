@@ -83,7 +83,7 @@ def test_each_lane_must_be_reduced_below_its_prime() -> None:
         assert Setsum(lanes).digest()  # the largest reduced value is fine
         lanes[i] = p
         with pytest.raises(
-            ValueError, match="^a setsum has eight lanes, each reduced modulo its prime$"
+            ValueError, match=r"^a setsum has eight lanes, each reduced modulo its prime$"
         ):
             Setsum(lanes)
         with pytest.raises(ValueError):

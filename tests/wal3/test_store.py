@@ -743,7 +743,7 @@ async def test_open_store_s3(
     "url", ["gs://bucket/x", "http://host/x", "s3://", "file://otherhost/x", "s3:/bucket/x", ""]
 )
 def test_open_store_rejects_unsupported_urls(url: str) -> None:
-    with pytest.raises(ValueError, match="store URL|s3 URL|file URL"):
+    with pytest.raises(ValueError, match=r"store URL|s3 URL|file URL"):
         open_store(url)
 
 
