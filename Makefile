@@ -40,8 +40,8 @@ run: $(STAMP)
 	$(VENV)/bin/loghost serve --dev --store $(STORE) --listen $(LISTEN)
 
 # Two workers, one per core (CI has 2); a test file stays on one worker (its module fixtures,
-# its servers).  `pytest -q` alone runs the same suite in one process.
-test: $(STAMP) redis promtool
+# its servers).  `pytest -q` alone runs the same suite in one process.  Lint and types first.
+test: lint redis promtool
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 # Lint and types, as configured in pyproject.toml: ruff (rules and format) over the tree, mypy over
