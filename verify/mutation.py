@@ -34,6 +34,11 @@ PACKAGES = ["host/", "dirtylog/", "compactor_client/", "verify/"]
 # module -> its fast test subset (what ``make mutation`` runs against each mutant)
 TARGETS: dict[str, list[str]] = {
     "wal3/writer.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/batcher.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/committer.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/recovery.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/idempotency.py": ["tests/wal3", "tests/verify/test_sim.py"],
+    "wal3/lease.py": ["tests/wal3", "tests/verify/test_sim.py"],
     "wal3/manifest.py": ["tests/wal3", "tests/verify/test_sim.py"],
     "wal3/gc.py": ["tests/wal3", "tests/verify/test_sim.py"],
     "wal3/cursors.py": ["tests/wal3", "tests/verify/test_sim.py"],
