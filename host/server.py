@@ -38,7 +38,7 @@ from .metrics import Metrics
 from .services.adoption import Adoption
 from .services.cursors import CursorService
 from .services.dirty import DirtyService
-from .services.dirtyset import DirtySet
+from .services.dirtyset import HostDirtyLog
 from .services.gc import GcScheduler
 from .services.lifecycle import LifecycleService
 from .services.records import RecordService
@@ -76,7 +76,7 @@ class Server:
             )
         )
         # Background work and the dirty set.
-        self.dirty_set = DirtySet(self._open_dirty)
+        self.dirty_set = HostDirtyLog(self._open_dirty)
         self.manager = LogManager(
             self.store, settings, self.metrics, self.leader, self.dirty_set.mark
         )

@@ -17,7 +17,7 @@ from wal3.paths import dirty_prefix
 
 from ..dirty import StoredDirtyLog
 from ..errors import BadRequest, NotFound
-from .dirtyset import DirtySet
+from .dirtyset import HostDirtyLog
 from .rollups import RollupScheduler
 
 _log = logging.getLogger("loghost.server")
@@ -32,7 +32,7 @@ class Adoption:
         self,
         store: ObjectStore,
         server_id: str,
-        dirty: DirtySet,
+        dirty: HostDirtyLog,
         rollups: RollupScheduler,
         offsets: CompactionOffsets,
     ) -> None:

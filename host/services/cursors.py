@@ -12,7 +12,7 @@ from wal3.gc import pin_cursor
 from ..errors import BadRequest, NotFound
 from ..manager import LogHandle, LogManager
 from ..models import CompactionResponse, CursorOut, CursorPut
-from .dirtyset import DirtySet
+from .dirtyset import HostDirtyLog
 from .gc import GcScheduler
 
 
@@ -30,7 +30,7 @@ class CursorService:
     """The cursors of collection logs, through the log manager."""
 
     def __init__(
-        self, store: ObjectStore, manager: LogManager, dirty: DirtySet, gc: GcScheduler
+        self, store: ObjectStore, manager: LogManager, dirty: HostDirtyLog, gc: GcScheduler
     ) -> None:
         self._store = store
         self._manager = manager

@@ -12,7 +12,7 @@ from ..config import Settings
 from ..manager import LogManager
 from ..models import AdoptResponse, DirtyLogOut, DirtyResponse
 from .adoption import Adoption
-from .dirtyset import DirtySet
+from .dirtyset import HostDirtyLog
 from .rollups import RollupScheduler
 
 
@@ -21,7 +21,7 @@ class DirtyService:
 
     def __init__(
         self,
-        dirty: DirtySet,
+        dirty: HostDirtyLog,
         rollups: RollupScheduler,
         adoption: Adoption,
         manager: LogManager,

@@ -17,7 +17,7 @@ _log = logging.getLogger("loghost.server")
 OpenDirtyLog = Callable[[], Awaitable[DirtyLog]]
 
 
-class DirtySet:
+class HostDirtyLog:
     """Owns the open dirty log: reopens it when its writer failed, marks fragments, purges.
 
     ``purged`` is the collections purged from the dirty set and not written since: the untracked

@@ -14,7 +14,7 @@ from ..forks import fork_collection
 from ..manager import LogManager
 from ..metrics import Metrics
 from ..models import LogState
-from .dirtyset import DirtySet
+from .dirtyset import HostDirtyLog
 from .gc import GcScheduler
 from .logview import log_state, stored_compaction_offset
 
@@ -26,7 +26,7 @@ class LifecycleService:
         self,
         store: ObjectStore,
         manager: LogManager,
-        dirty: DirtySet,
+        dirty: HostDirtyLog,
         gc: GcScheduler,
         metrics: Metrics,
         server_id: str,

@@ -12,7 +12,7 @@ from dirtylog import RollUpResult
 
 from ..config import Settings
 from ..metrics import Metrics
-from .dirtyset import DirtySet
+from .dirtyset import HostDirtyLog
 from .untracked import UntrackedCheck
 
 _log = logging.getLogger("loghost.server")
@@ -22,7 +22,7 @@ class RollupScheduler:
     """Runs roll-ups of the server's dirty log, periodically and on demand."""
 
     def __init__(
-        self, dirty: DirtySet, untracked: UntrackedCheck, metrics: Metrics, settings: Settings
+        self, dirty: HostDirtyLog, untracked: UntrackedCheck, metrics: Metrics, settings: Settings
     ) -> None:
         self._dirty = dirty
         self._untracked = untracked

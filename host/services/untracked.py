@@ -10,13 +10,13 @@ from dirtylog import missing_from_dirty_set
 
 from ..manager import LogManager
 from ..metrics import Metrics
-from .dirtyset import DirtySet
+from .dirtyset import HostDirtyLog
 
 
 class UntrackedCheck:
     """Samples open logs' tails before a roll-up and counts, after it, those it left out."""
 
-    def __init__(self, manager: LogManager, dirty: DirtySet, metrics: Metrics) -> None:
+    def __init__(self, manager: LogManager, dirty: HostDirtyLog, metrics: Metrics) -> None:
         self._manager = manager
         self._dirty = dirty
         self._metrics = metrics

@@ -271,7 +271,7 @@ class _WalLike(MemoryLogBackend):
 
 async def test_reopening_the_dirty_log_after_a_writer_failure_empties_get_dirty() -> None:
     from host.dirty import DirtyLog
-    from host.services.dirtyset import DirtySet as HostDirtySet
+    from host.services.dirtyset import HostDirtyLog as HostDirtySet
 
     backend = _WalLike()
     compaction = MemoryCompactionOffsets()
