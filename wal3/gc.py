@@ -348,13 +348,20 @@ class Garbage:
 
     # ------------------------------------------------------------------------ apply
 
-    def apply(self, m: Manifest, writer: str) -> Manifest:
+    def apply(
+        self, m: Manifest, writer: str, *, entries: Sequence[Pointer] | None = None
+    ) -> Manifest:
         """The manifest with this garbage removed; idempotent; raises GarbageRejected if stale.
 
         Rust's semantics (root snapshots listed in ``snapshots_to_drop`` and root fragments in
         ``[start, limit)`` leave, ``snapshot_for_root`` goes first, what left minus what came
         must be ``setsum_to_discard``), plus our checks: the result passes ``Manifest.check``
-        (so only a prefix can go) and keeps the tail.
+        (so only a prefix can go), its root is in root order as it stands (snapshots, then
+        fragments: never re-sorted into order), and it keeps the tail.
+
+        ``entries`` stands for ``m``'s root pointers when given: :meth:`VerifiedCut.edit` passes
+        a root whose writer rolls it has undone, which may list a verified fragment before a
+        snapshot that the cut keeps (no manifest can hold that; the result must not).
         """
         if self.legacy:
             raise GarbageRejected("a legacy plan is never applied")
@@ -366,7 +373,7 @@ class Garbage:
         root = self.snapshot_for_root
         left = Setsum.zero()
         rest: list[Pointer] = []
-        for e in m.entries:
+        for e in m.entries if entries is None else entries:
             if isinstance(e, SnapshotPointer) and e in drop:
                 if e != root:
                     left = left + e.setsum
@@ -386,11 +393,17 @@ class Garbage:
                 "garbage does not balance (or is stale): what it removes "
                 "does not sum to its setsum_to_discard"
             )
+        snapshots = tuple(p for p in rest if isinstance(p, SnapshotPointer))
+        fragments = tuple(p for p in rest if isinstance(p, FragmentPointer))
+        if (*snapshots, *fragments) != tuple(rest):
+            raise GarbageRejected(
+                "garbage leaves a root out of order (a fragment before a snapshot)"
+            )
         new = replace(
             m,
             writer=writer,
-            snapshots=tuple(p for p in rest if isinstance(p, SnapshotPointer)),
-            fragments=tuple(p for p in rest if isinstance(p, FragmentPointer)),
+            snapshots=snapshots,
+            fragments=fragments,
             collected=m.collected + self.setsum_to_discard,
             initial_offset=self.first_to_keep,
             initial_seq_no=self.fragments_to_drop_limit,
@@ -670,31 +683,36 @@ class VerifiedCut:
                 # every collector edit gives it one more write) changed nothing the proof is
                 # about: undo the roll and cut as verified (seed 8007 of the long simulation:
                 # every pass was discarded while the writer worked through its snapshot backlog).
-                unrolled = _unrolled(m, self.removed)
+                unrolled = _unrolled(m.entries, self.removed)
                 if unrolled is None:
                     raise GarbageRejected(
                         "the log's oldest pointers changed since the plan was verified"
                     )
-                m = unrolled
+                return replace(g.apply(m, writer, entries=unrolled), gc_floor=None)
             return replace(g.apply(m, writer), gc_floor=None)
 
         return fn
 
 
-def _unrolled(m: Manifest, removed: tuple[Pointer, ...]) -> Manifest | None:
-    """``m`` with the verified root prefix ``removed`` back in place of the snapshots a writer
-    rolled parts of it into since; None unless ``m``'s root is exactly that.
+def _unrolled(
+    entries: Sequence[Pointer], removed: tuple[Pointer, ...]
+) -> tuple[Pointer, ...] | None:
+    """The root ``entries`` with the verified root prefix ``removed`` back in place of the
+    snapshots a writer rolled parts of it into since; None unless ``entries`` is exactly that.
 
-    Each root pointer of ``m`` up to the end of ``removed`` must be either the next verified
-    pointer itself or a snapshot pointer standing for a run of consecutive verified pointers:
-    the same range, the same byte count and the same setsum as the run together (nested rolls
-    included: a roll of rolls still sums to the run it covers).  So the cut removes exactly
-    what was proved, by pointer, and the roll's own pointer only leaves the root with it; it is
-    never deleted by this plan (phase 3 deletes what the plan lists, after re-checking what
-    the manifest references) but swept as an orphan once it is wholly below the live range.
-    A roll reaching past ``removed`` (into what the plan keeps) is not undone: None.
+    Each root pointer up to the end of ``removed`` must be either the next verified pointer
+    itself or a snapshot pointer standing for a run of consecutive verified pointers: the same
+    range, the same byte count and the same setsum as the run together (nested rolls included:
+    a roll of rolls still sums to the run it covers).  So the cut removes exactly what was
+    proved, by pointer, and the roll's own pointer only leaves the root with it; it is never
+    deleted by this plan (phase 3 deletes what the plan lists, after re-checking what the
+    manifest references) but swept as an orphan once it is wholly below the live range.  A roll
+    reaching past ``removed`` (into what the plan keeps) is not undone: None.
+
+    The result is not a manifest's root: when the writer also rolled kept fragments, it lists
+    verified fragments before the kept roll.  The cut removes those, and
+    :meth:`Garbage.apply` refuses any result still out of root order.
     """
-    entries = m.entries
     out: list[Pointer] = []
     i = k = 0
     while i < len(removed):
@@ -716,12 +734,7 @@ def _unrolled(m: Manifest, removed: tuple[Pointer, ...]) -> Manifest | None:
             return None
         out.extend(removed[i:j])
         i = j
-    rest = (*out, *entries[k:])
-    snapshots = tuple(p for p in rest if isinstance(p, SnapshotPointer))
-    fragments = tuple(p for p in rest if isinstance(p, FragmentPointer))
-    if (*snapshots, *fragments) != rest:
-        return None  # not in root order (snapshots, then fragments): not the manifest verified
-    return replace(m, snapshots=snapshots, fragments=fragments)
+    return (*out, *entries[k:])
 
 
 async def verify_cut(store: ObjectStore, prefix: str, g: Garbage, m: Manifest) -> VerifiedCut:

@@ -6,7 +6,8 @@ straddler, rolls reaching into what the plan keeps, misordered or duplicated poi
 roll with another setsum, a cursor pinned between the plan and the cut, a crash-resumed plan over
 a rolled root, and a whole collection (phase 3 and the orphan sweep) under a rolling writer,
 after which every record from the pinned cursor still reads back and every object the manifest
-reaches exists.  ``xfail(strict=True)`` marks what the review found wrong.
+reaches exists.  The one case the review found wrong (rolls of removed and kept fragments
+together discarded the plan) is fixed: ``Garbage.apply`` takes the unrolled root as it stands.
 """
 
 from __future__ import annotations
@@ -271,17 +272,6 @@ def test_crash_between_phases_then_a_roll_resumes_safely(tmp_path: Path) -> None
 # ------------------------------------------------------------------------------ findings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "liveness: _unrolled checks root order on the intermediate manifest (verified prefix "
-        "back in place, then the rest), so a roll of KEPT fragments made after the rolls of the "
-        "removed ones (P3 = f5+f6 behind P1 = f1+f2, P2 = f3+f4, cut at f5) puts a snapshot "
-        "after fragments and the whole cut is refused, although after the cut the root "
-        "[P3, f7, ...] is in order; the writer rolls on every write (appends too), so a plan "
-        "over a fragment backlog is discarded again"
-    ),
-)
 def test_rolls_of_removed_and_kept_fragments_together_still_cut(tmp_path: Path) -> None:
     async def go() -> None:
         store = await _log(tmp_path, 24)
@@ -294,8 +284,27 @@ def test_rolls_of_removed_and_kept_fragments_together_still_cut(tmp_path: Path) 
         for _ in range(3):  # three writes of the writer, each rolling two fragments
             r = _roll(r, r.fragments[:2])
         assert len(r.snapshots) == 3
-        got = fn(r)  # raises GarbageRejected today
+        got = fn(r)
         assert got.oldest_offset == expect.oldest_offset
         assert got.collected == expect.collected
+
+    asyncio.run(go())
+
+
+def test_apply_refuses_a_given_root_it_would_leave_out_of_order(tmp_path: Path) -> None:
+    """``Garbage.apply`` over an unrolled root never re-sorts it: a kept fragment before a kept
+    snapshot is refused, not silently moved behind it."""
+
+    async def go() -> None:
+        store = await _log(tmp_path, 24)
+        await CursorStore(store, PREFIX, "t").init("reader", 3)
+        g, m, _ = await _plan(store, _Clock())
+        f = m.fragments
+        assert g.first_to_keep == 3  # drops f1, f2; keeps f3 onwards
+        kept_roll = _roll(m, f[3:5]).snapshots[0]  # a roll of f4, f5
+        good = g.apply(m, "gc", entries=(*f[:3], *f[3:]))
+        assert good.entries == m.entries[2:]
+        with pytest.raises(GarbageRejected, match="out of order"):
+            g.apply(m, "gc", entries=(*f[:3], kept_roll, *f[5:]))
 
     asyncio.run(go())
