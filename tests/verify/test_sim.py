@@ -239,3 +239,22 @@ def test_a_ledger_of_another_range_is_refused(tmp_path: Any) -> None:
     run_range(0, 25, jobs=1, progress=False, ledger=ledger)
     with pytest.raises(SystemExit, match="ledger of --seeds 0:25"):
         run_range(0, 50, jobs=1, progress=False, ledger=ledger)
+
+
+def test_a_ledger_resumes_at_another_commit_only_over_the_same_trees(tmp_path: Any) -> None:
+    """A seed depends only on the engine's and the simulator's trees: a long run resumes at a
+    later commit that left them alone (and is reported at the commit it began at), never over
+    other trees."""
+    import json
+
+    ledger = tmp_path / "ledger.jsonl"
+    run_range(0, 25, jobs=1, progress=False, ledger=ledger)
+    lines = ledger.read_text().splitlines()
+    head = json.loads(lines[0])
+    assert head["trees"] and "," in head["trees"]
+    ledger.write_text("\n".join([json.dumps({**head, "commit": "0123456789ab"}), *lines[1:]]))
+    resumed = run_range(0, 25, jobs=1, progress=False, ledger=ledger)
+    assert resumed.commit == "0123456789ab" and resumed.seeds == 25
+    ledger.write_text("\n".join([json.dumps({**head, "trees": "feedfacefeed,0"}), *lines[1:]]))
+    with pytest.raises(SystemExit, match="over trees feedfacefeed,0"):
+        run_range(0, 25, jobs=1, progress=False, ledger=ledger)

@@ -105,9 +105,10 @@ class Ledger:
     """Chunks of a range already run, kept in a JSON-lines file so a long run survives its
     process: an interrupted ``--seeds A:B --ledger F`` resumes where it stopped.
 
-    The first line names the range and the commit of the engine and simulator; a ledger is only
-    resumed by the same range on the same, unmodified commit, so its totals describe one piece of
-    code.  Each further line is one finished chunk's totals; failing seeds are stored by number
+    The first line names the range, the commit it began at and the git trees of the engine and
+    simulator (:data:`SOURCE_TREES`); a ledger is only resumed by the same range over the same,
+    unmodified trees (at that commit or any later one that left them alone), so its totals
+    describe one piece of code.  Each further line is one finished chunk's totals; failing seeds are stored by number
     and re-run (deterministically) when the ledger is loaded, to rebuild their traces.
     """
 
@@ -115,16 +116,19 @@ class Ledger:
         self.path = path
         self.first, self.last = first, last
         self.commit = source_commit()
+        self.trees = source_trees()
         self.done: dict[int, dict[str, Any]] = {}  # parsed JSON lines
         self.sittings = 1
         if path.exists():
             lines = path.read_text().splitlines()
             head = json.loads(lines[0])
-            if (head["first"], head["last"], head["commit"]) != (first, last, self.commit):
+            if (head["first"], head["last"], head.get("trees")) != (first, last, self.trees):
                 raise SystemExit(
-                    f"{path} is a ledger of --seeds {head['first']}:{head['last']} "
-                    f"at {head['commit']}, not of {first}:{last} at {self.commit}"
+                    f"{path} is a ledger of --seeds {head['first']}:{head['last']} over trees "
+                    f"{head.get('trees')} (commit {head['commit']}), not of {first}:{last} "
+                    f"over {self.trees} (commit {self.commit})"
                 )
+            self.commit = str(head["commit"])  # the run is reported at the commit it began at
             for line in lines[1:]:
                 try:
                     entry = json.loads(line)
@@ -139,7 +143,10 @@ class Ledger:
             self.sittings += 1
         else:
             path.write_text(
-                json.dumps({"first": first, "last": last, "commit": self.commit}) + "\n"
+                json.dumps(
+                    {"first": first, "last": last, "commit": self.commit, "trees": self.trees}
+                )
+                + "\n"
             )
 
     def record(self, chunk: list[int], results: list[RunResult]) -> None:
@@ -178,19 +185,32 @@ class Ledger:
                 summary.failures.append(run_seed(int(seed)))
 
 
+# What a seed's run depends on: the engine and the simulator (it imports nothing else of ours).
+SOURCE_TREES = ("wal3", "verify/sim")
+
+
+def _git(*args: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
 def source_commit() -> str:
     """HEAD of the checkout the simulator runs from, if the engine and simulator are unmodified
     there; else what differs, which no ledger accepts."""
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    head = git("rev-parse", "--short=12", "HEAD")
-    dirty = git("status", "--porcelain", "--", "wal3", "host", "verify/sim")
+    head = _git("rev-parse", "--short=12", "HEAD")
+    dirty = _git("status", "--porcelain", "--", *SOURCE_TREES)
     return f"{head}+modified" if dirty else head
+
+
+def source_trees() -> str:
+    """The git tree ids of the engine and the simulator at HEAD ("+modified" when the checkout
+    differs): a seed replays the same at every commit with these trees, so a ledger resumes
+    across commits that changed only other parts of the repository."""
+    ids = [_git("rev-parse", "--short=12", f"HEAD:{t}") for t in SOURCE_TREES]
+    dirty = _git("status", "--porcelain", "--", *SOURCE_TREES)
+    return ",".join(ids) + ("+modified" if dirty else "")
 
 
 def _results(chunks: list[list[int]], jobs: int) -> Iterator[tuple[list[int], list[RunResult]]]:
