@@ -81,6 +81,7 @@ def test_each_lane_must_be_reduced_below_its_prime() -> None:
         lanes = [0] * 8
         lanes[i] = p - 1
         assert Setsum(lanes).digest()  # the largest reduced value is fine
+        assert Setsum.from_hexdigest(Setsum(lanes).hexdigest()) == Setsum(lanes)
         lanes[i] = p
         with pytest.raises(
             ValueError, match=r"^a setsum has eight lanes, each reduced modulo its prime$"
