@@ -13,14 +13,21 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
+import compactor_client.versions as versions_module
 from compactor_client.fold import Row
 from compactor_client.versions import (
     CurrentVersion,
+    PruneReport,
+    RunEntry,
     allocate_version,
     current_key,
+    data_key,
     install_version,
     prune_versions,
     read_current,
+    run_key,
     write_rows,
 )
 from wal3.localstore import LocalStore
@@ -74,3 +81,238 @@ async def test_the_grace_runs_on_the_stores_clock(tmp_path: Path) -> None:
     cur = await _install(store, fast + 3, 40)
     report = await prune_versions(store, cur, CID, keep=2, grace_s=300.0)
     assert report.deleted == [] and report.deferred == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Each rule of ``prune_versions``, one at a time, on hand-built pointers and store times (the
+# tests above check whole rounds).  Every time below is a Last-Modified the test sets itself.
+
+P = "00000000-0000-4000-8000-0000000000ac"
+T0 = 1_700_000_000.0
+
+
+def _part(version: int, tag: str = "a") -> str:
+    return data_key(P, version, tag)
+
+
+def _run(version: int, tag: str) -> str:
+    return run_key(P, version, tag)
+
+
+async def _layout(store: LocalStore, times: dict[str, float]) -> None:
+    """Objects under the collection, each with the Last-Modified the store reports for it."""
+    for key, when in times.items():
+        await store.put(key, b"x")
+        os.utime(store.root / key, (when, when))
+
+
+def _pointer(
+    version: int,
+    runs: list[str],
+    *,
+    stored: dict[int, float] | None = None,
+    stored_at: float | None = None,
+    retired: dict[str, int] | None = None,
+) -> CurrentVersion:
+    return CurrentVersion(
+        version=version,
+        offset=10 * version,
+        rows=1,
+        runs=tuple(RunEntry(key=k, rows=1) for k in runs),
+        etag='"e"',
+        stored=tuple(sorted((stored or {}).items(), reverse=True)),
+        stored_at=stored_at,
+        retired=tuple((retired or {}).items()),
+    )
+
+
+async def _listed(store: LocalStore) -> set[str]:
+    return {m.key async for m in store.list(f"compacted/{P}/")}
+
+
+async def test_defaults_keep_two_versions_and_a_grace_of_300_s_ending_inclusively(
+    tmp_path: Path,
+) -> None:
+    """v1 stopped being current when v2 was installed, exactly 300 s + the 1 s slack before the
+    store's present: with the defaults (keep 2, grace 300 s) it goes, v2 stays."""
+    store = LocalStore(tmp_path / "s")
+    await _layout(
+        store,
+        {
+            current_key(P): T0 + 301.0,
+            _part(1): T0 - 100.0,
+            _part(2): T0 - 10.0,
+            _part(3): T0 + 250.0,
+        },
+    )
+    cur = _pointer(3, [_part(3)], stored={2: T0, 3: T0 + 301.0})
+    report = await prune_versions(store, cur, P)
+    assert report == PruneReport([_part(1)], 0)
+    assert await _listed(store) == {current_key(P), _part(2), _part(3)}
+
+
+async def test_the_grace_ends_at_grace_plus_the_one_second_slack(tmp_path: Path) -> None:
+    """At ``grace + 1 s`` a file goes; half a second short of it, it is deferred."""
+    for age, deleted in ((401.0, True), (400.5, False), (400.0, False)):
+        store = LocalStore(tmp_path / str(age))
+        await _layout(store, {current_key(P): T0 + age, _part(1): T0 - 50.0, _part(2): T0})
+        cur = _pointer(2, [_part(2)], stored={2: T0})
+        report = await prune_versions(store, cur, P, keep=1, grace_s=400.0)
+        assert report == (PruneReport([_part(1)], 0) if deleted else PruneReport([], 1)), age
+
+
+async def test_keep_below_one_keeps_the_current_version_as_keep_one_does(tmp_path: Path) -> None:
+    """``keep=0`` is ``keep=1``: a run last listed by v2 goes once v3's install is past the
+    grace, and one the current version retired (v3 lists it) is neither deleted nor deferred."""
+    store = LocalStore(tmp_path / "s")
+    await _layout(
+        store,
+        {
+            current_key(P): T0,
+            _run(1, "gone"): T0 - 10.0,
+            _run(2, "kept"): T0 - 10.0,
+            _run(3, "now"): T0,
+            _run(4, "in-flight"): T0 + 1000.0,
+        },
+    )
+    retired = {_run(1, "gone"): 2, _run(2, "kept"): 3}
+    cur = _pointer(3, [_run(3, "now")], stored={3: T0}, retired=retired)
+    report = await prune_versions(store, cur, P, keep=0, grace_s=300.0)
+    assert report == PruneReport([_run(1, "gone")], 0)
+    report = await prune_versions(store, cur, P, keep=-5, grace_s=300.0)
+    assert report == PruneReport([], 0)
+    assert _run(2, "kept") in await _listed(store)
+
+
+async def test_a_version_is_dated_by_the_install_of_the_next_one(tmp_path: Path) -> None:
+    """v1 stopped being current when v2 was installed: that record dates it, even when a later
+    install is on record with an older store time (one store node's clock behind another's)."""
+    store = LocalStore(tmp_path / "s")
+    await _layout(store, {current_key(P): T0 + 1000.0, _part(1): T0 - 5000.0, _part(4): T0})
+    # v2 installed recently; v4's record is older (and stands for v3's, not on record).
+    cur = _pointer(4, [_part(4)], stored={2: T0 + 900.0, 4: T0 - 2000.0})
+    report = await prune_versions(store, cur, P, keep=1, grace_s=300.0)
+    assert report == PruneReport([], 1)
+    # With v2's install as old as the grace allows, v1 goes.
+    cur = _pointer(4, [_part(4)], stored={2: T0 + 699.0, 4: T0 + 950.0})
+    report = await prune_versions(store, cur, P, keep=1, grace_s=300.0)
+    assert report == PruneReport([_part(1)], 0)
+
+
+async def test_without_the_next_install_on_record_the_oldest_later_one_dates_it(
+    tmp_path: Path,
+) -> None:
+    """v2's install is not on record: v1 is dated by the oldest later install (v3's), never by
+    its own install or an earlier one."""
+    store = LocalStore(tmp_path / "s")
+    await _layout(store, {current_key(P): T0 + 1000.0, _part(1): T0 - 5000.0, _part(4): T0})
+    cur = _pointer(4, [_part(4)], stored={1: T0 - 4000.0, 3: T0 + 800.0, 4: T0 + 900.0})
+    assert (await prune_versions(store, cur, P, keep=1, grace_s=300.0)) == PruneReport([], 1)
+    cur = _pointer(4, [_part(4)], stored={1: T0 - 4000.0, 3: T0 + 600.0, 4: T0 + 900.0})
+    report = await prune_versions(store, cur, P, keep=1, grace_s=300.0)
+    assert report == PruneReport([_part(1)], 0)
+
+
+async def test_the_current_install_is_dated_by_its_record_or_the_pointers_last_modified(
+    tmp_path: Path,
+) -> None:
+    """v2 stopped being current at v3's install: its own store time when on record, else the
+    pointer's Last-Modified (no earlier than that install), and the earlier of the two when
+    both are known."""
+    newest = {_part(4, "in-flight"): T0 + 1000.0}  # the store's present: an install in flight
+
+    async def prune(name: str, pointer_at: float, stored_at: float | None) -> PruneReport:
+        store = LocalStore(tmp_path / name)
+        await _layout(
+            store, {current_key(P): pointer_at, _part(2): T0 - 100.0, _part(3): T0, **newest}
+        )
+        cur = _pointer(3, [_part(3)], stored={2: T0 - 50.0}, stored_at=stored_at)
+        return await prune_versions(store, cur, P, keep=1, grace_s=300.0)
+
+    gone, deferred = PruneReport([_part(2)], 0), PruneReport([], 1)
+    assert await prune("pointer-old", T0 + 600.0, None) == gone
+    assert await prune("pointer-young", T0 + 900.0, None) == deferred
+    assert await prune("record-older", T0 + 900.0, T0 + 600.0) == gone
+    assert await prune("pointer-older", T0 + 600.0, T0 + 900.0) == gone
+    assert await prune("both-young", T0 + 900.0, T0 + 800.0) == deferred
+
+
+async def test_nothing_goes_unless_the_pointer_and_every_live_run_are_listed(
+    tmp_path: Path,
+) -> None:
+    """Without CURRENT.json in the listing, or with a run it lists missing, nothing is deleted
+    and every compacted file counts as deferred; with exactly the live runs listed, nothing is
+    deferred."""
+    old = {_part(1): T0 - 9000.0, _part(2): T0 - 9000.0, _run(3, "live"): T0}
+    cur = _pointer(3, [_run(3, "live")], stored={2: T0 - 8000.0, 3: T0})
+
+    store = LocalStore(tmp_path / "no-pointer")
+    await _layout(store, old)
+    assert await prune_versions(store, cur, P, keep=1, grace_s=0.0) == PruneReport([], 3)
+    assert await _listed(store) == set(old)
+
+    store = LocalStore(tmp_path / "no-run")
+    await _layout(store, {current_key(P): T0, _part(1): T0 - 9000.0, _part(2): T0 - 9000.0})
+    assert await prune_versions(store, cur, P, keep=1, grace_s=0.0) == PruneReport([], 2)
+
+    store = LocalStore(tmp_path / "only-live")
+    await _layout(store, {current_key(P): T0, _run(3, "live"): T0})
+    assert await prune_versions(store, cur, P, keep=1, grace_s=0.0) == PruneReport([], 0)
+
+    store = LocalStore(tmp_path / "nothing")
+    assert await prune_versions(store, cur, P, keep=1, grace_s=0.0) == PruneReport([], 0)
+
+
+async def test_a_file_skipped_does_not_end_the_scan(tmp_path: Path) -> None:
+    """In the store's key order, a live run, a retired run a kept version lists and a kept
+    version's file each come before a file that goes: all three are skipped, the scan goes on."""
+    store = LocalStore(tmp_path / "s")
+    await _layout(
+        store,
+        {
+            current_key(P): T0 + 1000.0,
+            _run(1, "a-live"): T0 - 900.0,  # the current version still lists it
+            _run(1, "b-retired-kept"): T0 - 900.0,  # retired by v3, which is kept
+            _run(1, "c-orphan"): T0 - 900.0,  # never listed: an attempt's that lost
+            _part(3, "a-kept"): T0 - 900.0,  # v3's single-version file, v3 being kept
+            _run(3, "b-orphan"): T0 - 900.0,
+            _run(4, "now"): T0 + 1000.0,
+        },
+    )
+    cur = _pointer(
+        4,
+        [_run(4, "now"), _run(1, "a-live")],
+        stored={3: T0, 4: T0 + 1000.0},
+        retired={_run(1, "b-retired-kept"): 3},
+    )
+    report = await prune_versions(store, cur, P, keep=2, grace_s=300.0)
+    assert report == PruneReport([_run(1, "c-orphan"), _run(3, "b-orphan")], 0)
+    assert await _listed(store) == {
+        current_key(P),
+        _run(1, "a-live"),
+        _run(1, "b-retired-kept"),
+        _part(3, "a-kept"),
+        _run(4, "now"),
+    }
+
+
+async def test_the_crash_point_is_reached_once_after_the_first_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prune:mid`` (where the kill -9 tests stop a prune) comes once, after the first file
+    went and before the second."""
+    store = LocalStore(tmp_path / "s")
+    await _layout(
+        store,
+        {current_key(P): T0, _part(1): T0 - 900.0, _part(2): T0 - 900.0, _part(3): T0 + 10.0},
+    )
+    seen: list[tuple[str, set[str]]] = []
+
+    def crash_point(name: str) -> None:
+        seen.append((name, {k for k in (_part(1), _part(2)) if (store.root / k).exists()}))
+
+    monkeypatch.setattr(versions_module, "crash_point", crash_point)
+    cur = _pointer(3, [_part(3)], stored={2: T0 - 800.0, 3: T0})
+    report = await prune_versions(store, cur, P, keep=1, grace_s=0.0)
+    assert report == PruneReport([_part(1), _part(2)], 0)
+    assert seen == [("prune:mid", {_part(2)})]
