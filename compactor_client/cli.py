@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -476,6 +475,7 @@ def _report(
     taken_over: int = 0,
     members: Sequence[str] = (),
 ) -> None:
+    from .logs import log_round
     from .pipeline import summarize
 
     summary = summarize(result)
@@ -486,7 +486,7 @@ def _report(
         taken_over=taken_over,
         members=list(members),
     )
-    log.info("round summary %s", json.dumps(summary, sort_keys=True))
+    log_round(log, summary)
 
 
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -530,19 +530,6 @@ def secrets_of(settings: Settings | None, environ: Mapping[str, str]) -> list[st
     return [v for v in out if v]
 
 
-def _configure_logging(level: str, secrets: Sequence[str] = ()) -> None:
-    if sys.stderr.isatty():
-        from rich.logging import RichHandler
-
-        handler: logging.Handler = RichHandler(show_path=False)
-        fmt = "%(message)s"
-    else:
-        handler = logging.StreamHandler()
-        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handler.addFilter(RedactSecrets(secrets))
-    logging.basicConfig(level=level.upper(), handlers=[handler], format=fmt)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``compactor`` console script."""
     parser = build_parser()
@@ -553,7 +540,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_listen(settings.metrics_listen)
     except SettingsError as e:
         parser.error(str(e))  # exits 2
-    _configure_logging(args.log_level, secrets_of(settings, os.environ))
+    from .logs import configure as configure_logs
+
+    configure_logs(args.log_level, [RedactSecrets(secrets_of(settings, os.environ))])
 
     async def _main() -> int:
         stop = asyncio.Event()

@@ -578,26 +578,9 @@ class CompactionPipeline:
         return result
 
     def _record(self, result: RoundResult) -> None:
+        # The round's one log line, failures included, is the caller's (``summarize``, and
+        # ``compactor_client.logs.log_round`` in the CLI).
         m = self.metrics
-        for o in result.outcomes:
-            if o.status == "failed":
-                log.warning("%s/%s failed at %s: %s", o.tenant, o.collection_id, o.stage, o.error)
-        levels = [o.levels for o in result.outcomes if o.status == "compacted"]
-        log.info(
-            "round: %d compacted, %d lost, %d skipped, %d failed; %d records in, %d rows out, "
-            "levels max %d mean %.2f, %d merges; %.2fs (spark %.2fs)",
-            result.count("compacted"),
-            result.count("lost"),
-            result.count("skipped"),
-            result.count("failed"),
-            result.records_in,
-            result.rows_out,
-            max(levels, default=0),
-            sum(levels) / len(levels) if levels else 0.0,
-            result.merges,
-            result.seconds,
-            result.spark_seconds,
-        )
         if m is None:
             return
         m.rounds.labels(outcome="ok" if result.ok else "failed").inc()
@@ -615,8 +598,12 @@ class CompactionPipeline:
                 m.failures.labels(stage=o.stage or "unknown").inc()
 
 
+# Collections named in a round's summary line at most, of the compacted and of the failed.
+SUMMARY_NAMES = 100
+
+
 def summarize(result: RoundResult) -> dict[str, Any]:
-    """A JSON-friendly summary of a round."""
+    """A JSON-friendly summary of a round: counts, time, and the collections by name."""
     return {
         "collections": len(result.outcomes),
         "compacted": result.count("compacted"),
@@ -630,4 +617,18 @@ def summarize(result: RoundResult) -> dict[str, Any]:
         "seconds": round(result.seconds, 3),
         "spark_seconds": round(result.spark_seconds, 3),
         "failed_hosts": result.failed_hosts,
+        # What was compacted and what failed, by name (at most SUMMARY_NAMES of each).
+        "compacted_collections": [
+            f"{o.tenant}/{o.collection_id}" for o in result.outcomes if o.status == "compacted"
+        ][:SUMMARY_NAMES],
+        "failures": [
+            {
+                "collection": f"{o.tenant}/{o.collection_id}",
+                "stage": o.stage,
+                "error": o.error,
+                **({"error_kind": o.error_kind} if o.error_kind else {}),
+            }
+            for o in result.outcomes
+            if o.status == "failed"
+        ][:SUMMARY_NAMES],
     }
