@@ -88,6 +88,9 @@ class CursorService:
                 raise BadRequest(f"offset: {offset} is past the log's tail {tail}")
             w = await h.cursors.advance(COMPACTION, offset)
             h.note_compaction(w.cursor.offset)
-            await self._dirty.compacted(cid, h.compaction_offset)
+            # The cursor is durable: GC may visit now, whatever the dirty log's store does.  The
+            # answer still waits for the clear record, as an append waits for its mark, so a
+            # compactor that saw 200 knows the dirty log (not only this process) has it.
             self._gc.schedule(cid)
+            await self._dirty.compacted(cid, h.compaction_offset)
             return CompactionResponse(compaction_offset=h.compaction_offset)

@@ -296,13 +296,6 @@ async def test_compaction_schedules_gc_even_when_its_clear_record_fails(
         await wait_until(visited, "a GC visit after the compaction", timeout_s=20)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the GC visit waits for the dirty log's clear record (90677f9).  Scheduling it "
-    "first (a4f25ad) made tests/host/test_api_contract.py::test_fork_equals_source_from_fork_point "
-    "lose its race with GC (a fork from offset 1 after a compaction POST with no compacted "
-    "version: 410), so a4f25ad was reverted until that test stops depending on the race.",
-)
 async def test_compaction_schedules_gc_while_the_dirty_log_write_is_stalled(
     tmp_path: Path,
 ) -> None:
