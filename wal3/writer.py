@@ -72,6 +72,15 @@ __all__ = [
 ]
 
 
+def _as_body(b: bytes) -> bytes:
+    """A record body as bytes the caller can no longer change.  Anything that is not bytes-like
+    is refused: ``bytes(b)`` would turn ``5`` into five zero bytes and ``[104, 105]`` into
+    ``b"hi"``, a caller's wrong type written as a record."""
+    if type(b) is bytes:
+        return b
+    return memoryview(b).tobytes()  # TypeError unless ``b`` is a buffer (bytearray, memoryview)
+
+
 class LogWriter:
     """The single writer of a log (best effort: a second writer is fenced, never trusted)."""
 
@@ -302,6 +311,7 @@ class LogWriter:
     async def _append_many(self, bodies: list[bytes], idempotency_key: str | None) -> AppendResult:
         if not bodies:
             raise ValueError("append at least one record")
+        copied = [_as_body(b) for b in bodies]  # before any wait: a refused call queues nothing
         committer, keys = self._committer, self._keys
         committer.check_open()
         if idempotency_key is not None:
@@ -316,7 +326,7 @@ class LogWriter:
             waiter = keys.waiter(idempotency_key)
             if waiter is not None:
                 return (await asyncio.shield(waiter)).as_duplicate()
-        item = self._batcher.submit([bytes(b) for b in bodies], idempotency_key)
+        item = self._batcher.submit(copied, idempotency_key)
         return await item.future
 
     async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
