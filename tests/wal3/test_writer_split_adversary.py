@@ -314,3 +314,24 @@ async def test_a_body_that_is_not_bytes_like_is_refused(tmp_path: Path, body: ob
     await w.append(b"ok")
     await w.close()
     assert await verified_bodies(store, PREFIX) == [b"ok"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KeyWindow.learn and KeyWindow.spilled build the answer from the footer's KeyEntry "
+    "(offset, count, digest), which has no timestamp: a keyed retry answered from a footer "
+    "(after a reopen, a read repair, or a spill) says timestamp_us=0 where the first answer "
+    "gave the fragment's timestamp",
+)
+async def test_a_keyed_retry_after_reopen_answers_the_original_timestamp(tmp_path: Path) -> None:
+    """Attack: the same key answered before and after a reopen.  Offsets agree (pinned above);
+    the timestamp the first answer carried must too, or a client comparing answers sees two."""
+    store = LocalStore(tmp_path / "s", fsync=False)
+    w = await LogWriter.open(store, PREFIX, _opts())
+    first = await w.append_many([b"x"], idempotency_key="T")
+    await w.close()
+    w2 = await LogWriter.open(store, PREFIX, _opts())
+    again = await w2.append_many([b"x"], idempotency_key="T")
+    await w2.close()
+    assert again.deduplicated and again.first_offset == first.first_offset
+    assert again.timestamp_us == first.timestamp_us
