@@ -145,6 +145,37 @@ def test_floors_of_clean_collections_only_rise_and_are_forgotten_in_order() -> N
     assert d.floors_kept == 0
 
 
+def test_a_floor_learnt_again_keeps_its_first_place() -> None:
+    """The same floor learnt again later changes nothing: it is forgotten as first learnt."""
+    d = DirtySet(None)
+    d.note_compacted(B, 5, 10)
+    d.note_compacted(B, 5, 30)
+    d.forget_floors_below(20)
+    assert d.floor(B) == 1
+
+
+def test_a_compaction_at_the_floor_leaves_the_entry_alone() -> None:
+    clock = FakeClock()
+    d = DirtySet(None, clock)
+    d.fold(1, mark(A, 1, 10), 0.0, 0.0)
+    d.note_compacted(A, 4, 2)
+    before = d.entries[A]
+    clock.advance_s(3600.0)
+    assert d.note_compacted(A, 4, 3) is False
+    assert d.entries[A] is before  # not even rescored
+    assert d.note_compacted(A, 5, 3) is False
+    assert d.entries[A].score != before.score
+
+
+def test_compacted_marks_are_counted_across_collections() -> None:
+    d = DirtySet(None)
+    d.fold(1, mark(A, 1, 2), 0.0, 0.0)
+    d.fold(2, mark(A, 3, 2), 0.0, 0.0)
+    d.fold(3, mark(B, 1, 2), 0.0, 0.0)
+    assert d.note_compacted(A, 10, 4) and d.note_compacted(B, 10, 5)
+    assert d.stats.marks_fully_compacted == 3
+
+
 def test_a_purge_forgets_marks_and_floor() -> None:
     d = DirtySet(None)
     d.fold(1, mark(A, 1, 10), 0.0, 0.0)
@@ -280,11 +311,11 @@ def test_check_names_each_inconsistency() -> None:
 
     d = dirty()
     d._entries.pop(A)
-    with pytest.raises(AssertionError, match="entries and items differ"):
+    with pytest.raises(AssertionError, match=r"^entries and items differ$"):
         d.check()
     d = dirty()
     d._homes.clear()
-    with pytest.raises(AssertionError, match="a home is missing or stale"):
+    with pytest.raises(AssertionError, match=r"^a home is missing or stale$"):
         d.check()
     d = dirty()
     item = d.item(A)
@@ -308,6 +339,12 @@ def test_check_names_each_inconsistency() -> None:
     item = d.item(A)
     assert item is not None
     item.floor = 2
+    with pytest.raises(AssertionError, match="under floor"):
+        d.check()
+    d = dirty()
+    item = d.item(A)
+    assert item is not None
+    item.fresh[0].span = Coalesced(3, 3, T0_US, 0)  # an empty part
     with pytest.raises(AssertionError, match="under floor"):
         d.check()
     d = dirty()
