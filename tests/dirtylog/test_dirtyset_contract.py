@@ -60,6 +60,13 @@ def test_an_empty_set_has_no_home() -> None:
     d.check()
 
 
+def test_an_empty_mark_covers_nothing() -> None:
+    d = DirtySet(None)
+    d.fold(1, mark(A, 5, 0), 0.0, 0.0)
+    assert A not in d and d.homes_in(1, 2) == [] and d.stats == FoldStats(records=1, marks=1)
+    d.check()
+
+
 def test_homes_are_listed_in_home_order() -> None:
     d = DirtySet(None)
     d.fold(3, mark(B, 1, 1), 0.0, 0.0)
