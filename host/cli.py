@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     from . import jsonlog
     from .api import create_app, uvicorn_config
     from .auth import new_key
-    from .config import Settings
+    from .config import Settings, warn_unknown_env
     from .server import Server
 
     overrides = {
@@ -85,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     jsonlog.configure(settings.log_level)
+    warn_unknown_env()  # a misspelled LOGHOST_* variable is otherwise silently ignored
     server = Server(settings)
     # SIGHUP re-reads LOGHOST_API_KEYS_FILE now (a change is also noticed on the next request);
     # without a handler SIGHUP would end the process.

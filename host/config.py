@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 import socket
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .auth import merge_keys, parse_keys, read_keys_file
+
+_log = logging.getLogger("loghost.config")
+
+ENV_PREFIX = "LOGHOST_"
 
 
 def _default_server_id() -> str:
@@ -18,73 +26,206 @@ def _default_server_id() -> str:
 class Settings(BaseSettings):
     """Configuration of one log host (``LOGHOST_<FIELD>`` in the environment)."""
 
-    model_config = SettingsConfigDict(env_prefix="LOGHOST_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    store: str = "./data/loghost"
-    listen: str = "127.0.0.1:8080"
-    server_id: str = Field(default_factory=_default_server_id)
-    advertise_url: str | None = None
-    redis_url: str | None = None
-    api_keys: Annotated[str, NoDecode] = ""
+    # Every field's description is its row of README.md's settings table (``python -m
+    # host.settings_doc --write``); ``shown_default`` is the default the table shows when the
+    # value itself says nothing (a computed one).
+    store: str = Field(
+        "./data/loghost",
+        description="a path, `file:///dir`, or `s3://bucket/prefix` (endpoint from "
+        "`AWS_ENDPOINT_URL`)",
+    )
+    listen: str = Field("127.0.0.1:8080", description="bind address")
+    server_id: str = Field(
+        default_factory=_default_server_id,
+        description="stable id; names this server's dirty log `dirty/{id}/`",
+        json_schema_extra={"shown_default": "hostname"},
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="where other servers redirect clients",
+        json_schema_extra={"shown_default": "from listen"},
+    )
+    redis_url: str | None = Field(None, description="advisory leader hint")
+    api_keys: Annotated[str, NoDecode] = Field(
+        "",
+        description="`key=tenant,key=tenant:read,key=*,...` (see [Keys and roles]"
+        "(#keys-and-roles)).  This or the file is required unless `--dev`",
+        json_schema_extra={"shown_default": "—"},
+    )
     # A file in the LOGHOST_API_KEYS format (a mounted Secret), re-read when it changes.
-    api_keys_file: str | None = None
-    dev: bool = False
+    api_keys_file: str | None = Field(
+        None, description="a file of keys in the same format, re-read on change and on SIGHUP"
+    )
+    dev: bool = Field(
+        False,
+        description="a local trial: without keys, `serve` creates a service key and prints it "
+        "(`--dev`)",
+    )
 
     # Log manager: how many logs stay open, and how much they may buffer.
-    max_open_logs: int = Field(1024, ge=1)
-    idle_close_s: float = Field(60.0, gt=0)
-    max_log_outstanding_bytes: int = Field(16 << 20, ge=1024)
-    max_buffered_bytes: int = Field(256 << 20, ge=1024)
-    max_request_bytes: int = Field(8 << 20, ge=1024)
-    max_records_per_request: int = Field(10_000, ge=1)
+    max_open_logs: int = Field(1024, ge=1, description="open-log cap (LRU eviction of idle logs)")
+    idle_close_s: float = Field(60.0, gt=0, description="close logs idle this long")
+    max_log_outstanding_bytes: int = Field(
+        16 << 20, ge=1024, description="bytes one log may have accepted but not yet made durable"
+    )
+    max_buffered_bytes: int = Field(
+        256 << 20,
+        ge=1024,
+        description="server-wide bytes accepted but not yet durable; appends past it answer 429",
+    )
+    max_request_bytes: int = Field(8 << 20, ge=1024, description="larger bodies get 413")
+    max_records_per_request: int = Field(
+        10_000,
+        ge=1,
+        description="records in one append at most (10,000 at most whatever the setting); more "
+        "answer 400",
+    )
     # One record's metadata keys and embedding length at most: checked on the parsed JSON before
     # any validation, so no single validation call holds the GIL for an unbounded record.
-    max_metadata_keys: int = Field(1024, ge=1)
-    max_embedding_dims: int = Field(65536, ge=1)
-    max_read_records: int = Field(10_000, ge=1)
-    max_wait_ms: int = Field(30_000, ge=0)
-    batch_interval_ms: float = Field(2.0, ge=0)
-    shutdown_grace_s: float = Field(25.0, ge=0)
+    max_metadata_keys: int = Field(
+        1024,
+        ge=1,
+        description="keys in one record's `metadata` at most; more answer 400 "
+        "`record_too_large`, counted on the parsed JSON before the record is validated",
+    )
+    max_embedding_dims: int = Field(
+        65536,
+        ge=1,
+        description="elements in one record's `embedding` at most; more answer 400 "
+        "`record_too_large` (checked the same way)",
+    )
+    max_read_records: int = Field(
+        10_000, ge=1, description="the largest `limit` a read may ask for; more answer 400"
+    )
+    max_wait_ms: int = Field(
+        30_000,
+        ge=0,
+        description="the longest long-poll (`wait_ms`) a read may ask for; more answer 400",
+    )
+    batch_interval_ms: float = Field(
+        2.0, ge=0, description="how long a writer batches appends before it writes a fragment"
+    )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="drain time on SIGTERM (requests in flight finish) before logs are flushed; "
+        "idle logs' hints go at once.  The chart's `host.config.shutdownGraceS` is the same value",
+    )
     # Longer than clients' idle-connection expiry (httpx: 5 s, load balancers: 60 s), so a client
     # never sends on a connection the server is closing at that moment (a lost request).
-    keep_alive_s: float = Field(75.0, gt=0)
+    keep_alive_s: float = Field(
+        75.0,
+        gt=0,
+        description="idle HTTP keep-alive; keep it above clients' and load balancers' idle "
+        "timeouts",
+    )
     # Slow or silent clients: a request's headers, and its body, must arrive within these, and
     # at most this many connections are open (more are closed at once).
-    header_timeout_s: float = Field(10.0, gt=0)
-    body_timeout_s: float = Field(60.0, gt=0)
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request's headers must arrive within this, or the connection is closed",
+    )
+    body_timeout_s: float = Field(60.0, gt=0, description="the same for its body")
     # An answer the client does not take within this (from when its socket stops taking bytes)
     # closes the connection: a reader that never reads cannot pin its answer for ever.
-    send_timeout_s: float = Field(60.0, gt=0)
-    max_connections: int = Field(4096, ge=1)
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="an answer must be taken by the client within this, counted from when its "
+        "socket stops taking bytes, or the connection is closed (large reads are streamed a "
+        "group of fragments at a time, so a client that does not read holds about 1 MiB, not "
+        "its whole answer)",
+    )
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        description="open connections at most; beyond it the oldest connection that has not "
+        "shown a valid key yet is closed (idle ones first), and a newcomer is refused only when "
+        "all others have",
+    )
     # Connections none of whose requests carried a valid key yet (probes, scrapers, strangers):
     # beyond this the oldest of them is closed; they never push out authenticated connections.
-    max_unauthenticated_connections: int = Field(512, ge=1)
+    max_unauthenticated_connections: int = Field(
+        512,
+        ge=1,
+        description="connections none of whose requests carried a valid key yet (probes, "
+        "scrapers, strangers) at most; beyond it the oldest of them is closed, so they can never "
+        "shut tenants out",
+    )
     # Long-polls (wait_ms) waiting at once per tenant; more answer 429.
-    max_long_polls_per_tenant: int = Field(256, ge=1)
+    max_long_polls_per_tenant: int = Field(
+        256,
+        ge=1,
+        description="long-polls waiting at once per tenant and key role: the tenant's read-only "
+        "keys together, its tenant keys, and service keys each get this many (so a reader "
+        "cannot starve the application); more get 429",
+    )
 
     # Garbage collection (always on, rate limited) and snapshots.
-    gc_grace_s: float = Field(300.0, ge=0)
-    gc_interval_s: float = Field(60.0, gt=0)
-    gc_deletes_per_second: float = Field(200.0, gt=0)
+    gc_grace_s: float = Field(
+        300.0, ge=0, description="delay between unlinking garbage and deleting it"
+    )
+    gc_interval_s: float = Field(60.0, gt=0, description="retry period of the always-on collector")
+    gc_deletes_per_second: float = Field(
+        200.0, gt=0, description="object deletes per second of the collector, per host"
+    )
     # One collection pass drops at most this share of a log's live bytes (the verifier's alarm).
-    gc_max_fraction: float = Field(0.9, gt=0, le=1)
-    snapshot_fragment_threshold: int = Field(100, ge=2)
-    snapshot_threshold: int = Field(20, ge=2)
+    gc_max_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="one collection pass drops at most this share of a log's live bytes (at "
+        "least its oldest pointer); a plan over it is refused as a verifier alarm",
+    )
+    snapshot_fragment_threshold: int = Field(
+        100,
+        ge=2,
+        description="fragments in a root manifest before older ones move to a snapshot",
+    )
+    snapshot_threshold: int = Field(20, ge=2, description="entries per snapshot")
 
     # Dirty log and compaction backpressure.
-    rollup_interval_s: float = Field(10.0, gt=0)
-    dirty_max_age_s: float = Field(300.0, gt=0)
-    dirty_max_reinserts: int = Field(10, ge=0)
-    backpressure_uncompacted_records: int = Field(1_000_000, ge=1)
+    rollup_interval_s: float = Field(10.0, gt=0, description="dirty-log roll-up period")
+    dirty_max_age_s: float = Field(
+        300.0,
+        gt=0,
+        description="a dirty entry older than this goes to the compactors even below their "
+        "minimum record count",
+    )
+    dirty_max_reinserts: int = Field(
+        10,
+        ge=0,
+        description="a dirty entry re-inserted by roll-ups more than this many times goes to "
+        "the compactors even below their minimum record count",
+    )
+    backpressure_uncompacted_records: int = Field(
+        1_000_000, ge=1, description="429 (reason `compaction`) above this backlog"
+    )
 
     # Leader hint.
-    leader_ttl_ms: int = Field(10_000, ge=100)
+    leader_ttl_ms: int = Field(10_000, ge=100, description="lifetime of a Redis leader hint")
     # Reads answer from a writer's memory for this long after the store last proved its manifest
     # current; a host taking a log over holds acknowledgements 1.25 x this (no stale read, ever,
     # whatever Redis does).  0: every read loads the manifest from the store.
-    read_lease_ms: int = Field(1000, ge=0)
+    read_lease_ms: int = Field(
+        1000,
+        ge=0,
+        description="reads answer from a writer's memory while the store proved its manifest "
+        "current less than this ago (else they load it); every manifest a host writes records "
+        "this value, and a host taking a log over holds its first acknowledgements 1.25 x the "
+        "value recorded in the manifest it takes over (the previous holder's lease, whatever its "
+        "own setting), so no read misses an acknowledged record whatever Redis does, also while "
+        "hosts' settings differ.  0: this host's reads load the manifest (a take-over from a host "
+        "with a lease still waits for that lease)",
+    )
 
-    log_level: str = "INFO"
+    log_level: str = Field(
+        "INFO",
+        description="`DEBUG`, `INFO`, `WARNING`, `ERROR` or `CRITICAL` (JSON lines on stderr)",
+    )
 
     @field_validator("listen")
     @classmethod
@@ -127,3 +268,35 @@ class Settings(BaseSettings):
             except OSError as e:
                 raise ValueError(f"LOGHOST_API_KEYS_FILE: {e}") from None
         return keys
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting: ``max_open_logs`` -> ``LOGHOST_MAX_OPEN_LOGS``."""
+    return ENV_PREFIX + field.upper()
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Every ``LOGHOST_*`` variable of ``environ`` that names no setting (a setting read from
+    the environment ignores it), sorted, with the closest known name (None if none is close)."""
+    known = sorted(env_name(f) for f in Settings.model_fields)
+    out = []
+    for name in sorted(environ):
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known:
+            close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
+            out.append((name, close[0] if close else None))
+    return out
+
+
+def warn_unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Log one warning per unknown ``LOGHOST_*`` variable (at startup, once logging is set up),
+    naming the closest known one; returns the unknown names."""
+    found = unknown_env(os.environ if environ is None else environ)
+    for name, close in found:
+        hint = f"; did you mean {close}?" if close else ""
+        _log.warning(
+            "unknown setting %s is ignored%s",
+            name,
+            hint,
+            extra={"variable": name, "closest": close},
+        )
+    return [name for name, _ in found]

@@ -1,12 +1,19 @@
-"""Structured JSON logs carrying tenant, collection_id and request id (never API keys)."""
+"""Structured JSON logs carrying tenant, collection_id and request id (never API keys).
+
+One JSON object per line (``compactor_client.logs.JsonFormatter``): ``ts`` in RFC 3339 (UTC,
+milliseconds), ``level``, ``logger``, ``msg``, the request context, every ``extra=`` of the call,
+and ``exc`` for an exception.  No line carries an ANSI escape: uvicorn's ``color_message`` is
+dropped and escapes in any value are removed.
+"""
 
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import sys
 from typing import Any
+
+from compactor_client.logs import JsonFormatter as _BaseFormatter
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
@@ -14,19 +21,12 @@ collection_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "collection_id", default=None
 )
 
-_RESERVED = frozenset(vars(logging.makeLogRecord({})))
 
-
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(_BaseFormatter):
     """One JSON object per line, with the request context attached."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 6),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
+    def context(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for name, var in (
             ("request_id", request_id),
             ("tenant", tenant),
@@ -35,16 +35,12 @@ class JsonFormatter(logging.Formatter):
             value = var.get()
             if value is not None:
                 out[name] = value
-        out.update(
-            {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
-        )
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return out
 
 
 def configure(level: str = "INFO", stream: Any = None) -> None:
-    """Route every logger through the JSON formatter."""
+    """Route every logger through the JSON formatter (uvicorn's included: the host runs it with
+    ``log_config=None``, so its loggers propagate here)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

@@ -342,7 +342,10 @@ Ki/Mi/Gi/Ti and k/K/M/G/T suffixes.
 {{- define "loghost.validate" -}}
 {{- $_ := include "loghost.storeUrl" . }}
 {{- $h := .Values.host }}
-{{- $needed := add (int $h.preStopDelaySeconds) (int (default 0 $h.config.shutdownGraceS)) }}
+{{- /* null: the server's default shutdown grace, 30 s (host/config.py; a test keeps them equal) */}}
+{{- $grace := $h.config.shutdownGraceS }}
+{{- if kindIs "invalid" $grace }}{{- $grace = 30 }}{{- end }}
+{{- $needed := add (int $h.preStopDelaySeconds) (int $grace) }}
 {{- if le (int $h.terminationGracePeriodSeconds) (int $needed) }}
 {{- fail (printf "host.terminationGracePeriodSeconds (%d) must exceed host.preStopDelaySeconds + host.config.shutdownGraceS (%d), or open logs are killed before they are flushed" (int $h.terminationGracePeriodSeconds) (int $needed)) }}
 {{- end }}
