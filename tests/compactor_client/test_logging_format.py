@@ -190,3 +190,17 @@ async def test_a_round_with_failures_is_one_warning_line_listing_them() -> None:
     assert r["failures"] == [
         {"collection": "t/c-3", "stage": "fetch", "error": "gap at 12", "error_kind": "gap"}
     ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_the_pipeline_leaves_the_rounds_line_to_its_caller() -> None:
+    """The pipeline's bookkeeping of a round, failures included, logs nothing itself: the
+    round's one line is ``log_round``'s."""
+    from compactor_client.pipeline import CompactionPipeline
+
+    out = io.StringIO()
+    logs.configure("DEBUG", stream=out)
+    failed = CollectionOutcome("t", "c-3", "failed", stage="fetch", error="gap")
+    result = RoundResult(outcomes=[compacted("c-1", 4), failed], seconds=1.0)
+    CompactionPipeline._record(SimpleNamespace(metrics=None), result)  # type: ignore[arg-type]
+    assert out.getvalue() == ""
