@@ -7,9 +7,9 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .auth import merge_keys, parse_keys, read_keys_file
@@ -205,6 +205,28 @@ class Settings(BaseSettings):
         1_000_000, ge=1, description="429 (reason `compaction`) above this backlog"
     )
 
+    # Host membership (host.membership): liveness records in the store route logs without
+    # Redis and adopt departed hosts' dirty logs.
+    routing: Literal["membership", "none"] = Field(
+        "membership",
+        description="without Redis: `membership` serves each log on its rendezvous owner among "
+        "the live hosts (others redirect); `none` serves every log on every host (two hosts "
+        "writing one log are safe but contend: 409)",
+    )
+    membership_interval_s: float = Field(
+        3.0, gt=0, description="seconds between rewrites of this host's liveness record"
+    )
+    membership_ttl_s: float = Field(
+        10.0,
+        gt=0,
+        description="a serving host whose liveness record is younger than this is routed to",
+    )
+    adopt_after_s: float = Field(
+        300.0,
+        gt=0,
+        description="a host silent this long has its dirty log adopted by one live host",
+    )
+
     # Leader hint.
     leader_ttl_ms: int = Field(10_000, ge=100, description="lifetime of a Redis leader hint")
     # Reads answer from a writer's memory for this long after the store last proved its manifest
@@ -241,6 +263,12 @@ class Settings(BaseSettings):
         if not v or "/" in v or len(v) > 253:
             raise ValueError("server_id must be a non-empty name without '/'")
         return v
+
+    @model_validator(mode="after")
+    def _check_membership(self) -> Settings:
+        if self.membership_ttl_s <= self.membership_interval_s:
+            raise ValueError("membership_ttl_s must be longer than membership_interval_s")
+        return self
 
     @property
     def host_port(self) -> tuple[str, int]:

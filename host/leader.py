@@ -27,7 +27,10 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,48 @@ class NullLeaderHint(LeaderHint):
 
     async def release(self, collection_id: str) -> None:
         """Nothing to release."""
+
+
+class RendezvousLeaderHint(LeaderHint):
+    """No Redis: a log's writer is its rendezvous owner among the live hosts (``host.membership``).
+
+    Every host derives the same owner from the same liveness records, so through any host a
+    client gets served or redirected to the owner; while the views differ (a host joining or
+    leaving, for at most one refresh) two hosts may both write, which the manifest's conditional
+    writes keep safe.  Nothing vouches that no other host wrote a log, so no tenure: memory is
+    trusted only under the writer's read lease, as without any hint.
+    """
+
+    def __init__(self, membership: Membership) -> None:
+        self.failures = 0
+        self._m = membership
+
+    async def start(self) -> None:
+        """Nothing to start: the server runs the membership."""
+
+    async def close(self) -> None:
+        """Nothing to release: a departing host marks its record draining."""
+
+    def _other(self, collection_id: str) -> str | None:
+        owner = self._m.owner(collection_id)
+        if owner is None or owner.server_id == self._m.server_id:
+            return None
+        return owner.url
+
+    async def claim(self, collection_id: str) -> str | None:
+        """None when we own the log (or no host is live), else the owner's advertise URL."""
+        return self._other(collection_id)
+
+    async def release(self, collection_id: str) -> None:
+        """Nothing to release."""
+
+    def holds(self, collection_id: str) -> bool:
+        """Whether we still own the log in the current view (an open log moves on a change)."""
+        return self._other(collection_id) is None
+
+    def lost_to(self, collection_id: str) -> str | None:
+        """The owner's advertise URL when it is another host."""
+        return self._other(collection_id)
 
 
 class RedisLeaderHint(LeaderHint):

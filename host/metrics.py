@@ -68,6 +68,26 @@ class Metrics:
             "Redis leader-hint operations that failed",
             registry=r,
         )
+        self.live_hosts = Gauge(
+            "loghost_live_hosts",
+            "Hosts serving with a liveness record younger than LOGHOST_MEMBERSHIP_TTL_S",
+            registry=r,
+        )
+        self.membership_failures = Counter(
+            "loghost_membership_failures_total",
+            "Liveness-record beats or refreshes that failed",
+            registry=r,
+        )
+        self.adopted_dirty_logs = Counter(
+            "loghost_adopted_dirty_logs_total",
+            "Dirty logs of departed hosts adopted automatically by this host",
+            registry=r,
+        )
+        self.departed_oldest_age = Gauge(
+            "loghost_departed_host_oldest_age_seconds",
+            "Seconds since the last beat of the longest-silent host not yet adopted (0: none)",
+            registry=r,
+        )
         self.redirects = Counter(
             "loghost_not_leader_redirects_total", "Requests redirected to the leader", registry=r
         )

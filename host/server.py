@@ -4,10 +4,13 @@ their lifecycle (``start``, ``begin_drain``, ``close``).
 Requests never come through here: the routes (``host.routers``) call the services this builds,
 and the services call the log manager and one another directly.
 
-* the object store, the leader hint (``host.leader``) and the log manager (``host.manager``);
+* the object store, the membership (``host.membership``: this host's liveness record and every
+  host's), the leader hint (``host.leader``: Redis when configured, else rendezvous hashing over
+  the membership) and the log manager (``host.manager``);
 * ``dirty_set`` (``host.services.dirtyset``): the server's dirty log, marked by every fragment;
-* ``rollups``, ``untracked``, ``adoption``: roll-up scheduling, the dirty set's invariant check
-  after each roll-up, taking over a departed host's dirty set;
+* ``rollups``, ``untracked``, ``adoption``, ``auto_adoption``: roll-up scheduling, the dirty
+  set's invariant check after each roll-up, taking over a departed host's dirty set (on request,
+  and by itself once the host has been silent for ``adopt_after_s``);
 * ``gc``: the always-on collector's schedule;
 * ``records``, ``cursors``, ``lifecycle``, ``dirty_service``: what the routes call.
 """
@@ -32,10 +35,11 @@ from wal3.paths import dirty_prefix
 from .auth import Authenticator
 from .config import Settings
 from .dirty import DirtyLog, KnownCompactionOffsets, WalDirtyBackend
-from .leader import LeaderHint, leader_hint_from_url
+from .leader import LeaderHint, NullLeaderHint, RendezvousLeaderHint, leader_hint_from_url
 from .manager import LogManager
+from .membership import Membership
 from .metrics import Metrics
-from .services.adoption import Adoption
+from .services.adoption import Adoption, AutoAdoption
 from .services.cursors import CursorService
 from .services.dirty import DirtyService
 from .services.dirtyset import HostDirtyLog
@@ -63,10 +67,18 @@ class Server:
         self.metrics.buffered_bytes_limit.set(settings.max_buffered_bytes)
         self.auth = Authenticator.from_settings(settings)
         self.store: ObjectStore = store if store is not None else open_store(settings.store)
-        self.leader: LeaderHint = (
-            leader
-            if leader is not None
-            else leader_hint_from_url(
+        self.membership = Membership(
+            self.store,
+            settings.server_id,
+            settings.public_url,
+            interval_s=settings.membership_interval_s,
+            ttl_s=settings.membership_ttl_s,
+        )
+        self.leader: LeaderHint
+        if leader is not None:
+            self.leader = leader
+        elif settings.redis_url and settings.redis_url.strip():
+            self.leader = leader_hint_from_url(
                 settings.redis_url,
                 settings.server_id,
                 settings.public_url,
@@ -74,7 +86,10 @@ class Server:
                 on_failure=self._hint_failed,
                 on_lost=self._hint_lost,
             )
-        )
+        elif settings.routing == "membership":
+            self.leader = RendezvousLeaderHint(self.membership)
+        else:
+            self.leader = NullLeaderHint()
         # Background work and the dirty set.
         self.dirty_set = HostDirtyLog(self._open_dirty)
         self.manager = LogManager(
@@ -85,6 +100,9 @@ class Server:
         self.rollups = RollupScheduler(self.dirty_set, self.untracked, self.metrics, settings)
         self.adoption = Adoption(
             self.store, settings.server_id, self.dirty_set, self.rollups, self.compaction_offsets
+        )
+        self.auto_adoption = AutoAdoption(
+            self.adoption, self.membership, self.metrics, after_s=settings.adopt_after_s
         )
         self.gc = GcScheduler(self.store, self.manager, self.metrics, settings)
         # What the routes call.
@@ -105,20 +123,28 @@ class Server:
     # ----------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Open the dirty log, start the leader hint, the idle closer, roll-ups and GC."""
+        """Join the membership (refusing a server id in use), open the dirty log, start the
+        leader hint, the idle closer, roll-ups, GC and the membership's beat."""
+        await self.membership.join()
         await self.leader.start()
         await self.dirty_set.open()
         self.manager.start()
         self.rollups.start()
         self.gc.start()
+        self.membership.on_refresh(self._membership_changed)
+        self.membership.on_refresh(self.auto_adoption)
+        self.membership.start()
         _log.info("log host %s started on store %s", self.settings.server_id, self.store)
 
     async def begin_drain(self) -> None:
-        """Shutdown began (before the HTTP drain): release idle logs' hints, wake long-polls."""
+        """Shutdown began (before the HTTP drain): say so in our liveness record (the others
+        stop routing here at their next refresh), release idle logs' hints, wake long-polls."""
+        await self.membership.drain()
         await self.manager.begin_drain()
 
     async def close(self) -> None:
         """Graceful shutdown: stop background work, flush every open log, release everything."""
+        await self.membership.close()
         await self.gc.close()
         await self.rollups.close()
         await self.manager.close()
@@ -162,6 +188,15 @@ class Server:
     def _open_logs_compaction(self) -> dict[UUID, int]:
         """The compaction cursors the open logs remember (each only ever moves forward)."""
         return {h.collection_id: h.compaction_offset for h in self.manager.handles()}
+
+    async def _membership_changed(self) -> None:
+        """After a refresh: open logs another host now owns stop being served here (long-polls
+        are woken and redirected), as a lost Redis claim does."""
+        if isinstance(self.leader, RendezvousLeaderHint):
+            for h in self.manager.handles():
+                cid = str(h.collection_id)
+                if not self.leader.holds(cid):
+                    await self.manager.lost_leadership(cid)
 
     def _hint_failed(self, _exc: BaseException) -> None:
         self.metrics.leader_hint_failures.inc()

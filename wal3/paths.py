@@ -269,11 +269,29 @@ def live_key(member_id: str) -> str:
     return _member_key(COMPACTORS_LIVE_PREFIX, member_id)
 
 
-def parse_live_key(key: str) -> str | None:
-    """The member id of a heartbeat's key, or None when ``key`` is not one."""
-    if not key.startswith(COMPACTORS_LIVE_PREFIX):
+HOSTS_LIVE_PREFIX = "hosts/live/"
+"""Where each log host keeps its liveness record (host membership: routing and adoption)."""
+
+
+def host_live_key(server_id: str) -> str:
+    """``hosts/live/{quoted server_id}.json``: a log host's liveness record."""
+    return _member_key(HOSTS_LIVE_PREFIX, server_id)
+
+
+def parse_host_live_key(key: str) -> str | None:
+    """The server id of a host liveness record's key, or None when ``key`` is not one."""
+    return _parse_member_key(HOSTS_LIVE_PREFIX, key)
+
+
+def _parse_member_key(prefix: str, key: str) -> str | None:
+    if not key.startswith(prefix):
         return None
-    name = key[len(COMPACTORS_LIVE_PREFIX) :]
+    name = key[len(prefix) :]
     if not name.endswith(_MEMBER_SUFFIX) or "/" in name:
         return None
     return unquote(name[: -len(_MEMBER_SUFFIX)])
+
+
+def parse_live_key(key: str) -> str | None:
+    """The member id of a heartbeat's key, or None when ``key`` is not one."""
+    return _parse_member_key(COMPACTORS_LIVE_PREFIX, key)

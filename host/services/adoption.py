@@ -4,6 +4,12 @@ Its still-dirty collections are appended to our dirty log, then its cursor moves
 (``dirtylog.hand_over``); our roll-up then serves them to compactors.  The departed log is only
 read and its cursor moved (never its manifest written), so adopting a host that turns out to be
 alive is two racing roll-ups, which the cursor CAS settles.
+
+:class:`AutoAdoption` does it with no operator: after every membership refresh, each host whose
+liveness record is older than ``adopt_after_s`` is adopted by exactly one live host, its
+rendezvous owner among the live records, which then forgets the departed record (unless it beat
+again meanwhile), so a host is adopted once per departure.  A host that comes back writes its
+record again and goes on with its own dirty log: adoption only moved that log's cursor.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from wal3.paths import dirty_prefix
 
 from ..dirty import StoredDirtyLog
 from ..errors import BadRequest, NotFound
+from ..membership import Membership, rendezvous_owner
+from ..metrics import Metrics
 from .dirtyset import HostDirtyLog
 from .rollups import RollupScheduler
 
@@ -65,3 +73,42 @@ class Adoption:
         )
         await self._rollups.run_now()
         return result
+
+
+class AutoAdoption:
+    """Adopts departed hosts' dirty logs after each membership refresh (see the module doc)."""
+
+    def __init__(
+        self, adoption: Adoption, membership: Membership, metrics: Metrics, *, after_s: float
+    ) -> None:
+        self._adoption = adoption
+        self._m = membership
+        self._metrics = metrics
+        self.after_s = after_s
+        self.adopted: list[str] = []  # server ids adopted by this host, in order
+
+    async def __call__(self) -> None:
+        live = self._m.live()
+        self._metrics.live_hosts.set(len(live))
+        live_ids = {r.server_id for r in live}
+        silent = [r for r in self._m.records() if r.server_id not in live_ids]
+        self._metrics.departed_oldest_age.set(max((self._m.age(r) for r in silent), default=0.0))
+        for rec in self._m.departed(self.after_s):
+            owner = rendezvous_owner(f"adopt\n{rec.server_id}", live)
+            if owner is None or owner.server_id != self._m.server_id:
+                continue
+            try:
+                await self._adoption.adopt(rec.server_id)
+            except NotFound:
+                pass  # it never marked anything: only its record is left
+            except BadRequest:
+                _log.warning("liveness record of %r: not a server id; left alone", rec.server_id)
+                continue
+            if await self._m.forget(rec.server_id, rec):
+                self.adopted.append(rec.server_id)
+                self._metrics.adopted_dirty_logs.inc()
+                _log.info(
+                    "host %s last beat %.0f s ago: adopted its dirty log",
+                    rec.server_id,
+                    self._m.age(rec),
+                )

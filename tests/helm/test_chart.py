@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -1731,6 +1732,10 @@ def _config_values() -> dict[str, Any]:
             )
         elif field.annotation is float:
             out[_camel(name)] = 0.5 if name == "gc_max_fraction" else float(field.default) + 2.5
+        elif typing.get_origin(field.annotation) is typing.Literal:
+            out[_camel(name)] = next(
+                c for c in typing.get_args(field.annotation) if c != field.default
+            )
         else:
             out[_camel(name)] = "DEBUG"
     return out

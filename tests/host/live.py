@@ -72,6 +72,9 @@ async def live_server(
         "rollup_interval_s": 3600.0,
         "idle_close_s": 3600.0,
         "gc_interval_s": 3600.0,
+        # The liveness record is written at start and on stop; beats only when a test asks.
+        "membership_interval_s": 3600.0,
+        "membership_ttl_s": 7200.0,
     }
     base.update(settings)
     cfg = Settings(**base)
@@ -129,7 +132,15 @@ def spawn_server(
     """
     port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHOST_")}
-    env.update({"LOGHOST_ROLLUP_INTERVAL_S": "3600", "LOGHOST_LOG_LEVEL": "WARNING"})
+    env.update(
+        {
+            "LOGHOST_ROLLUP_INTERVAL_S": "3600",
+            "LOGHOST_LOG_LEVEL": "WARNING",
+            # A restart after kill -9 watches the dead incarnation's record for 1.5 beats.
+            "LOGHOST_MEMBERSHIP_INTERVAL_S": "0.2",
+            "LOGHOST_MEMBERSHIP_TTL_S": "2",
+        }
+    )
     if api_keys is not None:
         env["LOGHOST_API_KEYS"] = api_keys
     env.update(extra_env or {})

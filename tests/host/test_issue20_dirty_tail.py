@@ -13,6 +13,14 @@ import host.dirty
 
 from .live import live_server, log_path, metric, metrics_text, record, wait_until
 
+
+@pytest.fixture(autouse=True)
+def _every_host_serves_every_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts here write one log on purpose (the store's fencing and the read lease, with no
+    hint), so membership routing, which would redirect one to the other, is off."""
+    monkeypatch.setenv("LOGHOST_ROUTING", "none")
+
+
 CID = "3f1b6c2e-8d4a-4e1f-9a7b-5c2d1e0f4a31"
 PATH = log_path("alice", CID)
 

@@ -59,6 +59,14 @@ from wal3.layout import load_manifest
 
 from .live import Live, live_server, log_path, record, wait_until
 
+
+@pytest.fixture(autouse=True)
+def _every_host_serves_every_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts here write one log on purpose (the store's fencing and the read lease, with no
+    hint), so membership routing, which would redirect one to the other, is off."""
+    monkeypatch.setenv("LOGHOST_ROUTING", "none")
+
+
 BOUND_S = 20.0  # how long a test waits for the server to act, never a latency assert
 KEYS = "svc=*,ak=alice,ar=alice:read"
 LONG_LEASE_MS = 60_000  # far longer than any test: a lease that is valid is valid throughout

@@ -16,11 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from verify.testkit import free_port
 from wal3 import Limits, LogReader
 
 from .live import Live, assert_error, live_server, log_path, record, wait_until
+
+
+@pytest.fixture(autouse=True)
+def _every_host_serves_every_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts here write one log on purpose (the store's fencing and the read lease, with no
+    hint), so membership routing, which would redirect one to the other, is off."""
+    monkeypatch.setenv("LOGHOST_ROUTING", "none")
+
 
 BOUND_S = 20.0  # generous: how long a test waits for the server to act, never a latency assert
 KEYS = "svc=*,ak=alice,ar=alice:read,bk=bob"

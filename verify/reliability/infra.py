@@ -188,6 +188,10 @@ class InProcessHost:
             "idle_close_s": 3600.0,
             "gc_interval_s": 3600.0,
             "log_level": "WARNING",
+            # A restart after an injected crash watches the crashed incarnation's liveness
+            # record for 1.5 beats (it cannot drain through a dead store): keep that short.
+            "membership_interval_s": 0.2,
+            "membership_ttl_s": 2.0,
         }
         base.update(self.settings)
         for attempt in range(20):
@@ -272,6 +276,10 @@ class ProcHost:
                 "LOGHOST_ROLLUP_INTERVAL_S": "3600",
                 "LOGHOST_GC_INTERVAL_S": "3600",
                 "LOGHOST_IDLE_CLOSE_S": "3600",
+                # A host restarted after kill -9 watches its predecessor's liveness record for
+                # 1.5 beats before taking it over (a live twin would rewrite it): keep it short.
+                "LOGHOST_MEMBERSHIP_INTERVAL_S": "0.2",
+                "LOGHOST_MEMBERSHIP_TTL_S": "2",
             }
         )
         env.update(self.env)

@@ -1,0 +1,362 @@
+"""Which log hosts are alive, and which of them should write a given log.
+
+Every host keeps a liveness record in the object store, ``hosts/live/{server_id}.json`` (never in
+Redis, which is only a hint), and rewrites it every ``interval_s``.  From the records every host
+derives the same answer to "who writes collection C?" without Redis: rendezvous hashing of C over
+the hosts that are live and serving.  Redis, when present, is still consulted first (cheaper, more
+current); this is what routing falls back on.  Conditional writes on each log's manifest keep two
+writers safe whenever the views disagree (a host joining or leaving): routing is never correctness.
+
+Time is the store's, not ours: a record's age is the ``last_modified`` of our own record, written a
+moment before the listing, minus the record's own.  Host clocks may be skewed; one store's clock
+is one clock.
+
+The record's body names the server id, advertise URL, incarnation and state, and counts beats (so
+every beat changes its etag: file systems stamp times coarsely, and equal bytes have equal
+etags).  A beat is a conditional put (``If-Match`` our last etag).  It fails only when another
+process wrote our key since: a second live process with the same server id (refused at
+:meth:`Membership.join`, reported at every beat after), or a host that adopted us and then forgot
+our record (we write it again).  A draining host rewrites its record as ``draining``: the others stop routing to it at
+their next refresh, while its age still counts from its last beat for adoption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from wal3 import ObjectStore
+from wal3.errors import ObjectNotFound, PreconditionFailed
+from wal3.paths import HOSTS_LIVE_PREFIX, host_live_key, parse_host_live_key
+
+_log = logging.getLogger("loghost.membership")
+
+State = Literal["serving", "draining"]
+# The longest a starting host watches a fresh record of another incarnation (a crashed
+# predecessor's, or a live twin's): 1.5 beats, but never minutes however long the interval.
+_MAX_WATCH_S = 30.0
+
+
+class DuplicateServerId(RuntimeError):
+    """Another live process beats under this server id: two hosts with one id would share (and
+    fight over) one dirty log."""
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """One host's liveness record, as last listed."""
+
+    server_id: str
+    url: str  # its advertise URL: the redirect target
+    incarnation: str  # random per process
+    state: State
+    last_beat: float  # the record's last_modified, in the store's clock (0 until listed)
+    beats: int = 0  # beats of this incarnation
+    etag: str = ""  # the etag it was read at (never in the body)
+
+    def to_bytes(self) -> bytes:
+        """The record's body (``last_beat`` is the object's own time, not in the body)."""
+        return json.dumps(
+            {
+                "server_id": self.server_id,
+                "url": self.url,
+                "incarnation": self.incarnation,
+                "state": self.state,
+                "beats": self.beats,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, last_beat: float, etag: str = "") -> HostRecord | None:
+        """Parse a record; None when it is not one (damaged, or written by something else)."""
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        server_id, url, inc, state = (
+            doc.get(k) for k in ("server_id", "url", "incarnation", "state")
+        )
+        if not all(isinstance(v, str) for v in (server_id, url, inc)) or state not in (
+            "serving",
+            "draining",
+        ):
+            return None
+        beats = doc.get("beats", 0)
+        if not isinstance(beats, int):
+            return None
+        return cls(str(server_id), str(url), str(inc), state, last_beat, beats, etag)
+
+
+def rendezvous_score(key: str, server_id: str) -> int:
+    """The weight of ``server_id`` for ``key``: the highest weight owns the key.  A host's arrival
+    or departure moves only the keys it wins or held (about 1/N of them)."""
+    digest = hashlib.blake2b(f"{key}\n{server_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_owner(key: str, hosts: Iterable[HostRecord]) -> HostRecord | None:
+    """The host that owns ``key`` among ``hosts`` (ties, impossible in practice, by id)."""
+    return max(hosts, key=lambda h: (rendezvous_score(key, h.server_id), h.server_id), default=None)
+
+
+class Membership:
+    """This host's liveness record and the view of every host's, refreshed every ``interval_s``.
+
+    ``ttl_s``: a serving host whose record is younger is live (routed to).  ``on_refresh`` runs
+    after each refresh (the automatic adoption hangs off it).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        server_id: str,
+        url: str,
+        *,
+        interval_s: float = 3.0,
+        ttl_s: float = 10.0,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        if interval_s <= 0 or ttl_s <= interval_s:
+            raise ValueError("membership: need 0 < interval_s < ttl_s")
+        self._store = store
+        self._key = host_live_key(server_id)
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self._sleep = sleep
+        self.me = HostRecord(server_id, url.rstrip("/"), secrets.token_hex(8), "serving", 0.0)
+        self._etag: str | None = None
+        self._records: dict[str, HostRecord] = {}
+        self._store_now = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._on_refresh: list[Callable[[], Awaitable[None]]] = []
+        self.duplicates = 0  # beats that found another process's record under our id
+        self.refresh_failures = 0
+
+    @property
+    def server_id(self) -> str:
+        return self.me.server_id
+
+    # ------------------------------------------------------------------------------ joining
+
+    async def join(self) -> None:
+        """Write our record, refusing a server id another live process beats under.
+
+        A record of another incarnation may be our own predecessor's (a restart, after a crash,
+        within ``ttl_s``) or a live twin's.  Only watching tells them apart: if the record is
+        rewritten within ``1.5 * interval_s``, a twin is alive (:class:`DuplicateServerId`);
+        else we take the record over with a conditional put, which a twin's beat racing us
+        would fail.  A record older than ``ttl_s`` is taken over at once.
+        """
+        try:
+            got = await self._store.get(self._key)
+            meta = await self._store.head(self._key)
+        except ObjectNotFound:
+            got = None
+        if got is None:
+            try:
+                self._etag = await self._store.put(self._key, self._next(), if_none_match="*")
+            except PreconditionFailed:
+                raise DuplicateServerId(
+                    self._twin_message("appeared as this host started")
+                ) from None
+        else:
+            prior = HostRecord.from_bytes(got.data, meta.last_modified, got.etag)
+            if (
+                prior is not None
+                and prior.state == "serving"
+                and await self._beats_elsewhere(prior)
+            ):
+                raise DuplicateServerId(self._twin_message(f"is held by {prior.url}"))
+            try:
+                self._etag = await self._store.put(self._key, self._next(), if_match=got.etag)
+            except PreconditionFailed:
+                raise DuplicateServerId(
+                    self._twin_message("was rewritten as this host started")
+                ) from None
+        await self.refresh()
+
+    async def _beats_elsewhere(self, prior: HostRecord) -> bool:
+        """Whether ``prior``, our key's serving record, is still being beaten by its process."""
+        if self._age_now(prior.last_beat) >= self.ttl_s:
+            return False
+        await self._sleep(min(1.5 * self.interval_s, _MAX_WATCH_S))
+        try:
+            return (await self._store.head(self._key)).etag != prior.etag
+        except ObjectNotFound:
+            return False
+
+    def _age_now(self, last_modified: float) -> float:
+        # Before our first write the store's clock is unknown: ours is the best guess, and a
+        # wrong guess only costs one wait in ``_beats_elsewhere``.
+        return time.time() - last_modified
+
+    def _next(self) -> bytes:
+        """Our record's body for the next write (one more beat)."""
+        self.me = replace(self.me, beats=self.me.beats + 1)
+        return self.me.to_bytes()
+
+    def _twin_message(self, what: str) -> str:
+        return (
+            f"server id {self.server_id!r} is in use: its liveness record {self._key} {what}; "
+            "give each host its own LOGHOST_SERVER_ID"
+        )
+
+    # ------------------------------------------------------------------------------- beating
+
+    async def beat(self) -> None:
+        """Rewrite our record (conditionally), then refresh the view."""
+        try:
+            self._etag = await self._store.put(self._key, self._next(), if_match=self._etag)
+        except PreconditionFailed:
+            await self._rewrite_after_conflict()
+        await self.refresh()
+
+    async def _rewrite_after_conflict(self) -> None:
+        try:
+            got = await self._store.get(self._key)
+        except ObjectNotFound:
+            # Forgotten by a host that adopted our dirty log while we were away: we are back.
+            _log.warning(
+                "liveness record %s was removed by an adopter; writing it again", self._key
+            )
+            self._etag = await self._store.put(self._key, self._next(), if_none_match="*")
+            return
+        other = HostRecord.from_bytes(got.data, 0.0)
+        if other is not None and other.incarnation != self.me.incarnation:
+            self.duplicates += 1
+            _log.error("%s", self._twin_message(f"was rewritten by another process ({other.url})"))
+        self._etag = await self._store.put(self._key, self._next(), if_match=got.etag)
+
+    async def drain(self) -> None:
+        """Say we are leaving: the others stop routing to us at their next refresh."""
+        self.me = replace(self.me, state="draining")
+        with contextlib.suppress(Exception):
+            await self.beat()
+
+    async def forget(self, server_id: str, seen: HostRecord) -> bool:
+        """Remove a departed host's record (after adopting its dirty log) unless it beat since
+        ``seen``; True when removed.  A host coming back meanwhile writes its record again."""
+        key = host_live_key(server_id)
+        try:
+            meta = await self._store.head(key)
+        except ObjectNotFound:
+            return True
+        if meta.etag != seen.etag:
+            return False
+        await self._store.delete(key)
+        self._records.pop(server_id, None)
+        return True
+
+    # ------------------------------------------------------------------------------ the view
+
+    async def refresh(self) -> None:
+        """List every record and read the ones that are new or changed."""
+        metas = [m async for m in self._store.list(HOSTS_LIVE_PREFIX)]
+        records: dict[str, HostRecord] = {}
+        for meta in metas:
+            sid = parse_host_live_key(meta.key)
+            if sid is None:
+                continue
+            known = self._records.get(sid)
+            if known is not None and meta.etag and meta.etag == known.etag:
+                records[sid] = replace(known, last_beat=meta.last_modified)  # S3 lists etags
+                continue
+            try:
+                got = await self._store.get(meta.key)
+            except ObjectNotFound:
+                continue
+            rec = HostRecord.from_bytes(got.data, meta.last_modified, got.etag)
+            if rec is not None:
+                records[sid] = rec
+        mine = records.get(self.server_id)
+        if mine is not None and mine.incarnation == self.me.incarnation:
+            self._store_now = mine.last_beat
+        else:
+            self._store_now = max((r.last_beat for r in records.values()), default=0.0)
+        self._records = records
+        for fn in list(self._on_refresh):
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _log.exception("after a membership refresh")
+
+    def age(self, record: HostRecord) -> float:
+        """Seconds since ``record``'s last beat, in the store's clock."""
+        return max(0.0, self._store_now - record.last_beat)
+
+    def live(self) -> list[HostRecord]:
+        """The hosts to route to: serving, and beaten within ``ttl_s``; ourselves while serving."""
+        out = {
+            sid: r
+            for sid, r in self._records.items()
+            if r.state == "serving" and self.age(r) < self.ttl_s and sid != self.server_id
+        }
+        if self.me.state == "serving":
+            out[self.server_id] = self.me
+        return sorted(out.values(), key=lambda r: r.server_id)
+
+    def owner(self, key: str) -> HostRecord | None:
+        """The live host that should serve ``key`` (None when we are draining and alone)."""
+        return rendezvous_owner(key, self.live())
+
+    def departed(self, older_than_s: float) -> list[HostRecord]:
+        """Other hosts whose last beat is at least ``older_than_s`` old."""
+        return sorted(
+            (
+                r
+                for sid, r in self._records.items()
+                if sid != self.server_id and self.age(r) >= older_than_s
+            ),
+            key=lambda r: r.server_id,
+        )
+
+    def records(self) -> list[HostRecord]:
+        """Every record of the last refresh."""
+        return sorted(self._records.values(), key=lambda r: r.server_id)
+
+    # ----------------------------------------------------------------------------- the loop
+
+    def on_refresh(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` after every refresh (failures are logged, never stop the beat)."""
+        self._on_refresh.append(fn)
+
+    def start(self) -> None:
+        """Beat every ``interval_s`` in the background (after :meth:`join`)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"membership:{self.server_id}")
+
+    async def _run(self) -> None:
+        while True:
+            await self._sleep(self.interval_s)
+            try:
+                await self.beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a store outage: keep the last view, beat again later
+                self.refresh_failures += 1
+                _log.warning("membership beat failed: %s", e)
+
+    async def close(self) -> None:
+        """Stop beating; the record stays, marked draining (a restart with the same id takes it
+        over at once, and the others stop routing here)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.me.state == "serving" and self._etag is not None:
+            await self.drain()
