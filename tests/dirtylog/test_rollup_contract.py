@@ -792,16 +792,6 @@ async def test_failed_lookups_are_counted_logged_and_change_nothing(
     assert w.rollup.last_result is result
 
 
-async def test_one_tail_lookup_a_pass_judges_one_collection() -> None:
-    w = World(max_tail_lookups=1)
-    a = cid(1)
-    await w.lost(a, 1, 5)
-    await w.rollup.run()
-    w.clock.advance_s(31)
-    result = await w.rollup.run()
-    assert result.tail_lookups == 1 and result.entries == {}
-
-
 async def test_compaction_cursors_are_read_for_the_most_reinserted_first() -> None:
     w = World(max_compaction_lookups=1)
     a, b = cid(1), cid(2)  # a's id sorts first
@@ -823,3 +813,99 @@ async def test_a_pass_reports_clears_read_and_what_is_retained() -> None:
     assert result.clears_read == 2 and result.reinserted == 2
     # Two relogs, one per append, past the end (5): the cursor moved to 5, 2 records retained.
     assert (result.cursor_to, result.retained) == (5, 2)
+
+
+async def test_three_lost_races_in_a_row_fail_a_pass_by_default() -> None:
+    backend = ConflictingCas(3)
+    w = World(backend=backend)
+    await w.committed(cid(1), 1, 5)
+    with pytest.raises(CursorConflict):
+        await w.rollup.run()
+    assert backend.cas_calls == 3
+
+
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"window_records": 0}, "window_records must be >= 1, got 0"),
+        (
+            {"max_compaction_lookups": -1},
+            "max_compaction_lookups and max_tail_lookups must be >= 0",
+        ),
+        ({"max_tail_lookups": -1}, "max_compaction_lookups and max_tail_lookups must be >= 0"),
+    ],
+)
+def test_rollup_refuses_bad_bounds(kw: dict[str, int], text: str) -> None:
+    with pytest.raises(ValueError) as e:
+        World(**kw)  # type: ignore[arg-type]
+    assert str(e.value) == text
+
+
+async def test_no_lookups_at_all_is_allowed() -> None:
+    w = World(max_compaction_lookups=0, max_tail_lookups=0)
+    await w.lost(cid(1), 1, 5)
+    await w.rollup.run()
+    w.clock.advance_s(31)
+    result = await w.rollup.run()
+    assert (result.compaction_lookups, result.tail_lookups) == (0, 0)
+    assert set(result.entries) == {cid(1)}  # never judged: kept
+
+
+async def test_tail_lookups_are_bounded_per_pass() -> None:
+    w = World(max_tail_lookups=1)
+    a, b = cid(1), cid(2)
+    await w.lost(a, 1, 5)
+    await w.lost(b, 1, 5)
+    await w.rollup.run()
+    w.clock.advance_s(31)
+    result = await w.rollup.run()
+    assert result.tail_lookups == 1 and len(result.entries) == 1
+    result = await w.rollup.run()
+    assert result.tail_lookups == 1 and result.entries == {}
+
+
+class EarlyPageBackend(MemoryLogBackend):
+    """Answers a read from offset 1 with a page that starts at the end it reported."""
+
+    async def next_offset(self) -> int:
+        return min(await super().next_offset(), 3)
+
+    async def read(self, from_offset: int, max_records: int) -> list[tuple[int, bytes]]:
+        page = await super().read(from_offset, max_records + 5)
+        return page[2:] if from_offset == 1 else page
+
+
+async def test_a_page_that_starts_past_the_window_is_named() -> None:
+    backend = EarlyPageBackend()
+    await backend.append_many([mark(cid(i), 1, 1).encode() for i in range(3)])
+    w = World(backend=backend)
+    with pytest.raises(RollUpError, match=r"^dirty log read expected offset 1, got 3$"):
+        await w.rollup.run()
+
+
+async def test_the_window_grows_by_every_record_appended_since_the_last_pass() -> None:
+    w = World(window_records=1, max_records_per_read=1)
+    assert (await w.rollup.run()).idle  # an empty log
+    for i in range(3):
+        await w.hook.mark_dirty(cid(i), 1, 1)
+    result = await w.rollup.run()  # three pages of one record: the window is 1 + 3
+    assert (result.cursor_from, result.cursor_to, result.window) == (1, 4, 3)
+    assert result.relogged == 3
+
+
+async def test_a_pass_after_its_relogs_is_not_taken_for_idle() -> None:
+    """The highest offset of a meaningful record counts every relog of a pass: once the cursor
+    passed the first relog (its collection compacted meanwhile), the second still needs a pass."""
+    w = World(window_records=1)
+    a, b = cid(1), cid(2)
+    assert (await w.rollup.run()).idle
+    await w.hook.mark_dirty(a, 1, 2)
+    await w.hook.mark_dirty(b, 1, 2)
+    result = await w.rollup.run()  # relogs a at 3, b at 4
+    assert (result.cursor_to, result.relogged) == (3, 2)
+    w.rollup.note_compacted(a, 100)
+    result = await w.rollup.run()  # [3, 4): a is gone, nothing to relog
+    assert (result.cursor_to, result.relogged, result.idle) == (4, 0, False)
+    result = await w.rollup.run()  # [4, 5): b's relog
+    assert (result.cursor_to, result.relogged, result.idle) == (5, 1, False)
+    assert set(result.entries) == {b}
