@@ -316,3 +316,26 @@ async def test_the_crash_point_is_reached_once_after_the_first_delete(
     report = await prune_versions(store, cur, P, keep=1, grace_s=0.0)
     assert report == PruneReport([_part(1), _part(2)], 0)
     assert seen == [("prune:mid", {_part(2)})]
+
+
+async def test_a_run_dropped_by_this_install_stays_recorded_as_retired(tmp_path: Path) -> None:
+    """v2 drops v1's run: it is recorded as retired until 1, even with a zero grace, since v2's
+    own install (v1's supersession) is not on record yet.  Each attempt names its run keys."""
+    store = LocalStore(tmp_path / "s")
+    first = allocate_version(P, None, token="a")
+    assert first.run_keys() == [run_key(P, 1, "a-0")]
+    await install_version(store, first, offset=10, rows=1, runs=(RunEntry(first.run_key(0), 1),))
+    base = await read_current(store, P)
+    assert base is not None and base.stored_at is not None
+    second = allocate_version(P, base, token="b")
+    assert second.run_keys() == [run_key(P, 2, "b-0"), run_key(P, 2, "b-1")]
+    out = await install_version(
+        store,
+        second,
+        offset=20,
+        rows=1,
+        runs=(RunEntry(second.run_key(0), 1),),
+        keep=1,
+        grace_s=0.0,
+    )
+    assert out.current is not None and out.current.retired == ((run_key(P, 1, "a-0"), 1),)
