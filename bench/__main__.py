@@ -72,11 +72,23 @@ def _header(name: str, data: dict[str, Any]) -> str:
 DOCS = common.ROOT / "docs" / "PERFORMANCE.md"
 
 
-def _write_docs(blocks: dict[str, str]) -> None:
-    """Replace each generated block of docs/PERFORMANCE.md with freshly rendered tables."""
+def _write_docs(blocks: dict[str, str], rows: dict[str, str] | None = None) -> None:
+    """Replace each generated block of docs/PERFORMANCE.md with freshly rendered tables, and
+    each summary-table row marked ``<!-- bench-row:NAME -->`` with the one NAME's
+    ``summary_row`` renders (a whole table line: a block's markers would break the table)."""
     import re
 
     text = DOCS.read_text()
+    for name, row in (rows or {}).items():
+        marker = f"<!-- bench-row:{name} -->"
+        if marker not in row or "\n" in row:
+            raise ValueError(f"{name}'s summary row must be one line carrying {marker}")
+        line = re.compile(rf"^\|.*{re.escape(marker)}.*$", re.M)
+        if not line.search(text):
+            print(f"(docs: no summary row for {name})")
+            continue
+        text = line.sub(row.replace("\\", "\\\\"), text)
+        print(f"(docs: updated summary row {name})")
     for name, body in blocks.items():
         pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
         if not pattern.search(text):
@@ -111,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only is None:
             names += [n for n in ("profile", "http_profile") if n not in names]
         blocks: dict[str, str] = {}
+        rows: dict[str, str] = {}
         for name in names:
             path = common.out_path(name, args.quick)
             if not path.exists():
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             mod = importlib.import_module(BENCHMARKS[name])
             text = _header(name, data).split("\n", 2)[2] + "\n" + mod.render(data)
             blocks[name] = text
+            if hasattr(mod, "summary_row"):
+                rows[name] = mod.summary_row(data)
             print(_header(name, data))
             print(mod.render(data))
             print()
@@ -127,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick:
                 print("--write-docs only takes full runs", file=sys.stderr)
                 return 2
-            _write_docs(blocks)
+            _write_docs(blocks, rows)
         return 0
 
     t_all = time.perf_counter()

@@ -711,3 +711,40 @@ def render(data: dict[str, Any]) -> str:
         f"{o['uncompacted_after']} logs left uncompacted)."
     )
     return "\n".join(out) + "\n"
+
+
+def summary_row(data: dict[str, Any]) -> str:
+    """The roll-up's row of docs/PERFORMANCE.md's summary table (issue 24's targets), from the
+    same results as :func:`render` (``--report --write-docs`` puts it on the line marked
+    ``<!-- bench-row:rollup -->``)."""
+    m = data["machine"]
+    top = data["steady"][-1]
+    logs = data["config"]["logs"]
+    cpu_ok = top["cpu_max_s"] <= CPU_TARGET * INTERVAL_S
+    most = [
+        max(r["requests_logs"] + r["requests_dirty"] for r in s["rows"]) for s in data["steady"]
+    ]
+    sizes = " / ".join(f"{s['dirty']:,}" for s in data["steady"])
+    o = data["outage"]
+    during = [s for s in o["samples"] if s["phase"] == "outage"]
+    outage_ok = o["uncompacted_after"] == 0
+    kept = all(s["missing"] == 0 for s in data["steady"])
+    target = (
+        f"Incremental roll-up (issue 24): with {top['dirty']:,} dirty collections among "
+        f"{logs:,} logs, CPU ≤ {CPU_TARGET:.0%} of one core at a {INTERVAL_S:.0f} s interval and "
+        f"store requests per pass that do not depend on the dirty set; a "
+        f"{o['outage_passes'] * INTERVAL_S / 60:.0f}-minute compactor outage stays bounded"
+    )
+    measured = (
+        f"**{100 * top['cpu_median_s'] / INTERVAL_S:.2f} %** of a core (median pass, "
+        f"{_ms(top['cpu_median_s']):.0f} ms CPU; worst {100 * top['cpu_max_s'] / INTERVAL_S:.2f} "
+        f"%). At most {' / '.join(f'{n:,}' for n in most)} store requests in a pass at {sizes} "
+        f"dirty (the pass before issue 24: one GET per dirty collection). Outage: the dirty log "
+        f"held {max(s['retained'] for s in during):,} records at most, worst pass "
+        f"{max(_ms(s['cpu_max_s']) for s in during):.0f} ms CPU; every log compacted "
+        f"{o['catchup_passes']} passes after it. From `{data['command']}` "
+        f"({m['date_utc']}, commit {m['git_head']}, load average "
+        f"{m['loadavg_at_start'][0]:.1f})."
+    )
+    verdict = "**met** (§5)" if cpu_ok and outage_ok and kept else "**missed** (§5)"
+    return f"| {target} | {measured} | {verdict} <!-- bench-row:rollup --> |"

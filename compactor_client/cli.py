@@ -4,8 +4,12 @@ Every flag has an environment variable; a flag given on the command line wins ov
 which wins over the default.  Prefer ``COMPACTOR_API_KEY`` to ``--api-key``: command lines are
 visible to every user of the machine.
 
-Exit status: 0 when the round (``--once``) succeeded or the loop was stopped by a signal, 1 when a
-``--once`` round had a failed collection or an unreachable host, 2 for bad configuration.
+Exit status (the numbers ``loghost`` uses for the same kinds; docs/OPERATIONS.md, "CLI exit
+codes"): 0 when the round (``--once``) succeeded or the loop was stopped by a signal, 1 when a
+``--once`` round had a failed collection or an unreachable host, 2 for bad configuration, 3 for an
+unsupported store URL, 6 for an unreachable store, 7 when the metrics address is in use, 9 when a
+host refuses the API key (checked before Spark starts), 70 for an internal error.  Each failure is
+one ``compactor: error: ...`` line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -23,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CompactorError
+from .errors import CompactorError, Forbidden, LogHostUnavailable, Unauthorized
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
 
     from wal3.store import ObjectStore
 
+    from .client import LogHostClient
     from .membership import Liveness
     from .metrics import CompactorMetrics
     from .pipeline import CompactionPipeline, RoundResult
@@ -39,8 +45,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("compactor")
 
 
+# Exit codes (host.cli_errors.ExitCode has the same numbers; the client does not import host).
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_STORE_URL = 3
+EXIT_STORE_UNAVAILABLE = 6
+EXIT_ADDRESS_IN_USE = 7
+EXIT_KEY_REJECTED = 9
+EXIT_INTERNAL = 70
+
+
 class SettingsError(CompactorError, ValueError):
     """The configuration is incomplete or invalid."""
+
+
+class CliFailure(CompactorError):
+    """A failure ``compactor run`` reports as one line and exits with ``code``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +122,37 @@ def _num(name: str, value: str | None, kind: type[int] | type[float], default: f
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``compactor`` command."""
-    parser = argparse.ArgumentParser(prog="compactor", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="poll the hosts and compact dirty collections")
-    run.add_argument("--hosts", help="log host URLs, comma-separated [COMPACTOR_HOSTS]")
-    run.add_argument("--api-key", help="service API key [COMPACTOR_API_KEY]")
+    parser = argparse.ArgumentParser(
+        prog="compactor",
+        description="compactor: compacts the log hosts' dirty collections with Spark.\n\n"
+        "Exit codes: 0 ok, 1 a --once round failed, 2 usage or configuration, 3 unsupported "
+        "store URL,\n6 store unreachable, 7 metrics address in use, 9 API key rejected by a "
+        "host, 70 internal error.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="poll the hosts and compact dirty collections",
+        description="Poll the hosts and compact dirty collections.  Every flag has a "
+        "COMPACTOR_* variable (in brackets, with the default after it); the flag wins.",
+    )
+    run.add_argument("--hosts", help="log host URLs, comma-separated [COMPACTOR_HOSTS; required]")
+    run.add_argument(
+        "--api-key",
+        help="service API key [COMPACTOR_API_KEY or the file COMPACTOR_API_KEY_FILE; required]",
+    )
     run.add_argument(
         "--store",
-        help="object store URL: path, file:///dir or s3://bucket/prefix [COMPACTOR_STORE]",
+        help="object store URL: path, file:///dir or s3://bucket/prefix "
+        "[COMPACTOR_STORE; required]",
     )
     run.add_argument("--member-id", help="this compactor's id [COMPACTOR_MEMBER_ID; hostname]")
-    run.add_argument("--members", help="all compactor ids, comma-separated [COMPACTOR_MEMBERS]")
+    run.add_argument(
+        "--members",
+        help="all compactor ids, comma-separated [COMPACTOR_MEMBERS; the live records alone]",
+    )
     run.add_argument(
         "--spark-master",
         help="Spark master: local[N], spark://host:port, k8s://https://host:port "
@@ -115,14 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--spark-remote",
-        help="a Spark Connect server, sc://host:port, instead of a master [COMPACTOR_SPARK_REMOTE]",
+        help="a Spark Connect server, sc://host:port, instead of a master "
+        "[COMPACTOR_SPARK_REMOTE; off]",
     )
     run.add_argument(
         "--spark-conf",
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="a Spark setting, repeatable [COMPACTOR_SPARK_CONF: KEY=VALUE,KEY=VALUE]",
+        help="a Spark setting, repeatable [COMPACTOR_SPARK_CONF: KEY=VALUE,KEY=VALUE; none]",
     )
     run.add_argument(
         "--s3-credentials",
@@ -140,10 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interval-s", help="seconds between rounds [COMPACTOR_INTERVAL_S; 30]")
     run.add_argument("--budget-records", help="records per round [COMPACTOR_BUDGET_RECORDS; 1e7]")
     run.add_argument(
-        "--metrics-listen", help="serve Prometheus metrics on HOST:PORT [COMPACTOR_METRICS_LISTEN]"
+        "--metrics-listen",
+        help="serve Prometheus metrics on HOST:PORT [COMPACTOR_METRICS_LISTEN; off]",
     )
     run.add_argument(
-        "--dirty-limit", help="dirty entries asked of each host [COMPACTOR_DIRTY_LIMIT]"
+        "--dirty-limit",
+        help="dirty entries asked of each host [COMPACTOR_DIRTY_LIMIT; the host's default]",
     )
     run.add_argument(
         "--keep-versions",
@@ -169,15 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--once",
         action="store_true",
         default=None,
-        help="run one round and exit (0 when it succeeded)",
+        help="run one round and exit (0 when it succeeded) [COMPACTOR_ONCE; off]",
     )
     run.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="show progress bars (default: when stderr is a terminal)",
+        help="show progress bars [when stderr is a terminal]",
     )
-    run.add_argument("--log-level", default=os.environ.get("COMPACTOR_LOG_LEVEL", "INFO"))
+    run.add_argument(
+        "--log-level",
+        default=os.environ.get("COMPACTOR_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR [COMPACTOR_LOG_LEVEL; INFO]",
+    )
     return parser
 
 
@@ -201,6 +253,12 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     missing = [name for name, value in required if not value]
     if missing:
         raise SettingsError(f"missing {', '.join(missing)} (or their COMPACTOR_* variables)")
+    from wal3.storeurl import store_url_parts
+
+    try:
+        store_url_parts(str(store))
+    except ValueError as e:
+        raise CliFailure(EXIT_STORE_URL, str(e)) from None
     for h in hosts:
         if not h.startswith(("http://", "https://")):
             raise SettingsError(f"host URL {h!r} must start with http:// or https://")
@@ -342,13 +400,21 @@ async def run(
     try:
         if settings.metrics_listen:
             addr, port = parse_listen(settings.metrics_listen)
-            metrics_server = start_http_server(port, addr=addr, registry=registry)
+            try:
+                metrics_server = start_http_server(port, addr=addr, registry=registry)
+            except OSError as e:
+                why = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
+                raise CliFailure(
+                    EXIT_ADDRESS_IN_USE, f"cannot listen on {settings.metrics_listen}: {why}"
+                ) from None
         store = await open_object_store(settings.store)
         # Redirects only among the configured hosts: the service key goes nowhere else.
         clients = {
             h: LogHostClient(h, settings.api_key, redirect_hosts=list(settings.hosts))
             for h in settings.hosts
         }
+        # Before Spark: a wrong key is one line and exit code 9, not a JVM and failing rounds.
+        await check_key(clients)
         if spark is None:
             spark = build_session(
                 settings.spark_master,
@@ -394,6 +460,29 @@ async def run(
             spark.stop()
         if isinstance(metrics_server, tuple):  # prometheus-client >= 0.20: (server, thread)
             metrics_server[0].shutdown()
+
+
+async def check_key(clients: Mapping[str, LogHostClient]) -> None:
+    """Ask every host for one dirty entry with the key: CliFailure(9) when one refuses it.
+
+    An unreachable host proves nothing (it may come up later: rounds skip it meanwhile).
+    """
+
+    async def ask(url: str, client: LogHostClient) -> None:
+        try:
+            await client.dirty(limit=1)
+        except (Unauthorized, Forbidden) as e:
+            what = "unknown" if isinstance(e, Unauthorized) else "not a service key"
+            raise CliFailure(
+                EXIT_KEY_REJECTED,
+                f"the host {url} rejected the API key ({e.status} {e.code}: {what}); "
+                "give a service key (key=*) in --api-key or COMPACTOR_API_KEY[_FILE]",
+            ) from None
+        except LogHostUnavailable as e:
+            log.warning("could not check the API key with %s: %s", url, e)
+
+    for url, client in clients.items():
+        await ask(url, client)
 
 
 def make_scheduler(
@@ -540,6 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_listen(settings.metrics_listen)
     except SettingsError as e:
         parser.error(str(e))  # exits 2
+    except CliFailure as e:
+        return _fail(e)
     from .logs import configure as configure_logs
 
     configure_logs(args.log_level, [RedactSecrets(secrets_of(settings, os.environ))])
@@ -552,7 +643,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loop.add_signal_handler(sig, stop.set)
         return await run(settings, stop=stop)
 
-    return asyncio.run(_main())
+    try:
+        return asyncio.run(_main())
+    except KeyboardInterrupt:
+        return 130
+    except CliFailure as e:
+        return _fail(e)
+    except Exception as e:
+        from wal3 import StoreError, StoreUnavailable
+
+        if isinstance(e, StoreUnavailable | StoreError):
+            return _fail(CliFailure(EXIT_STORE_UNAVAILABLE, f"store {settings.store!r}: {e}"))
+        log.exception("internal error")
+        return _fail(CliFailure(EXIT_INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+
+def _fail(e: CliFailure) -> int:
+    print(f"compactor: error: {e.message}", file=sys.stderr, flush=True)
+    return e.code
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loghost")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

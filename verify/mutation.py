@@ -142,13 +142,18 @@ def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
         with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
             f.write(_config(module, tests))
         mutmut = str(Path(sys.executable).with_name("mutmut"))
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        # COMPACTOR_CRASH_AT set to a name no crash point has: a mutant calling
+        # ``crash_point(None)`` would otherwise match the unset variable and SIGKILL its whole
+        # session (compactor_client/crashpoints.py).  mutmut runs in a session of its own, so a
+        # mutant that kills its session ends this run with an error, never its caller.
+        env = {**os.environ, "PYTHONHASHSEED": "0", "COMPACTOR_CRASH_AT": ""}
         run = subprocess.run(
             [mutmut, "run", "--max-children", str(jobs)],
             cwd=work,
             env=env,
             capture_output=True,
             text=True,
+            start_new_session=True,
         )
         if run.returncode not in (0, 1):  # mutmut exits non-zero when mutants survive
             raise RuntimeError(f"mutmut failed on {module}: {run.stderr[-2000:]}")

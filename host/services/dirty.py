@@ -1,12 +1,25 @@
 """The dirty set as the API serves it: listings with each collection's tenant, roll-ups and
-adoptions on request, purges, raw records for operators."""
+adoptions on request, purges, raw records for operators.
+
+A listing reads no store.  The tenant of each dirty collection is kept here, for the dirty set
+only (not the manager's bounded cache of bindings, which a large dirty set would churn): learnt
+after each roll-up pass for the entries it does not know yet, in one bulk lookup off the request
+path.  A collection written by this process resolves from the manager's memory (the write bound
+it); only collections dirty from before a restart (or adopted) cost one ``TENANT`` read, once per
+process, at the first pass that lists them.  A listing resolves what no pass has yet (marks since
+the last pass: the manager's memory again).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
-from dirtylog import DirtyEntry
+from dirtylog import DirtyEntry, RollUpResult
+from wal3.errors import ProcessDeath
 
 from ..config import Settings
 from ..manager import LogManager
@@ -14,6 +27,10 @@ from ..models import AdoptResponse, DirtyLogOut, DirtyResponse
 from .adoption import Adoption
 from .dirtyset import HostDirtyLog
 from .rollups import RollupScheduler
+
+_log = logging.getLogger("loghost.dirty")
+# Bindings read at once when tenants are learnt in bulk.
+TENANT_LOOKUP_CONCURRENCY = 32
 
 
 class DirtyService:
@@ -34,6 +51,9 @@ class DirtyService:
         self._server_id = settings.server_id
         self._max_age_s = settings.dirty_max_age_s
         self._max_reinserts = settings.dirty_max_reinserts
+        # The tenant of each dirty collection this process has resolved (bindings never change).
+        self._tenants: dict[UUID, str] = {}
+        rollups.after_each_pass(self._learn_tenants)
 
     async def listing(self, min_records: int, limit: int) -> DirtyResponse:
         """Dirty collections with at least ``min_records`` records, best first (entries aged or
@@ -70,8 +90,39 @@ class DirtyService:
         return {"records": [r.as_dict() for r in records]}
 
     async def _answer(self, entries: list[DirtyEntry]) -> DirtyResponse:
-        logs = []
-        for e in entries:
-            tenant = await self._manager.binding(e.collection_id)
-            logs.append(DirtyLogOut(tenant=tenant or "", **e.as_dict()))
+        await self._resolve(e.collection_id for e in entries)
+        tenants = self._tenants
+        logs = [
+            DirtyLogOut(tenant=tenants.get(e.collection_id, ""), **e.as_dict()) for e in entries
+        ]
         return DirtyResponse(server_id=self._server_id, logs=logs)
+
+    async def _learn_tenants(self, result: RollUpResult) -> None:
+        """After a pass: forget the tenants of collections no longer dirty (when they are many)
+        and resolve those of the set that no pass has resolved yet."""
+        entries = result.entries
+        if len(self._tenants) > 2 * len(entries) + 1024:
+            self._tenants = {c: t for c, t in self._tenants.items() if c in entries}
+        try:
+            await self._resolve(entries)
+        except ProcessDeath:
+            raise
+        except Exception as e:  # the pass succeeded; a listing (or the next pass) retries
+            _log.warning("dirty set: tenants not resolved after the roll-up: %r", e)
+
+    async def _resolve(self, ids: Iterable[UUID]) -> None:
+        """Learn the tenants of ``ids`` not known yet, a few bindings at a time (the manager
+        answers from memory for logs this process bound; else one ``TENANT`` read)."""
+        known = self._tenants
+        missing = [c for c in ids if c not in known]
+        todo = iter(missing)
+
+        async def worker() -> None:
+            for cid in todo:
+                tenant = await self._manager.binding(cid)
+                if tenant is not None:  # unbound (a fork being created): asked again later
+                    known[cid] = tenant
+
+        n = min(TENANT_LOOKUP_CONCURRENCY, len(missing))
+        if n:
+            await asyncio.gather(*(worker() for _ in range(n)))

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from dirtylog import RollUpResult
 
@@ -29,6 +30,12 @@ class RollupScheduler:
         self._metrics = metrics
         self._interval_s = settings.rollup_interval_s
         self._task: asyncio.Task[None] | None = None
+        self._after: list[Callable[[RollUpResult], Awaitable[None]]] = []
+
+    def after_each_pass(self, fn: Callable[[RollUpResult], Awaitable[None]]) -> None:
+        """Call ``fn`` with each successful pass's result, before ``run_now`` returns (it must
+        not raise: the pass itself succeeded)."""
+        self._after.append(fn)
 
     def start(self) -> None:
         """Start rolling up every interval."""
@@ -54,6 +61,8 @@ class RollupScheduler:
         self._metrics.rollup_duration.observe(time.monotonic() - started)
         self._record(result)
         self._untracked.record(known)
+        for fn in self._after:
+            await fn(result)
         return result
 
     def _record(self, result: RollUpResult) -> None:

@@ -9,6 +9,7 @@ v2's skewed ``installed_at``).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import compactor_client.versions as versions_module
 from compactor_client.fold import Row
 from compactor_client.versions import (
+    CorruptCurrent,
     CurrentVersion,
     PruneReport,
     RunEntry,
@@ -31,6 +33,7 @@ from compactor_client.versions import (
     write_rows,
 )
 from wal3.localstore import LocalStore
+from wal3.store import ObjectMeta
 
 CID = "00000000-0000-4000-8000-0000000000aa"
 ROWS = [Row(id="a", document="x", metadata={}, embedding=None)]
@@ -316,3 +319,128 @@ async def test_the_crash_point_is_reached_once_after_the_first_delete(
     report = await prune_versions(store, cur, P, keep=1, grace_s=0.0)
     assert report == PruneReport([_part(1), _part(2)], 0)
     assert seen == [("prune:mid", {_part(2)})]
+
+
+async def test_a_run_dropped_by_this_install_stays_recorded_as_retired(tmp_path: Path) -> None:
+    """v2 drops v1's run: it is recorded as retired until 1, even with a zero grace, since v2's
+    own install (v1's supersession) is not on record yet.  Each attempt names its run keys."""
+    store = LocalStore(tmp_path / "s")
+    first = allocate_version(P, None, token="a")
+    assert first.run_keys() == [run_key(P, 1, "a-0")]
+    await install_version(store, first, offset=10, rows=1, runs=(RunEntry(first.run_key(0), 1),))
+    base = await read_current(store, P)
+    assert base is not None and base.stored_at is not None
+    second = allocate_version(P, base, token="b")
+    assert second.run_keys() == [run_key(P, 2, "b-0"), run_key(P, 2, "b-1")]
+    out = await install_version(
+        store,
+        second,
+        offset=20,
+        rows=1,
+        runs=(RunEntry(second.run_key(0), 1),),
+        keep=1,
+        grace_s=0.0,
+    )
+    assert out.current is not None and out.current.retired == ((run_key(P, 1, "a-0"), 1),)
+
+
+async def _base_pointer(
+    store: LocalStore, stored: dict[int, float], retired: list[tuple[str, int]]
+) -> CurrentVersion:
+    """v5 (one run, ``retired`` recorded, installs of ``stored`` on record), installed at T0 by
+    the store's clock."""
+    cur = CurrentVersion(
+        version=5,
+        offset=50,
+        rows=1,
+        runs=(RunEntry(key=_run(5, "top"), rows=1),),
+        etag="",
+        installed_at=1.0,
+        history=tuple((v, 1.0) for v in sorted(stored, reverse=True)),
+        stored=tuple(sorted(stored.items(), reverse=True)),
+        retired=tuple(retired),
+    )
+    await store.put(current_key(P), json.dumps(cur.document()).encode())
+    os.utime(store.root / current_key(P), (T0, T0))
+    got = await read_current(store, P)
+    assert got is not None and got.stored_at == T0
+    return got
+
+
+async def _retired_by_v6(
+    tmp_path: Path,
+    name: str,
+    stored: dict[int, float],
+    retired: list[tuple[str, int]],
+    keep: int | None,
+    grace_s: float | None = 300.0,
+) -> tuple[tuple[str, int], ...]:
+    store = LocalStore(tmp_path / name)
+    base = await _base_pointer(store, stored, retired)
+    pending = allocate_version(P, base, token="n")
+    out = await install_version(
+        store,
+        pending,
+        offset=60,
+        rows=1,
+        runs=(RunEntry(pending.run_key(0), 1),),
+        keep=keep,
+        grace_s=grace_s,
+    )
+    assert out.current is not None
+    return out.current.retired
+
+
+async def test_an_install_forgets_retired_runs_past_the_kept_window_and_the_grace(
+    tmp_path: Path,
+) -> None:
+    """v6 replaces v5 (the store's present is v5's install, T0): a retired record goes once its
+    run could be pruned already, i.e. superseded ``grace + 1 s`` before T0 or earlier; the rest,
+    and v5's own run retired now, stay, newest first (then by key)."""
+    stored = {2: T0 - 1000.0, 3: T0 - 301.0, 4: T0 - 300.5}
+    retired = [(_run(1, "a"), 1), (_run(2, "b"), 2), (_run(3, "d"), 3), (_run(3, "c"), 3)]
+    assert await _retired_by_v6(tmp_path, "keep1", stored, retired, keep=1) == (
+        (_run(5, "top"), 5),
+        (_run(3, "c"), 3),
+        (_run(3, "d"), 3),
+    )
+    # Without the pruner's settings nothing is forgotten.
+    everything = ((_run(5, "top"), 5), (_run(3, "c"), 3), (_run(3, "d"), 3))
+    everything += ((_run(2, "b"), 2), (_run(1, "a"), 1))
+    assert await _retired_by_v6(tmp_path, "no-keep", stored, retired, keep=None) == everything
+    assert (
+        await _retired_by_v6(tmp_path, "no-grace", stored, retired, keep=1, grace_s=None)
+        == everything
+    )
+
+
+async def test_an_install_keeps_retired_runs_a_kept_version_lists(tmp_path: Path) -> None:
+    """With keep 4, v6 keeps v3..v6: a run last listed by v3 stays however old its supersession;
+    one last listed by v2 goes."""
+    stored = {3: T0 - 1000.0, 4: T0 - 1000.0}
+    retired = [(_run(3, "kept"), 3), (_run(2, "gone"), 2)]
+    assert await _retired_by_v6(tmp_path, "keep4", stored, retired, keep=4) == (
+        (_run(5, "top"), 5),
+        (_run(3, "kept"), 3),
+    )
+
+
+async def test_a_pointer_gone_between_its_read_and_its_head_reads_as_none(
+    tmp_path: Path,
+) -> None:
+    class Vanishing(LocalStore):
+        async def head(self, key: str) -> ObjectMeta:
+            await self.delete(key)
+            return await super().head(key)
+
+    store = Vanishing(tmp_path / "s")
+    await store.put(current_key(P), b'{"version": 1, "offset": 1, "rows": 0, "path": "p"}')
+    assert await read_current(store, P) is None
+
+
+async def test_a_format_one_pointer_with_a_path_not_a_string_is_corrupt(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    await store.put(current_key(P), b'{"version": 1, "offset": 1, "rows": 0, "path": 5}')
+    with pytest.raises(CorruptCurrent) as e:
+        await read_current(store, P)
+    assert str(e.value) == f"{current_key(P)}: invalid runs: TypeError('path is not a string')"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 
 from dirtylog import DirtyRecord, RecordKind
-from dirtylog.coalesce import Coalesced, Coalescer, Observations
+from dirtylog.coalesce import Coalesced, Coalescer, Observations, coalesce
 
 from .helpers import T0_US, cid
 
@@ -77,3 +77,9 @@ def test_forget_below_forgets_relogs_out_of_log_order_too() -> None:
     assert obs.seen_at(6, 9.0) == 3.0 and obs.seen_at(10, 9.0) == 1.0
     obs.forget_below(11)
     assert obs.seen_at(6, 9.0) == 5.0 and obs.seen_at(10, 9.0) == 5.0
+
+
+def test_a_collection_without_a_compaction_cursor_is_clipped_at_nothing() -> None:
+    """A cursor absent from the mapping is 1 (nothing compacted): a mark from 1 keeps its start
+    and its reinsert count."""
+    assert coalesce([mark(A, 1, 2, reinserts=3)], {B: 5}) == {A: Coalesced(1, 3, T0_US, 3)}

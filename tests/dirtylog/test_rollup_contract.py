@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from dirtylog import (
+    DirtyEntry,
     DirtyLogHook,
     DirtyRecord,
     MemoryCompactionOffsets,
@@ -561,3 +562,350 @@ async def test_records_read_past_the_windows_end_wait_for_the_next_run() -> None
     result = await rollup.run()
     assert result.marks_read == 1 and set(result.entries) == {cid(1)}
     assert result.cursor_to == 2
+
+
+# --------------------------------------------- issue 24's pass: prior sets, cursors moved back
+
+
+def second_rollup(w: World, **kw: object) -> RollUp:
+    """Another roll-up of the same log (a reopened dirty log's), on the same clocks."""
+    return RollUp(w.backend, w.compaction, clock=w.clock, tails=w.tails, monotonic=w.mono, **kw)  # type: ignore[arg-type]
+
+
+def entry(
+    c: uuid.UUID, start: int, limit: int, first_us: int, reinserts: int, now_us: int
+) -> DirtyEntry:
+    n = limit - start
+    return DirtyEntry(
+        c, start, limit, n, first_us, reinserts, score(n, first_us, reinserts, now_us)
+    )
+
+
+async def test_a_cursor_moved_back_on_a_fresh_roll_up_appends_a_purge_and_a_mark() -> None:
+    w = World()
+    a = cid(1)
+    w.clock.advance_s(5)
+    now_us = w.clock()
+    assert await w.rollup.uncompacted(a, 3, 7) == 1
+    assert await decoded_from(w.backend, 1) == [
+        (1, DirtyRecord.purge(a, now_us)),
+        (2, DirtyRecord(a, 3, 4, now_us, 0, RecordKind.MARK_DIRTY)),
+    ]
+    assert w.rollup.entries() == {a: entry(a, 3, 7, now_us, 0, now_us)}
+    item = w.rollup.dirty_set.item(a)
+    assert item is not None and item.home == 2
+
+
+async def test_a_cursor_moved_back_to_its_tail_or_past_it_appends_only_a_purge() -> None:
+    w = World()
+    a = cid(1)
+    assert await w.rollup.uncompacted(a, 7, 7) == 1
+    assert await w.rollup.uncompacted(a, 9, 7) == 2
+    assert [r.kind for _, r in await decoded_from(w.backend, 1)] == [RecordKind.PURGE] * 2
+    assert w.rollup.entries() == {}
+
+
+async def test_a_cursor_moved_back_restates_known_and_unread_marks() -> None:
+    """The mark reaches the highest end known (memory, then marks appended before the purge and
+    not folded yet, restated past it), with the oldest first insertion; a restart agrees."""
+    w = World()
+    a = cid(1)
+    await w.hook.mark_dirty(a, 1, 11)  # [1, 12) at T0, offset 1
+    await w.rollup.run()  # relogged at 2
+    w.clock.advance_s(10)
+    await w.hook.mark_dirty(a, 15, 10)  # [15, 25), offset 3: not folded yet
+    now_us = w.clock()
+    assert await w.rollup.uncompacted(a, 3, 7) == 4
+    assert await decoded_from(w.backend, 4) == [
+        (4, DirtyRecord.purge(a, now_us)),
+        (5, DirtyRecord(a, 3, 9, T0_US, 0, RecordKind.MARK_DIRTY)),
+        (6, DirtyRecord(a, 3, 22, T0_US, 0, RecordKind.MARK_DIRTY)),
+    ]
+    assert w.rollup.entries() == {a: entry(a, 3, 25, T0_US, 0, now_us)}
+    item = w.rollup.dirty_set.item(a)
+    assert item is not None and item.home == 5
+    assert spans((await second_rollup(w).run()).entries) == {a: (3, 25)}
+
+
+async def test_a_cursor_moved_back_with_unreadable_marks_logs_and_restates_what_it_knows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World()
+    a = cid(1)
+    await w.hook.mark_dirty(a, 1, 11)
+    await w.rollup.run()
+    await w.hook.mark_dirty(a, 15, 10)
+    w.backend.inject_fault("read", exc=RuntimeError("read failed"))
+    with caplog.at_level(logging.WARNING, logger="dirtylog.rollup"):
+        assert await w.rollup.uncompacted(a, 3, 7) == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dirty log: marks before the purge of {a} unread: RuntimeError('read failed')"
+    ]
+    assert await w.backend.next_offset() == 6  # the purge and one mark, none restated
+    assert spans(w.rollup.entries()) == {a: (3, 12)}
+
+
+async def test_a_cursor_moved_back_refuses_the_nil_uuid() -> None:
+    w = World()
+    with pytest.raises(ValueError, match=r"^the nil UUID names no collection$"):
+        await w.rollup.uncompacted(uuid.UUID(int=0), 1, 5)
+    assert await w.backend.next_offset() == 1
+
+
+async def test_a_cursor_moved_back_replaces_the_prior_sets_entry() -> None:
+    """Before its first pass a reopened roll-up serves the previous set: the collection moved
+    back is restated there too (from the highest end known), other entries are kept."""
+    w = World()
+    a, b = cid(1), cid(2)
+    await w.hook.mark_dirty(a, 1, 11)
+    await w.hook.mark_dirty(b, 1, 2)
+    await w.rollup.run()
+    r2 = second_rollup(w)
+    r2.carry_over(w.rollup)
+    w.clock.advance_s(10)
+    now_us = w.clock()
+    await r2.uncompacted(a, 5, 7)
+    assert r2.entries() == {
+        a: entry(a, 5, 12, T0_US, 0, now_us),
+        b: entry(b, 1, 3, T0_US, 1, T0_US),  # as carried: scored when the set was
+    }
+    assert [(e.collection_id, e.start, e.limit) for e in r2.select(0, 10)] == [
+        (a, 5, 12),
+        (b, 1, 3),
+    ]
+
+
+async def test_a_reopened_roll_up_serves_the_previous_set_until_its_rebuild_completes() -> None:
+    w = World()
+    a = cid(1)
+    await w.hook.mark_dirty(a, 1, 4)
+    await w.rollup.run()
+    other = World()  # a roll-up of an empty log
+    r2 = RollUp(other.backend, other.compaction, clock=w.clock, tails=other.tails)
+    r2.carry_over(w.rollup)
+    assert r2.entries() == w.rollup.entries()
+    assert [e.collection_id for e in r2.select(0, 10)] == [a]
+    await r2.run()
+    assert r2.entries() == {}
+    r2.carry_over(w.rollup)  # complete now: nothing to carry
+    assert r2.entries() == {}
+
+
+async def test_carried_sets_are_united() -> None:
+    """Two carried sets (and the roll-up's own partial fold) unite entry by entry: start min,
+    limit max, first insertion min, reinserts max, scored now."""
+    w1, w2 = World(), World()
+    a, b = cid(1), cid(2)
+    await w1.hook.mark_dirty(a, 1, 4)  # [1, 5) at T0
+    await w1.rollup.run()  # reinserted once
+    w2.clock.advance_s(60)
+    await w2.hook.mark_dirty(a, 3, 6)  # [3, 9) at T0 + 60 s
+    await w2.hook.mark_dirty(b, 1, 1)
+    r = RollUp(MemoryLogBackend(), MemoryCompactionOffsets(), clock=w2.clock)
+    r.carry_over(w1.rollup)
+    await w2.rollup.run()
+    r.carry_over(w2.rollup)
+    now_us = w2.clock()
+    assert r.entries() == {
+        a: entry(a, 1, 9, T0_US, 1, now_us),
+        b: entry(b, 1, 2, T0_US + 60_000_000, 1, now_us),
+    }
+
+
+async def test_the_prior_set_is_united_with_the_rebuilds_fold() -> None:
+    w = World()
+    a = cid(1)
+    await w.hook.mark_dirty(a, 1, 4)
+    await w.rollup.run()
+    r2 = second_rollup(w)
+    r2.carry_over(w.rollup)
+    # Memory of the new roll-up learns [3, 9) before its first pass.
+    await r2.uncompacted(a, 3, 9)
+    r3 = second_rollup(w)
+    r3.carry_over(w.rollup)
+    r3.carry_over(r2)
+    assert spans(r3.entries()) == {a: (1, 9)}
+
+
+async def test_compactions_and_purges_clip_the_prior_set() -> None:
+    w = World()
+    a, b, c = cid(1), cid(2), cid(3)
+    await w.hook.mark_dirty(a, 1, 8)  # [1, 9)
+    await w.hook.mark_dirty(b, 1, 2)
+    await w.hook.mark_dirty(c, 1, 2)
+    await w.rollup.run()
+    r2 = second_rollup(w)
+    r2.carry_over(w.rollup)
+    before = r2.entries()
+    r2.note_compacted(a, 1)  # not above its start: unchanged
+    assert r2.entries()[a] == before[a]
+    w.clock.advance_s(10)
+    r2.note_compacted(a, 4)  # cut into: starts at 4, its reinsert count restarted
+    assert r2.entries()[a] == entry(a, 4, 9, T0_US, 0, w.clock())
+    r2.note_compacted(a, 9)  # wholly compacted: gone
+    r2.note_compacted(cid(9), 5)  # a collection the prior set never had
+    assert set(r2.entries()) == {b, c}
+    await r2.purge([b])
+    assert set(r2.entries()) == {c}
+    await r2.purge([cid(9)])  # not in the prior set: nothing to do
+    assert set(r2.entries()) == {c}
+
+
+class FailingTails(MemoryLogTails):
+    def __init__(self, settle_s: float) -> None:
+        super().__init__(settle_s)
+        self.fail = False
+
+    async def log_tails(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
+        if self.fail:
+            raise RuntimeError("tails down")
+        return await super().log_tails(ids)
+
+
+async def test_failed_lookups_are_counted_logged_and_change_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World()
+    w.tails = FailingTails(30.0)
+    w.rollup = second_rollup(w)
+    a, b = cid(1), cid(2)
+    await w.lost(a, 1, 5)
+    await w.lost(b, 1, 5)
+    first = await w.rollup.run()
+    assert w.rollup.last_result is first
+    assert (first.compaction_lookups, first.tail_lookups, first.lookup_errors) == (2, 0, 0)
+    w.clock.advance_s(31)
+    w.compaction.fail_next = RuntimeError("cursors down")
+    w.tails.fail = True
+    with caplog.at_level(logging.WARNING, logger="dirtylog.rollup"):
+        result = await w.rollup.run()
+    assert (result.compaction_lookups, result.tail_lookups, result.lookup_errors) == (2, 2, 2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "dirty-log roll-up: compaction cursors unreadable (RuntimeError('cursors down')); "
+        "relogging",
+        "dirty-log roll-up: log tails unreadable (RuntimeError('tails down')); relogging",
+    ]
+    assert set(result.entries) == {a, b}
+    w.tails.fail = False
+    result = await w.rollup.run()  # judged now: neither write landed
+    assert result.entries == {} and result.marks_beyond_tail == 2 and result.tail_lookups == 2
+    assert w.rollup.last_result is result
+
+
+async def test_compaction_cursors_are_read_for_the_most_reinserted_first() -> None:
+    w = World(max_compaction_lookups=1)
+    a, b = cid(1), cid(2)  # a's id sorts first
+    await w.backend.append_many([mark(a, 1, 2, reinserts=5).encode(), mark(b, 1, 2).encode()])
+    w.compaction.set(a, 3)
+    w.compaction.set(b, 3)
+    result = await w.rollup.run()
+    assert result.compaction_lookups == 1 and set(result.entries) == {b}
+
+
+async def test_a_pass_reports_clears_read_and_what_is_retained() -> None:
+    w = World(max_records_per_append=1)
+    a, b = cid(1), cid(2)
+    await w.hook.mark_dirty(a, 1, 2)
+    await w.hook.mark_dirty(b, 1, 2)
+    await w.rollup.compacted(cid(3), 4)
+    await w.backend.append_many([DirtyRecord.clear(T0_US).encode()])
+    result = await w.rollup.run()
+    assert result.clears_read == 2 and result.reinserted == 2
+    # Two relogs, one per append, past the end (5): the cursor moved to 5, 2 records retained.
+    assert (result.cursor_to, result.retained) == (5, 2)
+
+
+async def test_three_lost_races_in_a_row_fail_a_pass_by_default() -> None:
+    backend = ConflictingCas(3)
+    w = World(backend=backend)
+    await w.committed(cid(1), 1, 5)
+    with pytest.raises(CursorConflict):
+        await w.rollup.run()
+    assert backend.cas_calls == 3
+
+
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"window_records": 0}, "window_records must be >= 1, got 0"),
+        (
+            {"max_compaction_lookups": -1},
+            "max_compaction_lookups and max_tail_lookups must be >= 0",
+        ),
+        ({"max_tail_lookups": -1}, "max_compaction_lookups and max_tail_lookups must be >= 0"),
+    ],
+)
+def test_rollup_refuses_bad_bounds(kw: dict[str, int], text: str) -> None:
+    with pytest.raises(ValueError) as e:
+        World(**kw)  # type: ignore[arg-type]
+    assert str(e.value) == text
+
+
+async def test_no_lookups_at_all_is_allowed() -> None:
+    w = World(max_compaction_lookups=0, max_tail_lookups=0)
+    await w.lost(cid(1), 1, 5)
+    await w.rollup.run()
+    w.clock.advance_s(31)
+    result = await w.rollup.run()
+    assert (result.compaction_lookups, result.tail_lookups) == (0, 0)
+    assert set(result.entries) == {cid(1)}  # never judged: kept
+
+
+async def test_tail_lookups_are_bounded_per_pass() -> None:
+    w = World(max_tail_lookups=1)
+    a, b = cid(1), cid(2)
+    await w.lost(a, 1, 5)
+    await w.lost(b, 1, 5)
+    await w.rollup.run()
+    w.clock.advance_s(31)
+    result = await w.rollup.run()
+    assert result.tail_lookups == 1 and len(result.entries) == 1
+    result = await w.rollup.run()
+    assert result.tail_lookups == 1 and result.entries == {}
+
+
+class EarlyPageBackend(MemoryLogBackend):
+    """Answers a read from offset 1 with a page that starts at the end it reported."""
+
+    async def next_offset(self) -> int:
+        return min(await super().next_offset(), 3)
+
+    async def read(self, from_offset: int, max_records: int) -> list[tuple[int, bytes]]:
+        page = await super().read(from_offset, max_records + 5)
+        return page[2:] if from_offset == 1 else page
+
+
+async def test_a_page_that_starts_past_the_window_is_named() -> None:
+    backend = EarlyPageBackend()
+    await backend.append_many([mark(cid(i), 1, 1).encode() for i in range(3)])
+    w = World(backend=backend)
+    with pytest.raises(RollUpError, match=r"^dirty log read expected offset 1, got 3$"):
+        await w.rollup.run()
+
+
+async def test_the_window_grows_by_every_record_appended_since_the_last_pass() -> None:
+    w = World(window_records=1, max_records_per_read=1)
+    assert (await w.rollup.run()).idle  # an empty log
+    for i in range(3):
+        await w.hook.mark_dirty(cid(i), 1, 1)
+    result = await w.rollup.run()  # three pages of one record: the window is 1 + 3
+    assert (result.cursor_from, result.cursor_to, result.window) == (1, 4, 3)
+    assert result.relogged == 3
+
+
+async def test_a_pass_after_its_relogs_is_not_taken_for_idle() -> None:
+    """The highest offset of a meaningful record counts every relog of a pass: once the cursor
+    passed the first relog (its collection compacted meanwhile), the second still needs a pass."""
+    w = World(window_records=1)
+    a, b = cid(1), cid(2)
+    assert (await w.rollup.run()).idle
+    await w.hook.mark_dirty(a, 1, 2)
+    await w.hook.mark_dirty(b, 1, 2)
+    result = await w.rollup.run()  # relogs a at 3, b at 4
+    assert (result.cursor_to, result.relogged) == (3, 2)
+    w.rollup.note_compacted(a, 100)
+    result = await w.rollup.run()  # [3, 4): a is gone, nothing to relog
+    assert (result.cursor_to, result.relogged, result.idle) == (4, 0, False)
+    result = await w.rollup.run()  # [4, 5): b's relog
+    assert (result.cursor_to, result.relogged, result.idle) == (5, 1, False)
+    assert set(result.entries) == {b}

@@ -125,7 +125,7 @@ def spawn_server(
     api_keys: str | None = KEYS,
     extra_args: list[str] | None = None,
 ) -> Proc:
-    """Start ``loghost serve`` as a subprocess and wait until it answers /healthz.
+    """Start ``loghost serve`` as a subprocess and wait until it is ready (/readyz).
 
     ``api_keys=None`` starts it with no LOGHOST_API_KEYS at all; ``extra_args`` are appended to
     the command line (e.g. ``["--dev"]``).
@@ -170,7 +170,8 @@ def spawn_server(
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
         try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+            # /readyz: /healthz answers 200 while the host is still starting (cli_serve).
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
                 return Proc(url, port, proc, log)
         except httpx.HTTPError:
             pass
