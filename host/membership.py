@@ -143,6 +143,7 @@ class Membership:
         self._on_refresh: list[Callable[[], Awaitable[None]]] = []
         self.duplicates = 0  # beats that found another process's record under our id
         self.refresh_failures = 0
+        self._drain_written = False  # a draining record was written (close() retries it if not)
 
     @property
     def server_id(self) -> str:
@@ -244,15 +245,17 @@ class Membership:
         self.me = replace(self.me, state="draining")
         with contextlib.suppress(Exception):
             await self.beat()
+            self._drain_written = True
 
     async def forget(self, server_id: str, seen: HostRecord) -> bool:
         """Remove a departed host's record (after adopting its dirty log) unless it beat since
-        ``seen``; True when removed.  A host coming back meanwhile writes its record again."""
+        ``seen``; True when removed by us (False when another adopter removed it first, so one
+        adoption is counted once).  A host coming back meanwhile writes its record again."""
         key = host_live_key(server_id)
         try:
             meta = await self._store.head(key)
         except ObjectNotFound:
-            return True
+            return False
         if meta.etag != seen.etag:
             return False
         await self._store.delete(key)
@@ -278,7 +281,10 @@ class Membership:
             except ObjectNotFound:
                 continue
             rec = HostRecord.from_bytes(got.data, meta.last_modified, got.etag)
-            if rec is not None:
+            # A body naming another server than its key (copied, restored, foreign) stands for
+            # nobody: else its URL would be that host's and, never beating, it would have that
+            # (live) host adopted at every refresh.
+            if rec is not None and rec.server_id == sid:
                 records[sid] = rec
         mine = records.get(self.server_id)
         if mine is not None and mine.incarnation == self.me.incarnation:
@@ -358,5 +364,5 @@ class Membership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self.me.state == "serving" and self._etag is not None:
-            await self.drain()
+        if self._etag is not None and not self._drain_written:
+            await self.drain()  # also when the drain's own write failed

@@ -94,6 +94,8 @@ class AutoAdoption:
         silent = [r for r in self._m.records() if r.server_id not in live_ids]
         self._metrics.departed_oldest_age.set(max((self._m.age(r) for r in silent), default=0.0))
         for rec in self._m.departed(self.after_s):
+            if rec.server_id in live_ids:
+                continue  # routed to (adopt_after_s below ttl_s): alive, never adopted
             owner = rendezvous_owner(f"adopt\n{rec.server_id}", live)
             if owner is None or owner.server_id != self._m.server_id:
                 continue
