@@ -563,3 +563,25 @@ async def test_an_alive_host_adopted_by_mistake_loses_no_dirty_mark(tmp_path: Pa
             for c in (cx, cy):
                 dirty |= {e["collection_id"] for e in (await c.get("/v1/dirty")).json()["logs"]}
         assert {before, after} <= dirty
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Settings accept any server id without '/' (e.g. 'pod a', 'ü-host', '.x'), but "
+    "Adoption.adopt refuses ids outside [A-Za-z0-9][A-Za-z0-9._-]*: AutoAdoption gets "
+    "BadRequest, leaves the record alone and logs a warning at every refresh, forever; the "
+    "departed host's dirty log is never adopted",
+)
+async def test_a_departed_host_with_a_settings_valid_odd_id_is_adopted(tmp_path: Path) -> None:
+    sid = "pod a"
+    assert Settings(server_id=sid).server_id == sid
+    store = LocalStore(tmp_path)
+    a = _member(store, "a")
+    await a.join()
+    await _member(store, sid).join()
+    _age_record(tmp_path, sid, 600)
+    adoption = Adoption(store, "a", None, None, None)  # type: ignore[arg-type]
+    auto = AutoAdoption(adoption, a, Metrics(), after_s=300)
+    a.on_refresh(auto)
+    await a.beat()  # no dirty log: NotFound, so only its record is forgotten
+    assert auto.adopted == [sid]
