@@ -31,7 +31,6 @@ from .cli_errors import CliError, ExitCode, check_existing_store, check_store_ur
 from .httpserver import DrainingServer
 
 PROG = "loghost"
-DEFAULT_LIVENESS_TTL_S = 30.0
 
 
 class _GracefulServer(DrainingServer):
@@ -71,7 +70,6 @@ def _serve(args: argparse.Namespace) -> int:
     from . import jsonlog
     from .api import create_app, uvicorn_config
     from .auth import new_key
-    from .cli_liveness import HostLiveness
     from .cli_serve import StartingApp, bind_listen, report
     from .config import Settings, warn_unknown_env
     from .server import Server
@@ -105,8 +103,6 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(ExitCode.USAGE, f"invalid configuration: {problems}") from None
     except ValueError as e:
         raise CliError(ExitCode.USAGE, f"invalid configuration: {e}") from None
-    if args.liveness_ttl_s <= 0:
-        raise CliError(ExitCode.USAGE, "--liveness-ttl-s must be positive")
     check_store_url(settings.store)
     if not keys and not settings.dev:
         raise CliError(
@@ -135,9 +131,6 @@ def _serve(args: argparse.Namespace) -> int:
     # SIGHUP re-reads LOGHOST_API_KEYS_FILE now (a change is also noticed on the next request);
     # without a handler SIGHUP would end the process.
     signal.signal(signal.SIGHUP, lambda *_: server.auth.reload())
-    liveness = HostLiveness(
-        server.store, settings.server_id, settings.public_url, ttl_s=args.liveness_ttl_s
-    )
     failure: list[CliError] = []
     uv: _GracefulServer | None = None
 
@@ -147,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
         if uv is not None:
             uv.should_exit = True
 
-    app = StartingApp(create_app(server), server, liveness, on_fatal=fatal)
+    app = StartingApp(create_app(server), server, on_fatal=fatal)
     config = uvicorn_config(app, settings)
     print(
         f"loghost {settings.server_id} serving {settings.store} on http://{settings.listen} "
@@ -446,15 +439,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--dev",
         action="store_true",
         help="with no API keys, create and print a service key [LOGHOST_DEV; default: off]",
-    )
-    s.add_argument(
-        "--liveness-ttl-s",
-        type=float,
-        default=DEFAULT_LIVENESS_TTL_S,
-        metavar="S",
-        help="this host's liveness record lasts this long: a host starting with the same "
-        "server id while it is renewed is refused, and after a crash the id is free again "
-        f"within it [default: {DEFAULT_LIVENESS_TTL_S:g}]",
     )
     s.set_defaults(func=_serve, is_async=False)
 

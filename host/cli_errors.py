@@ -17,6 +17,8 @@ from wal3 import LogNotFound, ObjectNotFound, StoreError, StoreUnavailable
 from wal3.errors import NoCursors
 from wal3.storeurl import StoreURL, store_url_parts
 
+from .membership import DuplicateServerId
+
 # What LocalStore creates in every directory it opens (wal3.localstore._HIDDEN).
 _LOCAL_STORE_DIR = ".wal3-local"
 
@@ -78,6 +80,8 @@ def classify(e: BaseException, store_url: str | None = None) -> CliError | None:
     where = f" {store_url!r}" if store_url else ""
     if isinstance(e, CliError):
         return e
+    if isinstance(e, DuplicateServerId):
+        return CliError(ExitCode.DUPLICATE_SERVER_ID, str(e))
     if isinstance(e, NoCursors):
         return CliError(ExitCode.NO_CURSORS, f"{e} (set a cursor first, e.g. the compaction one)")
     if isinstance(e, LogNotFound | ObjectNotFound):

@@ -6,9 +6,10 @@
    (``"status": "starting"``) and everything else 503 ``unavailable`` (``/readyz`` included): an
    unreachable store leaves the pod up and unready, retried with backoff and logged as one line,
    instead of a traceback and a crash loop.
-3. Once the store answers, the host claims its server id (``host.cli_liveness``): a live host
-   with the same id on the same store makes this one stop with exit code 8.  Then the
-   ``Server`` starts (dirty log, leader hint, roll-ups, GC) and requests go to the app.
+3. Once the store answers, the ``Server`` starts: it joins the membership first
+   (``host.membership``: a live host with the same id on the same store makes this one stop with
+   exit code 8), then opens its dirty log and starts the leader hint, roll-ups and GC; requests
+   go to the app.
 
 A failure that waiting cannot mend (the id in use, a bucket that does not exist, a bug) stops the
 server: one ``loghost: error:`` line on stderr and the exit code of its kind.
@@ -31,7 +32,6 @@ from starlette.types import Receive, Scope, Send
 from wal3 import ObjectNotFound
 
 from .cli_errors import CliError, ExitCode, classify
-from .cli_liveness import DuplicateServerId, HostLiveness
 from .errors import Unavailable, error_response
 from .server import Server
 
@@ -77,13 +77,11 @@ class StartingApp:
         self,
         app: Any,
         server: Server,
-        liveness: HostLiveness,
         *,
         on_fatal: Callable[[CliError], None],
     ) -> None:
         self.app = app
         self.server = server
-        self.liveness = liveness
         self.on_fatal = on_fatal
         self.started = False
         self.reason = "starting"
@@ -130,22 +128,17 @@ class StartingApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.started:
-            await self.server.close()  # closes the store as well
-        with contextlib.suppress(Exception):
-            # Released last: the id stays claimed until the dirty log is flushed and closed.
-            await self.liveness.release()
-        if not self.started:
+            await self.server.close()  # marks the liveness record draining; closes the store
+        else:
             await self.server.store.close()
 
     async def _run(self) -> None:
         try:
             await self._wait_for_store()
-            await self.liveness.claim(on_wait=lambda line: _log.warning("%s", line))
             self.reason = "starting the host"
-            await self.server.start()
+            await self.server.start()  # refuses a server id a live host beats under
             self.started = True
             _log.info("ready")
-            await self._renew()
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -179,17 +172,6 @@ class StartingApp:
             delay = min(MAX_BACKOFF_S, delay * 2)
         if logged:
             _log.info("store %s reachable", self.server.settings.store)
-
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(self.liveness.renew_every_s)  # the renewal period
-            try:
-                other = await self.liveness.renew()
-            except Exception as e:
-                _log.warning("could not renew the liveness record: %s", e)
-                continue
-            if other is not None:
-                raise DuplicateServerId(self.server.settings.server_id, other)
 
 
 def report(err: CliError) -> None:

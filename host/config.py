@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import socket
 from collections.abc import Mapping
 from typing import Annotated, Literal
@@ -17,6 +18,10 @@ from .auth import merge_keys, parse_keys, read_keys_file
 _log = logging.getLogger("loghost.config")
 
 ENV_PREFIX = "LOGHOST_"
+
+
+# A server id names the host's dirty log and liveness record, and is adopted by name: one rule.
+SERVER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 def _default_server_id() -> str:
@@ -260,14 +265,19 @@ class Settings(BaseSettings):
     @field_validator("server_id")
     @classmethod
     def _check_server_id(cls, v: str) -> str:
-        if not v or "/" in v or len(v) > 253:
-            raise ValueError("server_id must be a non-empty name without '/'")
+        if not SERVER_ID.fullmatch(v):
+            raise ValueError(
+                "server_id must be letters, digits, '.', '_' and '-', starting with a letter or "
+                "digit, at most 253 (a pod or host name)"
+            )
         return v
 
     @model_validator(mode="after")
     def _check_membership(self) -> Settings:
         if self.membership_ttl_s <= self.membership_interval_s:
             raise ValueError("membership_ttl_s must be longer than membership_interval_s")
+        if self.adopt_after_s <= self.membership_ttl_s:
+            raise ValueError("adopt_after_s must be longer than membership_ttl_s")
         return self
 
     @property

@@ -27,8 +27,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import secrets
-import time
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -40,14 +41,11 @@ from wal3.paths import HOSTS_LIVE_PREFIX, host_live_key, parse_host_live_key
 _log = logging.getLogger("loghost.membership")
 
 State = Literal["serving", "draining"]
-# The longest a starting host watches a fresh record of another incarnation (a crashed
-# predecessor's, or a live twin's): 1.5 beats, but never minutes however long the interval.
-_MAX_WATCH_S = 30.0
 
 
 class DuplicateServerId(RuntimeError):
     """Another live process beats under this server id: two hosts with one id would share (and
-    fight over) one dirty log."""
+    fight over) one dirty log.  ``loghost serve`` exits 8 with this line."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,9 @@ class HostRecord:
     state: State
     last_beat: float  # the record's last_modified, in the store's clock (0 until listed)
     beats: int = 0  # beats of this incarnation
+    hostname: str = ""  # the machine and process that write it (operators' view)
+    pid: int = 0
+    interval_s: float = 0.0  # how often its writer beats (0: not recorded)
     etag: str = ""  # the etag it was read at (never in the body)
 
     def to_bytes(self) -> bytes:
@@ -71,6 +72,9 @@ class HostRecord:
                 "incarnation": self.incarnation,
                 "state": self.state,
                 "beats": self.beats,
+                "hostname": self.hostname,
+                "pid": self.pid,
+                "interval_s": self.interval_s,
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -93,10 +97,33 @@ class HostRecord:
             "draining",
         ):
             return None
-        beats = doc.get("beats", 0)
-        if not isinstance(beats, int):
+        beats, hostname, pid = doc.get("beats", 0), doc.get("hostname", ""), doc.get("pid", 0)
+        interval = doc.get("interval_s", 0.0)
+        if (
+            not isinstance(beats, int)
+            or not isinstance(hostname, str)
+            or not isinstance(pid, int)
+            or not isinstance(interval, int | float)
+            or not 0 <= interval < 1e6
+        ):
             return None
-        return cls(str(server_id), str(url), str(inc), state, last_beat, beats, etag)
+        return cls(
+            str(server_id),
+            str(url),
+            str(inc),
+            state,
+            last_beat,
+            beats,
+            hostname,
+            pid,
+            float(interval),
+            etag,
+        )
+
+    def describe(self) -> str:
+        """Who writes the record, for the refusal line."""
+        who = f"{self.hostname} pid {self.pid}" if self.hostname else self.incarnation
+        return f"a live host {who} listening on {self.url}"
 
 
 def rendezvous_score(key: str, server_id: str) -> int:
@@ -127,6 +154,7 @@ class Membership:
         interval_s: float = 3.0,
         ttl_s: float = 10.0,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        on_failure: Callable[[BaseException], object] | None = None,
     ) -> None:
         if interval_s <= 0 or ttl_s <= interval_s:
             raise ValueError("membership: need 0 < interval_s < ttl_s")
@@ -135,12 +163,25 @@ class Membership:
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self._sleep = sleep
-        self.me = HostRecord(server_id, url.rstrip("/"), secrets.token_hex(8), "serving", 0.0)
+        self._on_failure = on_failure
+        self.me = HostRecord(
+            server_id,
+            url.rstrip("/"),
+            secrets.token_hex(8),
+            "serving",
+            0.0,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            interval_s=interval_s,
+        )
         self._etag: str | None = None
         self._records: dict[str, HostRecord] = {}
         self._store_now = 0.0
         self._task: asyncio.Task[None] | None = None
         self._on_refresh: list[Callable[[], Awaitable[None]]] = []
+        self._after: asyncio.Task[None] | None = None
+        self.steady = False  # see refresh()
+        self._closing = False
         self.duplicates = 0  # beats that found another process's record under our id
         self.refresh_failures = 0
         self._drain_written = False  # a draining record was written (close() retries it if not)
@@ -156,9 +197,10 @@ class Membership:
 
         A record of another incarnation may be our own predecessor's (a restart, after a crash,
         within ``ttl_s``) or a live twin's.  Only watching tells them apart: if the record is
-        rewritten within ``1.5 * interval_s``, a twin is alive (:class:`DuplicateServerId`);
-        else we take the record over with a conditional put, which a twin's beat racing us
-        would fail.  A record older than ``ttl_s`` is taken over at once.
+        rewritten within 1.5 of the intervals it records, a twin is alive
+        (:class:`DuplicateServerId`); else we take the record over with a conditional put, which
+        a twin's beat racing us would fail.  A draining record (a clean stop) is taken over at
+        once.
         """
         try:
             got = await self._store.get(self._key)
@@ -170,7 +212,7 @@ class Membership:
                 self._etag = await self._store.put(self._key, self._next(), if_none_match="*")
             except PreconditionFailed:
                 raise DuplicateServerId(
-                    self._twin_message("appeared as this host started")
+                    self._twin_message("another process (its record appeared as this host started)")
                 ) from None
         else:
             prior = HostRecord.from_bytes(got.data, meta.last_modified, got.etag)
@@ -179,39 +221,39 @@ class Membership:
                 and prior.state == "serving"
                 and await self._beats_elsewhere(prior)
             ):
-                raise DuplicateServerId(self._twin_message(f"is held by {prior.url}"))
+                raise DuplicateServerId(self._twin_message(prior.describe()))
             try:
                 self._etag = await self._store.put(self._key, self._next(), if_match=got.etag)
             except PreconditionFailed:
                 raise DuplicateServerId(
-                    self._twin_message("was rewritten as this host started")
+                    self._twin_message(
+                        "another process (its record was rewritten as this host started)"
+                    )
                 ) from None
         await self.refresh()
 
     async def _beats_elsewhere(self, prior: HostRecord) -> bool:
-        """Whether ``prior``, our key's serving record, is still being beaten by its process."""
-        if self._age_now(prior.last_beat) >= self.ttl_s:
-            return False
-        await self._sleep(min(1.5 * self.interval_s, _MAX_WATCH_S))
+        """Whether ``prior``, our key's serving record, is still being beaten by its process:
+        watched for 1.5 of the intervals it says its writer beats at (ours when it says none).
+
+        Its age is not consulted: before our first write we know no time of the store's, and a
+        host clock ahead of the store's would take a live twin's record for a stale one.  So a
+        restart after a crash always watches once, however long ago the crash was."""
+        await self._sleep(1.5 * (prior.interval_s or self.interval_s))
         try:
             return (await self._store.head(self._key)).etag != prior.etag
         except ObjectNotFound:
             return False
-
-    def _age_now(self, last_modified: float) -> float:
-        # Before our first write the store's clock is unknown: ours is the best guess, and a
-        # wrong guess only costs one wait in ``_beats_elsewhere``.
-        return time.time() - last_modified
 
     def _next(self) -> bytes:
         """Our record's body for the next write (one more beat)."""
         self.me = replace(self.me, beats=self.me.beats + 1)
         return self.me.to_bytes()
 
-    def _twin_message(self, what: str) -> str:
+    def _twin_message(self, who: str) -> str:
         return (
-            f"server id {self.server_id!r} is in use: its liveness record {self._key} {what}; "
-            "give each host its own LOGHOST_SERVER_ID"
+            f"server id {self.server_id!r} is in use by {who}; "
+            "give each host its own --server-id (LOGHOST_SERVER_ID)"
         )
 
     # ------------------------------------------------------------------------------- beating
@@ -237,7 +279,7 @@ class Membership:
         other = HostRecord.from_bytes(got.data, 0.0)
         if other is not None and other.incarnation != self.me.incarnation:
             self.duplicates += 1
-            _log.error("%s", self._twin_message(f"was rewritten by another process ({other.url})"))
+            _log.error("%s", self._twin_message(other.describe()))
         self._etag = await self._store.put(self._key, self._next(), if_match=got.etag)
 
     async def drain(self) -> None:
@@ -286,12 +328,23 @@ class Membership:
             # (live) host adopted at every refresh.
             if rec is not None and rec.server_id == sid:
                 records[sid] = rec
+        previous = self._store_now
         mine = records.get(self.server_id)
         if mine is not None and mine.incarnation == self.me.incarnation:
             self._store_now = mine.last_beat
         else:
             self._store_now = max((r.last_beat for r in records.values()), default=0.0)
+        # Steady: our previous refresh is less than a TTL of store time ago.  After a gap (a
+        # store outage, a paused process) every other record looks old too, so nothing is
+        # judged departed until a second refresh.
+        self.steady = previous > 0 and self._store_now - previous < self.ttl_s
         self._records = records
+        if self._on_refresh and not self._closing and (self._after is None or self._after.done()):
+            # In a task of its own: an adoption may be slow, and the beat must go on meanwhile
+            # (one at a time; a refresh while one runs is caught up by the next).
+            self._after = asyncio.create_task(self._run_after(), name="membership:after")
+
+    async def _run_after(self) -> None:
         for fn in list(self._on_refresh):
             try:
                 await fn()
@@ -299,6 +352,11 @@ class Membership:
                 raise
             except Exception:
                 _log.exception("after a membership refresh")
+
+    async def settled(self) -> None:
+        """Wait for the callbacks of the last refresh to finish (tests, and close)."""
+        if self._after is not None:
+            await asyncio.shield(self._after)
 
     def age(self, record: HostRecord) -> float:
         """Seconds since ``record``'s last beat, in the store's clock."""
@@ -355,6 +413,8 @@ class Membership:
             except Exception as e:  # a store outage: keep the last view, beat again later
                 self.refresh_failures += 1
                 _log.warning("membership beat failed: %s", e)
+                if self._on_failure is not None:
+                    self._on_failure(e)
 
     async def close(self) -> None:
         """Stop beating; the record stays, marked draining (a restart with the same id takes it
@@ -364,5 +424,10 @@ class Membership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._closing = True  # the drain's refresh runs no callbacks: the server is stopping
+        if self._after is not None:
+            self._after.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._after
         if self._etag is not None and not self._drain_written:
             await self.drain()  # also when the drain's own write failed

@@ -73,6 +73,7 @@ class Server:
             settings.public_url,
             interval_s=settings.membership_interval_s,
             ttl_s=settings.membership_ttl_s,
+            on_failure=lambda _e: self.metrics.membership_failures.inc(),
         )
         self.leader: LeaderHint
         if leader is not None:

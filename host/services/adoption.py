@@ -15,12 +15,12 @@ record again and goes on with its own dirty log: adoption only moved that log's 
 from __future__ import annotations
 
 import logging
-import re
 
 from dirtylog import CompactionOffsets, HandOverResult, hand_over
 from wal3 import ObjectStore
 from wal3.paths import dirty_prefix
 
+from ..config import SERVER_ID
 from ..dirty import StoredDirtyLog
 from ..errors import BadRequest, NotFound
 from ..membership import Membership, rendezvous_owner
@@ -29,8 +29,6 @@ from .dirtyset import HostDirtyLog
 from .rollups import RollupScheduler
 
 _log = logging.getLogger("loghost.server")
-# Server ids a dirty log may be adopted from: pod names and the like, never a path.
-_SERVER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 class Adoption:
@@ -54,7 +52,7 @@ class Adoption:
         """Take over the dirty set of ``server_id``, then roll ours up."""
         if server_id == self._server_id:
             raise BadRequest("server_id: this server's own dirty log cannot be adopted")
-        if not _SERVER_ID.fullmatch(server_id):
+        if not SERVER_ID.fullmatch(server_id):
             raise BadRequest(
                 "server_id: letters, digits, '.', '_' and '-', starting with a "
                 "letter or digit, at most 253"
@@ -93,6 +91,8 @@ class AutoAdoption:
         live_ids = {r.server_id for r in live}
         silent = [r for r in self._m.records() if r.server_id not in live_ids]
         self._metrics.departed_oldest_age.set(max((self._m.age(r) for r in silent), default=0.0))
+        if not self._m.steady:
+            return  # our own beats had a gap: every record looks old; judge at the next refresh
         for rec in self._m.departed(self.after_s):
             if rec.server_id in live_ids:
                 continue  # routed to (adopt_after_s below ttl_s): alive, never adopted

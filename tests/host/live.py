@@ -75,6 +75,7 @@ async def live_server(
         # The liveness record is written at start and on stop; beats only when a test asks.
         "membership_interval_s": 3600.0,
         "membership_ttl_s": 7200.0,
+        "adopt_after_s": 14400.0,
     }
     base.update(settings)
     cfg = Settings(**base)

@@ -4,6 +4,7 @@ host with no operator (issue 17, items 0 and 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from pathlib import Path
@@ -114,7 +115,7 @@ async def test_a_restart_takes_over_its_crashed_predecessors_record(tmp_path: Pa
     assert got is not None and got.incarnation == again.me.incarnation
 
 
-async def test_a_restart_after_a_clean_stop_or_a_long_silence_does_not_wait(
+async def test_a_restart_after_a_clean_stop_does_not_wait(
     tmp_path: Path,
 ) -> None:
     store = LocalStore(tmp_path)
@@ -122,10 +123,18 @@ async def test_a_restart_after_a_clean_stop_or_a_long_silence_does_not_wait(
     await stopped.join()
     await stopped.drain()
     await _member(store, "h", sleep=_never).join()
+    # A crash long ago is still watched once: the record's age is not trusted before the
+    # store's clock is known (a host clock ahead would take a live twin for a dead one).
     silent = _member(store, "s")
     await silent.join()
     _age_record(tmp_path, "s", 3600)
-    await _member(store, "s", sleep=_never).join()
+    waits: list[float] = []
+
+    async def watch(s: float) -> None:
+        waits.append(s)
+
+    await _member(store, "s", sleep=watch).join()
+    assert waits == [1.5]
 
 
 async def test_a_beat_after_an_adopter_forgot_the_record_writes_it_again(tmp_path: Path) -> None:
@@ -322,3 +331,28 @@ async def test_membership_settings_are_checked() -> None:
 
     with pytest.raises(ValueError, match="membership_ttl_s must be longer"):
         Settings(membership_interval_s=5, membership_ttl_s=5)
+
+
+async def test_a_failing_beat_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    seen: list[BaseException] = []
+    gate = asyncio.Event()
+    beats = 0
+
+    async def sleep(_s: float) -> None:
+        nonlocal beats
+        beats += 1
+        if beats > 2:
+            await gate.wait()  # park the loop after two beats
+
+    m = Membership(
+        store, "h", "http://h.test", interval_s=1.0, ttl_s=5.0, sleep=sleep, on_failure=seen.append
+    )
+    await m.join()
+    (tmp_path / host_live_key("h")).unlink()  # the next conditional beat fails...
+    (tmp_path / "hosts" / "live").rmdir()
+    (tmp_path / "hosts" / "live").write_text("not a directory")  # ...and so does the rewrite
+    m.start()
+    await wait_until(lambda: len(seen) == 2, "two failed beats", BOUND_S)
+    assert m.refresh_failures == 2 and beats == 3
+    await m.close()
