@@ -613,6 +613,10 @@ async def _two_hosts(
     env = dict(PROC_ENV)
     if redis is not None:
         env.update({"LOGHOST_REDIS_URL": redis.url, "LOGHOST_LEADER_TTL_MS": "1000"})
+    else:
+        # Two writers racing on one log is what this scenario verifies (the manifest's fencing);
+        # membership routing would send every log to one host and leave nothing to race.
+        env["LOGHOST_ROUTING"] = "none"
     hosts = [ProcHost(store, workdir / "logs", f"p{i}", env=env) for i in range(2)]
     for h in hosts:
         await asyncio.to_thread(h.start)
