@@ -22,7 +22,13 @@ by this fixed table and nothing else:
 * a shell line ``NAME=...`` or ``export NAME=...`` (the literal ``...``: "fill in yours") takes
   ``NAME`` from the test, which knows ``KEY``, ``SERVICE_KEY`` and ``COMPACTOR_API_KEY`` (the
   ``--dev`` service key); a ``...`` of another name fails the test;
-* ``"my-api-key"`` in Python is the same key.
+* ``"my-api-key"`` in Python is the same key, and so is ``$SERVICE_KEY``, which the runbooks
+  assume an operator has set.
+
+A sample that assumes earlier steps (a host that was scaled in and left its dirty log, the quick
+start's log) gets them from ``PRECONDITIONS``, by block id.  ``kubectl``, ``helm``, ``docker``
+and ``make`` are stubs that fail: a sample needing them must be listed, and never reaches a
+cluster that the machine might be configured for.
 
 Shell blocks run under ``bash -euo pipefail`` with ``curl`` failing on an HTTP error
 (``--fail-with-body``: ``curl -s`` alone exits 0 on a 400).  ``compactor`` is the real CLI (its
@@ -368,7 +374,19 @@ def removed_host_left_a_dirty_log(sb: Sandbox) -> None:
         assert gone.terminate() == 0
 
 
+QUICK_START = "README.md § Quick start § KEY=...   # the key it printed"
+
+
+def quick_start_ran(sb: Sandbox) -> None:
+    """The README's quick start appended to its log (when a test runs alone, too)."""
+    (block,) = [b for b in BLOCKS if b.id == QUICK_START]
+    r = sb.run(block)
+    assert r.returncode == 0, report(block, r)
+
+
 PRECONDITIONS: dict[str, Callable[[Sandbox], None]] = {
+    "README.md § Configuration § loghost scrub ./data/loghost > report.jsonl   "
+    "# one JSON line per log; exits 1 on any problem": quick_start_ran,
     "docs/OPERATIONS.md § Recovery: you already scaled in without draining § "
     'curl -s -X POST -H "Authorization: Bearer $SERVICE_KEY" \\': removed_host_left_a_dirty_log,
 }
@@ -482,6 +500,7 @@ asyncio.run(main())
             '00000000-0000-4000-8000-000000000001/records?from=1"\n',
             "unauthorized",
         ),
+        ("sh", "loghost dirty-logs ./data/mistyped\n", "loghost: error:"),
         ("sh", "kubectl -n logs get pods\n", "kubectl: not available to doc samples"),
     ],
     ids=[
@@ -491,6 +510,7 @@ asyncio.run(main())
         "wrong-key",
         "synopsis",
         "curl-401",
+        "mistyped-store",
         "kubectl",
     ],
 )
