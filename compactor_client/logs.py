@@ -1,9 +1,10 @@
 """Structured logs: one JSON object per line, with an RFC 3339 time and no terminal escapes.
 
-The compactor logs through :func:`configure`; the log host's formatter (``host.jsonlog``) is this
-one plus its request context.  A line is ``{"ts", "level", "logger", "msg", ...}``: every
+The compactor logs through :func:`configure`.  The formatter is python-json-logger's
+(``pythonjsonlogger``), configured to the line ``{"ts", "level", "logger", "msg", ...}``: every
 ``extra=`` of the call is a key of its own (``uvicorn``'s ``color_message``, a copy of ``msg``
-with ANSI colours, is dropped), and an exception adds ``exc``.
+with ANSI colours, is dropped), and an exception adds ``exc``.  The log host's formatter
+(``host.jsonlog``) is the same library's, configured alike, plus its request context.
 
 httpx logs each request it sends at INFO; the compactor sends hundreds per round, so they are
 logged at DEBUG here (shown with ``--log-level debug``).  Each round is one line,
@@ -13,18 +14,17 @@ logged at DEBUG here (shown with ``--log-level debug``).  Each round is one line
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as _LibraryFormatter
+
 # CSI sequences (colours, cursor moves) and the two-byte escapes; what a terminal would act on.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
-_RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-# Extras that only repeat another key for terminals.
-_DROPPED = frozenset({"color_message"})
 
 
 def strip_ansi(text: str) -> str:
@@ -43,7 +43,7 @@ def _clean(value: Any) -> Any:
     if isinstance(value, str):
         return strip_ansi(value)
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {strip_ansi(str(k)): _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_clean(v) for v in value]
     if value is None or isinstance(value, bool | int | float):
@@ -51,35 +51,62 @@ def _clean(value: Any) -> Any:
     return strip_ansi(str(value))
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``ts`` (RFC 3339), ``level``, ``logger``, ``msg``, the extras."""
+class JsonFormatter(_LibraryFormatter):
+    """One JSON object per line: ``ts`` (RFC 3339), ``level``, ``logger``, ``msg``, the extras.
+
+    The library picks the fields, merges the extras and formats the exception; the hooks below
+    are what it has no setting for: the time's format, a lower-case level, the record's
+    ``exc_text`` (which a filter may have redacted), ``msg`` as text even for a dict, and no
+    escape in any value.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={
+                "asctime": "ts",
+                "levelname": "level",
+                "name": "logger",
+                "message": "msg",
+                "exc_info": "exc",
+                "stack_info": "stack",
+            },
+            # Extras that only repeat another key for terminals.
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],
+        )
 
     def context(self) -> dict[str, Any]:
         """Keys every line carries besides the record's own (none here; the host adds some)."""
         return {}
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": rfc3339(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        out.update(self.context())
-        out.update(
-            {
-                k: v
-                for k, v in vars(record).items()
-                if k not in _RESERVED and k not in _DROPPED and not k.startswith("_")
-            }
-        )
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
+        if isinstance(record.msg, dict):
+            # The library would take a dict's keys for fields and log an empty msg; msg is the
+            # message's text, as for any other object (a copy: other handlers see the record).
+            record = logging.makeLogRecord(
+                {**vars(record), "msg": record.getMessage(), "args": None}
+            )
+        return super().format(record)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # record.msecs is not used: a record made with makeLogRecord keeps the msecs of its making.
+        return rfc3339(record.created)
+
+    def add_fields(
+        self, log_record: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
         if record.exc_text:
-            out["exc"] = record.exc_text
-        if record.stack_info:
-            out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(_clean(out), default=str)
+            # What logging.Formatter prints: a filter may have rewritten it (RedactSecrets), and
+            # the library would format record.exc_info anew.
+            message_dict["exc_info"] = record.exc_text
+        super().add_fields(log_record, record, message_dict)
+        if "level" not in vars(record):  # an extra named level is logged as given, like any other
+            log_record["level"] = record.levelname.lower()
+        for key, value in self.context().items():
+            log_record.setdefault(key, value)  # an extra of the same name wins
+
+    def process_log_record(self, log_record: dict[str, Any]) -> dict[str, Any]:
+        return _clean(log_record)
 
 
 class DemoteToDebug(logging.Filter):

@@ -220,7 +220,10 @@ def write_docs(results: list[dict[str, Any]]) -> None:
         text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
     else:
         text = text.rstrip() + "\n\n## Mutation testing\n\n" + block + "\n"
-    DOC.write_text(text, encoding="utf-8")
+    # A new file renamed over the old: others may be reading (or editing other sections of) it.
+    tmp = DOC.with_name(f".{DOC.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(DOC)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from dirtylog import (
     score,
 )
 from dirtylog.rollup import Coalescer, Observations, RollUpError
-from wal3.errors import CursorConflict
+from wal3.errors import CursorConflict, LogPurged
 
 from .helpers import T0_US, FakeClock, cid, decoded_from, spans
 
@@ -697,6 +697,7 @@ async def test_carried_sets_are_united() -> None:
     w1, w2 = World(), World()
     a, b = cid(1), cid(2)
     await w1.hook.mark_dirty(a, 1, 4)  # [1, 5) at T0
+    await w1.hook.mark_dirty(cid(3), 1, 1)  # only in the first set
     await w1.rollup.run()  # reinserted once
     w2.clock.advance_s(60)
     await w2.hook.mark_dirty(a, 3, 6)  # [3, 9) at T0 + 60 s
@@ -709,6 +710,7 @@ async def test_carried_sets_are_united() -> None:
     assert r.entries() == {
         a: entry(a, 1, 9, T0_US, 1, now_us),
         b: entry(b, 1, 2, T0_US + 60_000_000, 1, now_us),
+        cid(3): entry(cid(3), 1, 2, T0_US, 1, T0_US),
     }
 
 
@@ -909,3 +911,95 @@ async def test_a_pass_after_its_relogs_is_not_taken_for_idle() -> None:
     result = await w.rollup.run()  # [4, 5): b's relog
     assert (result.cursor_to, result.relogged, result.idle) == (5, 1, False)
     assert set(result.entries) == {b}
+
+
+async def test_a_cursor_moved_back_with_nothing_unread_appends_one_mark() -> None:
+    w = World()
+    a = cid(1)
+    await w.hook.mark_dirty(a, 1, 11)
+    await w.rollup.run()  # relogged at 2
+    assert await w.rollup.uncompacted(a, 3, 7) == 3
+    assert await w.backend.next_offset() == 5  # the purge and [3, 12): nothing higher unread
+
+
+async def test_a_failed_rebuild_serves_the_prior_set_united_with_what_it_folded() -> None:
+    """A reopened roll-up of another log fails after folding its first page: it serves the
+    previous set united, entry by entry, with what it folded."""
+    w = World()
+    a, b = cid(1), cid(2)
+    await w.hook.mark_dirty(a, 1, 4)  # [1, 5)
+    await w.rollup.run()
+    other = World()
+    await other.hook.mark_dirty(a, 10, 10)  # [10, 20)
+    await other.hook.mark_dirty(b, 1, 1)
+    r2 = RollUp(
+        other.backend, other.compaction, clock=w.clock, tails=other.tails, max_records_per_read=1
+    )
+    r2.carry_over(w.rollup)
+    other.backend.inject_fault("read", skip=1, exc=RuntimeError("flaky"))
+    with pytest.raises(RuntimeError):
+        await r2.run()
+    assert spans(r2.entries()) == {a: (1, 20)}  # b's mark is not folded yet
+    assert r2.entries()[a].reinsert_count == 1 and r2.entries()[a].first_insertion_us == T0_US
+
+
+async def test_a_cursor_moved_back_before_a_failed_rebuild_is_served_from_the_prior_set() -> None:
+    """Restated in the prior set too: a rebuild that then fails (its own memory thrown away)
+    still serves the collection from ``offset``; a collection the prior set lacks is added."""
+    w = World()
+    a, b, c = cid(1), cid(2), cid(3)
+    await w.hook.mark_dirty(a, 1, 11)
+    await w.hook.mark_dirty(b, 1, 2)
+    await w.rollup.run()
+    r2 = second_rollup(w)
+    r2.carry_over(w.rollup)
+    w.clock.advance_s(10)
+    now_us = w.clock()
+    await r2.uncompacted(a, 3, 7)
+    await r2.uncompacted(c, 1, 4)
+    w.backend.inject_fault("read", exc=RuntimeError("flaky"))
+    with pytest.raises(RuntimeError):
+        await r2.run()
+    assert r2.entries()[a] == entry(a, 3, 12, T0_US, 0, now_us)
+    assert r2.entries()[c] == entry(c, 1, 4, now_us, 0, now_us)
+    assert set(r2.entries()) == {a, b, c}
+
+
+async def test_a_cursor_moved_back_mid_rebuild_unites_its_marks_in_the_prior_set() -> None:
+    """Loaded but not yet complete (a rebuild failed midway), with a prior set: the unread marks
+    are folded, a higher one restated, and the prior set holds both marks' union."""
+    w = World()
+    a, b = cid(1), cid(2)
+    await w.hook.mark_dirty(a, 1, 11)  # 1
+    await w.hook.mark_dirty(b, 1, 2)  # 2
+    await w.rollup.run()  # relogs at 3, 4; cursor 3
+    r2 = second_rollup(w, max_records_per_read=1)
+    r2.carry_over(w.rollup)
+    await w.hook.mark_dirty(a, 15, 10)  # 5: [15, 25)
+    w.backend.inject_fault("read", skip=1, exc=RuntimeError("flaky"))
+    with pytest.raises(RuntimeError):
+        await r2.run()  # folded 3, failed at 4
+    w.clock.advance_s(10)
+    now_us = w.clock()
+    assert await r2.uncompacted(a, 3, 7) == 6
+    assert await w.backend.next_offset() == 9  # purge, [3, 12), and [3, 25) restated
+    assert r2.entries()[a] == entry(a, 3, 25, T0_US, 0, now_us)
+
+
+async def test_a_lost_race_mid_rebuild_keeps_what_the_rebuild_folded() -> None:
+    """A rebuild that loses a race midway serves the prior set united with its partial fold."""
+    w = World()
+    a = cid(1)
+    await w.hook.mark_dirty(a, 1, 4)
+    await w.rollup.run()  # a relogged at 2, cursor 2
+    other = World()
+    c = cid(3)
+    await other.hook.mark_dirty(c, 1, 1)
+    await other.rollup.run()
+    r2 = second_rollup(w, max_records_per_read=1, max_attempts=1)
+    r2.carry_over(other.rollup)  # a prior set with c alone
+    await w.hook.mark_dirty(cid(2), 1, 1)  # 3
+    w.backend.inject_fault("read", skip=1, exc=LogPurged(3, 4))
+    with pytest.raises(LogPurged):
+        await r2.run()  # folded a's relog at 2, then lost the race
+    assert set(r2.entries()) == {a, c}
