@@ -113,8 +113,16 @@ class Backpressure(LogHostError):
     status = 429
     default_code = "backpressure"
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None, **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        status: int | None = None,
+        code: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, code=code, url=url)
         self.retry_after_s = retry_after_s
 
 
@@ -124,8 +132,16 @@ class NotLeader(LogHostError):
     status = 307
     default_code = "not_leader"
 
-    def __init__(self, message: str, *, location: str | None = None, **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        message: str,
+        *,
+        location: str | None = None,
+        status: int | None = None,
+        code: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, code=code, url=url)
         self.location = location
 
 
