@@ -63,12 +63,13 @@ Compaction reaches the set without reading collection logs: through the clear re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -117,6 +118,45 @@ DEFAULT_WINDOW_RECORDS = 4096
 # Fallback reads a pass may make of collection logs: compaction cursors, and tails (2 requests).
 DEFAULT_COMPACTION_LOOKUPS = 16
 DEFAULT_TAIL_LOOKUPS = 64
+
+
+class _SharedExclusive:
+    """A lock held shared by many or exclusively by one; exclusive holders go first once they
+    wait (new shared holders queue behind them), so a stream of clears cannot starve a purge."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0  # exclusive holders waiting
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            self._waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +262,11 @@ class RollUp:
         # One pass or purge at a time in this process: racing passes would only burn CAS retries,
         # and a purge landing mid-pass could be overtaken by that pass's relogs.
         self._lock = asyncio.Lock()
-        # Orders the records that change a floor (clears, purges, a cursor moved back) in the log
-        # as in memory; held briefly, so a clear does not wait for a pass.
-        self._order = asyncio.Lock()
+        # Orders the records that change a floor in the log as in memory: clears share it (many
+        # at once, so a compactor's round of clears is batched into a few fragments instead of
+        # one durable write after another), purges and cursors moved back hold it alone.  Held
+        # briefly, so a clear does not wait for a pass.
+        self._order = _SharedExclusive()
         self._set = self._new_set()
         # The last complete set, served united with ``_set`` until a rebuild completes (a lost
         # race, a reopen): a superset is safe (a phantom costs a compactor a no-op), a missing
@@ -298,7 +340,7 @@ class RollUp:
 
         Ordered with purges (and cursors moved back): a clear that reached the log after a purge
         of the collection would restore, at every later fold, the floor the purge forgot."""
-        async with self._order:
+        async with self._order.shared():
             self.note_compacted(collection_id, offset)
             body = DirtyRecord.compacted(collection_id, offset, self._clock()).encode()
             return await self._backend.append_many([body])
@@ -314,7 +356,7 @@ class RollUp:
         Returns the purge's offset."""
         if collection_id.int == 0:
             raise ValueError("the nil UUID names no collection")
-        async with self._lock, self._order:
+        async with self._lock, self._order.exclusive():
             now_us = self._clock()
             limit, first_us = self._known_span(collection_id, max(tail, offset), now_us)
             marks: list[DirtyRecord] = []
@@ -388,7 +430,7 @@ class RollUp:
     async def purge(self, collection_ids: Iterable[UUID]) -> int | None:
         """Append purge records (serialised with passes) and drop the ids from the set."""
         ids = list(dict.fromkeys(collection_ids))
-        async with self._lock, self._order:
+        async with self._lock, self._order.exclusive():
             first = await self._hook.purge(ids)
             for cid in ids:
                 self._set.purge(cid)
