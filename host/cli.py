@@ -94,6 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
         keys = settings.parsed_api_keys()
+        settings.parsed_tenant_quotas()  # a broken quota configuration stops here
         host, port = settings.host_port
     except ValidationError as e:
         problems = "; ".join(

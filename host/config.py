@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .auth import merge_keys, parse_keys, read_keys_file
+from .quotas import QuotaConfig, load_quota_config
 
 _log = logging.getLogger("loghost.config")
 
@@ -169,6 +170,27 @@ class Settings(BaseSettings):
         "cannot starve the application); more get 429",
     )
 
+    # Tenant quotas (host.quotas): what one tenant may use of this host; unset: unlimited.
+    # Checked when a server is built (not here: a chart value renders as any string).
+    tenant_quotas: str = Field(
+        "",
+        description='per-tenant quotas as JSON, `{"default": {...}, "tenants": '
+        '{"alice": {...}}}` (see [Tenant quotas](#tenant-quotas)); past one, 429 '
+        "`quota_exceeded`",
+        json_schema_extra={"shown_default": "unlimited"},
+    )
+    tenant_quotas_file: str | None = Field(
+        None,
+        description="a file of quotas in the same JSON, its entries over `LOGHOST_TENANT_QUOTAS`"
+        ", re-read when it changes",
+    )
+    tenant_metrics_top_n: int = Field(
+        20,
+        ge=1,
+        description="tenants (the most active) with their own `tenant` label in the per-tenant "
+        "metrics; the others are summed as `other`",
+    )
+
     # Garbage collection (always on, rate limited) and snapshots.
     gc_grace_s: float = Field(
         300.0, ge=0, description="delay between unlinking garbage and deleting it"
@@ -306,6 +328,11 @@ class Settings(BaseSettings):
             except OSError as e:
                 raise ValueError(f"LOGHOST_API_KEYS_FILE: {e}") from None
         return keys
+
+    def parsed_tenant_quotas(self) -> QuotaConfig:
+        """The tenant quotas of ``tenant_quotas`` with ``tenant_quotas_file``'s over them.
+        Raises ValueError naming the setting and the key at fault."""
+        return load_quota_config(self.tenant_quotas, self.tenant_quotas_file)
 
 
 def env_name(field: str) -> str:

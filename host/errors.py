@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class HostKind(enum.StrEnum):
     NOT_LEADER = "not_leader"
     IDEMPOTENCY_MISMATCH = "idempotency_mismatch"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    QUOTA_EXCEEDED = "quota_exceeded"  # a tenant's own quota (host.quotas), not the server's
 
 
 Kind: TypeAlias = ErrorKind | HostKind
@@ -91,6 +93,7 @@ ANSWERS: Mapping[Kind, Answer] = MappingProxyType(
         HostKind.NOT_LEADER: Answer(307, "not_leader"),
         HostKind.IDEMPOTENCY_MISMATCH: Answer(409, "idempotency_mismatch"),
         HostKind.METHOD_NOT_ALLOWED: Answer(405, "method_not_allowed"),
+        HostKind.QUOTA_EXCEEDED: Answer(429, "quota_exceeded"),
     }
 )
 
@@ -196,6 +199,28 @@ class BackpressureError(ApiError):
 
     def __init__(self, message: str, reason: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message, headers=_retry_after(retry_after_s), extra={"reason": reason})
+
+
+class QuotaExceeded(ApiError):
+    """A tenant went over one of its quotas (``host.quotas``): 429 naming the quota, with a
+    Retry-After when waiting helps (``retry_after_s``: seconds until it would pass)."""
+
+    kind = HostKind.QUOTA_EXCEEDED
+
+    def __init__(
+        self, tenant: str, quota: str, limit: str, retry_after_s: float | None = None
+    ) -> None:
+        headers = None
+        if retry_after_s is not None:
+            # Whole seconds, rounded up: a client that waits this long passes.
+            headers = {"Retry-After": str(max(1, math.ceil(retry_after_s - 1e-9)))}
+        super().__init__(
+            f"tenant {tenant!r} quota {quota} ({limit}) exceeded",
+            headers=headers,
+            extra={"quota": quota},
+        )
+        self.tenant = tenant
+        self.quota = quota
 
 
 class Conflict(ApiError):

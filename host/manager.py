@@ -60,6 +60,7 @@ from .errors import BackpressureError, NotFound, NotLeader, Unavailable
 from .forks import MarkDirty, claim_ttl_s, create_collection_log
 from .leader import LeaderHint
 from .metrics import Metrics
+from .quotas import Admission, TenantQuotas
 
 _log = logging.getLogger("loghost.manager")
 
@@ -112,6 +113,7 @@ class LogManager:
         metrics: Metrics,
         leader: LeaderHint,
         mark_dirty: MarkDirty,
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -139,6 +141,14 @@ class LogManager:
         # own share, so they cannot starve its tenant key (nor a compactor's service key).
         self._waits: collections.Counter[tuple[str, str]] = collections.Counter()
         self._idle_task: asyncio.Task[None] | None = None
+        # Tenant quotas (host.quotas): open logs per tenant, logs created per tenant, and the
+        # open-log slots and creations admitted requests hold until they end.
+        self.quotas = quotas if quotas is not None else TenantQuotas(metrics=metrics.tenants)
+        self.quotas.on_release = self._admission_done
+        self._tenant_open: collections.Counter[str] = collections.Counter()
+        self._created: collections.Counter[str] = collections.Counter()
+        self._open_held: dict[str, collections.Counter[UUID]] = {}
+        self._create_held: dict[str, collections.Counter[UUID]] = {}
         gc_grace = settings.gc_grace_s
         self._writer_options = LogWriterOptions(
             # Unique per process: two processes (a restart racing its predecessor under one
@@ -252,6 +262,7 @@ class LogManager:
                 raise
             return owner
         self._remember_binding(cid, tenant)
+        self._created[tenant] += 1  # the created_logs quota counts it
         return tenant
 
     async def check_owner(self, cid: UUID, tenant: str, *, create: bool) -> None:
@@ -259,6 +270,87 @@ class LogManager:
         owner = await (self.bind(cid, tenant) if create else self.binding(cid))
         if owner != tenant:
             raise NotFound(f"no log {cid} for tenant {tenant}")
+
+    # ------------------------------------------------------------------------------ admission
+
+    async def admit(
+        self, tenant: str, cid: UUID, *, records: int, nbytes: int, create: bool
+    ) -> Admission:
+        """The one admission point of a write to ``cid`` (an append): every tenant quota is
+        checked here, before any work, and the request's tokens are charged here; the returned
+        admission holds its bytes (and the open-log slot or creation it may need) until its
+        ``release``.  Raises QuotaExceeded (429 ``quota_exceeded``) and charges nothing then.
+        A request admitted here is refused by no quota later.  (A fair-share scheduler of the
+        server-wide budgets would sit behind this call.)"""
+        quotas = self.quotas
+        q = quotas.quota(tenant)
+        if not q.limited():
+            return quotas.admitted(tenant, nbytes)
+        new_log = False
+        if create and q.created_logs is not None and cid not in self._open:
+            new_log = await self.binding(cid) is None  # a store read at most (then cached)
+            q = quotas.quota(tenant)
+        # From here to the charge nothing awaits: the checks and the charge are one step.
+        quotas.check_request(tenant, q, records=records, nbytes=nbytes)
+        hold_open = q.open_logs is not None and cid not in self._open
+        if hold_open and q.open_logs is not None:
+            held = {c for c in self._open_held.get(tenant, ()) if c not in self._open}
+            held.add(cid)
+            if self._tenant_open[tenant] + len(held) > q.open_logs and not any(
+                h.tenant == tenant and h.users == 0 for h in self._open.values()
+            ):
+                # Only the tenant's own idle logs may make room: never another tenant's.
+                raise quotas.throttle(tenant, "open_logs", str(q.open_logs), 1)
+        if new_log and q.created_logs is not None:
+            creating = set(self._create_held.get(tenant, ()))
+            creating.add(cid)
+            if self._created[tenant] + len(creating) > q.created_logs:
+                raise quotas.throttle(tenant, "created_logs", str(q.created_logs))
+        quotas.charge(tenant, q, appends=1, records=records)
+        a = quotas.admitted(tenant, nbytes)
+        if hold_open:
+            a.opened = cid
+            self._open_held.setdefault(tenant, collections.Counter())[cid] += 1
+        if new_log:
+            a.created = cid
+            self._create_held.setdefault(tenant, collections.Counter())[cid] += 1
+        return a
+
+    def _admission_done(self, a: Admission) -> None:
+        for held, cid in ((self._open_held, a.opened), (self._create_held, a.created)):
+            if not isinstance(cid, UUID):
+                continue
+            counts = held.get(a.tenant)
+            if counts is None:
+                continue
+            counts[cid] -= 1
+            if counts[cid] <= 0:
+                del counts[cid]
+            if not counts:
+                del held[a.tenant]
+
+    def tenant_open_logs(self, tenant: str) -> int:
+        """Logs of ``tenant`` open on this host."""
+        return self._tenant_open.get(tenant, 0)
+
+    async def _make_tenant_room(self, cid: UUID, tenant: str) -> None:
+        """Under ``tenant``'s open-log quota, close its own least-recently-used idle logs to
+        make room for ``cid`` (never another tenant's).  A request admitted for ``cid`` opens it
+        whatever happens; any other open (a read) past the quota answers 429."""
+        limit = self.quotas.quota(tenant).open_logs
+        if limit is None:
+            return
+        while self._tenant_open[tenant] >= limit:
+            victim = next(
+                (h for h in self._open.values() if h.tenant == tenant and h.users == 0), None
+            )
+            if victim is None:
+                break
+            self._metrics.evictions.inc()
+            await self._close_handle(victim)
+        held = self._open_held.get(tenant)
+        if self._tenant_open[tenant] >= limit and not (held and held[cid]):
+            raise self.quotas.throttle(tenant, "open_logs", str(limit), 1)
 
     # -------------------------------------------------------------------------------- opening
 
@@ -387,6 +479,7 @@ class LogManager:
         pool = (tenant, role)
         if self._waits[pool] >= self._settings.max_long_polls_per_tenant:
             self._metrics.backpressure.labels("long_poll").inc()
+            self._metrics.tenants.throttled(tenant, "long_polls")
             raise BackpressureError(
                 f"tenant {tenant} has {self._waits[pool]} long-polls waiting for {role} keys",
                 "long_poll",
@@ -527,6 +620,7 @@ class LogManager:
         try:
             # Inside the try: a refused open (429) must not keep the claim, or other servers
             # would redirect this log here for as long as we renew it.
+            await self._make_tenant_room(cid, tenant)
             await self._make_room()
             if create:  # under the creation claim: a fork may be creating it (host/forks.py)
                 await create_collection_log(
@@ -560,6 +654,7 @@ class LogManager:
             time.monotonic(),
         )
         self._open[cid] = h
+        self._tenant_open[tenant] += 1
         self._metrics.opens.inc()
         self._metrics.open_logs.set(len(self._open))
         return h
@@ -591,6 +686,9 @@ class LogManager:
                 await asyncio.shield(task)
             return
         del self._open[h.collection_id]
+        self._tenant_open[h.tenant] -= 1
+        if self._tenant_open[h.tenant] <= 0:
+            del self._tenant_open[h.tenant]
         self._metrics.open_logs.set(len(self._open))
         h.gone.set()
         h.changed.set()  # long-polls on it stop waiting

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from wal3.errors import NoCursors
 
@@ -149,6 +154,101 @@ class Metrics:
             "Appends answered from the idempotency window",
             registry=r,
         )
+        # Per tenant (host.quotas): admitted, throttled by quota, in flight; top N by traffic.
+        self.tenants = TenantMetrics()
+        r.register(self.tenants)
+
+
+# The label of every tenant outside the top N.
+OTHER_TENANT = "other"
+
+
+class TenantMetrics(Collector):
+    """Per-tenant admission metrics with a bounded cardinality: the ``top_n`` tenants by
+    traffic (requests admitted plus throttled) keep their own ``tenant`` label, every other
+    tenant is summed under ``other``.  Computed at each scrape from totals kept per tenant, so
+    a tenant leaving the top N adds its totals to ``other`` (counters never go down); ties keep
+    the tenants already labelled (no flapping)."""
+
+    def __init__(self, top_n: int = 20) -> None:
+        self.top_n = top_n
+        self._admitted: collections.Counter[str] = collections.Counter()
+        self._throttled: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._traffic: collections.Counter[str] = collections.Counter()
+        self._in_flight: collections.Counter[str] = collections.Counter()
+        self._in_flight_bytes: collections.Counter[str] = collections.Counter()
+        self._labelled: set[str] = set()
+
+    def admitted(self, tenant: str) -> None:
+        """A request of ``tenant`` passed admission."""
+        self._admitted[tenant] += 1
+        self._traffic[tenant] += 1
+
+    def throttled(self, tenant: str, quota: str) -> None:
+        """A request of ``tenant`` was refused by ``quota``."""
+        self._throttled[tenant, quota] += 1
+        self._traffic[tenant] += 1
+
+    def in_flight(self, tenant: str, requests: int, nbytes: int) -> None:
+        """Add (or, negative, remove) admitted requests and bytes not yet done."""
+        self._in_flight[tenant] += requests
+        self._in_flight_bytes[tenant] += nbytes
+        if self._in_flight[tenant] <= 0 and self._in_flight_bytes[tenant] <= 0:
+            del self._in_flight[tenant]
+            del self._in_flight_bytes[tenant]
+
+    def labels(self) -> set[str]:
+        """The tenants that keep their own label now: the top N by traffic."""
+        ranked = sorted(
+            self._traffic, key=lambda t: (-self._traffic[t], t not in self._labelled, t)
+        )
+        self._labelled = set(ranked[: self.top_n])
+        return set(self._labelled)
+
+    def collect(self) -> Iterator[Metric]:
+        """The metrics, tenants outside the top N as ``other``."""
+        own = self.labels()
+
+        def label(t: str) -> str:
+            return t if t in own else OTHER_TENANT
+
+        admitted = CounterMetricFamily(
+            "loghost_tenant_admitted",
+            "Requests that passed a tenant's admission (quotas)",
+            labels=["tenant"],
+        )
+        sums: collections.Counter[str] = collections.Counter()
+        for t, n in self._admitted.items():
+            sums[label(t)] += n
+        for t, n in sorted(sums.items()):
+            admitted.add_metric([t], n)
+        yield admitted
+        throttled = CounterMetricFamily(
+            "loghost_tenant_throttled",
+            "Requests refused 429 by a tenant quota, by quota",
+            labels=["tenant", "quota"],
+        )
+        qsums: collections.Counter[tuple[str, str]] = collections.Counter()
+        for (t, q), n in self._throttled.items():
+            qsums[label(t), q] += n
+        for (t, q), n in sorted(qsums.items()):
+            throttled.add_metric([t, q], n)
+        yield throttled
+        for name, doc, values in (
+            ("loghost_tenant_in_flight", "Admitted requests not yet done", self._in_flight),
+            (
+                "loghost_tenant_in_flight_bytes",
+                "Bytes admitted but not yet durable (the pending_bytes quota)",
+                self._in_flight_bytes,
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["tenant"])
+            gsums: collections.Counter[str] = collections.Counter()
+            for t, n in values.items():
+                gsums[label(t)] += n
+            for t, n in sorted(gsums.items()):
+                gauge.add_metric([t], n)
+            yield gauge
 
 
 def gc_failure_reason(exc: BaseException) -> str:

@@ -39,6 +39,7 @@ from .leader import LeaderHint, NullLeaderHint, RendezvousLeaderHint, leader_hin
 from .manager import LogManager
 from .membership import Membership
 from .metrics import Metrics
+from .quotas import TenantQuotas
 from .services.adoption import Adoption, AutoAdoption
 from .services.cursors import CursorService
 from .services.dirty import DirtyService
@@ -66,6 +67,9 @@ class Server:
         self.metrics = Metrics()
         self.metrics.buffered_bytes_limit.set(settings.max_buffered_bytes)
         self.auth = Authenticator.from_settings(settings)
+        # Tenant quotas: an invalid configuration is a startup error (ValueError).
+        self.metrics.tenants.top_n = settings.tenant_metrics_top_n
+        self.quotas = TenantQuotas.from_settings(settings, self.metrics.tenants)
         self.store: ObjectStore = store if store is not None else open_store(settings.store)
         self.membership = Membership(
             self.store,
@@ -94,7 +98,7 @@ class Server:
         # Background work and the dirty set.
         self.dirty_set = HostDirtyLog(self._open_dirty)
         self.manager = LogManager(
-            self.store, settings, self.metrics, self.leader, self.dirty_set.mark
+            self.store, settings, self.metrics, self.leader, self.dirty_set.mark, self.quotas
         )
         self.compaction_offsets = KnownCompactionOffsets(self.store, self._open_logs_compaction)
         self.untracked = UntrackedCheck(self.manager, self.dirty_set, self.metrics)

@@ -19,6 +19,7 @@ from wal3 import (
     Limits,
     LogContention,
     LogPurged,
+    LogWriter,
     ObjectStore,
 )
 from wal3.fragment import request_digest
@@ -30,7 +31,7 @@ from ..config import Settings
 from ..errors import BackpressureError, Conflict
 from ..manager import LogHandle, LogManager
 from ..metrics import Metrics
-from ..models import AppendResponse, FragmentOut, FragmentsResponse, LogState
+from ..models import AppendRequest, AppendResponse, FragmentOut, FragmentsResponse, LogState
 from ..pages import empty_answer, records_answer
 from ..requests import disconnected
 from .logview import log_state, stored_compaction_offset
@@ -76,6 +77,34 @@ class RecordService:
         request began, for the latency metric)."""
         req, bodies = await self.decoder.decode(raw)
         nbytes = sum(len(b) for b in bodies)
+        # The request's one admission (tenant quotas): nothing later fails it by a quota; its
+        # bytes are held until they are durable or the request failed.
+        admission = await self._manager.admit(
+            tenant, cid, records=len(bodies), nbytes=nbytes, create=True
+        )
+        try:
+            result, writer = await self._append_admitted(tenant, cid, req, bodies, nbytes)
+        finally:
+            admission.release()
+        await writer.wait_fence()  # no read anywhere may miss what this answer acknowledges
+        if result.deduplicated:
+            self._metrics.idempotent_hits.inc()
+        else:
+            self._metrics.appends.inc(result.count)
+            self._metrics.append_bytes.inc(nbytes)
+        self._metrics.append_requests.labels("ok").inc()
+        self._metrics.append_latency.observe(time.monotonic() - started)
+        return AppendResponse(
+            first_offset=result.first_offset,
+            count=result.count,
+            next_offset=result.next_offset,
+            deduplicated=True if result.deduplicated else None,
+        )
+
+    async def _append_admitted(
+        self, tenant: str, cid: UUID, req: AppendRequest, bodies: list[bytes], nbytes: int
+    ) -> tuple[AppendResult, LogWriter]:
+        """The append of an admitted request: durable when it returns."""
         self._manager.reserve(nbytes)
         try:
             async with self._manager.use(cid, tenant, create=True) as h:
@@ -98,20 +127,7 @@ class RecordService:
                     await self._check_same_request(h, result, bodies)
         finally:
             self._manager.release(nbytes)
-        await writer.wait_fence()  # no read anywhere may miss what this answer acknowledges
-        if result.deduplicated:
-            self._metrics.idempotent_hits.inc()
-        else:
-            self._metrics.appends.inc(result.count)
-            self._metrics.append_bytes.inc(nbytes)
-        self._metrics.append_requests.labels("ok").inc()
-        self._metrics.append_latency.observe(time.monotonic() - started)
-        return AppendResponse(
-            first_offset=result.first_offset,
-            count=result.count,
-            next_offset=result.next_offset,
-            deduplicated=True if result.deduplicated else None,
-        )
+        return result, writer
 
     async def _check_same_request(
         self, h: LogHandle, result: AppendResult, bodies: list[bytes]
