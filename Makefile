@@ -57,6 +57,14 @@ bench: $(STAMP) redis
 reliability: $(STAMP) redis
 	$(PY) -m verify.reliability
 
+# A cluster in a box (issue 17): 3 hosts over one store behind HAProxy (apt-get when missing), 2
+# compactors; prints where everything is, Ctrl-C stops it all.  CLUSTER_ARGS="--hosts 4 --redis
+# --engine local --store s3://bucket/prefix"; python -m verify.cluster --help lists the rest.
+.PHONY: cluster
+CLUSTER_ARGS ?=
+cluster: $(STAMP)
+	$(PY) -m verify.cluster $(CLUSTER_ARGS)
+
 # Long: mutmut over the critical modules, one scratch worktree each; rewrites docs/RELIABILITY.md.
 mutation: $(STAMP) redis
 	$(PY) -m verify.mutation --write-docs

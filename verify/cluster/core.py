@@ -1,0 +1,442 @@
+"""A cluster in a box: N log hosts over one store, Redis, M compactors, and HAProxy in front.
+
+Every part is a real process: ``loghost serve`` per host (own 127.0.0.1 port and server id, one
+shared store), ``redis-server`` (optional), ``compactor run`` per compactor (with membership), and
+HAProxy from the distribution's package, round-robin over the hosts with health checks, as a
+Kubernetes Service spreads requests over ready pods.  Children run in their own session (a
+Ctrl-C reaches only the supervisor, which stops them in order) and die with the supervisor
+(``PR_SET_PDEATHSIG``), so none outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+import httpx
+
+from verify.testkit import RedisServer, free_port, redis_executable, wait_until_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TENANT = "demo"
+
+Engine = Literal["local", "spark"]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the supervisor (the parent thread) dies."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _sudo() -> list[str]:
+    if os.geteuid() != 0 and shutil.which("sudo"):
+        return ["sudo"]
+    return []
+
+
+def ensure_package(binary: str, package: str) -> str:
+    """The path of ``binary``, installing Debian's ``package`` with apt-get when it is missing."""
+    found = shutil.which(binary) or next(
+        (p for d in ("/usr/sbin", "/usr/bin") if os.path.exists(p := f"{d}/{binary}")), None
+    )
+    if found:
+        return found
+    print(f"{binary} is missing: apt-get install {package}", file=sys.stderr, flush=True)
+    subprocess.run([*_sudo(), "apt-get", "update", "-qq"], check=False, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*_sudo(), "apt-get", "install", "-y", "-qq", package],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    found = shutil.which(binary) or (f"/usr/sbin/{binary}" if package == "haproxy" else None)
+    if not found or not os.path.exists(found):
+        raise RuntimeError(f"{binary} is not installed after apt-get install {package}")
+    return found
+
+
+class Child:
+    """One child process with its log file: started in its own session, stopped in order."""
+
+    def __init__(self, name: str, cmd: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+        self.name = name
+        self.cmd = list(cmd)
+        self.env = dict(env)
+        self.log_path = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out: IO[bytes]
+        with open(self.log_path, "ab") as out:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_running(self) -> bool:
+        """False while running; raises if it exited (a readiness poll fails fast with its log)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+        return False
+
+    def kill9(self) -> None:
+        if self.running():
+            assert self.proc is not None
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM and wait for the exit; SIGKILL after ``timeout_s``."""
+        if not self.running():
+            return
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@dataclass
+class Host:
+    """One ``loghost serve`` process."""
+
+    server_id: str
+    port: int
+    child: Child
+    killed: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid
+
+    def running(self) -> bool:
+        return self.child.running()
+
+    def healthy(self) -> bool:
+        self.child.check_running()
+        try:
+            return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+@dataclass
+class Compactor:
+    """One ``compactor run`` process."""
+
+    member_id: str
+    child: Child
+
+
+@dataclass
+class Cluster:
+    """What :func:`start` started; :meth:`close` stops all of it (idempotent)."""
+
+    workdir: Path
+    store: str
+    service_key: str
+    tenant_key: str
+    front_port: int
+    hosts: list[Host]
+    compactors: list[Compactor] = field(default_factory=list)
+    redis: RedisServer | None = None
+    haproxy: Child | None = None
+    engine: Engine = "local"
+
+    @property
+    def front_url(self) -> str:
+        return f"http://127.0.0.1:{self.front_port}"
+
+    @property
+    def host_urls(self) -> list[str]:
+        return [h.url for h in self.hosts]
+
+    def host(self, which: Host | str | int) -> Host:
+        if isinstance(which, Host):
+            return which
+        if isinstance(which, int):
+            return self.hosts[which]
+        return next(h for h in self.hosts if h.server_id == which)
+
+    def kill9(self, which: Host | str | int) -> Host:
+        """SIGKILL a host: no drain, no flush, its liveness record left to age."""
+        h = self.host(which)
+        h.child.kill9()
+        h.killed = True
+        return h
+
+    def stop(self, which: Host | str | int, timeout_s: float = 60.0) -> Host:
+        """SIGTERM a host and wait for its graceful exit (it drains first)."""
+        h = self.host(which)
+        h.child.stop(timeout_s)
+        return h
+
+    def describe(self) -> str:
+        """Where everything is, one line each."""
+        lines = [
+            f"front (haproxy, round-robin): {self.front_url}",
+            *(f"host {h.server_id}: {h.url} (pid {h.pid})" for h in self.hosts),
+            f"store: {self.store}",
+            f"redis: {self.redis.url if self.redis else 'none (membership routing)'}",
+            *(
+                f"compactor {c.member_id} ({self.engine}): pid {c.child.pid}"
+                for c in self.compactors
+            ),
+            f"service key (key=*): {self.service_key}",
+            f"tenant key ({TENANT}): {self.tenant_key}",
+            f"logs: {self.workdir / 'logs'}",
+        ]
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Stop everything: compactors, the front, the hosts (draining), Redis."""
+        for c in self.compactors:
+            with contextlib.suppress(Exception):
+                c.child.stop(30)
+        if self.haproxy is not None:
+            with contextlib.suppress(Exception):
+                self.haproxy.stop(10)
+        for h in self.hosts:
+            with contextlib.suppress(Exception):
+                h.child.stop(60)
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                self.redis.stop()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def haproxy_config(front_port: int, hosts: Sequence[Host]) -> str:
+    """Round-robin over the hosts, health-checked on /healthz, bound to 127.0.0.1 only."""
+    servers = "\n".join(f"    server {h.server_id} 127.0.0.1:{h.port} check" for h in hosts)
+    return f"""global
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 90s
+    timeout server 90s
+    timeout http-keep-alive 60s
+    # A connection refused (a dead host not yet marked down) is tried on another host; a request
+    # already sent is never re-sent by the balancer (the client decides, by idempotency key).
+    retries 2
+    option redispatch
+
+frontend front
+    bind 127.0.0.1:{front_port}
+    default_backend hosts
+
+backend hosts
+    balance roundrobin
+    option httpchk GET /healthz
+    http-check expect status 200
+    default-server inter 500ms fall 2 rise 1
+{servers}
+"""
+
+
+def _base_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LOGHOST_", "COMPACTOR_", "PYSPARK_"))
+    }
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def start(
+    n_hosts: int = 3,
+    n_compactors: int = 2,
+    redis: bool = False,
+    store: str | None = None,
+    *,
+    workdir: Path | None = None,
+    engine: Engine = "local",
+    spark_master: str = "local[1]",
+    host_env: Mapping[str, str] | None = None,
+    compactor_args: Sequence[str] = (),
+    timeout_s: float = 60.0,
+) -> Cluster:
+    """Start the cluster and return once every part answers; on failure nothing is left running.
+
+    ``store``: a path or ``s3://bucket/prefix`` (the endpoint and credentials from the ``AWS_*``
+    variables, passed on to every child); default ``workdir/store``.  ``host_env``: extra
+    ``LOGHOST_*`` settings for every host.  ``engine``: ``local`` folds in each compactor's process
+    (``verify.cluster.local_compactor``), ``spark`` runs ``compactor run`` on ``spark_master``.
+    """
+    if n_hosts < 1:
+        raise ValueError("n_hosts must be at least 1")
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="loghost-cluster-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    logs = workdir / "logs"
+    store = store or str(workdir / "store")
+    service_key = "svc-" + secrets.token_urlsafe(18)
+    tenant_key = f"{TENANT}-" + secrets.token_urlsafe(18)
+    haproxy_bin = ensure_package("haproxy", "haproxy")
+    if redis and redis_executable() is None:
+        ensure_package("redis-server", "redis-server")
+
+    cluster = Cluster(
+        workdir=workdir,
+        store=store,
+        service_key=service_key,
+        tenant_key=tenant_key,
+        front_port=free_port(),
+        hosts=[],
+        engine=engine,
+    )
+    try:
+        if redis:
+            cluster.redis = RedisServer(workdir / "redis")
+            cluster.redis.start()
+
+        env = _base_env()
+        env.update(
+            {
+                "LOGHOST_API_KEYS": f"{service_key}=*,{tenant_key}={TENANT}",
+                "LOGHOST_LOG_LEVEL": "WARNING",
+                **({"LOGHOST_REDIS_URL": cluster.redis.url} if cluster.redis else {}),
+                **(host_env or {}),
+            }
+        )
+        loghost = [str(BIN / "loghost")] if (BIN / "loghost").exists() else None
+        for i in range(n_hosts):
+            sid, port = f"host-{i}", free_port()
+            cmd = [
+                *(
+                    loghost
+                    or [
+                        sys.executable,
+                        "-c",
+                        "import sys; from host.cli import main; sys.exit(main(sys.argv[1:]))",
+                    ]
+                ),
+                "serve",
+                "--store",
+                store,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--server-id",
+                sid,
+            ]
+            h = Host(sid, port, Child(sid, cmd, env, logs / f"{sid}.log"))
+            cluster.hosts.append(h)
+            h.child.start()
+        for h in cluster.hosts:
+            wait_until_sync(
+                h.healthy, f"log host {h.server_id} to answer /healthz", timeout_s, 0.05
+            )
+
+        cfg = workdir / "haproxy.cfg"
+        cfg.write_text(haproxy_config(cluster.front_port, cluster.hosts))
+        cluster.haproxy = Child(
+            "haproxy", [haproxy_bin, "-db", "-f", str(cfg)], _base_env(), logs / "haproxy.log"
+        )
+        cluster.haproxy.start()
+
+        def front_up() -> bool:
+            assert cluster.haproxy is not None
+            cluster.haproxy.check_running()
+            try:
+                r = httpx.get(cluster.front_url + "/healthz", timeout=1)
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 200
+
+        wait_until_sync(front_up, "haproxy to answer on the front address", timeout_s, 0.05)
+
+        members = [f"compactor-{j}" for j in range(n_compactors)]
+        cenv = _base_env()
+        cenv["COMPACTOR_API_KEY"] = service_key
+        for mid in members:
+            if engine == "spark":
+                cmd = [str(BIN / "compactor"), "run", "--spark-master", spark_master]
+            else:
+                cmd = [sys.executable, "-m", "verify.cluster.local_compactor", "run"]
+            cmd += [
+                "--hosts",
+                ",".join(cluster.host_urls),
+                "--store",
+                store,
+                "--member-id",
+                mid,
+                "--members",
+                ",".join(members),
+                *compactor_args,
+            ]
+            c = Compactor(mid, Child(mid, cmd, cenv, logs / f"{mid}.log"))
+            cluster.compactors.append(c)
+            c.child.start()
+        return cluster
+    except BaseException:
+        cluster.close()
+        raise
+
+
+def process_tree_alive(pids: Sequence[int | None]) -> list[int]:
+    """Which of ``pids`` still exist (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        if pid is None:
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+__all__ = [
+    "Child",
+    "Cluster",
+    "Compactor",
+    "Engine",
+    "Host",
+    "ensure_package",
+    "haproxy_config",
+    "process_tree_alive",
+    "start",
+]
