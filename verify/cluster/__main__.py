@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(cluster.describe(), flush=True)
         print(
             "\ntry:\n"
-            f"  curl -s -X POST -H 'Authorization: Bearer {cluster.tenant_key}' "
+            f"  curl -s --location-trusted -X POST -H 'Authorization: Bearer {cluster.tenant_key}' "
             "-H 'Content-Type: application/json' \\\n"
             f"    {cluster.front_url}/v1/tenants/{TENANT}/logs/"
             "0b7e4c1a-9f2d-4e8a-b5c6-3d1f2a7e9c42/records \\\n"
