@@ -190,6 +190,27 @@ class Settings(BaseSettings):
         description="tenants (the most active) with their own `tenant` label in the per-tenant "
         "metrics; the others are summed as `other`",
     )
+    # Fair share (host.fairshare): past the threshold of max_buffered_bytes, admission is shared
+    # across the active tenants (by their quota `weight`) instead of first come, first served.
+    fair_share: Literal["weighted", "fifo"] = Field(
+        "weighted",
+        description="`weighted`: share `LOGHOST_MAX_BUFFERED_BYTES` fairly across the active tenants "
+        "(by their quota `weight`) when it is near full (see [Tenant quotas](#tenant-quotas)); "
+        "`fifo`: first come, first served",
+    )
+    fair_share_threshold: float = Field(
+        0.8,
+        gt=0,
+        description="fraction of `LOGHOST_MAX_BUFFERED_BYTES` in use past which appends wait "
+        "for their tenant's fair share; below it they are admitted at once (1 or more: only "
+        "when full)",
+    )
+    fair_share_max_wait_s: float = Field(
+        5.0,
+        gt=0,
+        description="longest an append waits for its tenant's fair share; then 429 "
+        "`backpressure`, reason `fair_share`",
+    )
 
     # Garbage collection (always on, rate limited) and snapshots.
     gc_grace_s: float = Field(

@@ -280,8 +280,27 @@ class LogManager:
         checked here, before any work, and the request's tokens are charged here; the returned
         admission holds its bytes (and the open-log slot or creation it may need) until its
         ``release``.  Raises QuotaExceeded (429 ``quota_exceeded``) and charges nothing then.
-        A request admitted here is refused by no quota later.  (A fair-share scheduler of the
-        server-wide budgets would sit behind this call.)"""
+        A request admitted here is refused by no quota later.
+
+        Then its bytes of the server-wide budget (``LOGHOST_MAX_BUFFERED_BYTES``): at once below
+        the fair-share threshold, else shared across the active tenants by weight
+        (``host.fairshare``), waiting at most ``fair_share_max_wait_s`` (then 429
+        ``backpressure``, reason ``fair_share``); a request that passed holds them until its
+        release, so the server-wide budget does not refuse it later either."""
+        a = await self._admit_quotas(tenant, cid, records=records, nbytes=nbytes, create=create)
+        fair = self.quotas.fair
+        if fair is not None:
+            try:
+                a.fair = await fair.acquire(tenant, nbytes, self.quotas.quota(tenant).weight or 1.0)
+            except BaseException:
+                a.release()  # nothing done: its quota reservations go back
+                raise
+        return a
+
+    async def _admit_quotas(
+        self, tenant: str, cid: UUID, *, records: int, nbytes: int, create: bool
+    ) -> Admission:
+        """The tenant quotas of ``admit`` (unchanged): checked and charged in one step."""
         quotas = self.quotas
         q = quotas.quota(tenant)
         if not q.limited():

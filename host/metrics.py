@@ -178,6 +178,22 @@ class TenantMetrics(Collector):
         self._in_flight: collections.Counter[str] = collections.Counter()
         self._in_flight_bytes: collections.Counter[str] = collections.Counter()
         self._labelled: set[str] = set()
+        # Fair share (host.fairshare): requests that waited for their share, for how long in
+        # all, and how many wait now.
+        self._fair_waits: collections.Counter[str] = collections.Counter()
+        self._fair_wait_s: dict[str, float] = {}
+        self._fair_waiting: collections.Counter[str] = collections.Counter()
+
+    def fair_waiting(self, tenant: str, delta: int) -> None:
+        """A request of ``tenant`` starts (1) or stops (-1) waiting for its fair share."""
+        self._fair_waiting[tenant] += delta
+        if self._fair_waiting[tenant] <= 0:
+            del self._fair_waiting[tenant]
+
+    def fair_waited(self, tenant: str, seconds: float) -> None:
+        """A request of ``tenant`` waited ``seconds`` for its fair share (granted or not)."""
+        self._fair_waits[tenant] += 1
+        self._fair_wait_s[tenant] = self._fair_wait_s.get(tenant, 0.0) + max(0.0, seconds)
 
     def admitted(self, tenant: str) -> None:
         """A request of ``tenant`` passed admission."""
@@ -249,6 +265,33 @@ class TenantMetrics(Collector):
             for t, n in sorted(gsums.items()):
                 gauge.add_metric([t], n)
             yield gauge
+        for name, doc, family, totals in (
+            (
+                "loghost_tenant_fair_waits",
+                "Requests that waited for their fair share of the server-wide byte budget",
+                CounterMetricFamily,
+                self._fair_waits,
+            ),
+            (
+                "loghost_tenant_fair_wait_seconds",
+                "Seconds requests waited for their fair share, summed",
+                CounterMetricFamily,
+                self._fair_wait_s,
+            ),
+            (
+                "loghost_tenant_fair_waiting",
+                "Requests waiting for their fair share now",
+                GaugeMetricFamily,
+                self._fair_waiting,
+            ),
+        ):
+            fam = family(name, doc, labels=["tenant"])
+            fsums: dict[str, float] = {}
+            for t, v in totals.items():
+                fsums[label(t)] = fsums.get(label(t), 0.0) + v
+            for t, v in sorted(fsums.items()):
+                fam.add_metric([t], v)
+            yield fam
 
 
 def gc_failure_reason(exc: BaseException) -> str:

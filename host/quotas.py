@@ -18,6 +18,8 @@ default: unlimited).  Unset means unlimited.  The file's entries go over the inl
 ``records_per_s``        records appended per second (token bucket; ``records_burst``)
 ``records_per_request``  records in one append
 ``bytes_per_request``    record bytes in one append
+``weight``               the tenant's relative share of the server-wide byte budget when
+                         it is contended (``host.fairshare``; default 1); not a limit
 =======================  ==========================================================
 
 A bucket's burst defaults to one second of its rate.  Exceeding a quota answers 429
@@ -41,6 +43,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import QuotaExceeded
+from .fairshare import FairShare, Grant
 from .metrics import TenantMetrics
 
 _log = logging.getLogger("loghost.quotas")
@@ -61,10 +64,11 @@ class Quota:
     records_burst: float | None = None
     records_per_request: int | None = None
     bytes_per_request: int | None = None
+    weight: float | None = None  # fair share (host.fairshare), not a limit
 
     def limited(self) -> bool:
-        """Whether any limit is set."""
-        return any(getattr(self, f.name) is not None for f in fields(self))
+        """Whether any limit is set (``weight`` is none)."""
+        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "weight")
 
 
 QUOTA_NAMES = tuple(f.name for f in fields(Quota))
@@ -84,6 +88,7 @@ class _QuotaModel(BaseModel):
     records_burst: Annotated[float, Field(ge=1)] | None = None
     records_per_request: Annotated[int, Field(ge=1)] | None = None
     bytes_per_request: Annotated[int, Field(ge=1)] | None = None
+    weight: Annotated[float, Field(gt=0)] | None = None
 
 
 class _ConfigModel(BaseModel):
@@ -204,7 +209,7 @@ class Admission:
     """What one admitted request holds (its bytes, a log it may open or create) until
     ``release`` (idempotent): when the bytes are durable, or the request failed."""
 
-    __slots__ = ("_quotas", "created", "nbytes", "opened", "released", "tenant")
+    __slots__ = ("_quotas", "created", "fair", "nbytes", "opened", "released", "tenant")
 
     def __init__(self, quotas: TenantQuotas, tenant: str, nbytes: int) -> None:
         self._quotas = quotas
@@ -212,12 +217,15 @@ class Admission:
         self.nbytes = nbytes
         self.opened: object | None = None  # a log id whose open-log slot it reserved
         self.created: object | None = None  # a log id whose creation it reserved
+        self.fair: Grant | None = None  # its part of the server-wide budget (host.fairshare)
         self.released = False
 
     def release(self) -> None:
         """Give back what the request held (its in-flight bytes, its reservations)."""
         if not self.released:
             self.released = True
+            if self.fair is not None:
+                self.fair.release()
             self._quotas._done(self)
 
 
@@ -248,8 +256,12 @@ class TenantQuotas:
 
     @classmethod
     def from_settings(cls, settings: Any, metrics: TenantMetrics | None = None) -> TenantQuotas:
-        """From ``Settings.tenant_quotas`` and ``tenant_quotas_file``.  Raises ValueError."""
-        return cls(inline=settings.tenant_quotas, path=settings.tenant_quotas_file, metrics=metrics)
+        """From ``Settings.tenant_quotas`` and ``tenant_quotas_file`` (and the fair share of
+        the server-wide budget, ``fair_share*``).  Raises ValueError."""
+        q = cls(inline=settings.tenant_quotas, path=settings.tenant_quotas_file, metrics=metrics)
+        if settings.fair_share == "weighted":
+            q.fair = FairShare.from_settings(settings, q.metrics)
+        return q
 
     # ------------------------------------------------------------------------------ the file
 
@@ -371,6 +383,9 @@ class TenantQuotas:
 
     # Set by the log manager: gives back an admission's open-log and creation reservations.
     on_release: Callable[[Admission], None] | None = None
+    # The fair share of the server-wide byte budget (LogManager.admit); None: first come, first
+    # served (the budget's 429 alone).
+    fair: FairShare | None = None
 
 
 def unlimited() -> TenantQuotas:
