@@ -83,6 +83,9 @@ class Settings:
     # "driver": executors get the credentials the driver resolved (in the tasks' closures);
     # "executor": each executor uses its own AWS credential chain (instance roles, IRSA).
     s3_credentials: str = "driver"
+    # "spark": rounds run on a SparkSession (spark_master / spark_remote); "local": in this
+    # process with pyarrow (no JVM: small deployments, and the cluster-in-a-box tests).
+    engine: str = "spark"
     level_ratio: float = 10.0
     min_records: int = 1
     interval_s: float = 30.0
@@ -169,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KEY=VALUE",
         help="a Spark setting, repeatable [COMPACTOR_SPARK_CONF: KEY=VALUE,KEY=VALUE; none]",
+    )
+    run.add_argument(
+        "--engine",
+        choices=("spark", "local"),
+        help="where rounds fold: on Spark, or in this process with pyarrow (no JVM) "
+        "[COMPACTOR_ENGINE; spark]",
     )
     run.add_argument(
         "--s3-credentials",
@@ -301,6 +310,11 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     s3_credentials = (
         pick(getattr(args, "s3_credentials", None), "COMPACTOR_S3_CREDENTIALS") or "driver"
     )
+    engine = pick(getattr(args, "engine", None), "COMPACTOR_ENGINE") or "spark"
+    if engine not in ("spark", "local"):
+        raise SettingsError(f"engine must be spark or local, not {engine!r}")
+    if engine == "local" and (spark_master or spark_remote):
+        raise SettingsError("--engine local runs no Spark: drop --spark-master/--spark-remote")
     if s3_credentials not in ("driver", "executor"):
         raise SettingsError("s3-credentials must be driver or executor")
     level_ratio = float(
@@ -325,6 +339,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         spark_remote=spark_remote,
         spark_conf=tuple(spark_conf),
         s3_credentials=s3_credentials,
+        engine=engine,
         level_ratio=level_ratio,
         min_records=int(_num("min-records", min_records, int, 1)),
         interval_s=float(_num("interval-s", interval_s, float, 30.0)),
@@ -415,13 +430,14 @@ async def run(
         }
         # Before Spark: a wrong key is one line and exit code 9, not a JVM and failing rounds.
         await check_key(clients)
-        if spark is None:
+        if spark is None and settings.engine == "spark":
             spark = build_session(
                 settings.spark_master,
                 remote=settings.spark_remote,
                 conf=dict(settings.spark_conf),
             )
-        ship_package(spark)
+        if spark is not None:
+            ship_package(spark)
         scheduler = make_scheduler(settings, store, list(clients.values()))
         assert scheduler.liveness is not None
         # Beat during rounds too: a long Spark job must not make this member look dead.

@@ -442,6 +442,19 @@ def test_cli_settings_flags_env_and_errors(monkeypatch: pytest.MonkeyPatch) -> N
         cli.settings_from(parser.parse_args(["run", "--member-id", "z"]), env)
     with pytest.raises(cli.SettingsError):
         cli.settings_from(parser.parse_args(["run", "--min-records", "many"]), env)
+    assert s.engine == "spark"
+    s = cli.settings_from(parser.parse_args(["run", "--engine", "local"]), env)
+    assert s.engine == "local"
+    assert (
+        cli.settings_from(parser.parse_args(["run"]), {**env, "COMPACTOR_ENGINE": "local"}).engine
+        == "local"
+    )
+    with pytest.raises(cli.SettingsError, match="engine local runs no Spark"):
+        cli.settings_from(
+            parser.parse_args(["run", "--engine", "local", "--spark-master", "local[1]"]), env
+        )
+    with pytest.raises(cli.SettingsError, match="engine must be spark or local"):
+        cli.settings_from(parser.parse_args(["run"]), {**env, "COMPACTOR_ENGINE": "gpu"})
     assert cli.parse_listen(":9100") == ("127.0.0.1", 9100)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["run", "--hosts", "http://a:1"])  # no key, no store

@@ -303,7 +303,7 @@ def start(
     ``store``: a path or ``s3://bucket/prefix`` (the endpoint and credentials from the ``AWS_*``
     variables, passed on to every child); default ``workdir/store``.  ``host_env``: extra
     ``LOGHOST_*`` settings for every host.  ``engine``: ``local`` folds in each compactor's process
-    (``verify.cluster.local_compactor``), ``spark`` runs ``compactor run`` on ``spark_master``.
+    (``compactor run --engine local``), ``spark`` runs ``compactor run`` on ``spark_master``.
     """
     if n_hosts < 1:
         raise ValueError("n_hosts must be at least 1")
@@ -390,10 +390,8 @@ def start(
         cenv = _base_env()
         cenv["COMPACTOR_API_KEY"] = service_key
         for mid in members:
-            if engine == "spark":
-                cmd = [str(BIN / "compactor"), "run", "--spark-master", spark_master]
-            else:
-                cmd = [sys.executable, "-m", "verify.cluster.local_compactor", "run"]
+            cmd = [str(BIN / "compactor"), "run"]
+            cmd += ["--spark-master", spark_master] if engine == "spark" else ["--engine", "local"]
             cmd += [
                 "--hosts",
                 ",".join(cluster.host_urls),
