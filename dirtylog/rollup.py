@@ -148,8 +148,13 @@ class _SharedExclusive:
             self._waiting += 1
             try:
                 await self._cond.wait_for(lambda: not self._exclusive and not self._shared)
-            finally:
+            except BaseException:
+                # Cancelled while waiting (the condition's lock is held again here): shared
+                # holders queued behind this waiter may have nobody left to wake them.
                 self._waiting -= 1
+                self._cond.notify_all()
+                raise
+            self._waiting -= 1
             self._exclusive = True
         try:
             yield
