@@ -199,6 +199,7 @@ class BackpressureError(ApiError):
 
     def __init__(self, message: str, reason: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message, headers=_retry_after(retry_after_s), extra={"reason": reason})
+        self.reason = reason
 
 
 class QuotaExceeded(ApiError):

@@ -140,6 +140,17 @@ class FairShare:
         after ``max_wait_s``.  Cancelled while waiting: it leaves the queue."""
         if not self._queues and self.used + nbytes <= self.limit:
             return self._grant(tenant, nbytes, weight)  # uncontended: no await at all
+        have = self._usage.get(tenant, 0)
+        if not self._fits(nbytes) and have and have + nbytes > self.share(tenant, weight):
+            # The budget is full and this tenant holds its share of it already (alone, all of
+            # it): answer at once, as the server-wide budget always has (429 ``batching``),
+            # instead of queueing behind its own bytes.  Tenants under their share wait.
+            self.metrics.throttled(tenant, "batching")
+            raise BackpressureError(
+                f"{self.used} bytes buffered on this server, {have} of them tenant {tenant}'s",
+                "batching",
+                1,
+            )
         w = self._enqueue(tenant, nbytes, weight)
         self._dispatch()
         if w.fut.done():

@@ -79,6 +79,10 @@ class LogHandle:
     users: int = 0
     waiters: int = 0  # long-polls waiting on it (not users: they do not keep it open)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Held across a compaction-cursor move and the dirty-log record that reports it, so those
+    # records reach the dirty log in the order the cursor moved (a clear of a forward move
+    # arriving after a move back would list [back, forward) clean while it is not compacted).
+    compaction_order: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The leader-hint tenure under which the writer's memory was last made current (None: not
     # yet); only decides when to do that, never what reads trust (the writer's lease does).
     tenure: int | None = None
@@ -292,8 +296,10 @@ class LogManager:
         if fair is not None:
             try:
                 a.fair = await fair.acquire(tenant, nbytes, self.quotas.quota(tenant).weight or 1.0)
-            except BaseException:
+            except BaseException as e:
                 a.release()  # nothing done: its quota reservations go back
+                if isinstance(e, BackpressureError):
+                    self._metrics.backpressure.labels(e.reason).inc()
                 raise
         return a
 

@@ -55,9 +55,16 @@ class CursorService:
                 raise LogPurged(req.offset, m.oldest_offset)
             # Write, then confirm against gc/GARBAGE and the stored manifest that no collector
             # (here or in another process) has passed the offset; undone if one has.
-            previous = h.compaction_offset
-            w = await pin_cursor(self._store, h.prefix, h.cursors, name, req.offset, req.witness)
-            if name == COMPACTION:
+            if name != COMPACTION:
+                w = await pin_cursor(
+                    self._store, h.prefix, h.cursors, name, req.offset, req.witness
+                )
+                return _cursor_out(name, w)
+            async with h.compaction_order:
+                previous = h.compaction_offset
+                w = await pin_cursor(
+                    self._store, h.prefix, h.cursors, name, req.offset, req.witness
+                )
                 await self._moved_back(h, previous, req.offset, m.next_offset)
         return _cursor_out(name, w)
 
@@ -65,9 +72,12 @@ class CursorService:
         """Delete a cursor (the compaction cursor's absence means nothing compacted above the
         log's oldest offset)."""
         async with self._manager.use(cid, tenant) as h:
-            previous = h.compaction_offset
-            await h.cursors.delete(name)
-            if name == COMPACTION:
+            if name != COMPACTION:
+                await h.cursors.delete(name)
+                return
+            async with h.compaction_order:
+                previous = h.compaction_offset
+                await h.cursors.delete(name)
                 m = await self._manager.view(h)
                 await self._moved_back(h, previous, m.oldest_offset, m.next_offset)
 
@@ -86,11 +96,12 @@ class CursorService:
             tail = (await self._manager.view(h)).next_offset  # another host may have written
             if offset > tail:
                 raise BadRequest(f"offset: {offset} is past the log's tail {tail}")
-            w = await h.cursors.advance(COMPACTION, offset)
-            h.note_compaction(w.cursor.offset)
-            # The cursor is durable: GC may visit now, whatever the dirty log's store does.  The
-            # answer still waits for the clear record, as an append waits for its mark, so a
-            # compactor that saw 200 knows the dirty log (not only this process) has it.
-            self._gc.schedule(cid)
-            await self._dirty.compacted(cid, h.compaction_offset)
-            return CompactionResponse(compaction_offset=h.compaction_offset)
+            async with h.compaction_order:
+                w = await h.cursors.advance(COMPACTION, offset)
+                h.note_compaction(w.cursor.offset)
+                # The cursor is durable: GC may visit now, whatever the dirty log's store does.
+                # The answer still waits for the clear record, as an append waits for its mark,
+                # so a compactor that saw 200 knows the dirty log (not only this process) has it.
+                self._gc.schedule(cid)
+                await self._dirty.compacted(cid, h.compaction_offset)
+                return CompactionResponse(compaction_offset=h.compaction_offset)
