@@ -13,7 +13,7 @@ LISTEN ?= 127.0.0.1:8080
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[server,compactor,dev,bench]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
