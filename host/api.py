@@ -89,7 +89,7 @@ def create_app(server: Server) -> FastAPI:
     for router in v1:
         app.include_router(router)
     app.include_router(
-        ops.router(server.store, server.manager, server.metrics, server.settings.server_id)
+        ops.router(server.store, server.manager, server.metrics, server.settings.server_id, access)
     )
     ops.install_openapi(app, v1, access.needs)
     return app

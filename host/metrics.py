@@ -155,8 +155,9 @@ class Metrics:
             registry=r,
         )
         # Per tenant (host.quotas): admitted, throttled by quota, in flight; top N by traffic.
+        # Not in ``registry``: its series name tenants, served only to the service key
+        # (``/metrics/tenants``, host.routers.ops).
         self.tenants = TenantMetrics()
-        r.register(self.tenants)
 
 
 # The label of every tenant outside the top N.

@@ -7,14 +7,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import JSONResponse, Response
 
 from wal3 import ObjectNotFound, ObjectStore, StoreUnavailable
 
+from ..auth import Principal
 from ..errors import Unavailable, error_response
 from ..manager import LogManager
 from ..metrics import Metrics
@@ -27,6 +28,7 @@ from ..models import (
     ForkRequest,
     PurgeRequest,
 )
+from .deps import Access
 
 _log = logging.getLogger("loghost.api")
 
@@ -35,10 +37,14 @@ _BODIES = (AppendRequest, CursorPut, CompactionRequest, ForkRequest, PurgeReques
 
 
 def router(
-    store: ObjectStore, manager: LogManager, host_metrics: Metrics, server_id: str
+    store: ObjectStore, manager: LogManager, host_metrics: Metrics, server_id: str, access: Access
 ) -> APIRouter:
     """The operations routes."""
     r = APIRouter()
+    # Per-tenant series name tenants: never on the public /metrics (tests/host/test_security.py),
+    # only to the service key (Prometheus scrapes with it as a bearer token).
+    tenant_registry = CollectorRegistry(auto_describe=False)
+    tenant_registry.register(host_metrics.tenants)
 
     @r.get("/healthz", summary="The process is alive")
     async def healthz() -> dict[str, str]:
@@ -60,6 +66,10 @@ def router(
     async def metrics() -> Response:
         host_metrics.open_logs.set(manager.open_count)
         return Response(generate_latest(host_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @r.get("/metrics/tenants", summary="Per-tenant metrics (service key)", include_in_schema=False)
+    async def tenant_metrics(_: Principal = Depends(access.service)) -> Response:
+        return Response(generate_latest(tenant_registry), media_type=CONTENT_TYPE_LATEST)
 
     return r
 

@@ -92,6 +92,7 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/metrics"): PUBLIC,
+    ("GET", "/metrics/tenants"): SERVICE_ONLY,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/docs"): PUBLIC,
     ("GET", "/docs/oauth2-redirect"): PUBLIC,

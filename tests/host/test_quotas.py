@@ -426,8 +426,12 @@ async def test_server_metrics_use_the_top_n_setting(live: Live) -> None:
 
 
 async def _metrics(live: Live) -> str:
+    """The per-tenant series: only to the service key, never on the public /metrics."""
     async with httpx.AsyncClient(base_url=live.url) as c:
-        r = await c.get("/metrics")
+        assert "loghost_tenant_" not in (await c.get("/metrics")).text
+        assert (await c.get("/metrics/tenants")).status_code == 401
+    async with live.client() as c:
+        r = await c.get("/metrics/tenants")
         assert r.status_code == 200
         return r.text
 

@@ -198,9 +198,10 @@ async def test_the_app_has_the_routes_this_file_expects(env: Env) -> None:
         "/v1/dirty/adopt",
     } <= paths
     assert len(env.per_log()) >= 12, env.per_log()
-    # every protected route is either per log, or a service route under /v1/dirty
+    # every protected route is either per log, a service route under /v1/dirty, or the
+    # per-tenant metrics (service key: they name tenants)
     for _, p in env.protected():
-        assert p.startswith((BASE, "/v1/dirty")), p
+        assert p.startswith((BASE, "/v1/dirty")) or p == "/metrics/tenants", p
 
 
 async def test_every_route_refuses_a_missing_or_wrong_key(env: Env) -> None:
