@@ -115,6 +115,18 @@ def test_the_bare_install_runs_the_example_without_spark(tmp_path: Path) -> None
     assert bare == ["httpx", "pydantic"]
     assert {"loghost", "httpx", "pydantic"} <= set(got["dists"])
     assert not {"pyspark", "fastapi", "uvicorn", "redis", "pyarrow"} & set(got["dists"])
+    # The server's command says what it needs, in one line, instead of a traceback.
+    cmd = subprocess.run(
+        [str(venv / "bin" / "loghost"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert cmd.returncode == 2 and cmd.stdout == "", cmd
+    assert cmd.stderr.startswith("loghost: error: the server is not installed (no module ")
+    assert cmd.stderr.rstrip().endswith("pip install 'loghost[server]'")
+    assert len(cmd.stderr.splitlines()) == 1, cmd.stderr
 
     # The example app, in that venv, against a real host on 127.0.0.1.
     store = tmp_path / "store"

@@ -1572,7 +1572,8 @@ def test_dockerfile_builds_the_image_the_chart_runs(chart):
     text = dockerfile()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
     assert "openjdk-17-jre-headless" in text
-    assert re.search(r"pip install \.(\s|$)", text), "the project is installed from the repo root"
+    # From the repo root, with the extras both commands need (a bare install is the client).
+    assert re.search(r"pip install '\.\[server,compactor\]'(\s|$)", text), text
     assert "JAVA_HOME=" in text
     # non-root, numeric, and the same uid the chart runs as
     users = re.findall(r"^USER (\S+)", text, re.M)
