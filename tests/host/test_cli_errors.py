@@ -305,14 +305,23 @@ def test_serve_with_an_unreachable_s3_stays_up_unready_until_it_answers(
     assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
     assert host.proc.poll() is None
 
+    # The bucket exists before the host can reach S3 (moto's servers in one process share
+    # their state): created through a first server on another port, the host's S3 then starts.
+    # Created after the host's S3 started, a probe in between would find no bucket: exit 4.
+    import boto3
+
+    setup_port = free_port()
+    setup = ThreadedMotoServer(ip_address="127.0.0.1", port=setup_port, verbose=False)
+    setup.start()
+    try:
+        boto3.client(
+            "s3", endpoint_url=f"http://127.0.0.1:{setup_port}", region_name="us-east-1"
+        ).create_bucket(Bucket="late-bucket")
+    finally:
+        setup.stop()
     s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
     s3.start()
     try:
-        import boto3
-
-        boto3.client(
-            "s3", endpoint_url=f"http://127.0.0.1:{s3_port}", region_name="us-east-1"
-        ).create_bucket(Bucket="late-bucket")
         wait_until_sync(lambda: _status(url + "/readyz") == 200, "ready once S3 answers", 60)
         assert host.stop() == ExitCode.OK
     finally:
