@@ -139,7 +139,14 @@ def _routes_of_the_app() -> list[tuple[str, str]]:
 
 OPERATIONS = _operations_of_the_app()
 # Routes deliberately outside the schema (the schema itself, its viewers, Prometheus metrics).
-NOT_IN_SCHEMA = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/metrics"}
+NOT_IN_SCHEMA = {
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/redoc",
+    "/metrics",
+    "/metrics/tenants",
+}
 OPERATION_IDS = [f"{m} {p}" for m, p in OPERATIONS]
 
 
