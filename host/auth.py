@@ -31,6 +31,7 @@ from dirtylog import CURSOR_NAME as STABLE_PREFIX
 from wal3.cursors import COMPACTION
 
 from .errors import BadRequest, Forbidden, Unauthorized
+from .watchedfile import Signature, file_signature
 
 if TYPE_CHECKING:  # config imports this module
     from .config import Settings
@@ -178,7 +179,6 @@ def merge_keys(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:
 
 
 _Entry = tuple[bytes, Principal]
-_Signature = tuple[int, int, int, int]
 
 
 class Authenticator:
@@ -189,7 +189,7 @@ class Authenticator:
     ) -> None:
         self._static = dict(keys)
         self._file = Path(keys_file) if keys_file else None
-        self._file_sig: _Signature | None = None
+        self._file_sig: Signature | None = None
         self._entries: tuple[_Entry, ...] = ()
         if self._file is None:
             self._entries = self._build(self._static)
@@ -215,13 +215,9 @@ class Authenticator:
 
     # --------------------------------------------------------------------------- the file
 
-    def _signature(self) -> _Signature | None:
+    def _signature(self) -> Signature | None:
         assert self._file is not None
-        try:
-            st = os.stat(self._file)  # follows symlinks: a Secret update swaps ..data
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return file_signature(self._file)
 
     def reload(self) -> bool:
         """Re-read the keys file now (SIGHUP).  On failure the keys in use stay; False."""

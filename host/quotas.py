@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import QuotaExceeded
 from .fairshare import FairShare, Grant
 from .metrics import TenantMetrics
+from .watchedfile import Signature, file_signature
 
 _log = logging.getLogger("loghost.quotas")
 
@@ -245,7 +246,7 @@ class TenantQuotas:
         self.metrics = metrics if metrics is not None else TenantMetrics()
         self._inline = parse_quotas(inline) if config is None else config
         self._file = Path(path) if path else None
-        self._file_sig: tuple[int, int, int, int] | None = None
+        self._file_sig: Signature | None = None
         self._config = self._inline
         self._cache: dict[str, Quota] = {}
         self._appends: dict[str, TokenBucket] = {}
@@ -265,13 +266,9 @@ class TenantQuotas:
 
     # ------------------------------------------------------------------------------ the file
 
-    def _signature(self) -> tuple[int, int, int, int] | None:
+    def _signature(self) -> Signature | None:
         assert self._file is not None
-        try:
-            st = os.stat(self._file)  # follows symlinks: a ConfigMap update swaps ..data
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return file_signature(self._file)
 
     def reload(self) -> bool:
         """Re-read the quotas file now.  On failure the quotas in use stay; False."""
