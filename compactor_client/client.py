@@ -12,6 +12,9 @@ Retry policy (why each request may or may not be re-sent):
   the error is raised so the caller can decide.
 * A connection that could not be opened (connect error/timeout, pool timeout) never reached the
   server, so it is retried for every method.
+* Every retry starts again at the URL the caller named, never at a host a redirect pointed to:
+  a leader that stopped answering is most likely dead, and only the hosts behind the caller's
+  address know who leads now (retrying the dead leader's URL failed every retry).
 * 502/503/504 and transport failures after the request was sent (read timeout, reset) are
   *ambiguous*: the server may have applied the request.  They are retried only for requests that
   are safe to repeat: reads, deletes, forward-only moves (``compact``), seal, gc, the dirty-set
@@ -182,8 +185,9 @@ class LogHostClient:
         timeout: float | None = None,  # noqa: ASYNC109 - a per-request httpx timeout, not a deadline
     ) -> Any:
         """Send one logical request with the retry/redirect policy of the module docstring."""
-        url = self.base_url + path
-        query = {k: v for k, v in (params or {}).items() if v is not None} or None
+        origin = self.base_url + path
+        first_query = {k: v for k, v in (params or {}).items() if v is not None} or None
+        url, query = origin, first_query
         retries = 0
         hops = 0
         while True:
@@ -198,12 +202,14 @@ class LogHostClient:
             except _NOT_SENT as e:
                 if retries < self.max_retries:
                     retries += 1
+                    url, query, hops = origin, first_query, 0  # a retry: the caller's address
                     await self._sleep(self._backoff(retries))
                     continue
                 raise LogHostUnavailable(f"cannot connect: {e!r}", url=url) from e
             except httpx.TransportError as e:
                 if idempotent and retries < self.max_retries:
                     retries += 1
+                    url, query, hops = origin, first_query, 0  # a retry: the caller's address
                     await self._sleep(self._backoff(retries))
                     continue
                 what = "" if idempotent else "; the request may or may not have been applied"
@@ -250,6 +256,7 @@ class LogHostClient:
                 delay = retry_after if retry_after is not None else self._backoff(retries + 1)
                 if delay <= self.max_retry_after_s:
                     retries += 1
+                    url, query, hops = origin, first_query, 0  # a retry: the caller's address
                     await self._sleep(delay)
                     continue
 

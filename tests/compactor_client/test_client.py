@@ -374,6 +374,33 @@ async def test_redirect_hops_are_bounded() -> None:
     assert info.value.location is not None and info.value.location.startswith(loop_host.url)
 
 
+async def test_a_retry_starts_again_at_the_callers_address() -> None:
+    """The follower names a leader that is dead (killed, its hint not yet expired): the retry
+    asks the caller's address again, which by then names the new leader.  Before the fix every
+    retry went to the dead leader's URL and the call failed (the cluster test of issue 17 lost
+    8 of 600 batches that way)."""
+    with socket.socket() as s:  # a port with nothing listening: the dead leader
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    state = StubState()
+    with (
+        ServerThread(make_app(state)) as leader,
+        ServerThread(make_app(state, follower=True)) as follower,
+    ):
+        state.leader_url = dead
+        waits: list[float] = []
+
+        async def sleep(seconds: float) -> None:  # the hint expires while the client waits
+            waits.append(seconds)
+            state.leader_url = leader.url
+
+        async with LogHostClient(follower.url, KEY, sleep=sleep, max_retries=2) as c:
+            res = await c.append("t", "moved", RECS)
+            page = await c.read("t", "moved", from_offset=2, limit=1)
+    assert res.count == 2 and len(waits) == 1 and state.attempts["moved"] == 1
+    assert [r.offset for r in page.records] == [2]
+
+
 async def test_error_codes_map_to_exceptions(hosts: tuple[StubState, str, str]) -> None:
     _, leader, _ = hosts
     async with client(leader, Sleeps()) as c:

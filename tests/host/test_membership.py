@@ -188,7 +188,11 @@ async def test_two_hosts_without_redis_redirect_instead_of_contending(tmp_path: 
     raised; now each host serves the logs it owns and redirects the rest to the owner."""
     store = str(tmp_path / "store")
     pa, pb = free_port(), free_port()
-    common: dict[str, Any] = {"membership_interval_s": 0.2, "membership_ttl_s": 30.0}
+    common: dict[str, Any] = {
+        "routing": "membership",
+        "membership_interval_s": 0.2,
+        "membership_ttl_s": 30.0,
+    }
     async with (
         live_server(
             store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}", **common
@@ -232,7 +236,11 @@ async def test_two_hosts_without_redis_redirect_instead_of_contending(tmp_path: 
 async def test_a_draining_host_hands_its_logs_to_the_others(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     pa, pb = free_port(), free_port()
-    common: dict[str, Any] = {"membership_interval_s": 0.2, "membership_ttl_s": 30.0}
+    common: dict[str, Any] = {
+        "routing": "membership",
+        "membership_interval_s": 0.2,
+        "membership_ttl_s": 30.0,
+    }
     async with live_server(
         store, port=pa, server_id="a", advertise_url=f"http://127.0.0.1:{pa}", **common
     ) as a:
@@ -270,7 +278,11 @@ async def test_a_draining_host_hands_its_logs_to_the_others(tmp_path: Path) -> N
 async def test_a_silent_hosts_dirty_log_is_adopted_once_with_no_operator(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     ids = [str(uuid.uuid4()) for _ in range(3)]
-    fast: dict[str, Any] = {"membership_interval_s": 0.1, "membership_ttl_s": 0.5}
+    fast: dict[str, Any] = {
+        "routing": "membership",
+        "membership_interval_s": 0.1,
+        "membership_ttl_s": 0.5,
+    }
     async with live_server(store, server_id="gone", **fast) as gone, gone.client() as c:
         for cid in ids:
             r = await c.post(f"/v1/tenants/alice/logs/{cid}/records", json={"records": [record(1)]})

@@ -137,18 +137,22 @@ async def test_host_killed_under_load_nothing_lost_adopted_and_compacted(cluster
                     return
             acked[(cid, b)] = recs
 
-        async def load(group: list[str]) -> None:
-            for b in range(BATCHES):  # a collection's batches in order, collections in parallel
+        async def load(group: list[str], batches: range) -> None:
+            for b in batches:  # a collection's batches in order, collections in parallel
                 await asyncio.gather(*(append(cid, b) for cid in group))
 
         # The tail group is written only before the kill: what the victim led of it is left in
-        # its dirty log alone.
-        await load(tail)
+        # its dirty log alone.  Every other collection is created before the kill too: a log
+        # whose creation the victim had claimed stays unwritable for the claim's TTL (2 x
+        # max(60 s, the GC grace); wal3/claim.py says why), which this test does not wait out.
+        await load(tail, range(BATCHES))
+        await load(rest, range(1))
         assert not failed, failed
-        rest_load = asyncio.create_task(load(rest))
+        rest_load = asyncio.create_task(load(rest, range(1, BATCHES)))
+        before = len(tail) * BATCHES + len(rest)
         await wait_until(
-            lambda: len(acked) >= len(tail) * BATCHES + len(rest) // 2 or rest_load.done(),
-            "a third of the remaining load to be acknowledged",
+            lambda: len(acked) >= before + len(rest) // 2 or rest_load.done(),
+            "a quarter of the remaining load to be acknowledged",
             timeout_s=60,
         )
         assert not rest_load.done(), "the load ended before the kill"
@@ -157,9 +161,11 @@ async def test_host_killed_under_load_nothing_lost_adopted_and_compacted(cluster
 
         # A client that got an error (its retries ran out during the failover) sends the same
         # batch again with the same key: it must land once, whichever host takes it.
-        for cid, b in sorted(failed):
+        # (``append`` records a second failure in ``failed`` again, so it is taken out first.)
+        first_failures = sorted(failed)
+        failed.clear()
+        for cid, b in first_failures:
             await append(cid, b)
-            failed.pop((cid, b), None)
         assert not failed, failed
         assert len(acked) == N_COLLECTIONS * BATCHES
 
