@@ -32,25 +32,33 @@ class Op(StrEnum):
 
 
 MetadataValue = StrictStr | StrictBool | StrictInt | StrictFloat | None
-_FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_MAX = FLOAT32_MAX  # the name bench/http_profile.py's prototypes import
 
 
-def _finite_float32(values: list[float | int] | None) -> list[float | int] | None:
-    # Embeddings are materialised as float32: refuse what cannot be one (huge ints, overflow).
-    if values is None:
-        return None
+def finite_float32_error(values: list[float | int]) -> str | None:
+    """Why ``values`` cannot be an embedding (materialised as float32: no huge ints, no
+    overflow), or None when every element fits."""
     try:  # the common case in one pass of C loops; the slow loop only names the culprit
         if all(map(math.isfinite, values)) and max(map(abs, values), default=0) <= _FLOAT32_MAX:
-            return values
+            return None
     except OverflowError:
         pass
     for i, x in enumerate(values):
         try:
             f = float(x)
         except OverflowError:
-            raise ValueError(f"element {i} does not fit a float32") from None
+            return f"element {i} does not fit a float32"
         if not math.isfinite(f) or abs(f) > _FLOAT32_MAX:
-            raise ValueError(f"element {i} does not fit a float32")
+            return f"element {i} does not fit a float32"
+    return None
+
+
+def _finite_float32(values: list[float | int] | None) -> list[float | int] | None:
+    if values is not None:
+        why = finite_float32_error(values)
+        if why is not None:
+            raise ValueError(why)
     return values
 
 

@@ -25,13 +25,13 @@ from wal3 import (
 from wal3.fragment import request_digest
 from wal3.paths import join
 
-from ..appendbody import AppendDecoder, RecordLimits
+from ..appendbody import AppendBody, AppendDecoder, RecordLimits
 from ..auth import Role
 from ..config import Settings
 from ..errors import BackpressureError, Conflict
 from ..manager import LogHandle, LogManager
 from ..metrics import Metrics
-from ..models import AppendRequest, AppendResponse, FragmentOut, FragmentsResponse, LogState
+from ..models import AppendResponse, FragmentOut, FragmentsResponse, LogState
 from ..pages import empty_answer, records_answer
 from ..requests import disconnected
 from .logview import log_state, stored_compaction_offset
@@ -102,7 +102,7 @@ class RecordService:
         )
 
     async def _append_admitted(
-        self, tenant: str, cid: UUID, req: AppendRequest, bodies: list[bytes], nbytes: int
+        self, tenant: str, cid: UUID, req: AppendBody, bodies: list[bytes], nbytes: int
     ) -> tuple[AppendResult, LogWriter]:
         """The append of an admitted request: durable when it returns."""
         self._manager.reserve(nbytes)

@@ -384,21 +384,21 @@ async def test_no_single_validation_call_takes_an_unbounded_record(
     def values(records: Any) -> int:
         return sum(len(r.metadata or ()) + len(r.embedding or ()) for r in records)
 
-    parse, chunks = appendbody.parse, appendbody._RECORDS
+    body, chunks = appendbody._BODY, appendbody._RECORDS
 
-    def spy_parse(model: Any, raw: bytes) -> Any:
-        got = parse(model, raw)
-        if isinstance(got, appendbody.AppendRequest):
+    class SpyBody:
+        def decode(self, raw: bytes) -> Any:
+            got = body.decode(raw)
             largest[0] = max(largest[0], values(got.records))
-        return got
+            return got
 
     class SpyChunks:
-        def validate_json(self, chunk: Any) -> Any:
-            got = chunks.validate_json(chunk)
+        def decode(self, chunk: bytes) -> Any:
+            got = chunks.decode(chunk)
             largest[0] = max(largest[0], values(got))
             return got
 
-    monkeypatch.setattr(appendbody, "parse", spy_parse)
+    monkeypatch.setattr(appendbody, "_BODY", SpyBody())
     monkeypatch.setattr(appendbody, "_RECORDS", SpyChunks())
     n = 600_000 if field == "metadata" else 4_000_000
     if field == "metadata":

@@ -340,11 +340,12 @@ def test_bench_http_profile_can_install_its_timers(monkeypatch: pytest.MonkeyPat
         (wal3.batcher, "encode_fragment"),
         (logging.getLogger("loghost.api"), "info"),
         (host.requests, "parse"),
-        (host.appendbody, "parse"),
+        (host.appendbody, "decode_append"),
     ):
         monkeypatch.setattr(owner, attr, getattr(owner, attr))
     original = host.requests.parse
+    original_decode = host.appendbody.decode_append
     timers = hp._install_timers()
     assert timers
     assert host.requests.parse is not original, "the request body parse is not timed"
-    assert host.appendbody.parse is host.requests.parse, "the append path's parse is not timed"
+    assert host.appendbody.decode_append is not original_decode, "the append decode is not timed"
