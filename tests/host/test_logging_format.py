@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from host import jsonlog
 from host.config import warn_unknown_env
@@ -60,6 +61,31 @@ def test_a_line_has_rfc3339_time_context_and_no_escapes() -> None:
     assert obj["msg"] == "Uvicorn running on http://127.0.0.1:8080 (Press CTRL+C to quit)"
     assert obj["request_id"] == "rid-1" and obj["tenant"] == "acme"
     assert obj["peer"] == "red" and "collection_id" not in obj
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"msg": "request", "method": "POST", "route": "/v1/x", "status": 200, "ms": 1.5},
+        {"msg": "%s and %d", "args": ("a", 3), "level": "custom", "tenant": "extra-wins"},
+        {"msg": "k\x1b[31mred", "note": "x\x1b]0;title\x07y"},  # escapes: the library's path
+        {"msg": "values", "b": b"raw", "s": {1}, "t": (1, "x"), "n": None, "f": True},
+        {"msg": "plain", "color_message": "\x1b[32mplain\x1b[0m"},
+    ],
+)
+def test_the_fast_path_writes_what_the_library_writes(fields: dict[str, Any]) -> None:
+    """Plain records skip python-json-logger (``JsonFormatter._plain``): the same object."""
+    fmt = jsonlog.JsonFormatter()
+    record = logging.makeLogRecord({"name": "loghost.api", "levelname": "INFO", **fields})
+    token, tenant = jsonlog.request_id.set("rid-1"), jsonlog.tenant.set("context-tenant")
+    try:
+        fast = fmt.format(record)
+        slow = super(jsonlog.JsonFormatter, fmt).format(record)  # the library's path
+    finally:
+        jsonlog.request_id.reset(token)
+        jsonlog.tenant.reset(tenant)
+    assert parse_line(fast) == parse_line(slow)
+    assert list(json.loads(fast)) == list(json.loads(slow))  # the same fields, in the same order
 
 
 def test_unknown_loghost_variables_are_one_warning_each_naming_the_closest() -> None:
