@@ -60,8 +60,8 @@ QUICK: dict[str, Any] = {
 CATEGORIES: list[tuple[str, Any]] = [
     ("loop idle (epoll; ~0 on the CPU clock)", lambda f, c, p: f == "select" and "selectors" in p),
     (
-        "h11 request parsing (H11Protocol.data_received)",
-        lambda f, c, p: f == "data_received" and "h11_impl" in p,
+        "HTTP request parsing (httptools or h11 Protocol.data_received)",
+        lambda f, c, p: f == "data_received" and ("h11_impl" in p or "httptools_impl" in p),
     ),
     (
         "the ASGI app per request (RequestResponseCycle.run_asgi)",
@@ -209,7 +209,7 @@ def _install_timers() -> dict[str, list[float]]:
     around each outermost call; none of them suspends), to cross-check the profiler, whose hooks
     inflate call-heavy code.  Bench-only monkeypatching in this process; host/ is not edited."""
     import fastapi.routing
-    from uvicorn.protocols.http import h11_impl
+    from uvicorn.protocols.http import h11_impl, httptools_impl
 
     import host.appendbody
     import host.requests
@@ -268,6 +268,11 @@ def _install_timers() -> dict[str, list[float]]:
     request_log = logging.getLogger("loghost.api")
     patch(request_log, "info", "request log line (_log.info + JsonFormatter + write)")
     patch(h11_impl.H11Protocol, "data_received", "h11 parse + dispatch (H11Protocol.data_received)")
+    patch(
+        httptools_impl.HttpToolsProtocol,
+        "data_received",
+        "httptools parse + dispatch (HttpToolsProtocol.data_received)",
+    )
     patch(wal3.batcher, "encode_fragment", "encode_fragment (on the loop thread)")
     return timers
 

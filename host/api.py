@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from .config import Settings
 from .docs import install_docs
 from .errors import install_handlers
-from .httpserver import guarded_h11
+from .httpserver import guarded_protocol
 from .middleware import RequestContext
 from .routers import cursors, dirty, lifecycle, ops, records
 from .routers.deps import Access
@@ -27,12 +27,13 @@ from .server import Server
 def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How the log host runs under uvicorn: ``loghost serve``, the tests and the benchmarks."""
     host, port = settings.host_port
-    http = guarded_h11(
+    http = guarded_protocol(
         settings.header_timeout_s,
         settings.body_timeout_s,
         settings.max_connections,
         settings.max_unauthenticated_connections,
         settings.send_timeout_s,
+        settings.http_parser,
     )
     state = getattr(app, "state", None)
     if state is not None:

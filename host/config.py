@@ -127,6 +127,13 @@ class Settings(BaseSettings):
         description="idle HTTP keep-alive; keep it above clients' and load balancers' idle "
         "timeouts",
     )
+    # httptools parses a request in a fraction of h11's time; h11 is kept as a fallback with the
+    # same guards (host.httpserver).
+    http_parser: Literal["httptools", "h11"] = Field(
+        "httptools",
+        description="the HTTP/1.1 parser: `httptools` (fast) or `h11` (pure Python); both get "
+        "the same timeouts and connection caps",
+    )
     # Slow or silent clients: a request's headers, and its body, must arrive within these, and
     # at most this many connections are open (more are closed at once).
     header_timeout_s: float = Field(

@@ -1,11 +1,12 @@
 """HTTP-level defences and shutdown for uvicorn: timeouts, a connection cap, the drain hook.
 
-uvicorn (h11) has a keep-alive timeout but nothing for a connection that never finishes its
-headers or its body: a slowloris client holds a socket (and, mid-body, a request task) forever.
-Nor for one that never reads its answer: the answer waits in memory for as long as the
-connection lives.  ``guarded_h11`` closes such connections (``send_timeout_s`` counts from the
-moment the socket stops taking the answer until all of it is taken), and connections beyond
-``max_connections``.
+uvicorn has a keep-alive timeout but nothing for a connection that never finishes its headers
+or its body: a slowloris client holds a socket (and, mid-body, a request task) forever.  Nor for
+one that never reads its answer: the answer waits in memory for as long as the connection lives.
+``guarded_protocol`` closes such connections (``send_timeout_s`` counts from the moment the socket
+stops taking the answer until all of it is taken), and connections beyond ``max_connections``.
+It guards uvicorn's httptools protocol (the default: parsing a request costs a fraction of h11's,
+docs/PERFORMANCE.md §7) or its h11 protocol (``LOGHOST_HTTP_PARSER=h11``), with the same rules.
 
 The cap must not let strangers shut tenants out.  A connection is *unauthenticated* until one of
 its requests carries a valid key (the app says so through the ``loghost.connection`` entry of
@@ -24,14 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import h11
 import uvicorn
 from starlette.types import Scope
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .errors import BadRequest
+
+HttpParser = Literal["httptools", "h11"]
 
 _log = logging.getLogger("loghost.http")
 
@@ -44,7 +50,7 @@ class ConnectionTicket:
 
     __slots__ = ("_conn", "_table", "authenticated")
 
-    def __init__(self, table: ConnectionTable, conn: _GuardedH11) -> None:
+    def __init__(self, table: ConnectionTable, conn: _Guard) -> None:
         self._table = table
         self._conn = conn
         self.authenticated = False
@@ -57,7 +63,7 @@ class ConnectionTicket:
 
 
 def connection_ticket(scope: Scope) -> ConnectionTicket | None:
-    """The ticket of a request's connection (None when not served by ``guarded_h11``)."""
+    """The ticket of a request's connection (None when not served by ``guarded_protocol``)."""
     ticket = scope.get("extensions", {}).get(SCOPE_EXTENSION)
     return ticket if isinstance(ticket, ConnectionTicket) else None
 
@@ -68,17 +74,17 @@ class ConnectionTable:
     def __init__(self, max_connections: int, max_unauthenticated: int) -> None:
         self.max_connections = max_connections
         self.max_unauthenticated = max_unauthenticated
-        self.unauthenticated: collections.OrderedDict[_GuardedH11, None] = collections.OrderedDict()
+        self.unauthenticated: collections.OrderedDict[_Guard, None] = collections.OrderedDict()
         # Aborted by the cap but not yet gone (connection_lost runs on a later loop turn): not
         # counted, or one burst of newcomers would evict more than it needs to.
-        self.closing: set[_GuardedH11] = set()
+        self.closing: set[_Guard] = set()
         self.evicted = 0  # connections closed to make room (for tests and logs)
-        self.connections: set[_GuardedH11] = set()  # every open one
+        self.connections: set[_Guard] = set()  # every open one
 
-    def victim(self, newcomer: _GuardedH11) -> _GuardedH11 | None:
+    def victim(self, newcomer: _Guard) -> _Guard | None:
         """The connection to close for room: the oldest idle unauthenticated one, else the
         oldest unauthenticated one; never ``newcomer`` (refused only if nothing else gives)."""
-        busy: _GuardedH11 | None = None
+        busy: _Guard | None = None
         for conn in self.unauthenticated:
             if conn is newcomer:
                 continue
@@ -89,13 +95,39 @@ class ConnectionTable:
         return busy
 
 
-class _GuardedH11(H11Protocol):
-    """H11Protocol with header, body and send deadlines and a connection cap."""
+def _parser_refusal() -> bytes:
+    err = BadRequest("not a valid HTTP/1.1 request")
+    body = json.dumps(
+        {"error": {"code": err.code, "message": err.message}}, separators=(",", ":")
+    ).encode()
+    head = (
+        f"HTTP/1.1 {err.status} Bad Request\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+_PARSER_REFUSAL = _parser_refusal()
+
+
+class _Guard:
+    """Header, body and send deadlines and a connection cap, over one of uvicorn's HTTP/1.1
+    protocols (mixed in before it: ``super()`` is the protocol).  The protocol subclasses below
+    say when a request's headers begin, when its body is due and when it has all arrived."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     send_timeout_s: float = 60.0
     table: ConnectionTable
+
+    # What uvicorn's protocols provide.
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    app: Any
+    cycle: Any
+    flow: Any
+    connections: set[Any]
+    timeout_keep_alive_task: asyncio.TimerHandle | None
 
     _guard: asyncio.TimerHandle | None = None
     _guard_kind: str = ""
@@ -104,10 +136,8 @@ class _GuardedH11(H11Protocol):
     # the answer is complete and taken: a client that does not read cannot hold it for ever.
     _send_guard: asyncio.TimerHandle | None = None
 
-    # uvicorn's H11Protocol narrows asyncio.Protocol's BaseTransport to Transport (its own
-    # override carries the same ignore); this one keeps uvicorn's signature.
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         table = self.table
         self._ticket = ConnectionTicket(table, self)
         inner = self.app
@@ -136,7 +166,7 @@ class _GuardedH11(H11Protocol):
         # A connection that sends nothing is a connection whose headers never arrive.
         self._arm("header", self.header_timeout_s)
 
-    def _evict(self, conn: _GuardedH11) -> None:
+    def _evict(self, conn: _Guard) -> None:
         table = self.table
         table.unauthenticated.pop(conn, None)
         if conn is not self:
@@ -152,12 +182,12 @@ class _GuardedH11(H11Protocol):
         return self.cycle is None or self.cycle.response_complete
 
     def pause_writing(self) -> None:
-        super().pause_writing()
+        super().pause_writing()  # type: ignore[misc]
         if self._send_guard is None:
             self._send_guard = self.loop.call_later(self.send_timeout_s, self._send_expired)
 
     def resume_writing(self) -> None:
-        super().resume_writing()
+        super().resume_writing()  # type: ignore[misc]
         if self.idle:
             self._disarm_send()  # the whole answer was written and the client took it
 
@@ -183,7 +213,40 @@ class _GuardedH11(H11Protocol):
         self.table.unauthenticated.pop(self, None)
         self.table.closing.discard(self)
         self.table.connections.discard(self)
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if not self.flow.write_paused:
+            self._disarm_send()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser refused (a malformed request line, header or length): the
+        API's JSON error body instead of uvicorn's plain text, then the connection closes."""
+        self.transport.write(_PARSER_REFUSAL)
+        self.transport.close()
+
+    def _arm(self, kind: str, seconds: float) -> None:
+        self._disarm()
+        self._guard_kind = kind
+        self._guard = self.loop.call_later(seconds, self._expired, kind)
+
+    def _disarm(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+        self._guard, self._guard_kind = None, ""
+
+    def _expired(self, kind: str) -> None:
+        self._guard, self._guard_kind = None, ""
+        if self.transport.is_closing():
+            return
+        _log.info("closing a connection whose request %s did not arrive in time", kind)
+        # The request task, if any, sees http.disconnect (a 499 in the request log).
+        self.transport.close()
+
+
+class _GuardedH11(_Guard, H11Protocol):  # type: ignore[misc]  # uvicorn narrows Transport
+    """The guard over h11: the phase is read off h11's connection state after every event."""
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -191,8 +254,6 @@ class _GuardedH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.flow.write_paused:
-            self._disarm_send()
         self._update()
 
     def _update(self) -> None:
@@ -215,43 +276,56 @@ class _GuardedH11(H11Protocol):
         elif state is not h11.IDLE:
             self._disarm()  # request fully received (DONE) or closing
 
-    def _arm(self, kind: str, seconds: float) -> None:
-        self._disarm()
-        self._guard_kind = kind
-        self._guard = self.loop.call_later(seconds, self._expired, kind)
 
-    def _disarm(self) -> None:
-        if self._guard is not None:
-            self._guard.cancel()
-        self._guard, self._guard_kind = None, ""
+def _httptools_protocol() -> type[_Guard]:
+    """The guard over httptools: the parser's callbacks mark the phases (imported on use: the
+    h11 variant needs no httptools)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    def _expired(self, kind: str) -> None:
-        self._guard, self._guard_kind = None, ""
-        if self.transport.is_closing():
-            return
-        _log.info("closing a connection whose request %s did not arrive in time", kind)
-        # The request task, if any, sees http.disconnect (a 499 in the request log).
-        self.transport.close()
+    class _GuardedHttpTools(_Guard, HttpToolsProtocol):  # type: ignore[misc]  # as above
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            # The first byte of a request line: its headers must all arrive in time (a request
+            # pipelined behind an answer included), however slowly they trickle.
+            if self._guard_kind != "header":
+                self._arm("header", self.header_timeout_s)
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm("body", self.body_timeout_s)  # disarmed when the message completes
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._disarm()  # the app is answering; uvicorn's keep-alive timer follows
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.transport.is_closing():
+                self._disarm()
+
+    return _GuardedHttpTools
 
 
-def guarded_h11(
+def guarded_protocol(
     header_timeout_s: float,
     body_timeout_s: float,
     max_connections: int,
     max_unauthenticated: int | None = None,
     send_timeout_s: float = 60.0,
-) -> type[_GuardedH11]:
-    """An h11 protocol class with these limits (uvicorn's ``http=`` option); each call makes a
-    class with its own connection table (one per server)."""
+    parser: HttpParser = "httptools",
+) -> type[_Guard]:
+    """An HTTP/1.1 protocol class with these limits (uvicorn's ``http=`` option); each call makes
+    a class with its own connection table (one per server)."""
     table = ConnectionTable(
         max_connections,
         min(max_connections, max_unauthenticated)
         if max_unauthenticated is not None
         else max_connections,
     )
+    base = _httptools_protocol() if parser == "httptools" else _GuardedH11
     return type(
-        "GuardedH11Protocol",
-        (_GuardedH11,),
+        f"Guarded{base.__name__.removeprefix('_Guarded')}Protocol",
+        (base,),
         {
             "header_timeout_s": header_timeout_s,
             "body_timeout_s": body_timeout_s,

@@ -107,7 +107,10 @@ async def _request(
     return int(status_line.split()[1])
 
 
-async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parser", ["httptools", "h11"])  # LOGHOST_HTTP_PARSER
+async def test_unauthenticated_connections_cannot_shut_tenants_out(
+    tmp_path: Path, parser: str
+) -> None:
     """V5: the connection cap was taken before authentication: connections that never showed a
     key (here: one public /healthz each, then idle keep-alive) filled it, and every tenant's new
     connection was closed.  Unauthenticated connections now give way; authenticated ones stay."""
@@ -120,6 +123,7 @@ async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Pat
         max_connections=4,
         max_unauthenticated_connections=2,
         header_timeout_s=60.0,
+        http_parser=parser,
     ) as lv:
         port = _port(lv)
         # The application's connection, authenticated by its first request.
@@ -150,8 +154,9 @@ async def test_unauthenticated_connections_cannot_shut_tenants_out(tmp_path: Pat
 # -------------------------------------------------------- V3: a reader that never reads
 
 
+@pytest.mark.parametrize("parser", ["httptools", "h11"])  # LOGHOST_HTTP_PARSER
 async def test_reader_that_never_reads_is_cut_off_and_pins_one_fragment_at_most(
-    tmp_path: Path, recorded_apps: list[Any]
+    tmp_path: Path, recorded_apps: list[Any], parser: str
 ) -> None:
     """V3: an answer of up to 8 MiB was built whole and handed to a socket nobody reads, with no
     time limit: N such connections pinned N x 8 MiB for ever.  Large answers are now streamed a
@@ -160,7 +165,9 @@ async def test_reader_that_never_reads_is_cut_off_and_pins_one_fragment_at_most(
     cid = str(uuid.uuid4())
     path = log_path("alice", cid) + "/records"
     fragment_bytes = 1 << 20
-    async with live_server(str(tmp_path / "store"), api_keys=KEYS, send_timeout_s=2.0) as lv:
+    async with live_server(
+        str(tmp_path / "store"), api_keys=KEYS, send_timeout_s=2.0, http_parser=parser
+    ) as lv:
         table = recorded_apps[-1].state.connections
         async with lv.client("ak") as ak:
             for i in range(7):  # seven appends, one fragment of ~1 MiB each

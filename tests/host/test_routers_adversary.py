@@ -326,7 +326,7 @@ def test_bench_http_profile_can_install_its_timers(monkeypatch: pytest.MonkeyPat
     import logging
 
     import fastapi.routing
-    from uvicorn.protocols.http import h11_impl
+    from uvicorn.protocols.http import h11_impl, httptools_impl
 
     import bench.http_profile as hp
     import host.appendbody
@@ -337,6 +337,7 @@ def test_bench_http_profile_can_install_its_timers(monkeypatch: pytest.MonkeyPat
     for owner, attr in (
         (fastapi.routing, "solve_dependencies"),
         (h11_impl.H11Protocol, "data_received"),
+        (httptools_impl.HttpToolsProtocol, "data_received"),
         (wal3.batcher, "encode_fragment"),
         (logging.getLogger("loghost.api"), "info"),
         (host.requests, "parse"),
