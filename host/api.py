@@ -87,6 +87,8 @@ def create_app(server: Server) -> FastAPI:
         lifecycle.router(server.lifecycle, access),
         dirty.router(server.dirty_service, access),
     ]
+    # Ahead of every other route: it takes each POST to its path (host.routers.records).
+    app.router.routes.insert(0, records.append_route(server.records, access, server.settings))
     for router in v1:
         app.include_router(router)
     app.include_router(

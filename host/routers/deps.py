@@ -63,28 +63,32 @@ class Access:
         jsonlog.collection_id.set(str(cid))
         return LogScope(tenant, cid, who)
 
-    def _role(self, request: Request, tenant: str, collection_id: str, needed: Role) -> LogScope:
+    def role_scope(
+        self, request: Request, tenant: str, collection_id: str, needed: Role
+    ) -> LogScope:
+        """The caller, checked for ``needed`` on ``tenant``, and the log: the dependencies'
+        check, for a route that does not go through FastAPI's dependencies."""
         who = self.principal(request)
         self._auth.authorize(who, tenant, needed)
         return self._scope(who, tenant, collection_id)
 
     async def reader_scope(self, request: Request, tenant: str, collection_id: str) -> LogScope:
         """Any key of the tenant, or a service key."""
-        return self._role(request, tenant, collection_id, Role.READER)
+        return self.role_scope(request, tenant, collection_id, Role.READER)
 
     async def tenant_scope(self, request: Request, tenant: str, collection_id: str) -> LogScope:
         """A tenant key of the tenant (not read-only), or a service key."""
-        return self._role(request, tenant, collection_id, Role.TENANT)
+        return self.role_scope(request, tenant, collection_id, Role.TENANT)
 
     async def service_scope(self, request: Request, tenant: str, collection_id: str) -> LogScope:
         """A service key."""
-        return self._role(request, tenant, collection_id, Role.SERVICE)
+        return self.role_scope(request, tenant, collection_id, Role.SERVICE)
 
     async def cursor_reader_scope(
         self, request: Request, tenant: str, collection_id: str, name: str
     ) -> LogScope:
         """Reading any cursor: any key of the tenant, or a service key."""
-        scope = self._role(request, tenant, collection_id, Role.READER)  # 401 before any 400
+        scope = self.role_scope(request, tenant, collection_id, Role.READER)  # 401 before any 400
         check_cursor_name(name)
         return scope
 

@@ -1,18 +1,55 @@
-"""``/v1/tenants/{tenant}/logs/{uuid}``: append, read, state, fragments."""
+"""``/v1/tenants/{tenant}/logs/{uuid}``: append, read, state, fragments.
+
+The append is served by a plain Starlette route placed before FastAPI's: FastAPI's request
+handling (resolving the auth dependency and the path parameters, then serialising the response
+model) cost about 50 µs of the event loop per request, a tenth of a small append's CPU.  The
+FastAPI route stays, with the same path, for the API description only; both make the same
+checks (``Access.role_scope``) and call the same service.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
+from ..auth import Role
 from ..config import Settings
 from ..models import AppendRequest, AppendResponse, FragmentsResponse, LogState
 from ..requests import MAX_OFFSET, body_schema, read_body
 from ..services.records import ReadRequest, RecordService
 from . import ERRORS, LOG_PATH
 from .deps import Access, LogScope
+
+
+class _AppendRoute(Route):
+    """The append's Starlette route; it names itself in the scope as FastAPI's routes do (the
+    request metrics label requests by ``scope["route"].path``)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is Match.FULL:
+            child["route"] = self
+        return match, child
+
+
+def append_route(records: RecordService, access: Access, settings: Settings) -> Route:
+    """The append's route, for the app's own routes ahead of the others (an included router
+    would rebuild it as a plain Route)."""
+
+    async def append_fast(request: Request) -> Response:
+        started = time.monotonic()
+        params: dict[str, Any] = request.path_params
+        scope = access.role_scope(request, params["tenant"], params["collection_id"], Role.TENANT)
+        raw = await read_body(request, settings.max_request_bytes)
+        out = await records.append(scope.tenant, scope.cid, raw, started)
+        return Response(out.model_dump_json(exclude_none=True), media_type="application/json")
+
+    return _AppendRoute("/v1" + LOG_PATH + "/records", append_fast, methods=["POST"])
 
 
 def router(records: RecordService, access: Access, settings: Settings) -> APIRouter:
@@ -25,7 +62,7 @@ def router(records: RecordService, access: Access, settings: Settings) -> APIRou
         openapi_extra=body_schema(AppendRequest),
         response_model_exclude_none=True,
         summary="Append records; answers once they are durable",
-    )
+    )  # served by ``append_fast`` (module docstring); this route describes it
     async def append(
         request: Request, scope: LogScope = Depends(access.tenant_scope)
     ) -> AppendResponse:
