@@ -138,6 +138,9 @@ def rendezvous_owner(key: str, hosts: Iterable[HostRecord]) -> HostRecord | None
     return max(hosts, key=lambda h: (rendezvous_score(key, h.server_id), h.server_id), default=None)
 
 
+_OWNERS_CACHED = 1 << 16  # owners remembered per view (a bound: then they are computed anew)
+
+
 class Membership:
     """This host's liveness record and the view of every host's, refreshed every ``interval_s``.
 
@@ -177,6 +180,9 @@ class Membership:
         self._etag: str | None = None
         self._records: dict[str, HostRecord] = {}
         self._store_now = 0.0
+        self._owners: dict[str, HostRecord | None] = {}
+        self._owners_view: tuple[int, str] | None = None
+        self._refreshes = 0  # views taken (the owners' cache is of one view)
         self._task: asyncio.Task[None] | None = None
         self._on_refresh: list[Callable[[], Awaitable[None]]] = []
         self._after: asyncio.Task[None] | None = None
@@ -339,6 +345,7 @@ class Membership:
         # judged departed until a second refresh.
         self.steady = previous > 0 and self._store_now - previous < self.ttl_s
         self._records = records
+        self._refreshes += 1
         if self._on_refresh and not self._closing and (self._after is None or self._after.done()):
             # In a task of its own: an adoption may be slow, and the beat must go on meanwhile
             # (one at a time; a refresh while one runs is caught up by the next).
@@ -374,8 +381,19 @@ class Membership:
         return sorted(out.values(), key=lambda r: r.server_id)
 
     def owner(self, key: str) -> HostRecord | None:
-        """The live host that should serve ``key`` (None when we are draining and alone)."""
-        return rendezvous_owner(key, self.live())
+        """The live host that should serve ``key`` (None when we are draining and alone).
+
+        Every request asks (routing), so answers are kept until the view changes: a refresh, or
+        our own state.  (Our own record in an answer may be some beats old: callers read only
+        its server id and URL.)"""
+        view = (self._refreshes, self.me.state)
+        if view != self._owners_view or len(self._owners) >= _OWNERS_CACHED:
+            self._owners_view, self._owners = view, {}
+        try:
+            return self._owners[key]
+        except KeyError:
+            found = self._owners[key] = rendezvous_owner(key, self.live())
+            return found
 
     def departed(self, older_than_s: float) -> list[HostRecord]:
         """Other hosts whose last beat is at least ``older_than_s`` old."""

@@ -68,11 +68,13 @@ class Quota:
     weight: float | None = None  # fair share (host.fairshare), not a limit
 
     def limited(self) -> bool:
-        """Whether any limit is set (``weight`` is none)."""
-        return any(getattr(self, f.name) is not None for f in fields(self) if f.name != "weight")
+        """Whether any limit is set (``weight`` is none).  Every append asks: no per-call
+        ``dataclasses.fields`` (it was 5 % of a small append's event-loop time)."""
+        return any(getattr(self, name) is not None for name in _LIMIT_NAMES)
 
 
 QUOTA_NAMES = tuple(f.name for f in fields(Quota))
+_LIMIT_NAMES = tuple(name for name in QUOTA_NAMES if name != "weight")
 
 
 class _QuotaModel(BaseModel):

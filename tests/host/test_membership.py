@@ -75,7 +75,11 @@ async def test_a_draining_or_silent_host_is_not_routed_to(tmp_path: Path) -> Non
     a, b, c = _member(store, "a"), _member(store, "b"), _member(store, "c")
     for m in (a, b, c):
         await m.join()
+    await b.refresh()
+    keys = [str(uuid.UUID(int=i)) for i in range(64)]
+    assert "b" in {getattr(b.owner(k), "server_id", None) for k in keys}  # answers kept...
     await b.drain()
+    assert "b" not in {getattr(b.owner(k), "server_id", None) for k in keys}  # ...until it drains
     _age_record(tmp_path, "c", 60)
     await a.beat()
     assert [r.server_id for r in a.live()] == ["a"]
