@@ -10,10 +10,11 @@ is what pyinstrument samples; LocalStore's fsyncs run in worker threads and show
 waiting in ``epoll``.
 
 Variants (no profiler).  The same load against a fresh default server and then a server with one
-change, back to back: ``LOGHOST_LOG_LEVEL=WARNING`` (drops the per-request JSON log line), and
-uvicorn with ``uvloop`` + ``httptools`` importable (what ``pip install "uvicorn[standard]"``
-gives; installed with ``pip install --target bench/out/uvicorn-extras``, put on ``PYTHONPATH``
-for that server only, so the project's virtualenv is untouched).
+change, back to back: ``LOGHOST_LOG_LEVEL=WARNING`` (drops the per-request JSON log line),
+``LOGHOST_HTTP_PARSER=h11`` (the parser the host used before httptools), and ``uvloop``
+importable (uvicorn's ``loop="auto"`` then picks it; installed with ``pip install --target
+bench/out/uvicorn-extras``, put on ``PYTHONPATH`` for that server only, so the project's
+virtualenv is untouched).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ NAME = "http_profile"
 EXTRAS = common.OUT_DIR / "uvicorn-extras"
 
 FULL: dict[str, Any] = {
-    "scenarios": [(1, 1), (1, 100), (100, 1)],
+    "scenarios": [(1, 1), (1, 100), (1000, 1)],
     "duration_s": 5,
     "warmup_s": 1,
     "connections": 64,
-    "variants": ["log_warning", "uvloop_httptools"],
+    "variants": ["log_warning", "h11_parser", "uvloop"],
     "variant_cases": [(1, 1), (1, 100)],
 }
 QUICK: dict[str, Any] = {
@@ -352,7 +353,7 @@ def render_profile_files(session_path: Path, stem: Path) -> list[str]:
 
 
 def _extras_path() -> str | None:
-    """A directory with uvloop + httptools for PYTHONPATH (pip --target; once)."""
+    """A directory with uvloop for PYTHONPATH (pip --target; once)."""
     if not (EXTRAS / "uvloop").exists():
         subprocess.run(
             [
@@ -364,12 +365,11 @@ def _extras_path() -> str | None:
                 "--target",
                 str(EXTRAS),
                 "uvloop",
-                "httptools",
             ],
             check=False,
             capture_output=True,
         )
-    return str(EXTRAS) if (EXTRAS / "uvloop").exists() and (EXTRAS / "httptools").exists() else None
+    return str(EXTRAS) if (EXTRAS / "uvloop").exists() else None
 
 
 def _load_case(
@@ -461,29 +461,28 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
 
-        extras = _extras_path() if "uvloop_httptools" in cfg["variants"] else None
+        extras = _extras_path() if "uvloop" in cfg["variants"] else None
         salt = 0x300
         for variant in cfg["variants"]:
             if variant == "log_warning":
                 env, label = {"LOGHOST_LOG_LEVEL": "WARNING"}, "LOGHOST_LOG_LEVEL=WARNING"
+            elif variant == "h11_parser":
+                env, label = {"LOGHOST_HTTP_PARSER": "h11"}, "LOGHOST_HTTP_PARSER=h11"
             else:
                 if extras is None:
                     data["variants"].append(
-                        {
-                            "variant": variant,
-                            "skipped": "pip install --target uvloop httptools failed",
-                        }
+                        {"variant": variant, "skipped": "pip install --target uvloop failed"}
                     )
                     continue
                 pp = os.pathsep.join(x for x in (extras, os.environ.get("PYTHONPATH")) if x)
-                env, label = {"PYTHONPATH": pp}, "uvloop + httptools importable"
+                env, label = {"PYTHONPATH": pp}, "uvloop importable"
             for logs, records in cfg["variant_cases"]:
                 pair: dict[str, Any] = {}
                 for which, e in (("default", {}), ("variant", env)):
                     salt += 1
                     with loadgen.ServerProcess("host", work / f"v{salt}", env=e) as srv:
                         pair[which] = _load_case(srv, logs, records, conns, warm, dur, work, salt)
-                        if which == "variant" and variant == "uvloop_httptools":
+                        if which == "variant" and variant == "uvloop":
                             pair["variant_log_tail"] = _loop_line(srv.log_path)
                 r = pair["variant"]["requests_per_s"] / pair["default"]["requests_per_s"]
                 data["variants"].append(
