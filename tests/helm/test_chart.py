@@ -446,6 +446,24 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                                 "interval": _DURATION,
                                 "scrapeTimeout": _DURATION,
                                 "honorLabels": {"type": "boolean"},
+                                "authorization": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["credentials"],
+                                    "properties": {
+                                        "type": {"type": "string"},
+                                        "credentials": {
+                                            "type": "object",
+                                            "additionalProperties": False,
+                                            "required": ["name", "key"],
+                                            "properties": {
+                                                "name": {"type": "string"},
+                                                "key": {"type": "string"},
+                                                "optional": {"type": "boolean"},
+                                            },
+                                        },
+                                    },
+                                },
                             },
                         },
                     },
@@ -1457,6 +1475,24 @@ def test_service_monitors_select_one_target_per_pod(chart, kind):
         p["name"] for p in matched[0]["spec"]["ports"]
     }
     assert host_sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    # The per-tenant metrics, with the service key from the Secret the compactors read it from.
+    tenants = host_sm["spec"]["endpoints"][1]
+    assert (tenants["path"], tenants["port"]) == ("/metrics/tenants", "http")
+    assert tenants["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "loghost-api-keys", "key": "COMPACTOR_API_KEY"},
+    }
+    off = render(
+        chart,
+        merge(
+            MONITORED_AUTOSCALED,
+            WORKLOADS[kind],
+            {"metrics": {"serviceMonitor": {"tenantMetrics": False}}},
+        ),
+    )
+    assert [e["path"] for e in off.get("ServiceMonitor", "loghost")["spec"]["endpoints"]] == [
+        "/metrics"
+    ]
 
     comp_sm = r.get("ServiceMonitor", "loghost-compactor")
     matched = [
