@@ -202,8 +202,8 @@ class Settings(BaseSettings):
     fair_share: Literal["weighted", "fifo"] = Field(
         "weighted",
         description="`weighted`: share `LOGHOST_MAX_BUFFERED_BYTES` fairly across the active tenants "
-        "(by their quota `weight`) when it is near full (see [Tenant quotas](#tenant-quotas)); "
-        "`fifo`: first come, first served",
+        "(by their quota `weight`) when it is near full, and `LOGHOST_MAX_OPEN_LOGS` when it is "
+        "full (see [Tenant quotas](#tenant-quotas)); `fifo`: first come, first served",
     )
     fair_share_threshold: float = Field(
         0.8,

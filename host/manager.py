@@ -646,7 +646,7 @@ class LogManager:
             # Inside the try: a refused open (429) must not keep the claim, or other servers
             # would redirect this log here for as long as we renew it.
             await self._make_tenant_room(cid, tenant)
-            await self._make_room()
+            await self._make_room(tenant)
             if create:  # under the creation claim: a fork may be creating it (host/forks.py)
                 await create_collection_log(
                     self._store, cid, prefix, self._writer_options.writer_name, self.claims
@@ -692,10 +692,48 @@ class LogManager:
 
         return hook
 
-    async def _make_room(self) -> None:
-        """Close least-recently-used idle logs until there is room for one more."""
+    def _open_shares(self, tenant: str) -> dict[str, float]:
+        """Each tenant's fair share of the open-log cap: by quota weight among the tenants that
+        hold open logs now, and ``tenant`` (the one asking)."""
+        weights = {t: self.quotas.quota(t).weight or 1.0 for t in (*self._tenant_open, tenant)}
+        per_weight = self._settings.max_open_logs / sum(weights.values())
+        return {t: w * per_weight for t, w in weights.items()}
+
+    async def _make_room(self, tenant: str) -> None:
+        """Close least-recently-used idle logs until there is room for one more (for
+        ``tenant``).
+
+        With ``fair_share=weighted`` a full table is shared like the byte budget: room is taken
+        first from the idle logs of ``tenant`` itself and of tenants over their share of the cap
+        (by weight among the tenants holding open logs); a tenant already at its own share takes
+        it only from those, and when none is idle it is refused (429 ``fair_share``) rather than
+        closing an idle log of a tenant within its share.  So a tenant opening log after log
+        cannot push the others' logs out."""
+        fair = self._settings.fair_share == "weighted"
         while len(self._open) + len(self._opening) > self._settings.max_open_logs:
-            victim = next((h for h in self._open.values() if h.users == 0), None)
+            victim = None
+            if fair:
+                shares = self._open_shares(tenant)
+                givers = {t for t, share in shares.items() if self._tenant_open[t] > share}
+                givers.add(tenant)
+                # Least recently used first; stops at the first fit.
+                victim = next(
+                    (h for h in self._open.values() if h.users == 0 and h.tenant in givers), None
+                )
+                at_share = self._tenant_open[tenant] >= shares[tenant]
+                if (
+                    victim is None and at_share and any(h.users == 0 for h in self._open.values())
+                ):  # only others' idle logs (within their shares) could give way
+                    self._metrics.backpressure.labels("fair_share").inc()
+                    raise BackpressureError(
+                        f"tenant {tenant} holds {self._tenant_open[tenant]} of the "
+                        f"{self._settings.max_open_logs} open logs, its fair share, and none "
+                        "of those that could give way is idle",
+                        "fair_share",
+                        1,
+                    )
+            if victim is None:
+                victim = next((h for h in self._open.values() if h.users == 0), None)
             if victim is None:
                 self._metrics.backpressure.labels("contention").inc()
                 raise BackpressureError(
