@@ -120,7 +120,8 @@ class _Guard:
     send_timeout_s: float = 60.0
     table: ConnectionTable
 
-    # What uvicorn's protocols provide.
+    # What uvicorn's protocols provide.  mypy cannot see that ``super()`` of a mixin is the
+    # protocol, so each ``super().x()`` below carries ``type: ignore[misc]``.
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     app: Any
