@@ -164,6 +164,12 @@ class LeaderHint(ABC):
         """The advertise URL of the server that took a log over from us, if known."""
         return None
 
+    async def recheck(self, collection_id: str) -> bool | None:
+        """Another writer just appended to a log this server writes (a ``LogContention``):
+        whether this server should still write it (True: retry here), another one should now
+        (False: ``lost_to`` names it), or the hint cannot tell (None: answer the contention)."""
+        return None
+
 
 class NullLeaderHint(LeaderHint):
     """No Redis configured: every server may serve every log."""
@@ -225,6 +231,13 @@ class RendezvousLeaderHint(LeaderHint):
     def lost_to(self, collection_id: str) -> str | None:
         """The owner's advertise URL when it is another host."""
         return self._other(collection_id)
+
+    async def recheck(self, collection_id: str) -> bool | None:
+        """A contention means two hosts' views differed (one joined or left within a refresh):
+        refresh ours now; the owner in it writes the log (the other host redirects to it by its
+        own next refresh, or when its next append meets this contention too)."""
+        await self._m.refresh_now()
+        return self._other(collection_id) is None
 
 
 class RedisLeaderHint(LeaderHint):

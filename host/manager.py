@@ -803,6 +803,23 @@ class LogManager:
                 break
             del self._authored[victim]
 
+    async def contended(self, h: LogHandle) -> bool:
+        """Another writer appended to ``h``'s log under a request: True when the request should
+        be retried here (this server still writes the log); NotLeader (307) when another server
+        writes it now; False when the hint cannot tell (the 409 stands)."""
+        cid = str(h.collection_id)
+        verdict = await self._leader.recheck(cid)
+        if verdict is None:
+            return False
+        if verdict:
+            return True
+        target = self._leader.lost_to(cid)
+        await self.lost_leadership(cid)
+        if target is None:
+            return False
+        self._metrics.redirects.inc()
+        raise NotLeader(target)
+
     async def lost_leadership(self, collection_id: str) -> None:
         """The hint says another server took this log over: stop serving it here.
 

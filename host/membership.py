@@ -184,6 +184,7 @@ class Membership:
         self._owners_view: tuple[int, str] | None = None
         self._refreshes = 0  # views taken (the owners' cache is of one view)
         self._task: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Future[None] | None = None  # see refresh_now()
         self._on_refresh: list[Callable[[], Awaitable[None]]] = []
         self._after: asyncio.Task[None] | None = None
         self.steady = False  # see refresh()
@@ -350,6 +351,13 @@ class Membership:
             # In a task of its own: an adoption may be slow, and the beat must go on meanwhile
             # (one at a time; a refresh while one runs is caught up by the next).
             self._after = asyncio.create_task(self._run_after(), name="membership:after")
+
+    async def refresh_now(self) -> None:
+        """Refresh the view at once, out of the beat's turn (a request found a log written by
+        another host: our view may be a refresh old).  Callers at the same moment share one."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self.refresh())
+        await asyncio.shield(self._refreshing)
 
     async def _run_after(self) -> None:
         for fn in list(self._on_refresh):

@@ -38,6 +38,8 @@ from .logview import log_state, stored_compaction_offset
 
 # The 429's reason (README) when a log's uncompacted backlog is over the limit (not a cursor name).
 _BACKLOG = "compaction"
+# Appends retried here after a contention while this host still writes the log (membership).
+_CONTENTION_RETRIES = 2
 
 
 def _mismatch() -> Conflict:
@@ -113,9 +115,7 @@ class RecordService:
                 try:
                     # The take-over fence is waited for below, outside use(): a waiting answer
                     # must not pin an open-log slot.
-                    result = await writer.append_many(
-                        bodies, idempotency_key=req.idempotency_key, fence=False
-                    )
+                    result = await self._append_routed(h, bodies, req.idempotency_key)
                 except Exception as e:
                     self._metrics.append_requests.labels(type(e).__name__).inc()
                     if isinstance(e, LogContention):
@@ -128,6 +128,21 @@ class RecordService:
         finally:
             self._manager.release(nbytes)
         return result, writer
+
+    async def _append_routed(
+        self, h: LogHandle, bodies: list[bytes], key: str | None
+    ) -> AppendResult:
+        """``append_many`` (the take-over fence waited for by the caller).  A contention (another
+        host appended: two hosts' views of the membership differ for a refresh) is routed again:
+        a 307 to the host that writes the log now, or a retry here when it is still this one."""
+        for attempt in range(_CONTENTION_RETRIES + 1):
+            try:
+                return await h.writer.append_many(bodies, idempotency_key=key, fence=False)
+            except LogContention:
+                if attempt == _CONTENTION_RETRIES or not await self._manager.contended(h):
+                    raise
+                self._metrics.contention.inc()  # this one is retried (the last one is answered)
+        raise AssertionError("unreachable")
 
     async def _check_same_request(
         self, h: LogHandle, result: AppendResult, bodies: list[bytes]

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -77,6 +77,7 @@ class Child:
         self.env = dict(env)
         self.log_path = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pids: list[int] = []  # every process started for it (restarts included)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,7 @@ class Child:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        self.pids.append(self.proc.pid)
 
     @property
     def pid(self) -> int | None:
@@ -154,6 +156,15 @@ class Host:
         except httpx.HTTPError:
             return False
 
+    def ready(self) -> bool:
+        """Started: joined the membership, its dirty log open (``/readyz`` answers 200 only
+        then; ``/healthz`` answers while it starts)."""
+        self.child.check_running()
+        try:
+            return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
 
 @dataclass
 class Compactor:
@@ -177,6 +188,13 @@ class Cluster:
     redis: RedisServer | None = None
     haproxy: Child | None = None
     engine: Engine = "local"
+    # What the parts are started with (kept so hosts, compactors and the front can be started
+    # again, or added, while the cluster runs).
+    host_env: dict[str, str] = field(default_factory=dict)
+    spark_master: str = "local[1]"
+    compactor_args: list[str] = field(default_factory=list)
+    haproxy_bin: str = "haproxy"
+    timeout_s: float = 60.0
 
     @property
     def front_url(self) -> str:
@@ -205,6 +223,139 @@ class Cluster:
         h = self.host(which)
         h.child.stop(timeout_s)
         return h
+
+    def restart(self, which: Host | str | int) -> Host:
+        """Start a stopped (or killed) host again: same server id, port and store; returns once
+        it has joined the membership (``/readyz`` answers 200)."""
+        h = self.host(which)
+        if h.running():
+            raise RuntimeError(f"host {h.server_id} is still running")
+        h.child.start()
+        h.killed = False
+        wait_until_sync(h.ready, f"log host {h.server_id} to be ready", self.timeout_s, 0.05)
+        return h
+
+    def add_hosts(self, n: int) -> list[Host]:
+        """Scale out: start ``n`` new hosts (``host-<next>``), wait until they are ready, put them
+        behind the front (HAProxy reloads its configuration, connections in flight finish) and
+        restart the compactors one at a time with the new host list (as the chart re-renders
+        ``COMPACTOR_HOSTS``).  Returns the new hosts."""
+        first = max((int(h.server_id.rsplit("-", 1)[1]) for h in self.hosts), default=-1) + 1
+        new = [self._spawn_host(f"host-{first + i}") for i in range(n)]
+        for h in new:
+            wait_until_sync(h.ready, f"log host {h.server_id} to be ready", self.timeout_s, 0.05)
+        self.reload_front()
+        self.restart_compactors()
+        return new
+
+    def reload_front(self) -> None:
+        """Rewrite HAProxy's configuration for the current hosts and reload it gracefully
+        (master-worker SIGUSR2: a new worker takes new connections, the old one finishes its
+        requests); returns once every host's ``/healthz`` has answered through the front."""
+        assert self.haproxy is not None and self.haproxy.proc is not None
+        self._write_front_config()
+        self.haproxy.proc.send_signal(signal.SIGUSR2)
+        want = {h.server_id for h in self.hosts if h.running()}
+        seen: set[str] = set()
+
+        def all_seen() -> bool:
+            assert self.haproxy is not None
+            self.haproxy.check_running()
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = httpx.get(self.front_url + "/healthz", timeout=1)
+                if r.status_code == 200:
+                    seen.add(str(r.json().get("server_id")))
+            return want <= seen
+
+        wait_until_sync(all_seen, f"the front to reach every host of {sorted(want)}", 30, 0.02)
+
+    def restart_compactors(self) -> None:
+        """Restart every compactor, one at a time, with the current host list."""
+        for c in self.compactors:
+            c.child.stop(30)
+            c.child.cmd = self._compactor_cmd(c.member_id)
+            c.child.start()
+
+    def kill_redis(self) -> None:
+        """SIGKILL redis-server: every leader hint is gone with it."""
+        assert self.redis is not None
+        self.redis.stop()
+
+    def start_redis(self) -> None:
+        """Start redis-server again on its port, empty; returns once it answers PING."""
+        assert self.redis is not None
+        self.redis.start()
+
+    def all_pids(self) -> list[int | None]:
+        """Every process the cluster started (restarts included) and the current redis-server."""
+        children = [h.child for h in self.hosts] + [c.child for c in self.compactors]
+        children += [self.haproxy] if self.haproxy is not None else []
+        return [
+            *(pid for ch in children for pid in ch.pids),
+            self.redis.proc.pid if self.redis is not None and self.redis.proc else None,
+        ]
+
+    # --------------------------------------------------------------------------- starting
+
+    def _spawn_host(self, sid: str) -> Host:
+        env = _base_env()
+        env.update(
+            {
+                "LOGHOST_API_KEYS": f"{self.service_key}=*,{self.tenant_key}={TENANT}",
+                "LOGHOST_LOG_LEVEL": "WARNING",
+                **({"LOGHOST_REDIS_URL": self.redis.url} if self.redis else {}),
+                **self.host_env,
+            }
+        )
+        loghost = [str(BIN / "loghost")] if (BIN / "loghost").exists() else None
+        port = free_port()
+        cmd = [
+            *(
+                loghost
+                or [
+                    sys.executable,
+                    "-c",
+                    "import sys; from host.cli import main; sys.exit(main(sys.argv[1:]))",
+                ]
+            ),
+            "serve",
+            "--store",
+            self.store,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--server-id",
+            sid,
+        ]
+        h = Host(sid, port, Child(sid, cmd, env, self.workdir / "logs" / f"{sid}.log"))
+        self.hosts.append(h)
+        h.child.start()
+        return h
+
+    def _write_front_config(self) -> Path:
+        cfg = self.workdir / "haproxy.cfg"
+        cfg.write_text(haproxy_config(self.front_port, self.hosts))
+        return cfg
+
+    def _compactor_cmd(self, member_id: str) -> list[str]:
+        members = [c.member_id for c in self.compactors]
+        cmd = [str(BIN / "compactor"), "run"]
+        cmd += (
+            ["--spark-master", self.spark_master]
+            if self.engine == "spark"
+            else ["--engine", "local"]
+        )
+        return [
+            *cmd,
+            "--hosts",
+            ",".join(self.host_urls),
+            "--store",
+            self.store,
+            "--member-id",
+            member_id,
+            "--members",
+            ",".join(members),
+            *self.compactor_args,
+        ]
 
     def describe(self) -> str:
         """Where everything is, one line each."""
@@ -250,6 +401,8 @@ def haproxy_config(front_port: int, hosts: Sequence[Host]) -> str:
     servers = "\n".join(f"    server {h.server_id} 127.0.0.1:{h.port} check" for h in hosts)
     return f"""global
     maxconn 4096
+    # A reload's old worker finishes its requests, then exits (keep-alive clients move over).
+    hard-stop-after 30s
 
 defaults
     mode http
@@ -325,53 +478,31 @@ def start(
         front_port=free_port(),
         hosts=[],
         engine=engine,
+        host_env=dict(host_env or {}),
+        spark_master=spark_master,
+        compactor_args=list(compactor_args),
+        haproxy_bin=haproxy_bin,
+        timeout_s=timeout_s,
     )
     try:
         if redis:
             cluster.redis = RedisServer(workdir / "redis")
             cluster.redis.start()
 
-        env = _base_env()
-        env.update(
-            {
-                "LOGHOST_API_KEYS": f"{service_key}=*,{tenant_key}={TENANT}",
-                "LOGHOST_LOG_LEVEL": "WARNING",
-                **({"LOGHOST_REDIS_URL": cluster.redis.url} if cluster.redis else {}),
-                **(host_env or {}),
-            }
-        )
-        loghost = [str(BIN / "loghost")] if (BIN / "loghost").exists() else None
         for i in range(n_hosts):
-            sid, port = f"host-{i}", free_port()
-            cmd = [
-                *(
-                    loghost
-                    or [
-                        sys.executable,
-                        "-c",
-                        "import sys; from host.cli import main; sys.exit(main(sys.argv[1:]))",
-                    ]
-                ),
-                "serve",
-                "--store",
-                store,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--server-id",
-                sid,
-            ]
-            h = Host(sid, port, Child(sid, cmd, env, logs / f"{sid}.log"))
-            cluster.hosts.append(h)
-            h.child.start()
+            cluster._spawn_host(f"host-{i}")
         for h in cluster.hosts:
             wait_until_sync(
                 h.healthy, f"log host {h.server_id} to answer /healthz", timeout_s, 0.05
             )
 
-        cfg = workdir / "haproxy.cfg"
-        cfg.write_text(haproxy_config(cluster.front_port, cluster.hosts))
+        cfg = cluster._write_front_config()
+        # Master-worker (-W) in the foreground (-db): SIGUSR2 reloads the configuration.
         cluster.haproxy = Child(
-            "haproxy", [haproxy_bin, "-db", "-f", str(cfg)], _base_env(), logs / "haproxy.log"
+            "haproxy",
+            [haproxy_bin, "-W", "-db", "-f", str(cfg)],
+            _base_env(),
+            logs / "haproxy.log",
         )
         cluster.haproxy.start()
 
@@ -386,30 +517,31 @@ def start(
 
         wait_until_sync(front_up, "haproxy to answer on the front address", timeout_s, 0.05)
 
-        members = [f"compactor-{j}" for j in range(n_compactors)]
         cenv = _base_env()
         cenv["COMPACTOR_API_KEY"] = service_key
-        for mid in members:
-            cmd = [str(BIN / "compactor"), "run"]
-            cmd += ["--spark-master", spark_master] if engine == "spark" else ["--engine", "local"]
-            cmd += [
-                "--hosts",
-                ",".join(cluster.host_urls),
-                "--store",
-                store,
-                "--member-id",
-                mid,
-                "--members",
-                ",".join(members),
-                *compactor_args,
-            ]
-            c = Compactor(mid, Child(mid, cmd, cenv, logs / f"{mid}.log"))
-            cluster.compactors.append(c)
+        members = [f"compactor-{j}" for j in range(n_compactors)]
+        cluster.compactors = [
+            Compactor(mid, Child(mid, [], cenv, logs / f"{mid}.log")) for mid in members
+        ]
+        for c in cluster.compactors:
+            c.child.cmd = cluster._compactor_cmd(c.member_id)
             c.child.start()
         return cluster
     except BaseException:
         cluster.close()
         raise
+
+
+@contextlib.contextmanager
+def closed_after(cluster: Cluster) -> Iterator[Cluster]:
+    """Yield the cluster, then close it and assert that no process it started outlived that."""
+    try:
+        yield cluster
+    finally:
+        pids = cluster.all_pids()  # the current redis-server's too, gone from the list once closed
+        cluster.close()
+        left = process_tree_alive([*pids, *cluster.all_pids()])
+        assert left == [], f"cluster processes outlived close(): {left}"
 
 
 def process_tree_alive(pids: Sequence[int | None]) -> list[int]:
@@ -433,6 +565,7 @@ __all__ = [
     "Compactor",
     "Engine",
     "Host",
+    "closed_after",
     "ensure_package",
     "haproxy_config",
     "process_tree_alive",
