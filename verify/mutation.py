@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "mutation"
 DOC = ROOT / "docs" / "RELIABILITY.md"
 BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
-PACKAGES = ["host/", "dirtylog/", "compactor_client/", "verify/"]
+PACKAGES = ["wal3/", "host/", "dirtylog/", "compactor_client/", "verify/"]
 
 # The fast dirty-log test files every roll-up module's subset starts from (each module adds its
 # contract file).
@@ -155,8 +155,11 @@ def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
             text=True,
             start_new_session=True,
         )
-        if run.returncode not in (0, 1):  # mutmut exits non-zero when mutants survive
-            raise RuntimeError(f"mutmut failed on {module}: {run.stderr[-2000:]}")
+        # mutmut exits 1 when mutants survive, and also when it could not start (the tests
+        # failing unmutated, say): then it leaves no mutants/ directory, and says why.
+        if run.returncode not in (0, 1) or not (work / "mutants").is_dir():
+            said = (run.stdout + run.stderr)[-3000:]
+            raise RuntimeError(f"mutmut failed on {module} (exit {run.returncode}): {said}")
         subprocess.run([mutmut, "export-cicd-stats"], cwd=work, check=True, capture_output=True)
         stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
         for key in ("killed", "timeout", "survived", "no_tests", "suspicious", "skipped", "total"):
