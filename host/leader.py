@@ -263,8 +263,12 @@ class RedisLeaderHint(LeaderHint):
         key_prefix: str = "loghost:leader:",
         on_failure: OnFailure | None = None,
         on_lost: OnLost | None = None,
+        membership: Membership | None = None,
     ) -> None:
-        """Build the client now (a malformed URL fails at startup); connect lazily."""
+        """Build the client now (a malformed URL fails at startup); connect lazily.
+
+        ``membership``: while Redis does not answer, a log is served by its rendezvous owner
+        among the live hosts (as without Redis) instead of by every host asked (fail open)."""
         from redis.asyncio import Redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -286,6 +290,7 @@ class RedisLeaderHint(LeaderHint):
         self.key_prefix = key_prefix
         self.on_failure = on_failure
         self.on_lost = on_lost
+        self._membership = membership
         self.incarnation = secrets.token_hex(8)
         self.value = encode_holder(server_id, advertise_url, self.incarnation)
 
@@ -345,12 +350,46 @@ class RedisLeaderHint(LeaderHint):
         return tenure
 
     def holds(self, collection_id: str) -> bool:
-        """See :meth:`LeaderHint.holds`."""
-        return collection_id in self._held
+        """See :meth:`LeaderHint.holds` (while Redis is down, only the logs we own by membership,
+        when routing by membership)."""
+        if collection_id not in self._held:
+            return False
+        return self._healthy or self._fallback_owner(collection_id) is None
 
     def lost_to(self, collection_id: str) -> str | None:
         """See :meth:`LeaderHint.lost_to`."""
-        return self._lost_to.get(collection_id)
+        got = self._lost_to.get(collection_id)
+        if got is None and not self._healthy:
+            return self._fallback_owner(collection_id)
+        return got
+
+    def _fallback_owner(self, collection_id: str) -> str | None:
+        """Without an answer from Redis: the URL of the log's rendezvous owner among the live
+        hosts when that is another host; None when it is us (or no membership routing)."""
+        if self._membership is None:
+            return None
+        owner = self._membership.owner(collection_id)
+        if owner is None or owner.server_id == self._membership.server_id:
+            return None
+        return owner.url
+
+    def _unanswered(self, collection_id: str, generation: int) -> str | None:
+        """A claim Redis did not answer: fail open, unless membership names another owner."""
+        other = self._fallback_owner(collection_id)
+        if other is not None and self._held.get(collection_id) == generation:
+            del self._held[collection_id]
+        return other
+
+    async def recheck(self, collection_id: str) -> bool | None:
+        """See :meth:`LeaderHint.recheck`: claim the log again (Redis, or membership while
+        Redis does not answer); a holder elsewhere is where it goes now."""
+        holder = await self.claim(collection_id)
+        if holder is not None:
+            self._lost_to[collection_id] = holder
+            return False
+        if not self._healthy and self._membership is None:
+            return None  # failed open: nothing tells who should write it
+        return True
 
     def _confirm(self, collection_id: str, *, fresh: bool, at: float) -> None:
         """Redis just said we hold the key; ``fresh`` when continuity is not established."""
@@ -409,7 +448,7 @@ class RedisLeaderHint(LeaderHint):
         self._held[collection_id] = generation = self._generation
         if self._breaker_open():
             self.skipped += 1
-            return None
+            return self._unanswered(collection_id, generation)
         asked = time.monotonic()
         ok, holder = await self._call(
             self._claim_script(
@@ -418,7 +457,7 @@ class RedisLeaderHint(LeaderHint):
             with_result=True,
         )
         if not ok:
-            return None
+            return self._unanswered(collection_id, generation)
         if holder is None:
             if self._held.get(collection_id) == generation:
                 # A claim continues a tenure only if one is running (we never let go).

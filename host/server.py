@@ -90,6 +90,7 @@ class Server:
                 ttl_ms=settings.leader_ttl_ms,
                 on_failure=self._hint_failed,
                 on_lost=self._hint_lost,
+                membership=self.membership if settings.routing == "membership" else None,
             )
         elif settings.routing == "membership":
             self.leader = RendezvousLeaderHint(self.membership)
