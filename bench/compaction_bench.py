@@ -27,12 +27,13 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,9 +44,19 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
+from compactor_client.cli import DRIVER_FOLD_BELOW  # noqa: E402
 from compactor_client.executor import CollectionStats, FoldTask, FragmentTask, RunRef  # noqa: E402
-from compactor_client.pipeline import run_compaction_job, run_locally  # noqa: E402
-from compactor_client.sparkutil import build_session, ship_package  # noqa: E402
+from compactor_client.pipeline import (  # noqa: E402
+    Plan,
+    choose_plan,
+    run_compaction_job,
+    run_locally,
+)
+from compactor_client.sparkutil import (  # noqa: E402
+    build_session,
+    default_parallelism,
+    ship_package,
+)
 
 SPARK_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
@@ -150,6 +161,9 @@ def check(stats: list[CollectionStats]) -> None:
 # ---------------------------------------------------------------------------- measurements
 
 
+REPEATS = 3  # alternating repetitions per k; each figure is the median
+
+
 def throughput(
     spark: Any, root: Path, ks: list[int], records: int, dim: int
 ) -> list[dict[str, Any]]:
@@ -158,27 +172,50 @@ def throughput(
     frags = {
         cid: write_fragments(root, cid, make_records(rng, records, 1000, dim), 1000) for cid in cids
     }
-    # Warm-ups, so neither side is charged for first-time costs (JVM and workers; imports).
-    check(run_compaction_job(spark, *tasks_for(root, cids[:1], frags, "warmup")))
+    parallelism = default_parallelism(spark)
+    below = DRIVER_FOLD_BELOW  # the compactor's default
+    # Warm-ups, so no side is charged for first-time costs (JVM and workers; imports).
+    for plan in ("one-stage", "two-stage"):
+        check(run_compaction_job(spark, *tasks_for(root, cids[:1], frags, f"w-{plan}"), plan=plan))
     check(run_locally(*tasks_for(root, cids[:1], frags, "warmup-local")))
     out = []
     for k in ks:
-        t0 = time.perf_counter()
-        check(run_compaction_job(spark, *tasks_for(root, cids[:k], frags, f"spark-{k}")))
-        spark_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        check(run_locally(*tasks_for(root, cids[:k], frags, f"local-{k}")))
-        local_s = time.perf_counter() - t0
         n = k * records
+        plan = choose_plan(k, sum(len(frags[c]) for c in cids[:k]), parallelism)
+        sides: dict[Plan | Literal["local"], list[float]] = {
+            "auto": [],
+            "two-stage": [],
+            "local": [],
+        }
+        for rep in range(REPEATS):  # alternating, so the machine's drift hits every side alike
+            for side in sides:
+                tasks = tasks_for(root, cids[:k], frags, f"{side}-{k}-{rep}")
+                t0 = time.perf_counter()
+                if side == "local":
+                    check(run_locally(*tasks))
+                else:
+                    check(
+                        run_compaction_job(spark, *tasks, plan="auto" if side == "auto" else side)
+                    )
+                sides[side].append(time.perf_counter() - t0)
+        spark_s, two_s, local_s = (statistics.median(v) for v in sides.values())
+        # What a compactor round of these records runs: the driver fold below the threshold.
+        round_s = local_s if n < below else spark_s
         out.append(
             {
                 "collections": k,
                 "records": n,
+                "plan": plan,
                 "spark_seconds": round(spark_s, 3),
                 "spark_records_per_s": round(n / spark_s),
+                "two_stage_seconds": round(two_s, 3),
+                "two_stage_over_pyarrow": round(local_s / two_s, 3),
                 "pyarrow_seconds": round(local_s, 3),
                 "pyarrow_records_per_s": round(n / local_s),
                 "spark_over_pyarrow": round(local_s / spark_s, 3),
+                "round_folds_in": "driver" if n < below else f"Spark ({plan})",
+                "round_over_pyarrow": round(local_s / round_s, 3),
+                "repeats": REPEATS,
             }
         )
     return out
@@ -414,14 +451,24 @@ def render(data: dict[str, Any]) -> str:
     """The results as Markdown tables."""
     lines = [
         f"Spark master `{data['master']}`; throughput: {data['records_per_collection']:,} "
-        "records per collection, from scratch, one job per k (after a warm-up job):",
+        "records per collection, from scratch, one job per k (after warm-up jobs); each figure "
+        f"the median of {data['results'][0].get('repeats', 1)} alternating repetitions.  Spark: "
+        "the job's `auto` plan; two-stage: the shuffle plan, for comparison; a compactor round: "
+        "what `compactor run` does with these records (below `--driver-fold-below`, 10,000 by "
+        "default, it folds in the driver):",
         "",
-        "| collections per job | records | Spark rec/s | pyarrow fold rec/s | Spark / pyarrow |",
-        "| ------------------: | ------: | ----------: | -----------------: | --------------: |",
+        "| collections per job | records | Spark plan | Spark rec/s | pyarrow fold rec/s | "
+        "Spark / pyarrow | two-stage / pyarrow | a compactor round folds in | round / pyarrow |",
+        "| ------------------: | ------: | :--------- | ----------: | -----------------: | "
+        "--------------: | ------------------: | :------------------------- | --------------: |",
     ]
     lines.extend(
-        f"| {r['collections']} | {r['records']:,} | {r['spark_records_per_s']:,} | "
-        f"{r['pyarrow_records_per_s']:,} | {r['spark_over_pyarrow']:.2f} |"
+        f"| {r['collections']} | {r['records']:,} | {r.get('plan', 'two-stage')} | "
+        f"{r['spark_records_per_s']:,} | {r['pyarrow_records_per_s']:,} | "
+        f"{r['spark_over_pyarrow']:.2f} | "
+        f"{r.get('two_stage_over_pyarrow', '-')} | "
+        f"{r.get('round_folds_in', 'Spark')} | "
+        f"{r.get('round_over_pyarrow', r['spark_over_pyarrow']):.2f} |"
         for r in data["results"]
     )
     inc = data.get("incremental")

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import CompactorError, Forbidden, LogHostUnavailable, Unauthorized
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .client import LogHostClient
     from .membership import Liveness
     from .metrics import CompactorMetrics
-    from .pipeline import CompactionPipeline, RoundResult
+    from .pipeline import CompactionPipeline, Plan, RoundResult
     from .scheduler import DirtySource, Scheduler
 
 log = logging.getLogger("compactor")
@@ -68,6 +68,12 @@ class CliFailure(CompactorError):
         self.message = message
 
 
+# A Spark job's fixed cost (scheduling, Python workers, Arrow hand-offs) is about what folding
+# 10,000 records in one process takes (docs/PERFORMANCE.md, Compaction): smaller rounds fold in
+# the driver.
+DRIVER_FOLD_BELOW = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything ``compactor run`` is configured with."""
@@ -87,6 +93,10 @@ class Settings:
     # process with pyarrow (no JVM: small deployments, and the cluster-in-a-box tests).
     engine: str = "spark"
     level_ratio: float = 10.0
+    # Rounds of fewer records fold in this process, not as a Spark job (whose fixed cost is
+    # more than folding them); 0: every round on Spark.
+    driver_fold_below: int = DRIVER_FOLD_BELOW
+    spark_plan: str = "auto"  # the Spark job's plan: auto, one-stage or two-stage
     min_records: int = 1
     interval_s: float = 30.0
     budget_records: int = 10_000_000
@@ -184,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("driver", "executor"),
         help="how executors sign S3 requests: with the credentials the driver resolved, or "
         "with their own AWS chain [COMPACTOR_S3_CREDENTIALS; driver]",
+    )
+    run.add_argument(
+        "--driver-fold-below",
+        help="rounds of fewer records fold in this process instead of a Spark job; 0: always "
+        "Spark [COMPACTOR_DRIVER_FOLD_BELOW; 10000]",
+    )
+    run.add_argument(
+        "--spark-plan",
+        choices=("auto", "one-stage", "two-stage"),
+        help="the Spark job's plan: one stage per collection share, or fragments read in "
+        "parallel then shuffled by collection [COMPACTOR_SPARK_PLAN; auto]",
     )
     run.add_argument(
         "--level-ratio",
@@ -327,6 +348,19 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     )
     if level_ratio < 2:
         raise SettingsError("level-ratio must be at least 2")
+    driver_fold_below = int(
+        _num(
+            "driver-fold-below",
+            pick(getattr(args, "driver_fold_below", None), "COMPACTOR_DRIVER_FOLD_BELOW"),
+            int,
+            DRIVER_FOLD_BELOW,
+        )
+    )
+    if driver_fold_below < 0:
+        raise SettingsError("driver-fold-below must be at least 0")
+    spark_plan = pick(getattr(args, "spark_plan", None), "COMPACTOR_SPARK_PLAN") or "auto"
+    if spark_plan not in ("auto", "one-stage", "two-stage"):
+        raise SettingsError(f"spark-plan must be auto, one-stage or two-stage, not {spark_plan!r}")
     if keep_versions < 1:
         raise SettingsError("keep-versions must be at least 1 (the current version)")
     return Settings(
@@ -341,6 +375,8 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         s3_credentials=s3_credentials,
         engine=engine,
         level_ratio=level_ratio,
+        driver_fold_below=driver_fold_below,
+        spark_plan=spark_plan,
         min_records=int(_num("min-records", min_records, int, 1)),
         interval_s=float(_num("interval-s", interval_s, float, 30.0)),
         budget_records=int(_num("budget-records", budget, int, 10_000_000)),
@@ -452,6 +488,8 @@ async def run(
             prune_grace_s=settings.prune_grace_s,
             ratio=settings.level_ratio,
             ship_credentials=settings.s3_credentials == "driver",
+            driver_fold_below=settings.driver_fold_below,
+            plan=cast("Plan", settings.spark_plan),
         )
         _touch(settings.heartbeat_file)
         while True:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +140,12 @@ class FoldTask:
     @classmethod
     def from_json(cls, text: str) -> FoldTask:
         """A task back from its marker row."""
-        d = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FoldTask:
+        """A task back from its JSON object."""
+        d = dict(d)
         d["base"] = tuple(RunRef(**r) for r in d["base"])
         d["outputs"] = tuple((u, k) for u, k in d["outputs"])
         return cls(**d)
@@ -452,6 +457,33 @@ def fold_group(table: pa.Table, s3: S3Options | None = None) -> pa.Table:
     return pa.Table.from_pylist([stats.to_row()], schema=STATS_SCHEMA)
 
 
+def group_task_json(task: FoldTask, fragments: Sequence[FragmentTask]) -> str:
+    """One collection's whole job (its fold task and its fragments) as a row of the one-stage
+    plan carries it."""
+    return json.dumps(
+        {
+            "fold": json.loads(task.to_json()),
+            "fragments": [dataclasses.asdict(f) for f in fragments],
+        },
+        separators=(",", ":"),
+    )
+
+
+def fold_groups(
+    batches: Iterable[pa.RecordBatch], s3: S3Options | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The one-stage plan (``mapInArrow``): rows of JSON lists of collection jobs in, one
+    statistics row per collection out.  Each collection is read and folded in this task, by the
+    same functions as the two-stage plan, so nothing crosses a shuffle at all."""
+    for batch in batches:
+        for text in batch.column("task").to_pylist():
+            out = []
+            for doc in json.loads(str(text)):  # a JSON array of group_task_json objects
+                frags = [FragmentTask(**f) for f in doc["fragments"]]
+                out.append(fold_locally(FoldTask.from_dict(doc["fold"]), frags, s3).to_row())
+            yield from pa.Table.from_pylist(out, schema=STATS_SCHEMA).to_batches()
+
+
 def stage_functions(
     s3: S3Options | None,
 ) -> tuple[
@@ -468,6 +500,17 @@ def stage_functions(
         return fold_group(table, s3)
 
     return read, fold
+
+
+def group_function(
+    s3: S3Options | None,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The one-stage plan's function with ``s3`` in its closure (as :func:`stage_functions`)."""
+
+    def read_and_fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return fold_groups(batches, s3)
+
+    return read_and_fold
 
 
 def fold_locally(

@@ -53,6 +53,8 @@ from .executor import (
     fold_locally,
     fold_task_json,
     fragment_task_json,
+    group_function,
+    group_task_json,
     stage_functions,
 )
 from .integrity import UnverifiableFragmentError
@@ -130,6 +132,9 @@ class RoundResult:
     seconds: float
     spark_seconds: float = 0.0
     failed_hosts: dict[str, str] = field(default_factory=dict)
+    # Where the round folded: "driver" (no Spark job), "one-stage" or "two-stage" (the Spark
+    # job's plan), or "" when nothing was folded.
+    fold: str = ""
 
     def count(self, status: Status) -> int:
         """How many collections ended with ``status``."""
@@ -216,6 +221,24 @@ def check_coverage(fragments: Sequence[FragmentInfo], start: int) -> tuple[list[
     return frags, frags[-1].limit
 
 
+Plan = Literal["auto", "one-stage", "two-stage"]
+PLANS: tuple[Plan, ...] = ("auto", "one-stage", "two-stage")
+# Below this many fragments per task slot, reading a round's fragments in parallel (the
+# two-stage plan) is not worth a shuffle.
+FRAGMENTS_PER_SLOT = 4
+
+
+def choose_plan(collections: int, fragments: int, parallelism: int) -> Plan:
+    """The plan ``auto`` picks.  One stage (each collection read and folded in one task, no
+    shuffle) whenever there are at least as many collections as task slots, or too few fragments
+    to be worth spreading: every slot then has whole collections to fold.  Two stages (fragments
+    read in parallel, then shuffled by collection) when a few collections hold many fragments,
+    e.g. one large collection compacted from scratch: its reads are spread over every slot."""
+    if collections >= parallelism or fragments <= parallelism * FRAGMENTS_PER_SLOT:
+        return "one-stage"
+    return "two-stage"
+
+
 def run_compaction_job(
     spark: SparkSession,
     fold_tasks: Sequence[FoldTask],
@@ -223,16 +246,29 @@ def run_compaction_job(
     s3: S3Options | None = None,
     *,
     partitions: int | None = None,
+    plan: Plan = "auto",
 ) -> list[CollectionStats]:
     """One Spark job folding many collections; returns one stats entry per fold task.
 
-    DataFrame API only (so it runs on Spark Connect too): a DataFrame of task rows, read by
-    ``mapInArrow``, partitioned by collection, folded by ``groupBy(...).applyInArrow``.  Every
-    row crossing the shuffle is an Arrow/Spark row of typed columns, never a Python object.
+    DataFrame API only (so it runs on Spark Connect too).  Two plans (:func:`choose_plan`), both
+    folding with the same executor functions:
+
+    * one stage: one task row per slot, each a balanced share of whole collections (their fold
+      tasks and fragments), read and folded by ``mapInArrow``; only task rows and statistics
+      cross between the JVM and Python, nothing is shuffled;
+    * two stages: task rows read by ``mapInArrow``, partitioned by collection, folded by
+      ``groupBy(...).applyInArrow``; every row crossing the shuffle is an Arrow/Spark row of
+      typed columns, never a Python object.
     """
     if not fold_tasks:
         return []
     parallelism = default_parallelism(spark)
+    if plan == "auto":
+        plan = choose_plan(len(fold_tasks), len(fragment_tasks), parallelism)
+    if plan == "one-stage":
+        return _one_stage_job(spark, fold_tasks, fragment_tasks, s3, parallelism, partitions)
+    if plan != "two-stage":
+        raise ValueError(f"plan must be one of {', '.join(PLANS)}, not {plan!r}")
     rows = [(t.cidx, fold_task_json(t)) for t in fold_tasks]
     rows += [(t.cidx, fragment_task_json(t)) for t in fragment_tasks]
     read_parts = max(1, min(len(rows), parallelism * 2))
@@ -248,6 +284,34 @@ def run_compaction_job(
     records = tasks.mapInArrow(read, READ_DDL)
     # Every row of a collection in one partition; one applyInArrow call per collection.
     stats = records.repartition(fold_parts, "cidx").groupBy("cidx").applyInArrow(fold, STATS_DDL)
+    return [CollectionStats.from_row(r) for r in stats.collect()]
+
+
+def _one_stage_job(
+    spark: SparkSession,
+    fold_tasks: Sequence[FoldTask],
+    fragment_tasks: Sequence[FragmentTask],
+    s3: S3Options | None,
+    parallelism: int,
+    partitions: int | None,
+) -> list[CollectionStats]:
+    by_cidx: dict[int, list[FragmentTask]] = {}
+    for f in fragment_tasks:
+        by_cidx.setdefault(f.cidx, []).append(f)
+    # Longest first onto the least loaded share (LPT): shares of nearly equal records.
+    shares: list[list[str]] = [[] for _ in range(min(len(fold_tasks), partitions or parallelism))]
+    load = [0] * len(shares)
+    for t in sorted(fold_tasks, key=lambda t: (t.start - t.end, t.cidx)):
+        i = load.index(min(load))
+        load[i] += t.end - t.start + 1
+        shares[i].append(group_task_json(t, by_cidx.get(t.cidx, [])))
+    rows = [(i, "[" + ",".join(share) + "]") for i, share in enumerate(shares)]
+    tasks = spark.createDataFrame(rows, schema=TASK_DDL)
+    if is_connect(spark) or len(rows) > parallelism:
+        # A classic session slices a local list into defaultParallelism partitions, which is
+        # one share each; Connect keeps it as one partition.
+        tasks = tasks.repartition(len(rows))
+    stats = tasks.mapInArrow(group_function(s3), STATS_DDL)
     return [CollectionStats.from_row(r) for r in stats.collect()]
 
 
@@ -284,12 +348,22 @@ class CompactionPipeline:
         ratio: float = DEFAULT_RATIO,
         min_reward: float = DEFAULT_MIN_REWARD,
         ship_credentials: bool = True,
+        driver_fold_below: int = 0,
+        plan: Plan = "auto",
     ) -> None:
         """``s3``: where S3 is and how executors sign in; by default the driver's environment,
         its credentials included unless ``ship_credentials`` is false (executors then use
         their own AWS chain).  ``ratio`` and ``min_reward``: the level policy (``levels``).
-        ``spark`` None folds in this process instead (``run_locally``)."""
+        ``spark`` None folds in this process instead (``run_locally``).  ``driver_fold_below``:
+        a round of fewer records than this folds in this process too, with the same functions:
+        a Spark job's fixed cost (scheduling, Python workers, Arrow hand-offs; about half a
+        second here) is more than folding a few thousand records takes.  ``plan``: the Spark
+        job's plan (:func:`choose_plan`)."""
+        if plan not in PLANS:
+            raise ValueError(f"plan must be one of {', '.join(PLANS)}, not {plan!r}")
         self.spark = spark
+        self.driver_fold_below = driver_fold_below
+        self.plan: Plan = plan
         self.store = store
         self.apis = apis
         self.metrics = metrics
@@ -372,14 +446,25 @@ class CompactionPipeline:
 
     # ------------------------------------------------------------------------------- spark job
 
-    def _spark_job(self, group: str, plans: Sequence[_Plan]) -> list[CollectionStats]:
+    def fold_where(self, plans: Sequence[_Plan]) -> str:
+        """Where a round of these plans folds: "driver", or the Spark job's plan."""
+        records = sum(p.end - p.start for p in plans)
+        if self.spark is None or records < self.driver_fold_below:
+            return "driver"
+        if self.plan != "auto":
+            return self.plan
+        frags = sum(len(p.fragments) for p in plans)
+        return choose_plan(len(plans), frags, default_parallelism(self.spark))
+
+    def _spark_job(self, group: str, plans: Sequence[_Plan], where: str) -> list[CollectionStats]:
         frag_tasks = [t for p in plans for t in p.fragment_tasks()]
         fold_tasks = [p.fold_task(self.ratio, self.min_reward) for p in plans]
-        if self.spark is None:
+        if where == "driver" or self.spark is None:
             return run_locally(fold_tasks, frag_tasks, self.s3)
         # Job groups and tags are thread-local; set here, in the thread that submits the job.
         tag_jobs(self.spark, group, f"compaction of {len(plans)} collections")
-        return run_compaction_job(self.spark, fold_tasks, frag_tasks, self.s3)
+        plan: Plan = "two-stage" if where == "two-stage" else "one-stage"
+        return run_compaction_job(self.spark, fold_tasks, frag_tasks, self.s3, plan=plan)
 
     def _spark_progress(self, group: str) -> tuple[int, int]:
         if self.spark is None or is_connect(self.spark):
@@ -395,10 +480,12 @@ class CompactionPipeline:
                     done += stage.numCompletedTasks
         return done, total
 
-    async def _run_spark(self, plans: Sequence[_Plan], progress: Progress) -> list[CollectionStats]:
+    async def _run_spark(
+        self, plans: Sequence[_Plan], progress: Progress, where: str
+    ) -> list[CollectionStats]:
         group = f"compactor-{uuid.uuid4().hex[:12]}"
-        task_id = progress.add_task("spark tasks", total=None)
-        job = asyncio.ensure_future(asyncio.to_thread(self._spark_job, group, plans))
+        task_id = progress.add_task("spark tasks" if where != "driver" else "folding", total=None)
+        job = asyncio.ensure_future(asyncio.to_thread(self._spark_job, group, plans, where))
         if self.progress:
             # Refresh the display while the job runs; the job's completion ends the loop.
             while not (await asyncio.wait({job}, timeout=self.progress_interval_s))[0]:
@@ -534,10 +621,12 @@ class CompactionPipeline:
             outcomes.extend(p for p in planned if isinstance(p, CollectionOutcome))
 
             stats_by_cidx: dict[int, CollectionStats] = {}
+            where = ""
             if plans:
+                where = self.fold_where(plans)
                 t_spark = time.perf_counter()
                 try:
-                    stats = await self._run_spark(plans, progress)
+                    stats = await self._run_spark(plans, progress, where)
                     stats_by_cidx = {s.cidx: s for s in stats}
                 except Exception as e:
                     log.exception("compaction job failed")
@@ -573,6 +662,7 @@ class CompactionPipeline:
             seconds=time.perf_counter() - t0,
             spark_seconds=spark_seconds,
             failed_hosts=dict(failed_hosts or {}),
+            fold=where,
         )
         self._record(result)
         return result
@@ -583,10 +673,9 @@ class CompactionPipeline:
         m = self.metrics
         if m is None:
             return
-        m.rounds.labels(outcome="ok" if result.ok else "failed").inc()
+        m.round_done(result.ok, result.seconds)
         for _ in result.failed_hosts:
             m.failures.labels(stage="poll").inc()
-        m.round_seconds.observe(result.seconds)
         for o in result.outcomes:
             if o.status == "compacted":
                 m.collections.inc()
@@ -616,6 +705,7 @@ def summarize(result: RoundResult) -> dict[str, Any]:
         "max_levels": result.max_levels,
         "seconds": round(result.seconds, 3),
         "spark_seconds": round(result.spark_seconds, 3),
+        "fold": result.fold,
         "failed_hosts": result.failed_hosts,
         # What was compacted and what failed, by name (at most SUMMARY_NAMES of each).
         "compacted_collections": [

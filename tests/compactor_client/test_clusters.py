@@ -231,6 +231,10 @@ async def compact_on(
             "--no-progress",
             "--log-level",
             "DEBUG",
+            # The round is small: without this it would fold in the driver, and the executors'
+            # reach to S3 (what these tests are about) would go untested.
+            "--driver-fold-below",
+            "0",
             *spark_args,
         ]
         done = await asyncio.to_thread(
@@ -238,6 +242,12 @@ async def compact_on(
         )
     (tmp_path / "compactor.out").write_bytes(done.stdout + done.stderr)  # kept for a failure
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:].decode(errors="replace")
+    folds = [
+        json.loads(line)["round"]["fold"]
+        for line in (done.stdout + done.stderr).decode(errors="replace").splitlines()
+        if line.startswith("{") and '"round"' in line
+    ]
+    assert folds and all(f in ("one-stage", "two-stage") for f in folds), folds
     for cid, log in logs.items():
         state = await read_state(store, cid)
         assert state.offset == log.end == cursors[cid]
