@@ -222,6 +222,8 @@ class QuotaExceeded(ApiError):
         )
         self.tenant = tenant
         self.quota = quota
+        # The Retry-After sent (whole seconds), or None.
+        self.retry_after_s = float(headers["Retry-After"]) if headers else None
 
 
 class Conflict(ApiError):
@@ -329,6 +331,18 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(QuotaExceeded)
+    async def _quota(request: Request, exc: QuotaExceeded) -> Response:
+        # The tenant's own quota said "retry later": its connection is not read until then
+        # (capped), so a client that retries at once cannot keep the event loop busy
+        # refusing it (host.httpserver.ConnectionTicket.hold; issue 19).
+        from .httpserver import connection_ticket  # imports this module
+
+        ticket = connection_ticket(request.scope)
+        if ticket is not None and exc.retry_after_s is not None:
+            ticket.hold(exc.retry_after_s)
         return error_response(exc)
 
     @app.exception_handler(NotLeader)

@@ -45,15 +45,31 @@ _log = logging.getLogger("loghost.http")
 SCOPE_EXTENSION = "loghost.connection"
 
 
-class ConnectionTicket:
-    """What the app knows of its request's connection: it marks it authenticated."""
+# The longest a connection is not read after its tenant was told to retry later (below every
+# keep-alive timeout, so a client's next request waiting in the socket is never dropped).
+MAX_HOLD_S = 1.0
 
-    __slots__ = ("_conn", "_table", "authenticated")
+
+class ConnectionTicket:
+    """What the app knows of its request's connection: it marks it authenticated, and it may
+    ask that the connection's next request not be read for a while (``hold``)."""
+
+    __slots__ = ("_conn", "_table", "authenticated", "hold_s")
 
     def __init__(self, table: ConnectionTable, conn: _Guard) -> None:
         self._table = table
         self._conn = conn
         self.authenticated = False
+        self.hold_s = 0.0
+
+    def hold(self, seconds: float) -> None:
+        """This request's tenant was refused by its own quota and told to retry in
+        ``seconds``: once the answer is sent, the connection is not read for that long (at
+        most ``MAX_HOLD_S``).  A client that honours Retry-After never notices; one that
+        retries at once cannot make the server parse (and refuse) request after request on
+        this connection meanwhile: a flood over a quota costs the event loop one refusal per
+        connection and hold, not one per request the flooder can send (issue 19)."""
+        self.hold_s = max(self.hold_s, min(seconds, MAX_HOLD_S))
 
     def mark_authenticated(self) -> None:
         """A request on this connection carried a valid key: it no longer gives way to others."""
@@ -132,6 +148,8 @@ class _Guard:
 
     _guard: asyncio.TimerHandle | None = None
     _guard_kind: str = ""
+    # While set, reading is paused after a quota refusal (ConnectionTicket.hold).
+    _hold: asyncio.TimerHandle | None = None
     _ticket: ConnectionTicket | None = None
     # Armed when the socket first stops taking an answer (the transport's buffer is full), until
     # the answer is complete and taken: a client that does not read cannot hold it for ever.
@@ -211,6 +229,9 @@ class _Guard:
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_send()
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
         self.table.unauthenticated.pop(self, None)
         self.table.closing.discard(self)
         self.table.connections.discard(self)
@@ -220,6 +241,25 @@ class _Guard:
         super().on_response_complete()  # type: ignore[misc]
         if not self.flow.write_paused:
             self._disarm_send()
+        ticket = self._ticket
+        if ticket is not None and ticket.hold_s > 0:
+            seconds, ticket.hold_s = ticket.hold_s, 0.0
+            if not self.transport.is_closing() and self._hold is None:
+                # After uvicorn's own flow control resumed reading for the next request.
+                self.transport.pause_reading()
+                self._hold = self.loop.call_later(seconds, self._end_hold)
+
+    @property
+    def held(self) -> bool:
+        """Not read now because of a quota refusal (``ConnectionTicket.hold``)."""
+        return self._hold is not None
+
+    def _end_hold(self) -> None:
+        self._hold = None
+        # uvicorn pauses reading only while it holds an unread body, never while held: so
+        # nothing else wants the transport paused now.
+        if not self.transport.is_closing() and not self.flow.read_paused:
+            self.transport.resume_reading()
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser refused (a malformed request line, header or length): the
