@@ -1,12 +1,21 @@
 """Per-round compactor metrics, registered on a caller-owned ``CollectorRegistry``.
 
 No metric lives in prometheus-client's global registry: tests and embedding applications create
-as many compactors as they like, each with its own registry.
+as many compactors as they like, each with its own registry.  No ``*_created`` twin series either
+(``disable_created_metrics``, process-wide, as the log host's metrics module does).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+
+disable_created_metrics()
 
 _ROUND_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, float("inf"))
 
@@ -20,6 +29,11 @@ class CompactorMetrics:
             "compactor_rounds_total",
             "Compaction rounds run, by outcome (ok: no collection failed).",
             ["outcome"],
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "compactor_last_successful_round_timestamp_seconds",
+            "Unix time at which the last round without a failed collection ended (0: none yet).",
             registry=registry,
         )
         self.round_seconds = Histogram(
@@ -54,3 +68,10 @@ class CompactorMetrics:
             "Versions discarded because another compactor installed first.",
             registry=registry,
         )
+
+    def round_done(self, ok: bool, seconds: float) -> None:
+        """Count a finished round: its outcome, its duration, and when it succeeded."""
+        self.rounds.labels(outcome="ok" if ok else "failed").inc()
+        self.round_seconds.observe(seconds)
+        if ok:
+            self.last_success.set_to_current_time()

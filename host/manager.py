@@ -64,6 +64,9 @@ from .quotas import Admission, TenantQuotas
 
 _log = logging.getLogger("loghost.manager")
 
+# The 429 backpressure reason when every open log (LOGHOST_MAX_OPEN_LOGS) is in use.
+OPEN_LOG_CAP = "open_log_cap"
+
 
 @dataclass(eq=False)
 class LogHandle:
@@ -560,7 +563,7 @@ class LogManager:
     async def _get_or_open(self, cid: UUID, tenant: str, *, create: bool) -> LogHandle:
         while True:
             if self._closed:
-                raise BackpressureError("server is shutting down", "contention", 1)
+                raise BackpressureError("server is shutting down", "shutting_down", 1)
             h = self._open.get(cid)
             if h is not None and h.writer.failed is not None:
                 # A writer that died (its store crashed under it) is replaced, not reused: the
@@ -735,9 +738,12 @@ class LogManager:
             if victim is None:
                 victim = next((h for h in self._open.values() if h.users == 0), None)
             if victim is None:
-                self._metrics.backpressure.labels("contention").inc()
+                # The open-log cap, not a store conflict (409 contention): its own reason.
+                self._metrics.backpressure.labels(OPEN_LOG_CAP).inc()
                 raise BackpressureError(
-                    f"all {len(self._open)} open logs are busy", "contention", 1
+                    f"all {len(self._open)} open logs are busy (LOGHOST_MAX_OPEN_LOGS)",
+                    OPEN_LOG_CAP,
+                    1,
                 )
             self._metrics.evictions.inc()
             await self._close_handle(victim)

@@ -1,17 +1,64 @@
-"""Prometheus metrics of one log host, on a registry of its own (no global state)."""
+"""Prometheus metrics of one log host, on a registry of its own.
+
+No ``*_created`` twin series: prometheus_client exports one per counter and histogram child by
+default (the time it was first touched), which doubles the series and which no rule or panel
+reads.  :func:`prometheus_client.disable_created_metrics` is process-wide, called when this module
+is imported (the compactor's metrics module does the same).
+"""
 
 from __future__ import annotations
 
 import collections
+import platform
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from wal3.errors import NoCursors
 
+disable_created_metrics()
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Object-store operations: a local disk answers in well under a millisecond, S3 in tens.
+_STORE_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+# The ``method`` label of ``loghost_requests_total``: any other method is ``other`` (a client
+# may send any token as a method; the label stays bounded).
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
+
+def package_version() -> str:
+    """The installed loghost distribution's version (``unknown`` when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loghost")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class Metrics:
@@ -19,12 +66,29 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
-        self.requests = Counter(
-            "loghost_requests_total", "HTTP requests", ["route", "status"], registry=r
+        self.build_info = Gauge(
+            "loghost_build_info",
+            "Always 1: the host's version, Python and HTTP parser (LOGHOST_HTTP_PARSER)",
+            ["version", "python", "http_parser"],
+            registry=r,
         )
-        self.appends = Counter("loghost_appends_total", "Records appended durably", registry=r)
+        # route: the route's path template (``unmatched`` when no route took the request);
+        # method: the HTTP method, or ``other``.
+        self.requests = Counter(
+            "loghost_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
+        )
+        # Requests and records are counted apart: a ratio of 429 answers must divide by
+        # requests (loghost_append_requests_total), a throughput by records.
         self.append_requests = Counter(
-            "loghost_append_requests_total", "Append requests served", ["result"], registry=r
+            "loghost_append_requests_total",
+            "Append requests answered (POST .../records), by HTTP status",
+            ["status"],
+            registry=r,
+        )
+        self.append_records = Counter(
+            "loghost_append_records_total",
+            "Records appended durably (idempotent replays not counted)",
+            registry=r,
         )
         self.append_bytes = Counter(
             "loghost_append_bytes_total", "Bytes of records appended", registry=r
@@ -60,12 +124,38 @@ class Metrics:
             "LOGHOST_MAX_BUFFERED_BYTES: appends past it answer 429",
             registry=r,
         )
+        # reason: batching (buffers full), compaction (backlog), long_poll (per-tenant cap),
+        # fair_share (the tenant's share of the budget or the open-log cap), open_log_cap (every
+        # open log busy), shutting_down.  Store write conflicts are not backpressure: they are
+        # 409 contention, counted in loghost_contention_total.
         self.backpressure = Counter(
             "loghost_backpressure_total", "Requests refused with 429", ["reason"], registry=r
         )
         self.contention = Counter(
             "loghost_contention_total",
-            "Appends refused because another writer appended",
+            "Appends refused 409 contention because another writer changed the log first",
+            registry=r,
+        )
+        # The object store as the host uses it (host.storemetrics.InstrumentedStore): one
+        # request per engine call (an S3 store's own retries are inside it).
+        self.store_requests = Counter(
+            "loghost_store_requests_total",
+            "Object-store operations, by operation (get, head, put, delete, list, copy)",
+            ["operation"],
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "loghost_store_errors_total",
+            "Object-store operations that raised, by operation and kind (not_found and "
+            "precondition_failed are ordinary answers; unavailable and error are failures)",
+            ["operation", "kind"],
+            registry=r,
+        )
+        self.store_latency = Histogram(
+            "loghost_store_request_duration_seconds",
+            "Seconds an object-store operation took (a list: the time waiting for its pages)",
+            ["operation"],
+            buckets=_STORE_BUCKETS,
             registry=r,
         )
         self.leader_hint_failures = Counter(
@@ -159,6 +249,22 @@ class Metrics:
         # (``/metrics/tenants``, host.routers.ops).
         self.tenants = TenantMetrics()
 
+    def set_build_info(self, http_parser: str) -> None:
+        """``loghost_build_info``: this process's version, Python and HTTP parser, value 1."""
+        self.build_info.clear()
+        self.build_info.labels(package_version(), platform.python_version(), http_parser).set(1)
+
+    def request_done(self, method: str, route: str, status: int) -> None:
+        """Count one answered HTTP request (``route``: the path template or ``unmatched``)."""
+        m = method if method in HTTP_METHODS else "other"
+        code = str(status)
+        self.requests.labels(m, route, code).inc()
+        if route == APPEND_ROUTE and m == "POST":
+            self.append_requests.labels(code).inc()
+
+
+# The append's route (host.routers.records): its requests are also loghost_append_requests_total.
+APPEND_ROUTE = "/v1/tenants/{tenant}/logs/{collection_id}/records"
 
 # The label of every tenant outside the top N.
 OTHER_TENANT = "other"

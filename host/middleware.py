@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import jsonlog
@@ -62,8 +63,8 @@ class RequestContext:
             if not sent_start:
                 await internal_error_response()(scope, receive, send_wrapper)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self._metrics.requests.labels(route, str(status)).inc()
+            route = route_label(scope)
+            self._metrics.request_done(scope.get("method", ""), route, status)
             _log.info(
                 "request",
                 extra={
@@ -73,3 +74,26 @@ class RequestContext:
                     "ms": round((time.monotonic() - started) * 1000, 3),
                 },
             )
+
+
+def route_label(scope: Scope) -> str:
+    """The ``route`` label of a request: the path template of the route that took it.
+
+    FastAPI's routes (and the append's) name themselves in ``scope["route"]``.  Plain Starlette
+    routes and mounts (``/openapi.json``, the docs assets under ``/docs/assets``) only leave
+    their endpoint in ``scope["endpoint"]``: it is looked up among the app's routes.  A request
+    no route took is ``unmatched``.
+    """
+    route = scope.get("route")
+    if route is not None:
+        return str(getattr(route, "path", "unmatched"))
+    endpoint = scope.get("endpoint")
+    app = scope.get("app")
+    if endpoint is None or app is None:
+        return "unmatched"
+    for r in getattr(getattr(app, "router", None), "routes", ()):
+        if isinstance(r, Route) and r.endpoint is endpoint:
+            return r.path
+        if isinstance(r, Mount) and r.app is endpoint:
+            return r.path
+    return "unmatched"

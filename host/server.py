@@ -49,6 +49,7 @@ from .services.lifecycle import LifecycleService
 from .services.records import RecordService
 from .services.rollups import RollupScheduler
 from .services.untracked import UntrackedCheck
+from .storemetrics import InstrumentedStore
 
 _log = logging.getLogger("loghost.server")
 
@@ -70,7 +71,11 @@ class Server:
         # Tenant quotas: an invalid configuration is a startup error (ValueError).
         self.metrics.tenants.top_n = settings.tenant_metrics_top_n
         self.quotas = TenantQuotas.from_settings(settings, self.metrics.tenants)
-        self.store: ObjectStore = store if store is not None else open_store(settings.store)
+        self.metrics.set_build_info(settings.http_parser)
+        # Every component below talks to the store through its metrics (host.storemetrics).
+        self.store: ObjectStore = InstrumentedStore(
+            store if store is not None else open_store(settings.store), self.metrics
+        )
         self.membership = Membership(
             self.store,
             settings.server_id,

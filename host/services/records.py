@@ -92,9 +92,8 @@ class RecordService:
         if result.deduplicated:
             self._metrics.idempotent_hits.inc()
         else:
-            self._metrics.appends.inc(result.count)
+            self._metrics.append_records.inc(result.count)
             self._metrics.append_bytes.inc(nbytes)
-        self._metrics.append_requests.labels("ok").inc()
         self._metrics.append_latency.observe(time.monotonic() - started)
         return AppendResponse(
             first_offset=result.first_offset,
@@ -117,7 +116,7 @@ class RecordService:
                     # must not pin an open-log slot.
                     result = await self._append_routed(h, bodies, req.idempotency_key)
                 except Exception as e:
-                    self._metrics.append_requests.labels(type(e).__name__).inc()
+                    # The request itself is counted by its answer (host.middleware).
                     if isinstance(e, LogContention):
                         self._metrics.contention.inc()
                     elif isinstance(e, Backpressure):

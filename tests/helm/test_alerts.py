@@ -51,6 +51,8 @@ SCRAPE_LABELS = {"namespace", "service", "pod", "instance", "job", "endpoint", "
 H = 'namespace="logs", service="loghost-headless"'
 C = 'namespace="logs", service="loghost-compactor"'
 RECORDS = "/v1/tenants/{tenant}/logs/{collection_id}/records"
+POST_RECORDS = f'method="POST", route="{RECORDS}"'
+GET_RECORDS = f'method="GET", route="{RECORDS}"'
 
 
 @pytest.fixture(scope="module")
@@ -178,37 +180,45 @@ CASES = [
         [(f'loghost_dirty_oldest_uncompacted_age_seconds{{{H}, pod="loghost-0"}}', "2000x30")],
         "20m",
     ),
-    # Backpressure: 429 *requests* over requests. 10 of 100 appends refused while 2,000 records a
-    # minute are appended: the old records-based ratio (10/2000 = 0.5%) stayed quiet.
+    # Backpressure: 429 append *requests* over append requests (loghost_append_requests_total),
+    # per host. 10 of 100 appends refused while 2,000 records a minute are appended: a
+    # records-based ratio (10/2000 = 0.5%) stayed quiet.
     Case(
         "LoghostBackpressure",
-        "10pct-of-requests",
+        "10pct-of-append-requests",
         [
-            (
-                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="200"}}',
-                "0+90x30",
-            ),
-            (
-                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="429"}}',
-                "0+10x30",
-            ),
+            (f'loghost_append_requests_total{{{H}, pod="loghost-0", status="200"}}', "0+90x30"),
+            (f'loghost_append_requests_total{{{H}, pod="loghost-0", status="429"}}', "0+10x30"),
             (f'loghost_backpressure_total{{{H}, pod="loghost-0", reason="batching"}}', "0+10x30"),
-            (f'loghost_appends_total{{{H}, pod="loghost-0"}}', "0+2000x30"),
+            (f'loghost_append_records_total{{{H}, pod="loghost-0"}}', "0+2000x30"),
+            (f'loghost_append_requests_total{{{H}, pod="loghost-1", status="200"}}', "0+100x30"),
         ],
         "25m",
-        [{"route": RECORDS, "severity": "warning"}],
+        [{"pod": "loghost-0", "severity": "warning"}],
     ),
     Case(
         "LoghostBackpressure",
         "1pct",
         [
+            (f'loghost_append_requests_total{{{H}, pod="loghost-0", status="200"}}', "0+99x30"),
+            (f'loghost_append_requests_total{{{H}, pod="loghost-0", status="429"}}', "0+1x30"),
+        ],
+        "25m",
+    ),
+    # Reads refused 429 (long_poll) do not make appends look refused: only append requests
+    # count, on both sides of the ratio.
+    Case(
+        "LoghostBackpressure",
+        "read-429s-only",
+        [
+            (f'loghost_append_requests_total{{{H}, pod="loghost-0", status="200"}}', "0+100x30"),
             (
-                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="200"}}',
-                "0+99x30",
+                f'loghost_requests_total{{{H}, pod="loghost-0", {GET_RECORDS}, status="429"}}',
+                "0+50x30",
             ),
             (
-                f'loghost_requests_total{{{H}, pod="loghost-0", route="{RECORDS}", status="429"}}',
-                "0+1x30",
+                f'loghost_requests_total{{{H}, pod="loghost-0", {POST_RECORDS}, status="200"}}',
+                "0+100x30",
             ),
         ],
         "25m",
@@ -219,11 +229,11 @@ CASES = [
         "5pct-503",
         [
             (
-                f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="200"}}',
+                f'loghost_requests_total{{{H}, pod="loghost-1", {POST_RECORDS}, status="200"}}',
                 "0+95x30",
             ),
             (
-                f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="503"}}',
+                f'loghost_requests_total{{{H}, pod="loghost-1", {POST_RECORDS}, status="503"}}',
                 "0+5x30",
             ),
         ],
@@ -235,11 +245,12 @@ CASES = [
         "unready-probes-only",
         [
             (
-                f'loghost_requests_total{{{H}, pod="loghost-1", route="{RECORDS}", status="200"}}',
+                f'loghost_requests_total{{{H}, pod="loghost-1", {POST_RECORDS}, status="200"}}',
                 "0+100x30",
             ),
             (
-                f'loghost_requests_total{{{H}, pod="loghost-1", route="/readyz", status="503"}}',
+                f'loghost_requests_total{{{H}, pod="loghost-1", method="GET", route="/readyz", '
+                'status="503"}',
                 "0+12x30",
             ),
         ],
@@ -651,8 +662,20 @@ def scraped_names(text: str) -> set[str]:
     return names
 
 
+def scraped_labels(text: str) -> dict[str, set[str]]:
+    """Sample name -> label names seen in an exposition text."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, set()).update(s.labels)
+    return out
+
+
 @pytest.fixture(scope="module")
 def known(host_scrape) -> dict[str, set[str]]:
+    """What a rule or a panel may select: the names in a live host's ``/metrics`` and in the
+    compactor's exposition, with the label names their metric objects declare (a labelled
+    metric never touched in the scrape still names its labels)."""
     text, host = host_scrape
     compactor = exported(metric_objects(CompactorMetrics(CollectorRegistry())))
     compactor_text = generate_latest(CompactorMetrics(CollectorRegistry()).registry).decode()
@@ -660,7 +683,13 @@ def known(host_scrape) -> dict[str, set[str]]:
     both = {**host, **compactor}
     missing = set(both) - live_names
     assert not missing, f"metric objects not in the /metrics text: {missing}"
-    return {**both, "up": set()}  # up: Prometheus' own, per scrape target
+    seen = {**scraped_labels(text), **scraped_labels(compactor_text)}
+    exposed = {
+        name: both.get(name, set()) | seen.get(name, set())
+        for name in live_names
+        if name in both or name in seen
+    }
+    return {**exposed, "up": set()}  # up: Prometheus' own, per scrape target
 
 
 def test_the_gc_no_cursors_409_is_labelled_routine(host_scrape):
@@ -718,6 +747,24 @@ def test_dashboard_loads_and_selects_only_exported_metrics(rule, known):
             assert any(u.startswith(base) for u in used), (
                 f"{name}: {metric} is on no dashboard panel"
             )
+
+
+def test_dashboard_shows_requests_records_store_builds_and_the_last_round():
+    exprs = " ".join(
+        t["expr"] for p in dashboard()["panels"] if p["type"] != "row" for t in p["targets"]
+    )
+    used = {name for name, _ in selectors(exprs)}
+    assert {
+        "loghost_append_requests_total",
+        "loghost_append_records_total",
+        "loghost_store_requests_total",
+        "loghost_store_errors_total",
+        "loghost_store_request_duration_seconds_bucket",
+        "loghost_build_info",
+        "compactor_last_successful_round_timestamp_seconds",
+    } <= used, used
+    assert "loghost_appends_total" not in used
+    assert "sum by (method, route, status) (rate(loghost_requests_total" in exprs
 
 
 def test_dashboard_configmap(chart):

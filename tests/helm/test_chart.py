@@ -57,7 +57,8 @@ KNOWN_METRICS = {
     "loghost_gc_failures_total",
     "loghost_buffered_bytes",
     "loghost_buffered_bytes_limit",
-    "loghost_appends_total",
+    "loghost_append_requests_total",
+    "loghost_append_records_total",
     "loghost_append_bytes_total",
     "loghost_append_latency_seconds",
     "loghost_open_logs",
@@ -78,6 +79,11 @@ KNOWN_METRICS = {
     "compactor_records_in_total",
     "compactor_rows_out_total",
     "compactor_failures_total",
+    "compactor_last_successful_round_timestamp_seconds",
+    "loghost_build_info",
+    "loghost_store_requests_total",
+    "loghost_store_errors_total",
+    "loghost_store_request_duration_seconds",
 }
 
 

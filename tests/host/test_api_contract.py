@@ -48,7 +48,8 @@ STATE_KEYS = {
 FRAGMENT_KEYS = {"url", "start", "limit", "num_bytes", "setsum", "content_md5"}
 CURSOR_KEYS = {"name", "offset", "epoch_us", "writer", "witness"}
 METRIC_NAMES = (
-    "loghost_appends_total",
+    "loghost_append_requests_total",
+    "loghost_append_records_total",
     "loghost_append_bytes_total",
     "loghost_append_latency_seconds",
     "loghost_open_logs",
@@ -547,7 +548,8 @@ async def test_metrics_names_and_counts(live: Live, client: httpx.AsyncClient) -
     for name in METRIC_NAMES:
         assert f"# TYPE {name} " in text, name
     assert "# TYPE loghost_append_latency_seconds histogram" in text
-    assert metric(text, "loghost_appends_total") == 2
+    assert metric(text, "loghost_append_records_total") == 2
+    assert metric(text, "loghost_append_requests_total", status="200") == 1
     assert (metric(text, "loghost_append_bytes_total") or 0) > 100
     assert metric(text, "loghost_append_latency_seconds_count") == 1
     assert metric(text, "loghost_open_logs") == 1
@@ -875,7 +877,7 @@ async def test_429_batching_backpressure(tmp_path: Path, setting: str) -> None:
         assert (await append(c, record("over", document=doc)))["first_offset"] == 3
 
 
-async def test_429_contention_when_every_open_log_is_busy(tmp_path: Path) -> None:
+async def test_429_open_log_cap_when_every_open_log_is_busy(tmp_path: Path) -> None:
     store = GatedStore(tmp_path / "store", f"logs/{CID}/")
     other = log_path("alice", uuid.uuid4())
     async with live_server(store=store, max_open_logs=1) as lv, lv.client("alice-key") as c:
@@ -887,11 +889,14 @@ async def test_429_contention_when_every_open_log_is_busy(tmp_path: Path) -> Non
         r = await c.post(other + "/records", json={"records": [record("elsewhere")]})
         err = assert_error(r, 429, "backpressure")
         assert int(r.headers["Retry-After"]) >= 1
-        assert "contention" in json.dumps(err)
+        # The open-log cap has its own reason: "contention" is a store write conflict (409).
+        assert err.get("reason") == "open_log_cap", err
         store.gate.set()
         assert (await busy).status_code == 200
         text = await metrics_text(c)
-        assert metric(text, "loghost_backpressure_total", reason="contention") == 1
+        assert metric(text, "loghost_backpressure_total", reason="open_log_cap") == 1
+        assert metric(text, "loghost_backpressure_total", reason="contention") is None
+        assert metric(text, "loghost_contention_total") == 0
         # the busy log is idle now: it is evicted to make room
         assert (await append(c, record("elsewhere"), path=other))["first_offset"] == 1
         assert metric(await metrics_text(c), "loghost_log_evictions_total") == 1

@@ -116,7 +116,8 @@ async def test_ten_thousand_logs_cycle_through_a_256_log_cap(tmp_path: Path) -> 
             # and with nothing opening now (and no idle closes) exactly CAP are open.
             assert (metric(text, "loghost_log_evictions_total") or 0) >= N_LOGS - CAP
             assert metric(text, "loghost_log_idle_closes_total") in (None, 0)
-            assert metric(text, "loghost_appends_total") == N_LOGS
+            assert metric(text, "loghost_append_records_total") == N_LOGS
+            assert metric(text, "loghost_append_requests_total", status="200") == N_LOGS
             assert metric(text, "loghost_open_logs") == CAP
             assert metric(text, "loghost_buffered_bytes") == 0
 
