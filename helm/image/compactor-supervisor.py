@@ -40,6 +40,11 @@ Standard library only; configured by environment:
   MEMBERSHIP_CA_FILE       default /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
   POD_NAME                 this pod's name (COMPACTOR_MEMBER_ID is used if unset)
 
+Its own log lines are JSON on stderr, shaped like the compactor's (``ts`` in RFC 3339 UTC,
+``level``, ``logger`` = ``compactor.supervisor``, ``msg``, then fields of their own), so one
+log pipeline parses the pod's whole output; a configuration error is one such line and exit
+status 2.
+
 Usage: compactor-supervisor [--] COMMAND [ARG...]
 """
 
@@ -59,8 +64,15 @@ from pathlib import Path
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-def log(message: str) -> None:
-    print(f"compactor-supervisor: {message}", file=sys.stderr, flush=True)
+LOGGER = "compactor.supervisor"
+
+
+def log(message: str, level: str = "info", **fields: object) -> None:
+    """One JSON line on stderr (the compactor's shape: compactor_client.logs)."""
+    now = time.time()
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    line = {"ts": ts, "level": level, "logger": LOGGER, "msg": message, **fields}
+    print(json.dumps(line, default=str), file=sys.stderr, flush=True)
 
 
 class Config:
@@ -192,7 +204,11 @@ class Supervisor:
         env = dict(os.environ)
         env["COMPACTOR_MEMBERS"] = ",".join(members)
         env["COMPACTOR_MEMBER_ID"] = self.cfg.pod_name
-        log(f"starting {' '.join(self.command)} as {self.cfg.pod_name} of {len(members)} members")
+        log(
+            f"starting {' '.join(self.command)} as {self.cfg.pod_name} of {len(members)} members",
+            member_id=self.cfg.pod_name,
+            members=len(members),
+        )
         self.child_signalled = False
         self.child = subprocess.Popen(self.command, env=env)
         self.members = members
@@ -208,7 +224,7 @@ class Supervisor:
             try:
                 child.wait(self.cfg.stop_grace_s)
             except subprocess.TimeoutExpired:
-                log("compactor did not stop in time; killing it")
+                log("compactor did not stop in time; killing it", "warning")
                 child.kill()
         return child.wait()
 
@@ -220,14 +236,18 @@ class Supervisor:
                 return self.stop()
             if self.child is not None and self.child.poll() is not None:
                 code = self.child.returncode
-                log(f"compactor exited with status {code}")
+                log(
+                    f"compactor exited with status {code}",
+                    "info" if code == 0 else "warning",
+                    status=code,
+                )
                 return code
             now = time.monotonic()
             if now >= next_poll:
                 try:
                     members = self.read_members()
                 except Exception as exc:  # API hiccup: keep the current membership
-                    log(f"cannot read the members ({self.source()}): {exc}")
+                    log(f"cannot read the members ({self.source()}): {exc}", "warning")
                     next_poll = now + (backoff if self.members is None else self.cfg.poll_s)
                 else:
                     next_poll = now + self.cfg.poll_s
@@ -238,7 +258,10 @@ class Supervisor:
                         self.members = members
                     elif members != self.members or self.child is None:
                         if self.child is not None:
-                            log(f"membership changed to {len(members)} members; restarting")
+                            log(
+                                f"membership changed to {len(members)} members; restarting",
+                                members=len(members),
+                            )
                             self.stop()
                         if self.stopping:
                             continue
@@ -252,7 +275,16 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    cfg = Config(dict(os.environ))
+    try:
+        cfg = Config(dict(os.environ))
+    except SystemExit as exc:  # a configuration error: one JSON line, status 2
+        if not isinstance(exc.code, str):
+            raise
+        log(exc.code.removeprefix("compactor-supervisor: "), "error")
+        return 2
+    except ValueError as exc:  # e.g. MEMBERSHIP_POLL_S not a number
+        log(f"invalid configuration: {exc}", "error")
+        return 2
     supervisor = Supervisor(cfg, argv)
     signal.signal(signal.SIGTERM, supervisor.on_signal)
     signal.signal(signal.SIGINT, supervisor.on_signal)

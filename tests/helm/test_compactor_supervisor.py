@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,6 +139,7 @@ def start(
     pod: str = f"{STS}-1",
     child_exit: int = -1,
     mode: str | None = None,
+    stderr: int | None = None,
 ) -> tuple[subprocess.Popen, Path]:
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
@@ -170,6 +172,7 @@ def start(
             str(child_exit),
         ],
         env=env,
+        stderr=stderr,
     )
     return proc, out
 
@@ -276,6 +279,29 @@ def test_compactor_exit_status_is_propagated(tmp_path, api):
     assert events(out)[-1] == "exit 3"
 
 
+def json_lines(text: str) -> list[dict]:
+    """Every stderr line of the supervisor is one JSON object shaped like the compactor's."""
+    lines = [json.loads(line) for line in text.splitlines()]
+    for line in lines:
+        assert list(line)[:4] == ["ts", "level", "logger", "msg"], line
+        assert line["logger"] == "compactor.supervisor", line
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["ts"]), line
+    return lines
+
+
+def test_logs_are_json_lines(tmp_path, api):
+    proc, _ = start(tmp_path, api, child_exit=3, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 3
+    lines = json_lines(err.decode())
+    assert [(x["level"], x["msg"].split(" ")[0]) for x in lines] == [
+        ("info", "starting"),
+        ("warning", "compactor"),
+    ], lines
+    assert lines[0]["member_id"] == f"{STS}-1" and lines[0]["members"] == 3
+    assert lines[1] == {**lines[1], "msg": "compactor exited with status 3", "status": 3}
+
+
 def test_refuses_to_run_without_configuration(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SUPERVISOR), "--", "true"],
@@ -284,8 +310,9 @@ def test_refuses_to_run_without_configuration(tmp_path):
         text=True,
         timeout=10,
     )
-    assert result.returncode != 0
-    assert "MEMBERSHIP_STATEFULSET" in result.stderr
+    assert result.returncode == 2
+    (line,) = json_lines(result.stderr)
+    assert line["level"] == "error" and "MEMBERSHIP_STATEFULSET" in line["msg"], line
 
 
 # --- pods mode (the chart's Deployment) -----------------------------------------
@@ -424,8 +451,9 @@ def test_refuses_bad_mode_configuration(env, message):
         timeout=10,
         check=False,
     )
-    assert result.returncode != 0
-    assert message in result.stderr
+    assert result.returncode == 2
+    (line,) = json_lines(result.stderr)
+    assert line["level"] == "error" and message in line["msg"], line
 
 
 # --- signalling the compactor exactly once (in-process, deterministic) ------------
