@@ -29,5 +29,6 @@ BENCHMARKS: dict[str, str] = {
     "http_profile": "bench.http_profile",
     "compaction": "bench.compaction_bench",
     "rollup": "bench.rollup",
+    "noisy_neighbour": "bench.noisy_neighbour",
 }
 DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers", "compaction", "rollup")
