@@ -111,7 +111,16 @@ def _git(*args: str, cwd: Path = ROOT) -> str:
     ).stdout.strip()
 
 
+# pytest-timeout's limit per test in a mutant's run.  The simulator's short form (300 seeds on
+# 2 processes) takes 2-4 minutes on a busy 2-core machine, and longer while mutmut collects its
+# statistics (every line traced): at 120 s the unmutated baseline itself timed out, so no engine
+# module ran at all.
+TEST_TIMEOUT_S = 120
+SIM_TEST_TIMEOUT_S = 1200
+
+
 def _config(module: str, tests: list[str]) -> str:
+    timeout = SIM_TEST_TIMEOUT_S if "tests/verify/test_sim.py" in tests else TEST_TIMEOUT_S
     lines = [
         "",
         "[tool.mutmut]",
@@ -119,7 +128,7 @@ def _config(module: str, tests: list[str]) -> str:
         f"only_mutate = {json.dumps([module])}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", '
-        '"-p", "no:randomly", "--timeout", "120"]',
+        f'"-p", "no:randomly", "--timeout", "{timeout}"]',
     ]
     return "\n".join(lines) + "\n"
 
@@ -164,6 +173,11 @@ def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
         stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
         for key in ("killed", "timeout", "survived", "no_tests", "suspicious", "skipped", "total"):
             setattr(result, key, int(stats.get(key, 0)))
+        checked = result.killed + result.timeout + result.survived + result.no_tests
+        if result.total and not checked + result.suspicious:
+            # Mutants generated, none run: the baseline failed (mutmut then exits 1 as well).
+            said = (run.stdout + run.stderr)[-3000:]
+            raise RuntimeError(f"mutmut ran no mutant of {module}: {said}")
         listing = subprocess.run(
             [mutmut, "results"], cwd=work, capture_output=True, text=True
         ).stdout
