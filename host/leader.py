@@ -324,6 +324,10 @@ class RedisLeaderHint(LeaderHint):
         self._tenures: dict[str, tuple[int, float]] = {}
         self._tenure_seq = 0
         self._lost_to: dict[str, str] = {}  # bounded by the logs we held
+        # collection_id -> when Redis last confirmed our key (the time we asked): until a TTL
+        # after it the key may still be there, so hosts that reach Redis send the log here.
+        # Unlike tenures, a Redis failure does not clear it.
+        self._confirmed_at: dict[str, float] = {}
         self._down_until = 0.0  # monotonic; claims skip Redis until then (circuit breaker)
         self._renew_task: asyncio.Task[None] | None = None
         self._lost_tasks: set[asyncio.Task[Any]] = set()
@@ -354,14 +358,30 @@ class RedisLeaderHint(LeaderHint):
         when routing by membership)."""
         if collection_id not in self._held:
             return False
-        return self._healthy or self._fallback_owner(collection_id) is None
+        return (
+            self._healthy
+            or self._key_may_live(collection_id)
+            or self._fallback_owner(collection_id) is None
+        )
 
     def lost_to(self, collection_id: str) -> str | None:
         """See :meth:`LeaderHint.lost_to`."""
         got = self._lost_to.get(collection_id)
-        if got is None and not self._healthy:
+        if got is None and not self._healthy and not self._key_may_live(collection_id):
             return self._fallback_owner(collection_id)
         return got
+
+    def _key_may_live(self, collection_id: str) -> bool:
+        """We hold the log and Redis confirmed our key less than a TTL ago: the key may still be
+        there, and every host that reaches Redis sends the log here, so we keep serving it.
+        Handing it to the membership owner now would bounce it back (a 307 loop) until the key
+        expires; after that the owner can claim it in Redis."""
+        at = self._confirmed_at.get(collection_id)
+        return (
+            at is not None
+            and collection_id in self._held
+            and time.monotonic() - at < self.ttl_ms / 1000.0
+        )
 
     def _fallback_owner(self, collection_id: str) -> str | None:
         """Without an answer from Redis: the URL of the log's rendezvous owner among the live
@@ -374,10 +394,14 @@ class RedisLeaderHint(LeaderHint):
         return owner.url
 
     def _unanswered(self, collection_id: str, generation: int) -> str | None:
-        """A claim Redis did not answer: fail open, unless membership names another owner."""
+        """A claim Redis did not answer: fail open, unless membership names another owner and
+        our own key cannot still be in Redis."""
+        if self._key_may_live(collection_id):
+            return None
         other = self._fallback_owner(collection_id)
         if other is not None and self._held.get(collection_id) == generation:
             del self._held[collection_id]
+            self._confirmed_at.pop(collection_id, None)
         return other
 
     async def recheck(self, collection_id: str) -> bool | None:
@@ -394,6 +418,7 @@ class RedisLeaderHint(LeaderHint):
     def _confirm(self, collection_id: str, *, fresh: bool, at: float) -> None:
         """Redis just said we hold the key; ``fresh`` when continuity is not established."""
         self._lost_to.pop(collection_id, None)
+        self._confirmed_at[collection_id] = at
         cur = self._tenures.get(collection_id)
         if cur is None or fresh:
             self._tenure_seq += 1
@@ -427,6 +452,7 @@ class RedisLeaderHint(LeaderHint):
             # They typically close the lost log, which calls release(): let them use the client.
             await asyncio.gather(*self._lost_tasks, return_exceptions=True)
         held, self._held = list(self._held), {}
+        self._confirmed_at.clear()
         try:
             for batch in _batches([self.key(c) for c in held], self.renew_batch):
                 # One bounded attempt per batch; whatever is not released simply expires.
@@ -467,6 +493,7 @@ class RedisLeaderHint(LeaderHint):
         # (unless a newer claim raced this one: that one decides).
         if self._held.get(collection_id) == generation:
             del self._held[collection_id]
+            self._confirmed_at.pop(collection_id, None)
         decoded = decode_holder(holder)
         if decoded is None:
             # Not a value we wrote (a foreign or corrupt key): no redirect target.  Serve anyway
@@ -483,6 +510,7 @@ class RedisLeaderHint(LeaderHint):
         """Compare-and-delete the log's key if it is still ours (best effort)."""
         # Works while close() is running too (on_lost handlers release their logs).
         self._tenures.pop(collection_id, None)
+        self._confirmed_at.pop(collection_id, None)
         self._lost_to.pop(collection_id, None)
         if self._held.pop(collection_id, None) is None:
             return
@@ -498,6 +526,7 @@ class RedisLeaderHint(LeaderHint):
         mine = [c for c in collection_ids if self._held.pop(c, None) is not None]
         for c in collection_ids:
             self._tenures.pop(c, None)
+            self._confirmed_at.pop(c, None)
             self._lost_to.pop(c, None)
         if not mine:
             return
@@ -543,6 +572,7 @@ class RedisLeaderHint(LeaderHint):
                     self.lost += 1
                     del self._held[collection_id]
                     self._tenures.pop(collection_id, None)
+                    self._confirmed_at.pop(collection_id, None)
                     decoded = decode_holder(status) if isinstance(status, str) else None
                     if decoded is not None:
                         self._lost_to[collection_id] = decoded["url"]

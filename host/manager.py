@@ -153,6 +153,10 @@ class LogManager:
         self.quotas = quotas if quotas is not None else TenantQuotas(metrics=metrics.tenants)
         self.quotas.on_release = self._admission_done
         self._tenant_open: collections.Counter[str] = collections.Counter()
+        # Opens that _make_room let in and that are not open yet, per tenant: they hold a place
+        # in the table already, so a tenant's share counts them (concurrent first appends must
+        # not let it pass its share).
+        self._tenant_admitted: collections.Counter[str] = collections.Counter()
         self._created: collections.Counter[str] = collections.Counter()
         self._open_held: dict[str, collections.Counter[UUID]] = {}
         self._create_held: dict[str, collections.Counter[UUID]] = {}
@@ -645,11 +649,14 @@ class LogManager:
             self._metrics.redirects.inc()
             raise NotLeader(holder)
         writer: LogWriter | None = None
+        admitted = False
         try:
             # Inside the try: a refused open (429) must not keep the claim, or other servers
             # would redirect this log here for as long as we renew it.
             await self._make_tenant_room(cid, tenant)
             await self._make_room(tenant)
+            admitted = True  # no await since _make_room judged the room: nothing came between
+            self._tenant_admitted[tenant] += 1
             if create:  # under the creation claim: a fork may be creating it (host/forks.py)
                 await create_collection_log(
                     self._store, cid, prefix, self._writer_options.writer_name, self.claims
@@ -664,6 +671,8 @@ class LogManager:
             cursors = CursorStore(self._store, prefix, self._writer_options.writer_name)
             witness = await cursors.load(COMPACTION)
         except BaseException:
+            if admitted:
+                self._unadmit(tenant)
             if writer is not None:
                 with contextlib.suppress(Exception):
                     await writer.close()
@@ -681,6 +690,7 @@ class LogManager:
             compaction,
             time.monotonic(),
         )
+        self._unadmit(tenant)  # now counted as open, with no await in between
         self._open[cid] = h
         self._tenant_open[tenant] += 1
         self._metrics.opens.inc()
@@ -695,10 +705,21 @@ class LogManager:
 
         return hook
 
+    def _unadmit(self, tenant: str) -> None:
+        self._tenant_admitted[tenant] -= 1
+        if self._tenant_admitted[tenant] <= 0:
+            del self._tenant_admitted[tenant]
+
+    def _holding(self, tenant: str) -> int:
+        """The places ``tenant`` takes in the open-log table: its open logs and its admitted
+        opens."""
+        return self._tenant_open[tenant] + self._tenant_admitted[tenant]
+
     def _open_shares(self, tenant: str) -> dict[str, float]:
         """Each tenant's fair share of the open-log cap: by quota weight among the tenants that
-        hold open logs now, and ``tenant`` (the one asking)."""
-        weights = {t: self.quotas.quota(t).weight or 1.0 for t in (*self._tenant_open, tenant)}
+        hold open logs now (or are opening some), and ``tenant`` (the one asking)."""
+        tenants = (*self._tenant_open, *self._tenant_admitted, tenant)
+        weights = {t: self.quotas.quota(t).weight or 1.0 for t in tenants}
         per_weight = self._settings.max_open_logs / sum(weights.values())
         return {t: w * per_weight for t, w in weights.items()}
 
@@ -717,19 +738,19 @@ class LogManager:
             victim = None
             if fair:
                 shares = self._open_shares(tenant)
-                givers = {t for t, share in shares.items() if self._tenant_open[t] > share}
+                givers = {t for t, share in shares.items() if self._holding(t) > share}
                 givers.add(tenant)
                 # Least recently used first; stops at the first fit.
                 victim = next(
                     (h for h in self._open.values() if h.users == 0 and h.tenant in givers), None
                 )
-                at_share = self._tenant_open[tenant] >= shares[tenant]
+                at_share = self._holding(tenant) >= shares[tenant]
                 if (
                     victim is None and at_share and any(h.users == 0 for h in self._open.values())
                 ):  # only others' idle logs (within their shares) could give way
                     self._metrics.backpressure.labels("fair_share").inc()
                     raise BackpressureError(
-                        f"tenant {tenant} holds {self._tenant_open[tenant]} of the "
+                        f"tenant {tenant} holds {self._holding(tenant)} of the "
                         f"{self._settings.max_open_logs} open logs, its fair share, and none "
                         "of those that could give way is idle",
                         "fair_share",

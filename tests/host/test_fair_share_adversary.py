@@ -10,8 +10,6 @@ import asyncio
 import uuid
 from pathlib import Path
 
-import pytest
-
 from wal3 import LocalStore
 
 from ..wal3.helpers import GateStore
@@ -42,12 +40,6 @@ async def test_sequential_opens_stop_at_the_share(tmp_path: Path) -> None:
         assert len(_open_of(lv, "alice")) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _make_room judges a tenant's share by _tenant_open only, which does not count "
-    "the tenant's logs still opening (self._opening), so concurrent first appends let one "
-    "tenant pass its share by evicting an idle log of a tenant within its share",
-)
 async def test_concurrent_opens_do_not_pass_the_share(tmp_path: Path) -> None:
     """Cap 4, alice and bob weight 1 (share 2 each); bob holds 2 idle logs.  Alice opens 3 logs
     at once: a1 and a2 are past ``_make_room`` (counted in ``_opening``, not in

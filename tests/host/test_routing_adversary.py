@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from host.leader import RedisLeaderHint
 from host.membership import Membership, rendezvous_owner
@@ -223,13 +222,6 @@ async def _follow(base: str, path: str, body: dict[str, Any], hops: int) -> list
     return seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug (4e7d0d1): a host whose Redis calls fail while the others' succeed (its breaker "
-    "open: a partition, or one timed-out call) hands its logs to the membership owner, whose "
-    "Redis claim still names the first host (its key lives out leader_ttl_ms): 307 ping-pong "
-    "between the two until the key expires (before 4e7d0d1 the first host failed open and served)",
-)
 async def test_a_host_cut_from_redis_does_not_ping_pong_with_the_owner(
     tmp_path: Path, redis_server: Any
 ) -> None:
