@@ -1,8 +1,10 @@
 """HTTP load plumbing shared by ``bench.http``, ``bench.scale`` and ``bench.peers``.
 
-* :class:`ServerProcess` -- a real ``python -m host.cli serve`` (or the bench-only ceiling app of
-  ``bench.http_ceiling``) in a child process on 127.0.0.1, stopped with SIGINT (graceful), with its
-  CPU time and RSS read from ``/proc``.  Optionally run under pyinstrument.
+* :class:`ServerProcess` -- a real ``python -m host.cli serve`` (LocalStore, or any ``--store``
+  URL such as ``s3://bucket/prefix``), or the bench-only ceiling app of ``bench.http_ceiling``
+  (pinned to uvicorn ``--loop asyncio --http h11``), in a child process on 127.0.0.1, stopped
+  with SIGINT (graceful), with its CPU time and RSS read from ``/proc``.  Optionally run under
+  pyinstrument.
 * :func:`run_load` -- closed-loop load from a *separate* process: ``wrk`` (C, one thread, epoll;
   the leanest client available, so it steals the least CPU from the server on 2 cores) when it is
   installed, else a small asyncio raw-HTTP/1.1 keep-alive client in this module (``python -m
@@ -34,6 +36,9 @@ from verify.testkit import free_port, wait_for_port
 from . import common
 
 API_KEY = "benchkey"
+# The HTTP ceiling's fixed stack (bench.http_ceiling; issue 14): uvicorn --loop asyncio --http h11.
+CEILING_LOOP = "asyncio"
+CEILING_HTTP = "h11"
 DOC_CHARS = 600
 EMBEDDING_DIM = 16
 # Percentiles written for latency-distribution plots.
@@ -105,12 +110,15 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         profile_to: Path | None = None,
         python: str | None = None,
+        store: str | None = None,
     ) -> None:
         self.kind = kind
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
         self.store_dir = workdir / "store"
+        # The host's --store: LocalStore in store_dir unless a URL (s3://bucket/prefix) is given.
+        self.store = store
         self.log_path = workdir / f"{kind}-{self.port}.log"
         self.env = dict(env or {})
         self.profile_to = profile_to
@@ -124,14 +132,24 @@ class ServerProcess:
                 "host.cli",
                 "serve",
                 "--store",
-                str(self.store_dir),
+                self.store or str(self.store_dir),
                 "--listen",
                 f"127.0.0.1:{self.port}",
                 "--server-id",
                 "bench",
             ]
         else:
-            target = ["-m", "bench.http_ceiling", "--listen", f"127.0.0.1:{self.port}"]
+            # The ceiling's stack is pinned, whatever uvicorn's "auto" would pick here.
+            target = [
+                "-m",
+                "bench.http_ceiling",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--loop",
+                CEILING_LOOP,
+                "--http",
+                CEILING_HTTP,
+            ]
         if self.profile_to is not None:
             return [
                 self.python,
@@ -168,10 +186,40 @@ class ServerProcess:
         )
         try:
             wait_for_port(self.port, 60, self.proc)
+            self.wait_ready(60)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the server has started: ``loghost serve`` binds its port first and answers 503
+        (``/healthz``: ``"status": "starting"``) while it opens its store, which on S3 takes a
+        while; a load window must not begin before."""
+        import urllib.error
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with opener.open(f"{self.base}/healthz", timeout=5) as r:  # 127.0.0.1
+                    body = r.read()
+                try:
+                    starting = json.loads(body).get("status") == "starting"
+                except (ValueError, AttributeError):
+                    starting = False
+                if not starting:
+                    return
+            except urllib.error.HTTPError:
+                return  # no /healthz here: the port is all there is to wait for
+            except OSError:
+                pass
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited with status {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.kind} on port {self.port} not ready in {timeout_s} s")
+            time.sleep(0.05)
 
     @property
     def pid(self) -> int:
