@@ -18,8 +18,9 @@ does not change how tasks interleave.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Literal
 
 from wal3 import ObjectStore
@@ -69,25 +70,25 @@ class InstrumentedStore(ObjectStore):
         if exc is not None:
             self._errors.labels(op, error_kind(exc)).inc()
 
-    async def get(self, key: str) -> GetResult:
+    @contextlib.contextmanager
+    def _timed(self, op: str) -> Iterator[None]:
+        """One call of ``op``: counted, timed, and its failure classified (synchronous: the
+        wrapper adds no suspension point)."""
         started = time.monotonic()
         try:
-            got = await self.inner.get(key)
+            yield
         except Exception as e:
-            self._done("get", started, e)
+            self._done(op, started, e)
             raise
-        self._done("get", started)
-        return got
+        self._done(op, started)
+
+    async def get(self, key: str) -> GetResult:
+        with self._timed("get"):
+            return await self.inner.get(key)
 
     async def head(self, key: str) -> ObjectMeta:
-        started = time.monotonic()
-        try:
-            meta = await self.inner.head(key)
-        except Exception as e:
-            self._done("head", started, e)
-            raise
-        self._done("head", started)
-        return meta
+        with self._timed("head"):
+            return await self.inner.head(key)
 
     async def put(
         self,
@@ -97,33 +98,16 @@ class InstrumentedStore(ObjectStore):
         if_none_match: Literal["*"] | None = None,
         if_match: str | None = None,
     ) -> str:
-        started = time.monotonic()
-        try:
-            etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-        except Exception as e:
-            self._done("put", started, e)
-            raise
-        self._done("put", started)
-        return etag
+        with self._timed("put"):
+            return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     async def delete(self, key: str) -> None:
-        started = time.monotonic()
-        try:
+        with self._timed("delete"):
             await self.inner.delete(key)
-        except Exception as e:
-            self._done("delete", started, e)
-            raise
-        self._done("delete", started)
 
     async def copy(self, src: str, dst: str, *, if_none_match: Literal["*"] | None = None) -> str:
-        started = time.monotonic()
-        try:
-            etag = await self.inner.copy(src, dst, if_none_match=if_none_match)
-        except Exception as e:
-            self._done("copy", started, e)
-            raise
-        self._done("copy", started)
-        return etag
+        with self._timed("copy"):
+            return await self.inner.copy(src, dst, if_none_match=if_none_match)
 
     def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectMeta]:
         return self._list(prefix, start_after)
