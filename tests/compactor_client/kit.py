@@ -3,11 +3,13 @@ a stub log host served on loopback, and views of compacted states comparable to 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -201,3 +203,21 @@ class Served:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
+
+
+@contextlib.contextmanager
+def local_spark(app_name: str) -> Iterator[Any]:
+    """A local[2] session for a test module (two partitions, no UI), the package shipped."""
+    from compactor_client.sparkutil import build_session, ship_package
+
+    session = build_session(
+        "local[2]",
+        app_name=app_name,
+        ui=False,
+        conf={"spark.default.parallelism": "2", "spark.sql.shuffle.partitions": "2"},
+    )
+    ship_package(session)
+    try:
+        yield session
+    finally:
+        session.stop()

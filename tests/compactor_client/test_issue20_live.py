@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 
 from compactor_client import cli
 from compactor_client.scheduler import owner_of
-from compactor_client.sparkutil import build_session, ship_package
 from wal3 import LocalStore
 
 from ..host.live import (
@@ -36,6 +35,7 @@ from ..host.live import (
     metrics_text,
     record,
 )
+from .kit import local_spark
 from .test_e2e import compacted_rows, reference_fold
 
 pytestmark = pytest.mark.slow
@@ -43,17 +43,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = build_session(
-        "local[2]",
-        app_name="issue20-tests",
-        ui=False,
-        conf={"spark.default.parallelism": "2", "spark.sql.shuffle.partitions": "2"},
-    )
-    ship_package(session.sparkContext)
-    try:
+    with local_spark("issue20-tests") as session:
         yield session
-    finally:
-        session.stop()
 
 
 async def compact_round(

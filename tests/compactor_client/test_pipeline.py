@@ -35,7 +35,6 @@ from compactor_client.pipeline import (
     run_compaction_job,
 )
 from compactor_client.reader import read_state
-from compactor_client.sparkutil import build_session, ship_package
 from compactor_client.versions import current_key, read_current
 from wal3.localstore import LocalStore
 
@@ -46,6 +45,7 @@ from .kit import (
     Served,
     candidate,
     fragment_bytes,
+    local_spark,
     make_host_app,
     normalise,
     random_records,
@@ -55,17 +55,8 @@ from .kit import (
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = build_session(
-        "local[2]",
-        app_name="compactor-tests",
-        ui=False,
-        conf={"spark.default.parallelism": "2", "spark.sql.shuffle.partitions": "2"},
-    )
-    ship_package(session)
-    try:
+    with local_spark("compactor-tests") as session:
         yield session
-    finally:
-        session.stop()
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -23,7 +23,6 @@ from compactor_client.pipeline import (
     run_locally,
 )
 from compactor_client.reader import read_state
-from compactor_client.sparkutil import build_session, ship_package
 from wal3.localstore import LocalStore
 
 from .kit import (
@@ -32,6 +31,7 @@ from .kit import (
     Log,
     candidate,
     fragment_bytes,
+    local_spark,
     normalise,
     random_records,
     state_view,
@@ -42,17 +42,8 @@ SIZES = {"a": 90, "b": 7, "c": 41, "d": 1, "e": 63}  # records per collection: u
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    session = build_session(
-        "local[2]",
-        app_name="compactor-plan-tests",
-        ui=False,
-        conf={"spark.default.parallelism": "2", "spark.sql.shuffle.partitions": "2"},
-    )
-    ship_package(session)
-    try:
+    with local_spark("compactor-plan-tests") as session:
         yield session
-    finally:
-        session.stop()
 
 
 def test_auto_picks_one_stage_unless_few_collections_hold_many_fragments() -> None:
