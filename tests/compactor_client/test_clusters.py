@@ -27,7 +27,8 @@ import pytest
 
 from compactor_client.fold import fold
 from compactor_client.reader import read_state
-from verify.testkit import free_port, wait_for_port, wait_until_sync
+from verify.cluster.spark import Procs, SparkStandalone, clean_env, spark_home
+from verify.testkit import free_port, wait_for_port
 from wal3 import S3Store
 
 from .kit import Log, Served, make_host_app, normalise, random_records, state_view
@@ -39,115 +40,12 @@ CANARY_KEY = "AKIACANARY" + uuid.uuid4().hex[:10].upper()
 CANARY_SECRET = "canary-secret-" + uuid.uuid4().hex
 
 
-def spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
-
-
-def clean_env(tmp: Path) -> dict[str, str]:
-    """An environment for Spark's own processes: no AWS variable, no COMPACTOR_ one."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "COMPACTOR_", "PYSPARK_GATEWAY", "SPARK_"))
-    }
-    env.update(
-        SPARK_HOME=str(spark_home()),
-        SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_LOG_DIR=str(tmp / "logs"),
-        SPARK_PID_DIR=str(tmp / "pids"),
-        SPARK_NO_DAEMONIZE="1",
-        PYSPARK_PYTHON=sys.executable,
-        PYTHONPATH=str(ROOT),
-    )
-    return env
-
-
-class Procs:
-    """Processes a fixture started: stopped (and reaped) in reverse order."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as out:
-            p = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.procs.append(p)
-        return p
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                os.killpg(p.pid, 15)
-        for p in reversed(self.procs):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                p.wait(30)
-
-
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A master and one worker (2 cores) from pyspark's spark-class, on loopback."""
     tmp = tmp_path_factory.mktemp("standalone")
-    env = clean_env(tmp)
-    spark_class = str(spark_home() / "bin" / "spark-class")
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    procs = Procs()
-    try:
-        master = procs.start(
-            [
-                spark_class,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--webui-port",
-                str(ui),
-            ],
-            env,
-            tmp / "logs" / "master.out",
-        )
-        wait_for_port(port, 180, master)
-        procs.start(
-            [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                f"spark://127.0.0.1:{port}",
-                "--host",
-                "127.0.0.1",
-                "--webui-port",
-                str(worker_ui),
-                "--cores",
-                "2",
-                "--memory",
-                "2g",
-                "--work-dir",
-                str(tmp / "work"),
-            ],
-            env,
-            tmp / "logs" / "worker.out",
-        )
-
-        def worker_registered() -> bool:
-            import urllib.request
-
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
-                    return int(json.load(r).get("aliveworkers", 0)) >= 1
-            except OSError:
-                return False
-
-        wait_until_sync(worker_registered, "a worker registered with the master", 180, 0.2)
-        yield f"spark://127.0.0.1:{port}", tmp
-    finally:
-        procs.stop()
+    with SparkStandalone(tmp) as cluster:
+        yield cluster.url, tmp
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
 
 from .core import TENANT, start
+from .spark import SparkStandalone
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--spark-master", default="local[1]", help="for --engine spark")
     p.add_argument(
+        "--spark-standalone",
+        action="store_true",
+        help="also start a Spark standalone master and worker (pyspark's spark-class) and run "
+        "the compactors on it (implies --engine spark; replaces --spark-master)",
+    )
+    p.add_argument(
         "--interval-s", type=float, default=5.0, help="compactors' round interval (default 5)"
     )
     p.add_argument(
@@ -62,20 +70,36 @@ def main(argv: list[str] | None = None) -> int:
     host_env = {}
     if args.adopt_after_s is not None:
         host_env["LOGHOST_ADOPT_AFTER_S"] = str(args.adopt_after_s)
+    spark: SparkStandalone | None = None
+    if args.spark_standalone:
+        if args.engine != "spark":
+            p.error("--spark-standalone needs --engine spark")
+        base = args.workdir or Path(tempfile.mkdtemp(prefix="loghost-cluster-spark-"))
+        (base / "spark").mkdir(parents=True, exist_ok=True)
+        print("starting a Spark standalone master and worker ...", flush=True)
+        spark = SparkStandalone(base / "spark").start()
+        args.spark_master = spark.url
     print("starting the cluster ...", flush=True)
-    cluster = start(
-        args.hosts,
-        args.compactors,
-        redis=args.redis,
-        store=args.store,
-        workdir=args.workdir,
-        engine=args.engine,
-        spark_master=args.spark_master,
-        host_env=host_env,
-        compactor_args=["--interval-s", str(args.interval_s), "--min-records", "1"],
-    )
+    try:
+        cluster = start(
+            args.hosts,
+            args.compactors,
+            redis=args.redis,
+            store=args.store,
+            workdir=args.workdir,
+            engine=args.engine,
+            spark_master=args.spark_master,
+            host_env=host_env,
+            compactor_args=["--interval-s", str(args.interval_s), "--min-records", "1"],
+        )
+    except BaseException:
+        if spark is not None:
+            spark.stop()
+        raise
     try:
         print(cluster.describe(), flush=True)
+        if spark is not None:
+            print(f"spark: master {spark.url}, UI {spark.ui_url}", flush=True)
         print(
             "\ntry:\n"
             f"  curl -s --location-trusted -X POST -H 'Authorization: Bearer {cluster.tenant_key}' "
@@ -94,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("stopping ...", flush=True)
         cluster.close()
+        if spark is not None:
+            spark.stop()
         print("stopped.", flush=True)
     return 0
 
