@@ -202,6 +202,26 @@ def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, KeyEntry]]:
     return _footer(schema.metadata or {})
 
 
+def read_keys(data: bytes) -> tuple[dict[str, KeyEntry], int]:
+    """A fragment's idempotency keys and its timestamp (one per fragment: what the appends it
+    carried were answered with), reading the footer and, when the writer kept no statistics,
+    the first timestamp; the timestamp is 0 when there are no keys (nothing asks for it)."""
+    try:
+        f = pq.ParquetFile(pa.BufferReader(data))
+        keys = _footer(f.schema_arrow.metadata or {})[1]
+        md = f.metadata
+        if not keys or md.num_rows == 0 or md.num_row_groups == 0:
+            return keys, 0
+        column = md.row_group(0).column(f.schema_arrow.get_field_index("timestamp_us"))
+        stats = column.statistics
+        if column.is_stats_set and stats is not None and stats.has_min_max:
+            return keys, int(stats.min)
+        first = f.read_row_group(0, columns=["timestamp_us"]).column(0)[0].as_py()
+        return keys, int(first)
+    except (pa.ArrowInvalid, OSError, IndexError, TypeError, ValueError) as e:
+        raise CorruptFragment(f"unreadable fragment: {e}") from e
+
+
 def _key_entry(v: list[Any]) -> KeyEntry:
     first, count = int(v[0]), int(v[1])  # JSON values: int() takes them or raises (corrupt)
     if len(v) < 3:

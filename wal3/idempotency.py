@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from .appends import AppendResult
 from .errors import CorruptFragment, ObjectNotFound
-from .fragment import KeyEntry, key_digest, read_footer
+from .fragment import KeyEntry, key_digest, read_keys
 from .options import IdempotencyOptions
 from .paths import fragment_path, join
 from .store import ObjectStore
@@ -119,13 +119,14 @@ class KeyWindow:
             return None
         try:
             got = await self._store.get(join(self._prefix, fragment_path(seq)))
-            entry = (await asyncio.to_thread(read_footer, got.data))[1].get(key)
+            keys, timestamp_us = await asyncio.to_thread(read_keys, got.data)
         except (ObjectNotFound, CorruptFragment):
             return None
+        entry = keys.get(key)
         if entry is None:
             return None  # another key with the same hash
         self._stats["dedup_footer_hits"] += 1
-        return AppendResult(entry[0], entry[1], 0, digest=key_digest(entry))
+        return AppendResult(entry[0], entry[1], timestamp_us, digest=key_digest(entry))
 
     def expire(self) -> None:
         """Forget keys whose fragment left the window: memory stays bounded by the window, which
@@ -171,20 +172,20 @@ class KeyWindow:
         seqs = sorted(self._unlearned)
         sem = asyncio.Semaphore(16)
 
-        async def footer(seq: int) -> dict[str, KeyEntry]:
+        async def footer(seq: int) -> tuple[dict[str, KeyEntry], int]:
             async with sem:
                 try:
                     got = await self._store.get(join(self._prefix, fragment_path(seq)))
                 except ObjectNotFound:
-                    return {}  # collected long ago: outside the window
-            return read_footer(got.data)[1]
+                    return {}, 0  # collected long ago: outside the window
+            return read_keys(got.data)
 
         found = await asyncio.gather(*(footer(seq) for seq in seqs))
-        for seq, keys in zip(seqs, found, strict=True):
+        for seq, (keys, timestamp_us) in zip(seqs, found, strict=True):
             for k, entry in keys.items():
                 if k not in self._keys:
-                    self._remember(
-                        k, AppendResult(entry[0], entry[1], 0, digest=key_digest(entry)), seq
-                    )
+                    # The answer the append got: its offsets and its fragment's timestamp.
+                    r = AppendResult(entry[0], entry[1], timestamp_us, digest=key_digest(entry))
+                    self._remember(k, r, seq)
         self._unlearned.difference_update(seqs)
         self._on_learned()

@@ -21,6 +21,7 @@ import pytest
 
 from wal3 import (
     BatchOptions,
+    IdempotencyOptions,
     LocalStore,
     LogContention,
     LogSealed,
@@ -316,13 +317,6 @@ async def test_a_body_that_is_not_bytes_like_is_refused(tmp_path: Path, body: ob
     assert await verified_bodies(store, PREFIX) == [b"ok"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KeyWindow.learn and KeyWindow.spilled build the answer from the footer's KeyEntry "
-    "(offset, count, digest), which has no timestamp: a keyed retry answered from a footer "
-    "(after a reopen, a read repair, or a spill) says timestamp_us=0 where the first answer "
-    "gave the fragment's timestamp",
-)
 async def test_a_keyed_retry_after_reopen_answers_the_original_timestamp(tmp_path: Path) -> None:
     """Attack: the same key answered before and after a reopen.  Offsets agree (pinned above);
     the timestamp the first answer carried must too, or a client comparing answers sees two."""
@@ -335,3 +329,21 @@ async def test_a_keyed_retry_after_reopen_answers_the_original_timestamp(tmp_pat
     await w2.close()
     assert again.deduplicated and again.first_offset == first.first_offset
     assert again.timestamp_us == first.timestamp_us
+
+
+async def test_a_keyed_retry_answered_from_a_spilled_key_keeps_its_timestamp(
+    tmp_path: Path,
+) -> None:
+    """The same, for a key pushed out of memory (``window_keys``) and answered from its
+    fragment's footer by ``KeyWindow.spilled``: the fragment's timestamp, not 0."""
+    store = LocalStore(tmp_path / "s", fsync=False)
+    w = await LogWriter.open(
+        store, PREFIX, _opts(idempotency=IdempotencyOptions(window_keys=1, spill_keys=10))
+    )
+    first = await w.append_many([b"x"], idempotency_key="A")
+    await w.append_many([b"y"], idempotency_key="B")  # pushes A out to the spill
+    again = await w.append_many([b"x"], idempotency_key="A")
+    assert w.stats["dedup_footer_hits"] == 1  # answered from the footer
+    await w.close()
+    assert again.deduplicated and again.first_offset == first.first_offset
+    assert first.timestamp_us > 0 and again.timestamp_us == first.timestamp_us
