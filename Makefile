@@ -75,8 +75,10 @@ SIM_SEEDS ?= 0:300
 sim: $(STAMP)
 	$(PY) -m verify.sim --seeds $(SIM_SEEDS) --jobs 2
 
+# Its ledger is committed (docs/sim-long.ledger.jsonl): a run spans sessions, and resumes as long
+# as wal3/ and verify/sim/ are unchanged (a change of either makes the ledger refuse: delete it).
 sim-long: $(STAMP)
-	$(PY) -m verify.sim --seeds 0:100000 --jobs 2 --write-docs --ledger bench/out/sim-long.jsonl
+	$(PY) -m verify.sim --seeds 0:100000 --jobs 2 --write-docs --ledger docs/sim-long.ledger.jsonl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis spark-warehouse metastore_db derby.log
