@@ -584,3 +584,31 @@ def plot(data: dict[str, Any], path: Any) -> Any:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def summary_row(data: dict[str, Any]) -> str:
+    """The HTTP row of docs/PERFORMANCE.md's summary table (issue 14's targets), from the same
+    results as :func:`render` (``--report --write-docs`` puts it on the line marked
+    ``<!-- bench-row:http -->``)."""
+    m = data["machine"]
+    judged = targets(data)
+    parts = []
+    for store in data["config"].get("stores", ["local"]):
+        shown = [
+            f"{t['case'][0]:,}×{t['case'][1]} {common.fmt(t['ratio'])}"
+            + (f" (CPU {common.fmt(t['cpu_ratio'])}×)" if t.get("cpu_ratio") is not None else "")
+            for t in judged
+            if t["store"] == store and t["ratio"] is not None
+        ]
+        parts.append(f"{store}: " + ", ".join(shown))
+    met = sum(1 for t in judged if t["verdict"] == "PASS")
+    verdict = "**met**" if met == len(judged) else f"**{met} of {len(judged)} met**"
+    return (
+        "| Host over HTTP against the HTTP ceiling (issue 14: 1,000 logs × 1 ≥ 0.40 with CPU per "
+        "request ≤ 2.5× the ceiling's; 1 × 1 ≥ 0.60; 100 records per request ≥ 0.25) | "
+        f"host / ceiling, median of {data['config'].get('windows', 1)} alternating windows: "
+        f"{'; '.join(parts)}. From `{data['command']}` ({m['date_utc']}, commit "
+        f"{m['git_head']}, load average {m['loadavg_at_start'][0]:.1f} at the start). | "
+        f"{verdict} (§4) "
+        "<!-- bench-row:http --> |"
+    )
