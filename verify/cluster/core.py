@@ -423,7 +423,12 @@ backend hosts
     balance roundrobin
     option httpchk GET /healthz
     http-check expect status 200
-    default-server inter 500ms fall 2 rise 1
+    # A host is marked down after 3 failed checks a second apart, each given 5 s: a host that is
+    # merely slow (a loaded machine, a long event-loop turn) stays in; with every host marked
+    # down HAProxy itself answers 503 to everyone.  A dead host refuses connections at once, and
+    # those requests go to another host (retries, redispatch) until its checks mark it down.
+    timeout check 5s
+    default-server inter 1s fall 3 rise 1
 {servers}
 """
 
