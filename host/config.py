@@ -223,6 +223,16 @@ class Settings(BaseSettings):
     gc_grace_s: float = Field(
         300.0, ge=0, description="delay between unlinking garbage and deleting it"
     )
+    # A creation claim's TTL is a safety margin for a dead host's writes still in flight
+    # (wal3/claim.py): derived from the bound on one store operation unless set.
+    claim_ttl_s: float = Field(
+        0.0,
+        ge=0,
+        description="how long the creation claim of a host that died must stand unchanged "
+        "before another attempt may create that log (until then it answers 409 `contention`); "
+        "0: 2 × max(60 s, `LOGHOST_GC_GRACE_S`).  Lower it only where every store request "
+        "takes effect within half of it",
+    )
     gc_interval_s: float = Field(60.0, gt=0, description="retry period of the always-on collector")
     gc_deletes_per_second: float = Field(
         200.0, gt=0, description="object deletes per second of the collector, per host"

@@ -58,7 +58,14 @@ class WalDirtyBackend(_Cursors):
     """``dirtylog.DirtyLogBackend`` over an open wal3 log, and ``dirtylog.LogTails`` over the
     collection logs of the same store (so roll-ups drop marks of writes that never landed)."""
 
-    def __init__(self, store: ObjectStore, prefix: str, writer: LogWriter, gc: GcOptions) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        writer: LogWriter,
+        gc: GcOptions,
+        claim_ttl: float = 0.0,
+    ) -> None:
         self._store = store
         # The spec's timing assumption: a writer finishes each operation within the GC grace.
         self.settle_s = max(MIN_SETTLE_S, gc.grace_s)
@@ -67,7 +74,7 @@ class WalDirtyBackend(_Cursors):
         self._cursors = CursorStore(store, prefix, writer.options.writer_name)
         # Creation claims of forks in flight, as these roll-ups see them (see log_tails); one is
         # dead after the longer of this TTL and the one its holder recorded.
-        self._claims = ClaimWatch(claim_ttl_s(gc.grace_s))
+        self._claims = ClaimWatch(claim_ttl_s(gc.grace_s, claim_ttl))
         # No compactor reads a dirty log: its GC follows the stable_prefix cursor alone.
         gc = dataclasses.replace(gc, intrinsic_cursor=None)
         self._gc = GarbageCollector(store, prefix, gc, edit_manifest=writer.edit_manifest)

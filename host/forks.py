@@ -81,12 +81,14 @@ class CorruptCompactedPointer(Wal3Error):
 _OPERATION_BOUND_S = 60.0
 
 
-def claim_ttl_s(gc_grace_s: float) -> float:
+def claim_ttl_s(gc_grace_s: float, configured: float = 0.0) -> float:
     """How long a creation claim of this host must stand unchanged before another attempt may
-    take it over: twice the bound on one operation, ``max(60 s, GC grace)`` (see
-    ``wal3.claim``).  It is recorded in every claim this host makes, and observers wait for
-    the longer of theirs and the holder's, so hosts whose graces differ (a rolling change of the
-    setting) never take over each other's live claims."""
+    take it over: ``LOGHOST_CLAIM_TTL_S`` when set, else twice the bound on one operation,
+    ``max(60 s, GC grace)`` (see ``wal3.claim``).  It is recorded in every claim this host
+    makes, and observers wait for the longer of theirs and the holder's, so hosts whose
+    settings differ (a rolling change) never take over each other's live claims."""
+    if configured > 0:
+        return configured
     return 2 * max(_OPERATION_BOUND_S, gc_grace_s)
 
 

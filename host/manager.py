@@ -128,7 +128,7 @@ class LogManager:
         self._leader = leader
         self._mark_dirty = mark_dirty
         # Creation claims this process has seen (forks and first writes share them).
-        self.claims = ClaimWatch(claim_ttl_s(settings.gc_grace_s))
+        self.claims = ClaimWatch(claim_ttl_s(settings.gc_grace_s, settings.claim_ttl_s))
         self._open: collections.OrderedDict[UUID, LogHandle] = collections.OrderedDict()
         self._opening: dict[UUID, asyncio.Future[LogHandle]] = {}
         self._closing: dict[UUID, asyncio.Task[None]] = {}

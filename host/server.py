@@ -192,7 +192,9 @@ class Server:
             ),
         )
         # The dirty log is read by roll-ups, not compactors: no intrinsic compaction cursor.
-        backend = WalDirtyBackend(self.store, prefix, writer, self.gc.options)
+        backend = WalDirtyBackend(
+            self.store, prefix, writer, self.gc.options, self.settings.claim_ttl_s
+        )
         rollup = RollUp(backend, self.compaction_offsets)
         return DirtyLog(backend, rollup, DirtyLogHook(backend))
 

@@ -185,6 +185,9 @@ BASE_SETTINGS: dict[str, Any] = {
     "snapshot_fragment_threshold": 4,
     "snapshot_threshold": 2,
     "batch_interval_ms": 2.0,
+    # A host crashed mid-creation blocks that log until its claim expires (2 minutes by the
+    # default with no grace): every store operation here takes effect within a second or two.
+    "claim_ttl_s": 10.0,
 }
 
 
@@ -549,6 +552,7 @@ PROC_ENV = {
     "LOGHOST_GC_GRACE_S": "0",
     "LOGHOST_SNAPSHOT_FRAGMENT_THRESHOLD": "4",
     "LOGHOST_SNAPSHOT_THRESHOLD": "2",
+    "LOGHOST_CLAIM_TTL_S": "10",
 }
 
 
