@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from verify.sim import loop as simloop
+from verify.sim import report
 from verify.sim.report import run_range
 from verify.sim.run import run_seed
 from verify.sim.store import Actor, FaultRates, SimStore
@@ -212,16 +213,23 @@ def test_a_seed_replays_identically_in_another_process() -> None:
     assert out.stdout.strip() == run_seed(3).trace_hash
 
 
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 2 seeds (25 in a real run): the ledger's logic with a fraction of the seeds."""
+    monkeypatch.setattr(report, "CHUNK", 2)
+
+
+@pytest.mark.usefixtures("small_chunks")
 def test_a_ledger_resumes_an_interrupted_range_with_the_same_totals(tmp_path: Any) -> None:
     import json
 
-    whole = run_range(0, 50, jobs=1, progress=False)
+    whole = run_range(0, 4, jobs=1, progress=False)
     ledger = tmp_path / "ledger.jsonl"
-    run_range(0, 50, jobs=1, progress=False, ledger=ledger)
+    run_range(0, 4, jobs=1, progress=False, ledger=ledger)
     lines = ledger.read_text().splitlines()
-    assert [json.loads(x)["chunk"] for x in lines[1:]] == [0, 25]
+    assert [json.loads(x)["chunk"] for x in lines[1:]] == [0, 2]
     ledger.write_text("\n".join(lines[:2]) + "\n")  # killed after its first chunk
-    resumed = run_range(0, 50, jobs=1, progress=False, ledger=ledger)
+    resumed = run_range(0, 4, jobs=1, progress=False, ledger=ledger)
     assert (resumed.seeds, resumed.steps, resumed.ops, resumed.faults, resumed.stats) == (
         whole.seeds,
         whole.steps,
@@ -231,16 +239,18 @@ def test_a_ledger_resumes_an_interrupted_range_with_the_same_totals(tmp_path: An
     )
     assert resumed.sittings == 2
     chunks = [json.loads(x).get("chunk") for x in ledger.read_text().splitlines()[1:]]
-    assert [c for c in chunks if c is not None] == [0, 25]  # chunk 0 was not run again
+    assert [c for c in chunks if c is not None] == [0, 2]  # chunk 0 was not run again
 
 
+@pytest.mark.usefixtures("small_chunks")
 def test_a_ledger_of_another_range_is_refused(tmp_path: Any) -> None:
     ledger = tmp_path / "ledger.jsonl"
-    run_range(0, 25, jobs=1, progress=False, ledger=ledger)
-    with pytest.raises(SystemExit, match="ledger of --seeds 0:25"):
-        run_range(0, 50, jobs=1, progress=False, ledger=ledger)
+    run_range(0, 2, jobs=1, progress=False, ledger=ledger)
+    with pytest.raises(SystemExit, match="ledger of --seeds 0:2"):
+        run_range(0, 4, jobs=1, progress=False, ledger=ledger)
 
 
+@pytest.mark.usefixtures("small_chunks")
 def test_a_ledger_resumes_at_another_commit_only_over_the_same_trees(tmp_path: Any) -> None:
     """A seed depends only on the engine's and the simulator's trees: a long run resumes at a
     later commit that left them alone (and is reported at the commit it began at), never over
@@ -248,13 +258,13 @@ def test_a_ledger_resumes_at_another_commit_only_over_the_same_trees(tmp_path: A
     import json
 
     ledger = tmp_path / "ledger.jsonl"
-    run_range(0, 25, jobs=1, progress=False, ledger=ledger)
+    run_range(0, 2, jobs=1, progress=False, ledger=ledger)
     lines = ledger.read_text().splitlines()
     head = json.loads(lines[0])
     assert head["trees"] and "," in head["trees"]
     ledger.write_text("\n".join([json.dumps({**head, "commit": "0123456789ab"}), *lines[1:]]))
-    resumed = run_range(0, 25, jobs=1, progress=False, ledger=ledger)
-    assert resumed.commit == "0123456789ab" and resumed.seeds == 25
+    resumed = run_range(0, 2, jobs=1, progress=False, ledger=ledger)
+    assert resumed.commit == "0123456789ab" and resumed.seeds == 2
     ledger.write_text("\n".join([json.dumps({**head, "trees": "feedfacefeed,0"}), *lines[1:]]))
     with pytest.raises(SystemExit, match="over trees feedfacefeed,0"):
-        run_range(0, 25, jobs=1, progress=False, ledger=ledger)
+        run_range(0, 2, jobs=1, progress=False, ledger=ledger)
