@@ -9,7 +9,9 @@ scheduled faults really happened.  A failing scenario prints its violations; rer
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,20 +21,22 @@ from verify.testkit import redis_executable
 
 SEED = 1
 
-# The compactor scenario starts Spark twice (~15 s each): part of the suite, marked slow.
-PARAMS = [
-    pytest.param(
-        name,
-        marks=[pytest.mark.slow]
-        if name in ("compactor_kill", "compaction_invariants", "soak")
-        else [],
-    )
-    for name in SCENARIOS
-]
+# The scenarios run as three files, so that pytest-xdist (--dist loadfile) puts them on both
+# workers: the in-process store scenarios here, the host-process ones and the compactor ones in
+# test_reliability_quick_processes.py and test_reliability_quick_compactor.py.
+PROCESSES = ("kill9", "two_hosts", "redis_restart")
+COMPACTOR = ("compactor_kill", "compaction_invariants", "soak")
 
 
-@pytest.mark.parametrize("name", PARAMS)
-async def test_quick_scenario(name: str, tmp_path: Path) -> None:
+def params(names: Iterable[str]) -> list[Any]:
+    # The compactor scenarios start Spark twice (~15 s each): part of the suite, marked slow.
+    return [
+        pytest.param(name, marks=[pytest.mark.slow] if name in COMPACTOR else []) for name in names
+    ]
+
+
+async def check_scenario(name: str, tmp_path: Path) -> None:
+    """Run one scenario's quick form and assert the verifier's verdict."""
     if name == "redis_restart" and redis_executable() is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     r = await run_isolated(name, SEED, True, tmp_path / name)
@@ -45,3 +49,14 @@ async def test_quick_scenario(name: str, tmp_path: Path) -> None:
     assert r.scrub_ok, detail
     assert not r.violations, detail
     assert r.faults > 0, f"the scheduled faults never happened\n{detail}"
+
+
+def test_every_scenario_is_in_one_of_the_three_files() -> None:
+    assert set(PROCESSES) | set(COMPACTOR) <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize(
+    "name", params(n for n in SCENARIOS if n not in PROCESSES and n not in COMPACTOR)
+)
+async def test_quick_scenario(name: str, tmp_path: Path) -> None:
+    await check_scenario(name, tmp_path)
