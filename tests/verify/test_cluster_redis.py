@@ -5,7 +5,7 @@ Real processes (``verify.cluster``): 3 ``loghost serve`` over one local store be
 it is down the hosts route by membership (the liveness records in the store), and when it comes
 back empty the hosts claim their logs again.
 
-* Under load on 60 collections Redis is killed with -9, the load goes on, Redis is started again
+* Under load on 36 collections Redis is killed with -9, the load goes on, Redis is started again
   with nothing in it, the load goes on: no append fails, every acknowledged record is read back
   exactly once, every collection is compacted to its tail (and equals the reference fold).
 * Routing: appends alternating over the hosts through the front, with a client that follows
@@ -23,7 +23,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -42,21 +41,35 @@ from verify.cluster.workload import (
 
 pytestmark = pytest.mark.slow
 
-N_COLLECTIONS = 60
+N_COLLECTIONS = 36
 CONCURRENCY = 24
 PARALLEL = 3  # appends to one log at once in the routing test
-BETWEEN = 40  # appends acknowledged between the events: each happens under load
+BETWEEN = 15  # appends acknowledged between the events: each happens under load
 # Leader hints that expire and renew at a test's pace (the default TTL is 10 s).
 REDIS_HOST_ENV = {**FAST_MEMBERSHIP, "LOGHOST_LEADER_TTL_MS": "2000"}
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for both tests (each writes collections of its own): one start-up, one
+    shutdown."""
     c = start(
-        3, 2, redis=True, workdir=tmp_path, host_env=REDIS_HOST_ENV, compactor_args=COMPACTOR_ARGS
+        3,
+        2,
+        redis=True,
+        workdir=tmp_path_factory.mktemp("cluster"),
+        host_env=REDIS_HOST_ENV,
+        compactor_args=COMPACTOR_ARGS,
     )
     with closed_after(c):
         yield c
+
+
+@pytest.fixture
+def cluster(shared_cluster: Cluster) -> Cluster:
+    """The shared cluster with Redis up (a test that failed may have left it killed)."""
+    shared_cluster.start_redis()
+    return shared_cluster
 
 
 async def test_redis_killed_and_restarted_empty_nothing_lost(cluster: Cluster) -> None:

@@ -118,10 +118,19 @@ class Child:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM and wait for the exit; SIGKILL after ``timeout_s``."""
-        if not self.running():
+        self.terminate()
+        self.wait_stopped(timeout_s)
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting (:meth:`wait_stopped` waits)."""
+        if self.running():
+            assert self.proc is not None
+            self.proc.terminate()
+
+    def wait_stopped(self, timeout_s: float = 30.0) -> None:
+        """Wait for the exit; SIGKILL after ``timeout_s``."""
+        if self.proc is None:
             return
-        assert self.proc is not None
-        self.proc.terminate()
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -191,6 +200,7 @@ class Cluster:
     # What the parts are started with (kept so hosts, compactors and the front can be started
     # again, or added, while the cluster runs).
     host_env: dict[str, str] = field(default_factory=dict)
+    host_env_by_id: dict[str, dict[str, str]] = field(default_factory=dict)  # over host_env
     spark_master: str = "local[1]"
     compactor_args: list[str] = field(default_factory=list)
     haproxy_bin: str = "haproxy"
@@ -235,17 +245,19 @@ class Cluster:
         wait_until_sync(h.ready, f"log host {h.server_id} to be ready", self.timeout_s, 0.05)
         return h
 
-    def add_hosts(self, n: int) -> list[Host]:
+    def add_hosts(self, n: int, *, restart_compactors: bool = True) -> list[Host]:
         """Scale out: start ``n`` new hosts (``host-<next>``), wait until they are ready, put them
         behind the front (HAProxy reloads its configuration, connections in flight finish) and
         restart the compactors one at a time with the new host list (as the chart re-renders
-        ``COMPACTOR_HOSTS``).  Returns the new hosts."""
+        ``COMPACTOR_HOSTS``; ``restart_compactors=False`` leaves that to the caller's
+        :meth:`restart_compactors`).  Returns the new hosts."""
         first = max((int(h.server_id.rsplit("-", 1)[1]) for h in self.hosts), default=-1) + 1
         new = [self._spawn_host(f"host-{first + i}") for i in range(n)]
         for h in new:
             wait_until_sync(h.ready, f"log host {h.server_id} to be ready", self.timeout_s, 0.05)
         self.reload_front()
-        self.restart_compactors()
+        if restart_compactors:
+            self.restart_compactors()
         return new
 
     def reload_front(self) -> None:
@@ -305,6 +317,7 @@ class Cluster:
                 "LOGHOST_LOG_LEVEL": "WARNING",
                 **({"LOGHOST_REDIS_URL": self.redis.url} if self.redis else {}),
                 **self.host_env,
+                **self.host_env_by_id.get(sid, {}),
             }
         )
         loghost = [str(BIN / "loghost")] if (BIN / "loghost").exists() else None
@@ -375,16 +388,13 @@ class Cluster:
         return "\n".join(lines)
 
     def close(self) -> None:
-        """Stop everything: compactors, the front, the hosts (draining), Redis."""
-        for c in self.compactors:
-            with contextlib.suppress(Exception):
-                c.child.stop(30)
+        """Stop everything: compactors, the front, the hosts (draining), Redis.  The parts of one
+        kind get SIGTERM together and drain side by side (one host's drain and flush does not
+        wait for another's)."""
+        _stop_together([c.child for c in self.compactors], 30)
         if self.haproxy is not None:
-            with contextlib.suppress(Exception):
-                self.haproxy.stop(10)
-        for h in self.hosts:
-            with contextlib.suppress(Exception):
-                h.child.stop(60)
+            _stop_together([self.haproxy], 10)
+        _stop_together([h.child for h in self.hosts], 60)
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 self.redis.stop()
@@ -394,6 +404,16 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stop_together(children: Sequence[Child], timeout_s: float) -> None:
+    """SIGTERM every child, then wait for each (SIGKILL after ``timeout_s``); errors ignored."""
+    for ch in children:
+        with contextlib.suppress(Exception):
+            ch.terminate()
+    for ch in children:
+        with contextlib.suppress(Exception):
+            ch.wait_stopped(timeout_s)
 
 
 def haproxy_config(front_port: int, hosts: Sequence[Host]) -> str:
@@ -453,6 +473,7 @@ def start(
     engine: Engine = "local",
     spark_master: str = "local[1]",
     host_env: Mapping[str, str] | None = None,
+    host_env_by_id: Mapping[str, Mapping[str, str]] | None = None,
     compactor_args: Sequence[str] = (),
     timeout_s: float = 60.0,
 ) -> Cluster:
@@ -460,7 +481,8 @@ def start(
 
     ``store``: a path or ``s3://bucket/prefix`` (the endpoint and credentials from the ``AWS_*``
     variables, passed on to every child); default ``workdir/store``.  ``host_env``: extra
-    ``LOGHOST_*`` settings for every host.  ``engine``: ``local`` folds in each compactor's process
+    ``LOGHOST_*`` settings for every host, ``host_env_by_id`` for some hosts (by server id,
+    ``host-<i>``) over those.  ``engine``: ``local`` folds in each compactor's process
     (``compactor run --engine local``), ``spark`` runs ``compactor run`` on ``spark_master``.
     """
     if n_hosts < 1:
@@ -484,6 +506,7 @@ def start(
         hosts=[],
         engine=engine,
         host_env=dict(host_env or {}),
+        host_env_by_id={sid: dict(env) for sid, env in (host_env_by_id or {}).items()},
         spark_master=spark_master,
         compactor_args=list(compactor_args),
         haproxy_bin=haproxy_bin,

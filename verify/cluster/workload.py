@@ -48,7 +48,11 @@ FAST_MEMBERSHIP = {
     "LOGHOST_ROLLUP_INTERVAL_S": "0.5",
     "LOGHOST_SHUTDOWN_GRACE_S": "2",
 }
-COMPACTOR_ARGS = ["--interval-s", "0.5", "--min-records", "1", "--log-level", "WARNING"]
+COMPACTION_INTERVAL_S = 0.5  # between a compactor's rounds
+COMPACTOR_ARGS = [
+    *("--interval-s", str(COMPACTION_INTERVAL_S)),
+    *("--min-records", "1", "--log-level", "WARNING"),
+]
 
 
 def batch(cid: str, b: int) -> list[dict[str, Any]]:
