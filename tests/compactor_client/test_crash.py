@@ -3,9 +3,16 @@
 Each round appends as many records as the collection's top level holds, so every round merges
 levels (ratio 10: two runs of similar size break it).  The compactor is started as the leader of
 its own session with ``COMPACTOR_CRASH_AT=<point>`` (``compactor_client.crashpoints``), so the
-point SIGKILLs its whole process group — driver, JVM and Python workers — exactly there: after an
-executor wrote a merge's output, after it wrote every run, before and after the ``CURRENT.json``
-put, after the cursor moved, in the middle of a prune.
+point SIGKILLs its whole process group exactly there: after an executor wrote a merge's output,
+after it wrote every run, before and after the ``CURRENT.json`` put, after the cursor moved, in
+the middle of a prune.
+
+A round of 60 records folds in the driver (``--driver-fold-below``), with the functions a Spark
+executor runs, so the rounds run with ``--engine local``: the same code, without a JVM that only
+starts and stops (its start was nine tenths of this test's time).  The merge's kill runs twice:
+there, and once more on Spark (``local[1]``, ``--driver-fold-below 0``), where the point is
+reached in a PySpark worker and kills the whole session: driver, JVM and Python workers (whose
+daemon has a process group of its own; killing only that group would leave the round running).
 
 After every kill: ``CURRENT.json`` parses and every run it lists exists, the reader's state is the
 oracle's fold of the log below its offset, and the cursor is not ahead of it.  At the end a clean
@@ -36,13 +43,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CID = "crashy"
+MERGED = "fold:merged"  # the point the Spark round is killed at
 
 
-def compactor(host: str, store: Path, crash_at: str | None) -> subprocess.CompletedProcess[bytes]:
+def compactor(
+    host: str, store: Path, crash_at: str | None, *, spark: bool = False
+) -> subprocess.CompletedProcess[bytes]:
+    """One ``compactor run --once``; ``spark``: the round's fold is a Spark job (else: in this
+    process, as every round this small folds by default)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
     env.update(COMPACTOR_API_KEY="k", PYTHONPATH=str(ROOT))
     if crash_at is not None:
         env[VARIABLE] = crash_at
+    engine = (
+        ["--spark-master", "local[1]", "--driver-fold-below", "0"]
+        if spark
+        else ["--engine", "local"]
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -52,8 +69,7 @@ def compactor(host: str, store: Path, crash_at: str | None) -> subprocess.Comple
         host,
         "--store",
         str(store),
-        "--spark-master",
-        "local[1]",
+        *engine,
         "--once",
         "--member-id",
         "c1",
@@ -101,8 +117,13 @@ async def test_kill_9_at_every_step_of_a_round_merges_included(tmp_path: Path) -
             done = await asyncio.to_thread(compactor, host.url, root, point)
             killed[point] = done.returncode
             await check(store, log, cursors)
+        # A merge's output written by a Spark executor (a PySpark worker).
+        await log.append_fragment(random_records(rng, 60, ids=10_000))
+        done = await asyncio.to_thread(compactor, host.url, root, MERGED, spark=True)
+        killed["spark " + MERGED] = done.returncode
+        await check(store, log, cursors)
         # Every point was reached, and killed the compactor there (SIGKILL: -9).
-        assert killed == dict.fromkeys(POINTS, -9), killed
+        assert killed == dict.fromkeys([*POINTS, "spark " + MERGED], -9), killed
         # A clean round (prunes follow installs: what the killed prune left goes now).
         await log.append_fragment(random_records(rng, 60, ids=10_000))
         done = await asyncio.to_thread(compactor, host.url, root, None)
