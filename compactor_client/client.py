@@ -183,8 +183,11 @@ class LogHostClient:
         params: Mapping[str, Any] | None = None,
         body: Any = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a per-request httpx timeout, not a deadline
+        max_retries: int | None = None,
     ) -> Any:
-        """Send one logical request with the retry/redirect policy of the module docstring."""
+        """Send one logical request with the retry/redirect policy of the module docstring
+        (``max_retries``: this request's, else the client's)."""
+        limit = self.max_retries if max_retries is None else max_retries
         origin = self.base_url + path
         first_query = {k: v for k, v in (params or {}).items() if v is not None} or None
         url, query = origin, first_query
@@ -200,14 +203,14 @@ class LogHostClient:
                     timeout=timeout if timeout is not None else self.timeout,
                 )
             except _NOT_SENT as e:
-                if retries < self.max_retries:
+                if retries < limit:
                     retries += 1
                     url, query, hops = origin, first_query, 0  # a retry: the caller's address
                     await self._sleep(self._backoff(retries))
                     continue
                 raise LogHostUnavailable(f"cannot connect: {e!r}", url=url) from e
             except httpx.TransportError as e:
-                if idempotent and retries < self.max_retries:
+                if idempotent and retries < limit:
                     retries += 1
                     url, query, hops = origin, first_query, 0  # a retry: the caller's address
                     await self._sleep(self._backoff(retries))
@@ -252,7 +255,7 @@ class LogHostClient:
 
             retry_after = parse_retry_after(resp.headers.get("retry-after"))
             retryable = status == 429 or (status in _AMBIGUOUS_STATUSES and idempotent)
-            if retryable and retries < self.max_retries:
+            if retryable and retries < limit:
                 delay = retry_after if retry_after is not None else self._backoff(retries + 1)
                 if delay <= self.max_retry_after_s:
                     retries += 1
@@ -410,14 +413,16 @@ class LogHostClient:
     # ---------------------------------------------------------------------------- dirty set
 
     async def dirty(
-        self, *, min_records: int | None = None, limit: int | None = None
+        self, *, min_records: int | None = None, limit: int | None = None, retry: bool = True
     ) -> DirtyResult:
-        """The host's dirty logs, highest score first (needs a service key)."""
+        """The host's dirty logs, highest score first (needs a service key); ``retry=False``:
+        one attempt (a poll that the next round repeats)."""
         data = await self._request(
             "GET",
             "/v1/dirty",
             params={"min_records": min_records, "limit": limit},
             idempotent=True,
+            max_retries=None if retry else 0,
         )
         return DirtyResult.model_validate(data)
 

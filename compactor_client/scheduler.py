@@ -54,9 +54,9 @@ class DirtySource(Protocol):
     base_url: str
 
     async def dirty(
-        self, *, min_records: int | None = None, limit: int | None = None
+        self, *, min_records: int | None = None, limit: int | None = None, retry: bool = True
     ) -> DirtyResult:
-        """The host's dirty set."""
+        """The host's dirty set (``retry=False``: one attempt, a failure raised at once)."""
         ...
 
 
@@ -97,10 +97,14 @@ class Selection:
 async def poll_hosts(
     sources: Sequence[DirtySource], *, min_records: int | None = None, limit: int | None = None
 ) -> PollResult:
-    """Poll every host's dirty set concurrently; one host failing does not stop the others."""
+    """Poll every host's dirty set concurrently; one host failing does not stop the others.
+
+    One attempt per host: the next round polls again, and a dead host still configured must not
+    hold up every round by the client's retries with backoff (about 3 s: a departed host's
+    adopted collections were compacted that much later than adoption plus one interval)."""
 
     async def one(src: DirtySource) -> list[Candidate]:
-        got = await src.dirty(min_records=min_records, limit=limit)
+        got = await src.dirty(min_records=min_records, limit=limit, retry=False)
         return [Candidate(host_url=src.base_url, log=entry) for entry in got.logs]
 
     results = await asyncio.gather(*(one(s) for s in sources), return_exceptions=True)

@@ -102,7 +102,7 @@ class _Host:
         self.logs = logs
 
     async def dirty(
-        self, *, min_records: int | None = None, limit: int | None = None
+        self, *, min_records: int | None = None, limit: int | None = None, retry: bool = True
     ) -> DirtyResult:
         return DirtyResult(server_id="h", logs=list(self.logs))
 

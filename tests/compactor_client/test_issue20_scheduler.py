@@ -38,7 +38,7 @@ class _Host:
         self.base_url, self.logs, self.fail = url, logs, False
 
     async def dirty(
-        self, *, min_records: int | None = None, limit: int | None = None
+        self, *, min_records: int | None = None, limit: int | None = None, retry: bool = True
     ) -> DirtyResult:
         if self.fail:
             raise RuntimeError(f"{self.base_url}: connect timeout")

@@ -193,7 +193,9 @@ class _Source:
     def __init__(self, cands: list[Candidate]) -> None:
         self.cands = cands
 
-    async def dirty(self, *, min_records: int | None = None, limit: int | None = None) -> Any:
+    async def dirty(
+        self, *, min_records: int | None = None, limit: int | None = None, retry: bool = True
+    ) -> Any:
         from compactor_client.models import DirtyResult
 
         return DirtyResult(logs=[c.log for c in self.cands])

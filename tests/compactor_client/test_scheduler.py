@@ -186,7 +186,7 @@ class FakeHost:
         self.calls: list[tuple[int | None, int | None]] = []
 
     async def dirty(
-        self, *, min_records: int | None = None, limit: int | None = None
+        self, *, min_records: int | None = None, limit: int | None = None, retry: bool = True
     ) -> DirtyResult:
         self.calls.append((min_records, limit))
         if self.error:
@@ -216,3 +216,27 @@ async def test_scheduler_round_dedupes_across_hosts() -> None:
 def test_scheduler_rejects_member_outside_membership() -> None:
     with pytest.raises(ValueError):
         Scheduler([], member_id="x", members=["a", "b"])
+
+
+async def test_a_dead_host_is_polled_once_without_backoff() -> None:
+    """A host that refuses connections (gone, still in COMPACTOR_HOSTS) fails the poll at once:
+    the round does not wait out the client's retries, which the next round would repeat."""
+    import socket
+
+    from compactor_client.client import LogHostClient
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    async with LogHostClient(dead, "k", sleep=sleep) as client:
+        polled = await poll_hosts([client])
+        assert list(polled.failed_hosts) == [dead] and not polled.candidates
+        assert waits == []
+        with pytest.raises(Exception, match="cannot connect"):
+            await client.dirty()  # a caller's own listing still retries
+        assert len(waits) == client.max_retries
