@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -390,6 +391,12 @@ async def _windows(
         asyncio.create_task(_steady(port, cfg["b_rate"], lambda n: healthz, probe_samples, stop)),
     ]
     windows: list[dict[str, Any]] = []
+    # This process measures B's latency: its own garbage collector must not pause it (a full
+    # collection over the bench's imports took hundreds of ms on a loaded machine, charged to
+    # whatever B request was in flight).  Collected at each window's start, inside the trim.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     try:
         # Warm-up (not measured): B alone, then a short flood.
         await asyncio.sleep(cfg["warmup_s"])
@@ -400,6 +407,8 @@ async def _windows(
     finally:
         stop.set()
         await asyncio.gather(*senders, return_exceptions=True)
+        gc.enable()
+        gc.unfreeze()
     return {
         "opened": opened,
         "windows": windows,
@@ -420,6 +429,7 @@ async def _case(
     """One quota case: ``pairs`` of (A idle, A flooding) windows, appended to ``windows``."""
     for pair in range(cfg["pairs"]):
         for state in ("idle", "flood"):
+            gc.collect()
             c0, _ = host.cpu_rss()
             m0, o0 = host.thread_cpu()
             t0 = time.monotonic()
