@@ -230,8 +230,8 @@ class Settings(BaseSettings):
         ge=0,
         description="how long the creation claim of a host that died must stand unchanged "
         "before another attempt may create that log (until then it answers 409 `contention`); "
-        "0: 2 × max(60 s, `LOGHOST_GC_GRACE_S`).  Lower it only where every store request "
-        "takes effect within half of it",
+        "0: 2 × max(60 s, `LOGHOST_GC_GRACE_S`); else at least 1 s.  Lower it only where every "
+        "store request takes effect within half of it",
     )
     gc_interval_s: float = Field(60.0, gt=0, description="retry period of the always-on collector")
     gc_deletes_per_second: float = Field(
@@ -320,6 +320,14 @@ class Settings(BaseSettings):
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"listen must be HOST:PORT, got {v!r}")
+        return v
+
+    @field_validator("claim_ttl_s")
+    @classmethod
+    def _check_claim_ttl(cls, v: float) -> float:
+        # A claimant renews every quarter of it: below a second that is a store write loop.
+        if 0 < v < 1:
+            raise ValueError(f"claim_ttl_s must be 0 (derived) or at least 1 s, got {v}")
         return v
 
     @field_validator("server_id")

@@ -28,3 +28,15 @@ async def test_a_host_claims_and_judges_claims_with_the_setting(
         assert live.server.manager.claims.ttl_s == expected
         dirty = live.server.dirty_set.opened()
         assert dirty.backend._claims.ttl_s == expected  # the roll-ups' view of fork claims
+
+
+@pytest.mark.parametrize("value", [0.001, 0.5, -1.0])
+def test_a_claim_ttl_under_a_second_is_refused(value: float) -> None:
+    """A claimant renews every quarter of its TTL: a tiny one would be a loop of store writes."""
+    from pydantic import ValidationError
+
+    from host.config import Settings
+
+    with pytest.raises(ValidationError, match="claim_ttl"):
+        Settings(claim_ttl_s=value)
+    assert Settings(claim_ttl_s=1.0).claim_ttl_s == 1.0
