@@ -98,3 +98,15 @@ async def test_an_advance_gives_up_after_sixteen_conflicts_naming_the_cursor(
 async def test_deleting_a_missing_cursor_names_it(local: LocalStore) -> None:
     with pytest.raises(CursorNotFound, match="no cursor gone"):
         await CursorStore(local, "log", "w").delete("gone")
+
+
+async def test_a_save_by_etag_is_a_compare_and_swap_naming_the_cursor(local: LocalStore) -> None:
+    """``save`` takes a witness or its etag alone (what a client sends back as If-Match)."""
+    cursors = CursorStore(local, "log", "w")
+    first = await cursors.init(NAME, 5)
+    moved = await cursors.save(NAME, 8, first.etag)
+    assert moved.cursor.offset == 8 and moved.etag != first.etag
+    with pytest.raises(CursorConflict, match=f"cursor {NAME} changed since it was read"):
+        await cursors.save(NAME, 9, first.etag)
+    reread = await cursors.load(NAME)
+    assert reread is not None and reread.cursor.offset == 8
