@@ -110,3 +110,13 @@ async def test_a_save_by_etag_is_a_compare_and_swap_naming_the_cursor(local: Loc
         await cursors.save(NAME, 9, first.etag)
     reread = await cursors.load(NAME)
     assert reread is not None and reread.cursor.offset == 8
+
+
+async def test_a_cursor_lives_under_its_log_prefix_exactly_as_given(local: LocalStore) -> None:
+    """Only slashes around the prefix are dropped (as every other key of the log is built):
+    spaces and letters at its ends are part of it."""
+    cursors = CursorStore(local, " Xp X/", "w")
+    saved = await cursors.save(NAME, 3, (await cursors.init(NAME, 2)).etag)
+    assert saved.name == NAME and saved.cursor.offset == 3
+    keys = [m.key async for m in local.list("")]
+    assert keys == [f" Xp X/cursor/{NAME}.json"], keys
