@@ -120,3 +120,13 @@ async def test_a_cursor_lives_under_its_log_prefix_exactly_as_given(local: Local
     assert saved.name == NAME and saved.cursor.offset == 3
     keys = [m.key async for m in local.list("")]
     assert keys == [f" Xp X/cursor/{NAME}.json"], keys
+
+
+@pytest.mark.parametrize("offset", [0, -1])
+async def test_a_cursor_below_offset_one_is_refused_with_its_reason(
+    local: LocalStore, offset: int
+) -> None:
+    cursors = CursorStore(local, "log", "w")
+    with pytest.raises(ValueError, match=r"^cursor offsets start at 1$"):
+        await cursors.init(NAME, offset)
+    assert [m.key async for m in local.list("")] == []
