@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -11,10 +12,12 @@ import pytest
 
 from verify.sim import loop as simloop
 from verify.sim import report
+from verify.sim.model import Model
 from verify.sim.report import run_range
 from verify.sim.run import run_seed
 from verify.sim.store import Actor, FaultRates, SimStore
-from wal3.errors import ObjectNotFound, PreconditionFailed, StoreUnavailable
+from wal3.cursors import CursorStore, Witness
+from wal3.errors import CursorConflict, ObjectNotFound, PreconditionFailed, StoreUnavailable
 
 SHORT_FORM = (0, 300)  # the seeds `make test` runs (all six known bugs of 3c61663 show in them)
 
@@ -183,6 +186,35 @@ def test_a_seed_replays_identically(seed: int) -> None:
 
 def test_different_seeds_differ() -> None:
     assert run_seed(3).trace_hash != run_seed(4).trace_hash
+
+
+def test_a_cursor_advanced_backwards_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutation run's hole in wal3/cursors.py: ``advance`` that saves whatever it was given
+    moves the progress cursor back, which only the ``cursor-back`` check sees (seed 0 shows it;
+    an unconditional ``save`` shows at seed 6)."""
+
+    async def advance_blindly(self: CursorStore, name: str, offset: int, **_: Any) -> Witness:
+        for _attempt in range(16):
+            current = await self.load(name)
+            try:
+                if current is None:
+                    return await self.init(name, offset)
+                return await self.save(name, offset, current)  # no "already past it" check
+            except CursorConflict:
+                continue
+        raise CursorConflict(name)
+
+    monkeypatch.setattr(CursorStore, "advance", advance_blindly)
+    r = run_seed(0)
+    assert "cursor-back" in {v.check for v in r.violations}, r.trace[-20:]
+
+
+def test_a_finished_seed_leaves_no_world_behind() -> None:
+    """The collectors' per-store memory held the virtual clock, hence the whole world: a long
+    run's workers grew by ~5,000 objects a seed and slowed about tenfold."""
+    run_seed(3)
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, Model)]
 
 
 # 150 s on an idle 2-core CI machine; over the suite's 300 s default beside other load.

@@ -69,6 +69,10 @@ PIN_LATENCY = Latency(
 )
 EMERGENCY = ("emergency0", "emergency1", "emergency2")
 PINS = ("pin0", "pin1")  # cursors pinned with pin_cursor
+# A compactor's progress cursor: moved only with CursorStore.advance, often by two advancers at
+# once, so it must never move back (the model's ``cursor-back`` check).
+PROGRESS = "progress"
+ADVANCE_P = 0.15  # of cursor steps
 
 
 class HookFailed(Exception):
@@ -506,6 +510,9 @@ class World:
                 self.spawn_cursor(self.delete_cursor(name))
             else:
                 self.spawn_cursor(self.set_cursor(name, tail=False))
+        elif r < self.cfg.emergency_p + ADVANCE_P:
+            for _ in range(self.rng.choice((1, 2, 2))):
+                self.spawn_cursor(self.advance_cursor())
         else:
             self.spawn_cursor(self.set_cursor(COMPACTION, tail=self.rng.random() < self.cfg.tail_p))
 
@@ -673,6 +680,26 @@ class World:
             return
         self.model.established[name] = (w.etag, c)
         self.trace(f"pin {name} @{c} accepted (oldest was {m0.oldest_offset})")
+
+    async def advance_cursor(self) -> None:
+        """Move the progress cursor forward to an offset inside the log as this reader sees it,
+        the way a compactor records what it has consumed; it never moves back."""
+        self.stats["cursor_ops"] += 1
+        loaded = await load_manifest(self.reader_view, PREFIX)
+        if loaded is None:
+            return
+        m0 = loaded[0]
+        c = self.rng.randint(m0.oldest_offset, m0.next_offset)
+        try:
+            w = await self.cursors.advance(PROGRESS, c)
+        except CursorConflict as e:
+            self.trace(f"advance {PROGRESS} -> {c} failed: {e!r}")
+            return
+        if w.cursor.offset < c:
+            self.model.violate(
+                "cursor-back", f"advance {PROGRESS} to {c} answered {w.cursor.offset}"
+            )
+        self.trace(f"advance {PROGRESS} -> {c}: at {w.cursor.offset}")
 
     async def delete_cursor(self, name: str) -> None:
         self.stats["cursor_ops"] += 1

@@ -141,6 +141,7 @@ class Model:
         self.linked: dict[tuple[str, str], tuple[int, int]] = {}  # (key, md5) -> [start, limit)
         self.seq_appends: list[tuple[float, str]] = []  # (time, actor) of installs adding fragments
         self.cursor_hist: dict[str, list[tuple[float, int | None]]] = {}
+        self.progress_key: str | None = None  # a cursor that is only ever advanced (cursor-back)
         self.established: dict[str, tuple[str, int]] = {}  # cursor -> (etag, offset)
         self.gc_started: dict[str, float] = {}  # collector actor -> start of its current pass
         self.unverified: list[int] = []
@@ -206,7 +207,15 @@ class Model:
                 off: int | None = Cursor.from_bytes(new.data).offset
             except CorruptManifest:
                 off = None
-            self.cursor_hist.setdefault(key, []).append((self.now(), off))
+            hist = self.cursor_hist.setdefault(key, [])
+            if key == self.progress_key and hist and off is not None:
+                last = hist[-1][1]  # None: deleted since, so it starts afresh
+                if last is not None and off < last:
+                    self.violate(
+                        "cursor-back",
+                        f"{actor.name} moved {key} back from {last} to {off} (only ever advanced)",
+                    )
+            hist.append((self.now(), off))
         elif key == join(self.prefix, GARBAGE_PATH):
             self._on_garbage(actor, new)
 
