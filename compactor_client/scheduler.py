@@ -19,9 +19,12 @@ time, so a stamp from the future — taken while this member's clock ran ahead (
 clock is off, a clock NTP then stepped back) — is clamped to now when loaded and when kept, as
 ``Liveness`` does with its ``since``: a fast clock can restart a stall clock, never hold it back
 by the skew.  A poll that
-failed for some host says nothing about progress: collections it may have reported keep their
-clocks, and a start that changed in such a round is not taken as progress (the lower start may
-be the missing host's).  Both err only towards taking over, i.e. towards duplicate (safe) work.
+failed for some host says nothing about that host's collections: they keep their clocks, and in
+such a round the merged start is not compared (the lower start may be the missing host's).  Each
+answering host's start is compared with what *that host* reported before instead: one that rose
+is progress (the compaction cursor clips every host's start).  So a departed host still listed in
+``COMPACTOR_HOSTS``, which fails every poll, does not make every collection look stalled.  What
+is uncertain errs only towards taking over, i.e. towards duplicate (safe) work.
 """
 
 from __future__ import annotations
@@ -235,6 +238,7 @@ def select(
 
 PROGRESS_PREFIX = COMPACTORS_PROGRESS_PREFIX
 Progress = dict[tuple[str, str], tuple[int, float]]  # (tenant, cid) -> (dirty start, stalled since)
+HostStarts = dict[tuple[str, str], dict[str, int]]  # (tenant, cid) -> host URL -> its dirty start
 
 
 def _clamp(since: float, now: float) -> float:
@@ -255,26 +259,37 @@ class ProgressLedger:
         """Where this member's clocks live (the id quoted: it is a key, not a path)."""
         return progress_key(self.member_id)
 
-    async def load(self) -> Progress:
-        """The clocks as last saved (as stored: the scheduler clamps stamps from the future);
-        empty when there are none (or they are damaged)."""
+    async def load(self) -> tuple[Progress, HostStarts]:
+        """The clocks and each host's last reported starts, as last saved (as stored: the
+        scheduler clamps stamps from the future); empty when there are none (or they are
+        damaged).  A ledger written before the hosts' starts were kept has none."""
         try:
             doc = json.loads((await self.store.get(self.key)).data)
-            return {
+            progress = {
                 (str(t), str(c)): (int(start), float(since))
                 for t, c, start, since in doc["collections"]
             }
+            hosts: HostStarts = {}
+            for t, c, url, start in doc.get("hosts", []):
+                hosts.setdefault((str(t), str(c)), {})[str(url)] = int(start)
+            return progress, hosts
         except ObjectNotFound:
-            return {}
+            return {}, {}
         except (ValueError, KeyError, TypeError):
             log.warning("%s is damaged; take-over clocks start afresh", self.key)
-            return {}
+            return {}, {}
 
-    async def save(self, progress: Progress) -> None:
-        """Replace the saved clocks."""
+    async def save(self, progress: Progress, hosts: HostStarts | None = None) -> None:
+        """Replace the saved clocks (and the hosts' starts)."""
         rows = [[t, c, start, since] for (t, c), (start, since) in sorted(progress.items())]
+        host_rows = [
+            [t, c, url, start]
+            for (t, c), starts in sorted((hosts or {}).items())
+            for url, start in sorted(starts.items())
+        ]
         body = json.dumps(
-            {"member_id": self.member_id, "collections": rows}, separators=(",", ":")
+            {"member_id": self.member_id, "collections": rows, "hosts": host_rows},
+            separators=(",", ":"),
         ).encode()
         await self.store.put(self.key, body)
 
@@ -317,37 +332,62 @@ class Scheduler:
         self.ledger = ledger
         # Per collection: its dirty start when first seen, and since when it has not moved.
         self._progress: Progress = {}
+        # Per collection: the start each host reported when last polled (hosts that failed since
+        # keep theirs), to tell progress from a merge that lost its lowest start.
+        self._host_starts: HostStarts = {}
         self._loaded = ledger is None
-        self._saved: Progress | None = None
+        self._saved: tuple[Progress, HostStarts] | None = None
 
     def _watch(
-        self, candidates: Iterable[Candidate], *, complete: bool = True
+        self, candidates: Sequence[Candidate], *, failed: Iterable[str] = ()
     ) -> Callable[[Candidate], float]:
         """Note each collection's progress; returns how long each has stalled (as seen here).
 
-        ``complete``: every host was polled.  Otherwise a collection may be missing, or show
-        another host's later start, only because its host's poll failed: its clock goes on.
+        ``failed``: the hosts whose poll failed.  Then a collection may be missing, or show
+        another host's later start, only because its host's poll failed: its clock goes on
+        unless a host that answered reports a higher start than it did before.
         """
+        failed = set(failed)
         now = self._clock()
+        reported: HostStarts = {}
+        for c in candidates:
+            starts = reported.setdefault(c.key, {})
+            starts[c.host_url] = min(c.log.start, starts.get(c.host_url, c.log.start))
         seen: Progress = {}
         for c in merge_candidates(candidates):
             old = self._progress.get(c.key)
+            if old is not None and not failed:
+                moved = old[0] != c.log.start
+            elif old is not None:  # each answering host against itself: a rise is the cursor
+                before = self._host_starts.get(c.key, {})
+                moved = any(
+                    url in before and start > before[url] for url, start in reported[c.key].items()
+                )
             # A moved start is compaction progress (the cursor clips it): the clock restarts.
-            if old is None or (old[0] != c.log.start and complete):
+            if old is None or moved:
                 seen[c.key] = (c.log.start, now)
             else:  # a stamp from the future (the clock was ahead then) counts from now
                 seen[c.key] = (old[0], _clamp(old[1], now))
-        if not complete:
+        hosts: HostStarts = {}
+        if failed:
             for key, old in self._progress.items():
                 seen.setdefault(key, (old[0], _clamp(old[1], now)))
+            for key in seen:  # the failed hosts' last reports stand; the others' are replaced
+                kept = {u: s for u, s in self._host_starts.get(key, {}).items() if u in failed}
+                starts = {**kept, **reported.get(key, {})}
+                if starts:
+                    hosts[key] = starts
+        else:
+            hosts = reported
         self._progress = seen  # collections no longer dirty (per a complete poll) are forgotten
+        self._host_starts = hosts
         return lambda c: now - seen[c.key][1] if c.key in seen else 0.0
 
     async def _load_progress(self) -> None:
         if self._loaded or self.ledger is None:
             return
         try:
-            stored = await self.ledger.load()
+            stored, stored_hosts = await self.ledger.load()
             now = self._clock()
             # A stamp from the future is clamped here, and so differs from the stored one: the
             # clamped clock is saved this round, and the future stamp is gone for good.
@@ -355,17 +395,19 @@ class Scheduler:
                 **{k: (start, _clamp(since, now)) for k, (start, since) in stored.items()},
                 **self._progress,
             }
-            self._saved = stored
+            self._host_starts = {**stored_hosts, **self._host_starts}
+            self._saved = (stored, stored_hosts)
             self._loaded = True
         except Exception as e:
             log.warning("could not load the take-over clocks: %r", e)
 
     async def _save_progress(self) -> None:
-        if self.ledger is None or not self._loaded or self._progress == self._saved:
+        current = (self._progress, self._host_starts)
+        if self.ledger is None or not self._loaded or current == self._saved:
             return
         try:
-            await self.ledger.save(self._progress)
-            self._saved = dict(self._progress)
+            await self.ledger.save(*current)
+            self._saved = (dict(self._progress), dict(self._host_starts))
         except Exception as e:
             log.warning("could not save the take-over clocks: %r", e)
 
@@ -379,7 +421,7 @@ class Scheduler:
         polled = await poll_hosts(
             self.sources, min_records=self.min_records, limit=self.dirty_limit
         )
-        stalled_s = self._watch(polled.candidates, complete=not polled.failed_hosts)
+        stalled_s = self._watch(polled.candidates, failed=polled.failed_hosts)
         await self._save_progress()
         sel = select(
             polled.candidates,

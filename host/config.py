@@ -32,7 +32,11 @@ def _default_server_id() -> str:
 class Settings(BaseSettings):
     """Configuration of one log host (``LOGHOST_<FIELD>`` in the environment)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    # No setting means anything at infinity or NaN: LOGHOST_CLAIM_TTL_S=inf (or 1e400) made a
+    # claim that was never renewed, which every other host judged by its own TTL.
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", frozen=True, allow_inf_nan=False
+    )
 
     # Every field's description is its row of README.md's settings table (``python -m
     # host.settings_doc --write``); ``shown_default`` is the default the table shows when the
