@@ -209,7 +209,13 @@ class QuotaExceeded(ApiError):
     kind = HostKind.QUOTA_EXCEEDED
 
     def __init__(
-        self, tenant: str, quota: str, limit: str, retry_after_s: float | None = None
+        self,
+        tenant: str,
+        quota: str,
+        limit: str,
+        retry_after_s: float | None = None,
+        *,
+        hold_s: float | None = None,
     ) -> None:
         headers = None
         if retry_after_s is not None:
@@ -224,6 +230,9 @@ class QuotaExceeded(ApiError):
         self.quota = quota
         # The Retry-After sent (whole seconds), or None.
         self.retry_after_s = float(headers["Retry-After"]) if headers else None
+        # How long the server leaves the connection unread (its turn; host.quotas), or None: then
+        # the Retry-After.
+        self.hold_s = hold_s
 
 
 class Conflict(ApiError):
@@ -342,7 +351,7 @@ def install_handlers(app: FastAPI) -> None:
 
         ticket = connection_ticket(request.scope)
         if ticket is not None and exc.retry_after_s is not None:
-            ticket.hold(exc.retry_after_s)
+            ticket.hold(exc.hold_s if exc.hold_s is not None else exc.retry_after_s)
         return error_response(exc)
 
     @app.exception_handler(NotLeader)

@@ -74,6 +74,10 @@ class Quota:
 
 
 QUOTA_NAMES = tuple(f.name for f in fields(Quota))
+
+# How far ahead refused requests are given turns (TenantQuotas._turn): the longest a refused
+# connection is left unread (host.httpserver.MAX_HOLD_S).
+PACE_HORIZON_S = 1.0
 _LIMIT_NAMES = tuple(name for name in QUOTA_NAMES if name != "weight")
 
 
@@ -253,6 +257,8 @@ class TenantQuotas:
         self._cache: dict[str, Quota] = {}
         self._appends: dict[str, TokenBucket] = {}
         self._records: dict[str, TokenBucket] = {}
+        # (bucket, tenant) -> when the next refused request of that tenant gets its turn.
+        self._turns: dict[tuple[str, str], float] = {}
         self._pending: dict[str, int] = {}
         if self._file is not None and not self.reload():
             raise ValueError(f"LOGHOST_TENANT_QUOTAS_FILE: cannot use {self._file}")
@@ -305,7 +311,13 @@ class TenantQuotas:
         return self._pending.get(tenant, 0)
 
     def throttle(
-        self, tenant: str, quota: str, limit: str, retry_after_s: float | None = None
+        self,
+        tenant: str,
+        quota: str,
+        limit: str,
+        retry_after_s: float | None = None,
+        *,
+        hold_s: float | None = None,
     ) -> QuotaExceeded:
         """The 429 of ``quota`` (counted in the metrics), to raise."""
         self.metrics.throttled(tenant, quota)
@@ -316,7 +328,22 @@ class TenantQuotas:
             limit,
             extra={"quota": quota, "retry_after_s": retry_after_s},
         )
-        return QuotaExceeded(tenant, quota, limit, retry_after_s)
+        return QuotaExceeded(tenant, quota, limit, retry_after_s, hold_s=hold_s)
+
+    def _turn(
+        self, name: str, tenant: str, wait: float, n: float, rate: float, now: float
+    ) -> float:
+        """How long to hold the connection of a request refused by a rate bucket: until its
+        turn.  Refused requests of one tenant get turns ``n / rate`` apart, so that a tenant
+        flooding from many connections comes back one request at a time, spread evenly, and
+        not all at once when a common hold ends: a wave of admitted work stalls every other
+        tenant's requests behind it (issue 19).  Turns are handed out up to ``PACE_HORIZON_S``
+        ahead; a request beyond it is held that long and asks again."""
+        key = (name, tenant)
+        turn = max(now + wait, self._turns.get(key, now))
+        if turn - now <= PACE_HORIZON_S:
+            self._turns[key] = turn + n / rate
+        return min(turn - now, PACE_HORIZON_S)
 
     def _bucket(
         self, buckets: dict[str, TokenBucket], tenant: str, rate: float | None, burst: float | None
@@ -357,7 +384,8 @@ class TenantQuotas:
                 wait = bucket.wait_s(n, now)
                 if wait > 0:
                     assert rate is not None
-                    raise self.throttle(tenant, name, _rate(rate), max(wait, 1e-9))
+                    hold = self._turn(name, tenant, wait, min(n, bucket.burst), rate, now)
+                    raise self.throttle(tenant, name, _rate(rate), max(wait, 1e-9), hold_s=hold)
         for _name, _limit, bucket, n in checks:
             if bucket is not None and n:
                 bucket.take(n, now)

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from host.config import Settings
-from host.errors import ANSWERS, HostKind
+from host.errors import ANSWERS, HostKind, QuotaExceeded
 from host.metrics import OTHER_TENANT, TenantMetrics
 from host.quotas import Quota, TenantQuotas, TokenBucket, parse_quotas
 from host.server import Server
@@ -374,6 +374,34 @@ def test_a_refused_charge_takes_nothing_from_either_bucket() -> None:
     q.charge("t", quota, appends=1, records=0)  # the refused try took no append token
     with pytest.raises(Exception, match="appends_per_s"):
         q.charge("t", quota, appends=1, records=0)
+
+
+def test_refused_requests_get_turns_spread_at_the_rate() -> None:
+    """A tenant refused on many connections at once is held until turns 1/rate apart (up to the
+    1 s horizon), not all for the same second: a common hold brought the whole flood back at
+    once, and the admitted wave stalled every other tenant behind it (issue 19)."""
+    clock = FakeClock()
+    q = TenantQuotas(
+        parse_quotas(quotas_json({"appends_per_s": 10, "appends_burst": 1})), clock=clock
+    )
+    quota = q.quota("a")
+    q.charge("a", quota, appends=1, records=0)  # the burst
+    holds = []
+    for _ in range(14):  # 14 connections refused in the same instant
+        with pytest.raises(QuotaExceeded) as e:
+            q.charge("a", quota, appends=1, records=0)
+        assert e.value.retry_after_s == 1  # the header: whole seconds, as HTTP has them
+        holds.append(e.value.hold_s)
+    assert holds[:10] == pytest.approx([0.1 * (i + 1) for i in range(10)])
+    assert holds[10:] == [1.0] * 4  # beyond the horizon: held the longest, then they ask again
+    # Another tenant's turns are its own.
+    q.charge("b", q.quota("b"), appends=1, records=0)
+    with pytest.raises(QuotaExceeded) as e:
+        q.charge("b", q.quota("b"), appends=1, records=0)
+    assert e.value.hold_s == pytest.approx(0.1)
+    # Each held request finds its token at its turn.
+    clock.now += 0.1
+    q.charge("a", quota, appends=1, records=0)
 
 
 # ---------------------------------------------------------------------------------- metrics

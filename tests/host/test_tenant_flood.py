@@ -79,9 +79,9 @@ def count_throttles(quotas: TenantQuotas) -> dict[str, list[str]]:
     seen: dict[str, list[str]] = {}
     real = quotas.throttle
 
-    def counting(tenant: str, quota: str, limit: str, retry_after_s: float | None = None) -> Any:
+    def counting(tenant: str, quota: str, limit: str, *args: Any, **kw: Any) -> Any:
         seen.setdefault(tenant, []).append(quota)
-        return real(tenant, quota, limit, retry_after_s)
+        return real(tenant, quota, limit, *args, **kw)
 
     quotas.throttle = counting  # type: ignore[method-assign]
     return seen
