@@ -33,6 +33,7 @@ from wal3 import ObjectNotFound
 
 from .cli_errors import CliError, ExitCode, classify
 from .errors import Unavailable, error_response
+from .heap import GcPauses, freeze_start_up_objects
 from .server import Server
 
 _log = logging.getLogger("loghost.serve")
@@ -86,6 +87,7 @@ class StartingApp:
         self.started = False
         self.reason = "starting"
         self._task: asyncio.Task[None] | None = None
+        self._gc_pauses = GcPauses(server.metrics.python_gc_pause)
 
     @property
     def state(self) -> Any:
@@ -123,6 +125,7 @@ class StartingApp:
             await self.server.begin_drain()
 
     async def _shutdown(self) -> None:
+        self._gc_pauses.remove()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -137,8 +140,10 @@ class StartingApp:
             await self._wait_for_store()
             self.reason = "starting the host"
             await self.server.start()  # refuses a server id a live host beats under
+            self._gc_pauses.install()
+            frozen = freeze_start_up_objects()
             self.started = True
-            _log.info("ready")
+            _log.info("ready", extra={"gc_frozen_objects": frozen})
         except asyncio.CancelledError:
             raise
         except Exception as e:
