@@ -41,8 +41,9 @@ run: $(STAMP)
 
 # Two workers, one per core (CI has 2); a test file stays on one worker (its module fixtures,
 # its servers).  `pytest -q` alone runs the same suite in one process.  Lint and types first.
+# The 30 slowest tests are listed at the end: the suite's length is watched (15 minutes on CI).
 test: lint redis promtool
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=30
 
 # Lint and types, as configured in pyproject.toml: ruff (rules and format) over the tree, mypy over
 # the packages and tools (wal3 strict).
