@@ -33,7 +33,7 @@ from wal3 import ObjectNotFound
 
 from .cli_errors import CliError, ExitCode, classify
 from .errors import Unavailable, error_response
-from .heap import GcPauses, freeze_start_up_objects
+from .heap import freeze_start_up_objects
 from .server import Server
 
 _log = logging.getLogger("loghost.serve")
@@ -87,7 +87,7 @@ class StartingApp:
         self.started = False
         self.reason = "starting"
         self._task: asyncio.Task[None] | None = None
-        self._gc_pauses = GcPauses(server.metrics.python_gc_pause)
+        self._gc_pauses = server.metrics.python_gc_pause
 
     @property
     def state(self) -> Any:

@@ -202,6 +202,9 @@ class BackpressureError(ApiError):
         self.reason = reason
 
 
+MAX_RETRY_AFTER_S = 86_400
+
+
 class QuotaExceeded(ApiError):
     """A tenant went over one of its quotas (``host.quotas``): 429 naming the quota, with a
     Retry-After when waiting helps (``retry_after_s``: seconds until it would pass)."""
@@ -219,8 +222,10 @@ class QuotaExceeded(ApiError):
     ) -> None:
         headers = None
         if retry_after_s is not None:
-            # Whole seconds, rounded up: a client that waits this long passes.
-            headers = {"Retry-After": str(max(1, math.ceil(retry_after_s - 1e-9)))}
+            # Whole seconds, rounded up: a client that waits this long passes.  At most a day (a
+            # rate of one append in years is configurable; its wait may not even be finite).
+            wait = min(retry_after_s, MAX_RETRY_AFTER_S)
+            headers = {"Retry-After": str(max(1, math.ceil(wait - 1e-9)))}
         super().__init__(
             f"tenant {tenant!r} quota {quota} ({limit}) exceeded",
             headers=headers,

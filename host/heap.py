@@ -11,11 +11,17 @@ same run).  The pauses themselves are a metric, ``loghost_python_gc_pause_second
 
 from __future__ import annotations
 
+import bisect
 import gc
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+GENERATIONS = 3
 
 
 def freeze_start_up_objects() -> int:
@@ -25,25 +31,53 @@ def freeze_start_up_objects() -> int:
     return gc.get_freeze_count()
 
 
-class GcPauses:
-    """Observes every collection's duration by generation while installed (``gc.callbacks`` is
-    the process's: one host per process installs it)."""
+class GcPauses(Collector):
+    """Every collection's duration by generation while installed, as a Prometheus histogram.
 
-    def __init__(self, histogram: Histogram) -> None:
-        self._histogram = histogram
-        self._started = 0.0
+    The hook runs inside the collector, at any allocation of any thread, which may hold any
+    lock at that moment, a metric's lock during a scrape included: so it takes none.  It adds
+    to plain counters (collections never nest, and the GIL is held throughout), and a scrape
+    reads them; a scrape racing a hook may see one pause half counted, never a wrong total
+    for long.  ``gc.callbacks`` is the process's: one host per process installs it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._started: float | None = None
+        self._counts = [[0] * (len(BUCKETS) + 1) for _ in range(GENERATIONS)]
+        self._sums = [0.0] * GENERATIONS
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            pause = time.perf_counter() - self._started
-            self._histogram.labels(str(info["generation"])).observe(pause)
+            self._started = self._clock()
+            return
+        started, self._started = self._started, None
+        gen = info.get("generation")
+        if started is None or not isinstance(gen, int) or not 0 <= gen < GENERATIONS:
+            return  # a stop whose start this hook did not see (installed meanwhile)
+        pause = self._clock() - started
+        self._counts[gen][bisect.bisect_left(BUCKETS, pause)] += 1
+        self._sums[gen] += pause
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
+            self._started = None
             gc.callbacks.append(self._callback)
 
     def remove(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "loghost_python_gc_pause_seconds",
+            "Pauses of the interpreter's garbage collector (loghost serve), by generation",
+            labels=["generation"],
+        )
+        for gen in range(GENERATIONS):
+            counts, running = list(self._counts[gen]), 0
+            buckets = []
+            for bound, n in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
+                running += n
+                buckets.append((bound, float(running)))
+            family.add_metric([str(gen)], buckets, self._sums[gen])
+        yield family

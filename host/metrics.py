@@ -24,6 +24,8 @@ from prometheus_client.registry import Collector
 
 from wal3.errors import NoCursors
 
+from .heap import GcPauses
+
 disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -200,13 +202,8 @@ class Metrics:
             buckets=(*_LATENCY_BUCKETS, 30.0, 60.0),
             registry=r,
         )
-        self.python_gc_pause = Histogram(
-            "loghost_python_gc_pause_seconds",
-            "Pauses of the interpreter's garbage collector (loghost serve), by generation",
-            ["generation"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-            registry=r,
-        )
+        self.python_gc_pause = GcPauses()  # observed once `loghost serve` installs it
+        r.register(self.python_gc_pause)
         self.rollup_failures = Counter(
             "loghost_rollup_failures_total", "Roll-ups that failed", registry=r
         )

@@ -84,7 +84,7 @@ _LIMIT_NAMES = tuple(name for name in QUOTA_NAMES if name != "weight")
 class _QuotaModel(BaseModel):
     """A quota entry as configured: only the keys it names override."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     open_logs: Annotated[int, Field(ge=0)] | None = None
     created_logs: Annotated[int, Field(ge=0)] | None = None
@@ -99,7 +99,7 @@ class _QuotaModel(BaseModel):
 
 
 class _ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     default: _QuotaModel = _QuotaModel()
     tenants: dict[Annotated[str, Field(min_length=1)], _QuotaModel] = {}
@@ -258,7 +258,7 @@ class TenantQuotas:
         self._appends: dict[str, TokenBucket] = {}
         self._records: dict[str, TokenBucket] = {}
         # (bucket, tenant) -> when the next refused request of that tenant gets its turn.
-        self._turns: dict[tuple[str, str], float] = {}
+        self._turns: dict[tuple[str, str], tuple[float, float]] = {}  # and the rate they were for
         self._pending: dict[str, int] = {}
         if self._file is not None and not self.reload():
             raise ValueError(f"LOGHOST_TENANT_QUOTAS_FILE: cannot use {self._file}")
@@ -340,9 +340,11 @@ class TenantQuotas:
         tenant's requests behind it (issue 19).  Turns are handed out up to ``PACE_HORIZON_S``
         ahead; a request beyond it is held that long and asks again."""
         key = (name, tenant)
-        turn = max(now + wait, self._turns.get(key, now))
+        last, at_rate = self._turns.get(key, (now, rate))
+        # Turns handed out at another rate (the quota changed since) are not this rate's.
+        turn = max(now + wait, last if at_rate == rate else now)
         if turn - now <= PACE_HORIZON_S:
-            self._turns[key] = turn + n / rate
+            self._turns[key] = (turn + n / rate, rate)
         return min(turn - now, PACE_HORIZON_S)
 
     def _bucket(

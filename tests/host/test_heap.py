@@ -7,33 +7,53 @@ import json
 from pathlib import Path
 
 import httpx
-from prometheus_client import CollectorRegistry, Histogram
 
 from host.heap import GcPauses
 
 from .live import auth, metric, spawn_server
 
 
-def _count(h: Histogram, generation: str) -> float:
-    for m in h.collect():
+def _sample(pauses: GcPauses, suffix: str, generation: str) -> float:
+    for m in pauses.collect():
         for s in m.samples:
-            if s.name.endswith("_count") and s.labels.get("generation") == generation:
+            ours = s.name.endswith(suffix) and s.labels.get("generation") == generation
+            if ours and (suffix != "_bucket" or s.labels.get("le") == "+Inf"):
                 return s.value
     return 0.0
 
 
 def test_pauses_are_observed_by_generation_while_installed() -> None:
-    h = Histogram("p", "p", ["generation"], registry=CollectorRegistry())
-    pauses = GcPauses(h)
+    pauses = GcPauses()
     pauses.install()
     pauses.install()  # once only
     try:
         gc.collect()
-        assert _count(h, "2") == 1
+        assert _sample(pauses, "_count", "2") == 1
+        assert _sample(pauses, "_bucket", "2") == 1  # +Inf holds every pause
+        assert _sample(pauses, "_sum", "2") > 0
     finally:
         pauses.remove()
     gc.collect()
-    assert _count(h, "2") == 1  # removed: no longer observed
+    assert _sample(pauses, "_count", "2") == 1  # removed: no longer observed
+
+
+def test_the_buckets_are_cumulative_with_prometheus_bounds() -> None:
+    now = [0.0]
+    pauses = GcPauses(clock=lambda: now[0])
+    for pause in (0.001, 0.003, 2.0):
+        now[0] = 0.0
+        pauses._callback("start", {"generation": 0})
+        now[0] = pause
+        pauses._callback("stop", {"generation": 0})
+    buckets = {
+        s.labels["le"]: s.value
+        for m in pauses.collect()
+        for s in m.samples
+        if s.name.endswith("_bucket") and s.labels["generation"] == "0"
+    }
+    assert buckets["0.001"] == 1  # le: at most the bound
+    assert buckets["0.0025"] == 1 and buckets["0.005"] == 2 and buckets["1.0"] == 2
+    assert buckets["+Inf"] == 3
 
 
 def test_serve_freezes_its_start_up_objects_and_exports_the_pauses(tmp_path: Path) -> None:

@@ -43,13 +43,7 @@ def _refusal(q: TenantQuotas, tenant: str) -> QuotaExceeded:
     return e.value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a turn handed out at the old rate (n / old rate ahead) survives a quota change: "
-    "after a tenant's appends_per_s is raised from 0.01 to 10, every refused connection is "
-    "held the whole horizon (1 s, all coming back together, the wave 59fa5f4 removed) for up "
-    "to burst / old rate = 100 s, instead of turns 0.1 s apart",
-)
+# Was xfail(strict) in 92577f7: the turns kept the old rate's spacing for up to 100 s.
 def test_turns_after_a_quota_raise_are_spread_at_the_new_rate(tmp_path: Path) -> None:
     """An operator throttles a tenant hard (appends_per_s 0.01: one append per 100 s, e.g. to
     suspend it) and then gives it its normal quota back by rewriting the quotas file.  Under

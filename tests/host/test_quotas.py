@@ -404,6 +404,24 @@ def test_refused_requests_get_turns_spread_at_the_rate() -> None:
     q.charge("a", quota, appends=1, records=0)
 
 
+@pytest.mark.parametrize("value", ["Infinity", "NaN", "1e400"])
+def test_a_quota_of_infinity_or_nan_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="records_per_s"):
+        parse_quotas('{"default": {"records_per_s": ' + value + "}}")
+
+
+def test_the_retry_after_of_a_vanishing_rate_is_at_most_a_day() -> None:
+    """Any positive rate is accepted; one so small that its wait overflows still answers (the
+    header's ceil of an infinite wait raised)."""
+    clock = FakeClock()
+    q = TenantQuotas(parse_quotas(quotas_json({"appends_per_s": 1e-320})), clock=clock)
+    quota = q.quota("t")
+    q.charge("t", quota, appends=1, records=0)
+    with pytest.raises(QuotaExceeded) as e:
+        q.charge("t", quota, appends=1, records=0)
+    assert e.value.retry_after_s == 86_400 and e.value.hold_s == 1.0
+
+
 # ---------------------------------------------------------------------------------- metrics
 
 
