@@ -1,0 +1,35 @@
+"""Cursor names and what ``init``/``load`` answer: written against the survivors of the full
+mutation run over wal3/cursors.py (verify.mutation at 0a3481e): the name check's bounds and its
+type guard, the error texts, and the witness's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wal3 import LocalStore
+from wal3.cursors import CursorStore, check_cursor_name
+from wal3.errors import CursorConflict, InvalidCursorName
+
+
+def test_a_name_of_128_characters_is_the_longest() -> None:
+    assert check_cursor_name("a" * 128) == "a" * 128
+    with pytest.raises(InvalidCursorName, match=r"at most 128"):
+        check_cursor_name("a" * 129)
+
+
+@pytest.mark.parametrize("name", [5, None, b"compaction", ["compaction"]])
+def test_a_name_that_is_not_a_string_is_an_invalid_name(name: object) -> None:
+    with pytest.raises(InvalidCursorName, match=r"\[A-Za-z0-9_\]\+"):
+        check_cursor_name(name)  # type: ignore[arg-type]
+
+
+async def test_init_and_load_answer_with_the_cursors_name(tmp_path: Path) -> None:
+    cursors = CursorStore(LocalStore(tmp_path / "s"), "log", "w")
+    created = await cursors.init("reader_1", 3)
+    assert (created.name, created.cursor.offset) == ("reader_1", 3)
+    loaded = await cursors.load("reader_1")
+    assert loaded is not None and (loaded.name, loaded.etag) == ("reader_1", created.etag)
+    with pytest.raises(CursorConflict, match="cursor reader_1 already exists"):
+        await cursors.init("reader_1", 4)
