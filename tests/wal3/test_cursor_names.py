@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from wal3 import LocalStore
-from wal3.cursors import CursorStore, check_cursor_name
-from wal3.errors import CursorConflict, InvalidCursorName
+from wal3.cursors import Cursor, CursorStore, check_cursor_name
+from wal3.errors import CorruptManifest, CursorConflict, InvalidCursorName
 
 
 def test_a_name_of_128_characters_is_the_longest() -> None:
@@ -33,3 +33,8 @@ async def test_init_and_load_answer_with_the_cursors_name(tmp_path: Path) -> Non
     assert loaded is not None and (loaded.name, loaded.etag) == ("reader_1", created.etag)
     with pytest.raises(CursorConflict, match="cursor reader_1 already exists"):
         await cursors.init("reader_1", 4)
+
+
+def test_a_cursor_that_is_not_json_says_so() -> None:
+    with pytest.raises(CorruptManifest, match=r"^cursor is not JSON"):
+        Cursor.from_bytes(b"{not json")
