@@ -38,3 +38,25 @@ async def test_init_and_load_answer_with_the_cursors_name(tmp_path: Path) -> Non
 def test_a_cursor_that_is_not_json_says_so() -> None:
     with pytest.raises(CorruptManifest, match=r"^cursor is not JSON"):
         Cursor.from_bytes(b"{not json")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"[1]", r"^cursor is not a JSON object$"),
+        (b'{"position": {"offset": 1}, "epoch_us": -1}', r"^cursor\.epoch_us is not a u64: -1$"),
+        (b'{"position": {"offset": 1}, "epoch_us": true}', r"^cursor\.epoch_us is not a u64"),
+        (b'{"position": {"offset": 1}, "writer": 7}', r"^cursor\.writer is not a string: 7$"),
+        (b'{"position": "x"}', r"cursor\.position"),
+    ],
+)
+def test_a_damaged_cursor_names_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(CorruptManifest, match=message):
+        Cursor.from_bytes(data)
+
+
+def test_a_cursor_decodes_rusts_fields() -> None:
+    c = Cursor.from_bytes(b'{"position": {"offset": 7}, "epoch_us": 5, "writer": "rust"}')
+    assert (c.offset, c.epoch_us, c.writer) == (7, 5, "rust")
+    bare = Cursor.from_bytes(b'{"position": {"offset": 7}}')
+    assert (bare.epoch_us, bare.writer) == (0, "")
