@@ -47,7 +47,8 @@ def test_a_cursor_that_is_not_json_says_so() -> None:
         (b'{"position": {"offset": 1}, "epoch_us": -1}', r"^cursor\.epoch_us is not a u64: -1$"),
         (b'{"position": {"offset": 1}, "epoch_us": true}', r"^cursor\.epoch_us is not a u64"),
         (b'{"position": {"offset": 1}, "writer": 7}', r"^cursor\.writer is not a string: 7$"),
-        (b'{"position": "x"}', r"cursor\.position"),
+        (b'{"position": "x"}', r"^cursor\.position is not a log position: 'x'$"),
+        (b"{}", r"^cursor\.position is not a log position: None$"),
     ],
 )
 def test_a_damaged_cursor_names_what_is_wrong(data: bytes, message: str) -> None:
