@@ -61,3 +61,10 @@ def test_a_cursor_decodes_rusts_fields() -> None:
     assert (c.offset, c.epoch_us, c.writer) == (7, 5, "rust")
     bare = Cursor.from_bytes(b'{"position": {"offset": 7}}')
     assert (bare.epoch_us, bare.writer) == (0, "")
+
+
+def test_epoch_us_is_any_u64() -> None:
+    top = 2**64 - 1
+    assert Cursor.from_bytes(b'{"position": {"offset": 1}, "epoch_us": %d}' % top).epoch_us == top
+    with pytest.raises(CorruptManifest, match=r"^cursor\.epoch_us is not a u64"):
+        Cursor.from_bytes(b'{"position": {"offset": 1}, "epoch_us": %d}' % (top + 1))
