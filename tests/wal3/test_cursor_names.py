@@ -68,3 +68,11 @@ def test_epoch_us_is_any_u64() -> None:
     assert Cursor.from_bytes(b'{"position": {"offset": 1}, "epoch_us": %d}' % top).epoch_us == top
     with pytest.raises(CorruptManifest, match=r"^cursor\.epoch_us is not a u64"):
         Cursor.from_bytes(b'{"position": {"offset": 1}, "epoch_us": %d}' % (top + 1))
+
+
+def test_a_cursor_is_stored_as_compact_json() -> None:
+    """The bytes as serde_json writes them (Rust's wal3 stores cursors compactly): the survivors
+    of the mutation run that dropped the separators wrote the same JSON with spaces."""
+    c = Cursor(offset=7, epoch_us=5, writer="w")
+    assert c.to_bytes() == b'{"position":{"offset":7},"epoch_us":5,"writer":"w"}'
+    assert Cursor.from_bytes(c.to_bytes()) == c
