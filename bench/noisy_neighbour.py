@@ -64,6 +64,11 @@ FULL: dict[str, Any] = {
     "a_records": 100,
     "b_rate": 5.0,
     "warmup_s": 3,
+    # The fairness cost (issue 19's third measure): the same flood with the fair share on and
+    # off, alternating, a server each; a byte budget small enough that A contends for it.
+    "cost_pairs": 2,
+    "cost_window_s": 15,
+    "cost_budget_bytes": 4 << 20,
 }
 QUICK: dict[str, Any] = {
     "records_per_s": [2000],
@@ -75,6 +80,15 @@ QUICK: dict[str, Any] = {
     "a_records": 100,
     "b_rate": 5.0,
     "warmup_s": 1,
+    "cost_pairs": 1,
+    "cost_window_s": 3,
+    "cost_budget_bytes": 4 << 20,
+}
+TARGET_COST = 0.9  # A's throughput with the fair share on, at least this share of it off
+# The quotas of the cost runs: no rate quota (else it, not the fair share, bounds A).
+COST_QUOTAS: dict[str, Any] = {
+    "default": {"open_logs": 200, "created_logs": 1000, "records_per_request": 1000},
+    "tenants": {},
 }
 TARGET_RATIO = 2.0
 
@@ -349,6 +363,86 @@ async def _flood(
 # ------------------------------------------------------------------------------- the run
 
 
+async def _fairness_cost(cfg: dict[str, Any], work: Path) -> list[dict[str, Any]]:
+    """Issue 19's third measure: A's throughput with the fair share of the server-wide byte
+    budget on (``weighted``, the default) and off (``fifo``), the same flood with B beside it.
+    The budget is small enough (``cost_budget_bytes``) that A's 64 connections contend for it,
+    or the fair share would never engage; A has no rate quota, or that would bound it.  One
+    server per run, runs alternating."""
+    salt = random.randrange(1 << 16)
+    a_paths = [
+        f"/v1/tenants/{TENANT_A}/logs/00000000-0000-4000-{salt:04x}-{k:012x}/records"
+        for k in range(1, cfg["a_logs"] + 1)
+    ]
+    a_body = loadgen.append_body(cfg["a_records"], seed=19)
+    runs = []
+    for pair in range(cfg["cost_pairs"]):
+        for mode in ("weighted", "fifo"):
+            d = work / f"cost-{pair}-{mode}"
+            d.mkdir(parents=True, exist_ok=True)
+            quotas_file = d / "quotas.json"
+            _write_quotas(quotas_file, COST_QUOTAS)
+            env = {
+                "LOGHOST_API_KEYS": f"{loadgen.API_KEY}=*,{KEY_A}={TENANT_A},{KEY_B}={TENANT_B}",
+                "LOGHOST_TENANT_QUOTAS_FILE": str(quotas_file),
+                "LOGHOST_FAIR_SHARE": mode,
+                "LOGHOST_MAX_BUFFERED_BYTES": str(cfg["cost_budget_bytes"]),
+            }
+            with loadgen.ServerProcess("host", d / "host", env=env) as host:
+                b_path = f"/v1/tenants/{TENANT_B}/logs/{uuid.uuid4()}/records"
+                await _open_logs(host.port, a_paths, KEY_A, loadgen.append_body(1))
+                await _open_logs(host.port, [b_path], KEY_B, loadgen.append_body(1))
+                b: list[dict[str, Any]] = []
+                stop = asyncio.Event()
+                port = host.port
+                sender = asyncio.create_task(
+                    _steady(
+                        port,
+                        cfg["b_rate"],
+                        lambda n, p=b_path, port=port: (
+                            _head("POST", p, port, KEY_B, _b_body(n)) + _b_body(n)
+                        ),
+                        b,
+                        stop,
+                    )
+                )
+                t0 = time.monotonic()
+                flood = await _flood(
+                    host.base, a_paths, a_body, cfg["a_connections"], cfg["cost_window_s"], d
+                )
+                t1 = time.monotonic()
+                stop.set()
+                await sender
+            secs = flood["duration_us"] / 1e6
+            b_ok = sorted(
+                x["lat"] for x in b if x["status"] == 200 and t0 + cfg["trim_s"] <= x["t"] < t1
+            )
+            run = {
+                "pair": pair,
+                "fair_share": mode,
+                "a_requests_per_s": flood["requests"] / secs,
+                "a_ok_per_s": flood["ok"] / secs,
+                "a_429": flood["throttled"],
+                "b_n": len(b_ok),
+                "b_429": sum(1 for x in b if x["status"] == 429),
+                "b_p50_ms": common.percentile(b_ok, 50) * 1e3,
+                "b_p99_ms": common.percentile(b_ok, 99) * 1e3,
+            }
+            runs.append(run)
+            print(
+                f"  . fairness cost {pair + 1} {mode}: A {run['a_ok_per_s']:.1f} ok/s, "
+                f"{run['a_429']} 429; B p99 {run['b_p99_ms']:.1f} ms, {run['b_429']} 429",
+                flush=True,
+            )
+    return runs
+
+
+def _cost_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {m: [r for r in runs if r["fair_share"] == m] for m in ("weighted", "fifo")}
+    ok = {m: sum(r["a_ok_per_s"] for r in rs) / len(rs) for m, rs in by.items() if rs}
+    return {"a_ok_per_s": ok, "ratio": ok["weighted"] / ok["fifo"] if ok.get("fifo") else None}
+
+
 def case_quotas(records_per_s: float) -> dict[str, Any]:
     """The quotas of one case: ``QUOTAS`` with this ``records_per_s``."""
     return {**QUOTAS, "default": {**QUOTAS["default"], "records_per_s": records_per_s}}
@@ -567,8 +661,9 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
             "LOGHOST_API_KEYS": f"{loadgen.API_KEY}=*,{KEY_A}={TENANT_A},{KEY_B}={TENANT_B}",
             "LOGHOST_TENANT_QUOTAS_FILE": str(quotas_file),
         }
-        host = stack.enter_context(loadgen.ServerProcess("host", work / "host", env=env))
-        raw = asyncio.run(_windows(host, cfg, work, quotas_file))
+        with loadgen.ServerProcess("host", work / "host", env=env) as host:
+            raw = asyncio.run(_windows(host, cfg, work, quotas_file))
+        cost_runs = asyncio.run(_fairness_cost(cfg, work)) if cfg.get("cost_pairs") else []
     cases = []
     for case, rate in enumerate(cfg["records_per_s"]):
         ws = [w for w in raw["windows"] if w["case"] == case]
@@ -590,6 +685,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         "config": {**cfg, "quotas": QUOTAS, "record_json_bytes": loadgen.record_json_bytes()},
         "opened": raw["opened"],
         "cases": cases,
+        "cost": {"runs": cost_runs, **_cost_summary(cost_runs)} if cost_runs else None,
         # The series for the plot: seconds since the first window, latency in ms, status.
         "series": {
             "windows": [
@@ -767,8 +863,63 @@ def render(data: dict[str, Any]) -> str:
             "",
             *_case_tables(c),
         ]
+    cost = data.get("cost")
+    if cost:
+        out += ["", *_cost_tables(cfg, cost)]
     out += ["", f"![B's append latency, A idle and flooding](img/{Path(data['plot']).name})"]
     return "\n".join(out)
+
+
+def _cost_tables(cfg: dict[str, Any], cost: dict[str, Any]) -> list[str]:
+    ratio = cost["ratio"]
+    return [
+        f"**The fairness cost** (the issue's third measure): the same flood with the fair share "
+        f"of the server-wide byte budget on (`LOGHOST_FAIR_SHARE=weighted`, the default) and "
+        f"off (`fifo`), one server per run, runs alternating, {cfg['cost_window_s']:g} s each; "
+        f"`LOGHOST_MAX_BUFFERED_BYTES` {cfg['cost_budget_bytes']:,} so that A's flood contends "
+        "for it (else the fair share never engages), and no rate quota for A (else it, not the "
+        "fair share, bounds A); B as above.",
+        "",
+        common.md_table(
+            [
+                "run",
+                "fair share",
+                "A req/s",
+                "A 200/s",
+                "A 429",
+                "B appends",
+                "B p50 ms",
+                "B p99 ms",
+                "B 429",
+            ],
+            [
+                [
+                    r["pair"] + 1,
+                    r["fair_share"],
+                    r["a_requests_per_s"],
+                    r["a_ok_per_s"],
+                    r["a_429"],
+                    r["b_n"],
+                    r["b_p50_ms"],
+                    r["b_p99_ms"],
+                    r["b_429"],
+                ]
+                for r in cost["runs"]
+            ],
+        ),
+        "",
+        common.md_table(
+            ["target (issue 19)", "measured", "verdict"],
+            [
+                [
+                    f"A's throughput with fairness on >= {TARGET_COST:g}x with it off",
+                    f"{ratio:.2f}x ({cost['a_ok_per_s']['weighted']:.1f} / "
+                    f"{cost['a_ok_per_s']['fifo']:.1f} appends/s)",
+                    "met" if ratio >= TARGET_COST else "**missed**",
+                ]
+            ],
+        ),
+    ]
 
 
 def plot(data: dict[str, Any], path: Any) -> Any:
