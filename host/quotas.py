@@ -74,11 +74,11 @@ class Quota:
 
 
 QUOTA_NAMES = tuple(f.name for f in fields(Quota))
+_LIMIT_NAMES = tuple(name for name in QUOTA_NAMES if name != "weight")
 
 # How far ahead refused requests are given turns (TenantQuotas._turn): the longest a refused
 # connection is left unread (host.httpserver.MAX_HOLD_S).
 PACE_HORIZON_S = 1.0
-_LIMIT_NAMES = tuple(name for name in QUOTA_NAMES if name != "weight")
 
 
 class _QuotaModel(BaseModel):
