@@ -363,17 +363,30 @@ async def _flood(
 # ------------------------------------------------------------------------------- the run
 
 
+def _a_paths(n: int) -> list[str]:
+    """Tenant A's logs, new ones each run."""
+    salt = random.randrange(1 << 16)
+    return [
+        f"/v1/tenants/{TENANT_A}/logs/00000000-0000-4000-{salt:04x}-{k:012x}/records"
+        for k in range(1, n + 1)
+    ]
+
+
+def _host_env(quotas_file: Path) -> dict[str, str]:
+    """The host's keys (the service's, A's, B's) and quotas file."""
+    return {
+        "LOGHOST_API_KEYS": f"{loadgen.API_KEY}=*,{KEY_A}={TENANT_A},{KEY_B}={TENANT_B}",
+        "LOGHOST_TENANT_QUOTAS_FILE": str(quotas_file),
+    }
+
+
 async def _fairness_cost(cfg: dict[str, Any], work: Path) -> list[dict[str, Any]]:
     """Issue 19's third measure: A's throughput with the fair share of the server-wide byte
     budget on (``weighted``, the default) and off (``fifo``), the same flood with B beside it.
     The budget is small enough (``cost_budget_bytes``) that A's 64 connections contend for it,
     or the fair share would never engage; A has no rate quota, or that would bound it.  One
     server per run, runs alternating."""
-    salt = random.randrange(1 << 16)
-    a_paths = [
-        f"/v1/tenants/{TENANT_A}/logs/00000000-0000-4000-{salt:04x}-{k:012x}/records"
-        for k in range(1, cfg["a_logs"] + 1)
-    ]
+    a_paths = _a_paths(cfg["a_logs"])
     a_body = loadgen.append_body(cfg["a_records"], seed=19)
     runs = []
     for pair in range(cfg["cost_pairs"]):
@@ -383,8 +396,7 @@ async def _fairness_cost(cfg: dict[str, Any], work: Path) -> list[dict[str, Any]
             quotas_file = d / "quotas.json"
             _write_quotas(quotas_file, COST_QUOTAS)
             env = {
-                "LOGHOST_API_KEYS": f"{loadgen.API_KEY}=*,{KEY_A}={TENANT_A},{KEY_B}={TENANT_B}",
-                "LOGHOST_TENANT_QUOTAS_FILE": str(quotas_file),
+                **_host_env(quotas_file),
                 "LOGHOST_FAIR_SHARE": mode,
                 "LOGHOST_MAX_BUFFERED_BYTES": str(cfg["cost_budget_bytes"]),
             }
@@ -458,11 +470,7 @@ async def _windows(
     host: loadgen.ServerProcess, cfg: dict[str, Any], work: Path, quotas_file: Path
 ) -> dict[str, Any]:
     port = host.port
-    salt = random.randrange(1 << 16)
-    a_paths = [
-        f"/v1/tenants/{TENANT_A}/logs/00000000-0000-4000-{salt:04x}-{k:012x}/records"
-        for k in range(1, cfg["a_logs"] + 1)
-    ]
+    a_paths = _a_paths(cfg["a_logs"])
     b_path = f"/v1/tenants/{TENANT_B}/logs/{uuid.uuid4()}/records"
     a_body = loadgen.append_body(cfg["a_records"], seed=19)
     opened = await _open_logs(port, a_paths, KEY_A, loadgen.append_body(1))
@@ -657,11 +665,7 @@ def run(quick: bool, args: argparse.Namespace) -> dict[str, Any]:
         work = stack.enter_context(common.scratch_dir("noisy"))
         quotas_file = work / "quotas.json"
         _write_quotas(quotas_file, case_quotas(cfg["records_per_s"][0]))
-        env = {
-            "LOGHOST_API_KEYS": f"{loadgen.API_KEY}=*,{KEY_A}={TENANT_A},{KEY_B}={TENANT_B}",
-            "LOGHOST_TENANT_QUOTAS_FILE": str(quotas_file),
-        }
-        with loadgen.ServerProcess("host", work / "host", env=env) as host:
+        with loadgen.ServerProcess("host", work / "host", env=_host_env(quotas_file)) as host:
             raw = asyncio.run(_windows(host, cfg, work, quotas_file))
         cost_runs = asyncio.run(_fairness_cost(cfg, work)) if cfg.get("cost_pairs") else []
     cases = []
