@@ -477,3 +477,20 @@ async def test_read_collections_gives_many_states_as_one_dataframe(
         }
         assert got == normalise(fold({}, log.records)), cid
     assert {r["collection_id"] for r in rows} == set(logs)
+
+
+def test_spark_reads_the_engines_fragments(spark: Any, tmp_path: Path) -> None:
+    """wal3 writes its fragments' Parquet by hand (wal3/parquetwrite.py); Spark's own Parquet
+    reader (parquet-java, an implementation independent of pyarrow's) must read them: offsets
+    as unsigned 64-bit (Spark's DECIMAL(20, 0)), the shared timestamp, every body."""
+    from wal3.fragment import encode_fragment
+
+    expected = []
+    for seq, (start, n) in enumerate([(0, 1), (1, 17), (18, 300), ((1 << 64) - 6, 5)]):
+        bodies = [f"record {start + i}".encode() * (i % 4) for i in range(n)]
+        f = encode_fragment(seq + 1, start, 1_700_000_000_000_000 + seq, bodies, writer="w")
+        (tmp_path / f"f{seq}.parquet").write_bytes(f.data)
+        expected += [(start + i, 1_700_000_000_000_000 + seq, b) for i, b in enumerate(bodies)]
+    rows = spark.read.parquet(str(tmp_path)).collect()
+    got = sorted((int(r["offset"]), int(r["timestamp_us"]), bytes(r["body"])) for r in rows)
+    assert got == sorted(expected)
