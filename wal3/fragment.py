@@ -214,7 +214,8 @@ def _write_with_pyarrow(
         write_statistics=["offset", "timestamp_us"],
         use_dictionary=["timestamp_us"],
     )
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def read_footer(data: bytes) -> tuple[Setsum | None, dict[str, KeyEntry]]:
