@@ -1,0 +1,155 @@
+"""``KeyWindow`` (wal3/idempotency.py) rule by rule, driven directly over a store holding hand-made
+fragments: which keys stay whole in memory, which spill to a pointer at their footer and how
+many, the window's edge, the answers a footer gives, waiters failing, and fragments learned after
+the first load.  Written against the mutation run of the module (docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from pathlib import Path
+
+import pytest
+
+from wal3.appends import AppendResult
+from wal3.errors import WriterClosed
+from wal3.fragment import encode_fragment
+from wal3.idempotency import KeyWindow
+from wal3.localstore import LocalStore
+from wal3.options import IdempotencyOptions
+from wal3.paths import fragment_path, join
+
+PREFIX = "t/log"
+DIGEST = "ab" * 16
+
+
+class World:
+    def __init__(self, tmp: Path, **opts: int) -> None:
+        self.store = LocalStore(tmp, fsync=False)
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.next_seq = 1
+        self.learned = 0
+        self.kw = KeyWindow(
+            self.store,
+            PREFIX,
+            IdempotencyOptions(**opts),
+            self.stats,
+            next_seq_no=lambda: self.next_seq,
+            on_learned=self._on_learned,
+        )
+
+    def _on_learned(self) -> None:
+        self.learned += 1
+
+    async def fragment(self, seq: int, keys: dict[str, tuple[int, int, str]], ts: int) -> None:
+        """Fragment ``seq`` holding one record per key (offsets as the keys say)."""
+        start = min(v[0] for v in keys.values())
+        count = max(v[0] + v[1] for v in keys.values()) - start
+        f = encode_fragment(seq, start, ts, [b"r"] * count, keys=keys, writer="w")
+        await self.store.put(join(PREFIX, fragment_path(seq)), f.data)
+        self.next_seq = max(self.next_seq, seq + 1)
+
+
+def result(first: int, ts: int = 7) -> AppendResult:
+    return AppendResult(first, 1, ts, digest=DIGEST)
+
+
+async def test_a_key_answered_without_waiters_is_remembered(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.kw.resolved("k", result(3), 1)  # nobody waited on it: nothing to pop, no error
+    assert w.kw.known("k") == result(3)
+    w.kw.resolved("j", result(4), None)  # answered from a known key: not remembered again
+    assert w.kw.known("j") is None
+
+
+async def test_fail_waiters_fails_the_pending_and_leaves_the_answered(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    loop = asyncio.get_running_loop()
+    pending, answered = loop.create_future(), loop.create_future()
+    answered.set_result(result(1))
+    w.kw.wait_on("a", pending)
+    w.kw.wait_on("b", answered)
+    err = WriterClosed("stopped")
+    w.kw.fail_waiters(err)
+    assert pending.exception() is err
+    assert answered.result() == result(1)
+    assert w.kw.waiter("a") is None and w.kw.waiter("b") is None
+
+
+async def test_window_keys_are_kept_whole_and_no_more(tmp_path: Path) -> None:
+    w = World(tmp_path, window_keys=2, spill_keys=0)
+    w.kw.resolved("a", result(0), 1)
+    w.kw.resolved("b", result(1), 1)
+    assert len(w.kw) == 2 and w.kw.known("a") and w.kw.known("b")
+    w.kw.resolved("c", result(2), 1)
+    assert len(w.kw) == 2 and w.kw.known("a") is None  # the oldest went first
+    assert await w.kw.spilled("a") is None  # and nothing spilled: spill_keys is 0
+
+
+async def test_a_key_pushed_out_is_answered_from_its_footer(tmp_path: Path) -> None:
+    w = World(tmp_path, window_keys=1, spill_keys=1)
+    await w.fragment(5, {"a": (10, 2, DIGEST), "b": (12, 1, "cd" * 16)}, ts=99)
+    w.kw.resolved("a", AppendResult(10, 2, 99, digest=DIGEST), 5)
+    w.kw.resolved("b", AppendResult(12, 1, 99, digest="cd" * 16), 5)
+    assert w.kw.known("a") is None
+    assert await w.kw.spilled("a") == AppendResult(10, 2, 99, digest=DIGEST)
+    assert await w.kw.spilled("a") == AppendResult(10, 2, 99, digest=DIGEST)
+    assert w.stats["dedup_footer_hits"] == 2
+    assert await w.kw.spilled("zz") is None  # never seen
+
+
+async def test_spill_keys_bound_the_spilled_oldest_first(tmp_path: Path) -> None:
+    w = World(tmp_path, window_keys=1, spill_keys=2)
+    keys = {k: (i, 1, DIGEST) for i, k in enumerate("abcd")}
+    await w.fragment(1, keys, ts=5)
+    for k, (first, _, _) in keys.items():
+        w.kw.resolved(k, result(first, 5), 1)
+    # d whole in memory; c and b spilled (2 of them); a pushed out of the spill too.
+    assert w.kw.known("d") == result(3, 5)
+    assert await w.kw.spilled("c") == result(2, 5)
+    assert await w.kw.spilled("b") == result(1, 5)
+    assert await w.kw.spilled("a") is None
+
+
+async def test_the_window_edge_is_inclusive(tmp_path: Path) -> None:
+    w = World(tmp_path, window_keys=1, spill_keys=4, window_fragments=3)
+    await w.fragment(2, {"a": (0, 1, DIGEST), "b": (1, 1, DIGEST)}, ts=1)
+    w.kw.resolved("a", result(0, 1), 2)
+    w.kw.resolved("b", result(1, 1), 2)
+    w.next_seq = 5  # fragments 2, 3, 4 are the window: 2 is its first
+    assert await w.kw.spilled("a") == result(0, 1)
+    w.next_seq = 6  # 2 left it
+    assert await w.kw.spilled("a") is None
+
+
+async def test_keys_learned_from_footers_spill_to_their_fragment(tmp_path: Path) -> None:
+    w = World(tmp_path, window_keys=1, spill_keys=8)
+    await w.fragment(1, {"a": (0, 1, DIGEST)}, ts=11)
+    await w.fragment(2, {"b": (1, 1, DIGEST)}, ts=12)
+    await w.kw.ensure_loaded()
+    assert w.kw.loaded and w.learned == 1
+    assert w.kw.known("b") == result(1, 12)
+    assert await w.kw.spilled("a") == result(0, 11)  # pushed out, its fragment remembered
+    w.kw.expire()  # every learned key has its fragment: expiring compares sequence numbers
+    assert w.kw.known("b") == result(1, 12)
+
+
+async def test_fragments_linked_after_the_first_load_are_learned(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    await w.fragment(1, {"a": (0, 1, DIGEST)}, ts=3)
+    await w.kw.ensure_loaded()
+    await w.fragment(2, {"b": (1, 1, DIGEST)}, ts=4)  # read repair or another writer linked it
+    w.kw.unlearned([2])
+    await w.kw.ensure_loaded()
+    assert w.kw.known("b") == result(1, 4)
+    assert w.learned == 2
+
+
+@pytest.mark.parametrize("missing", [True, False])
+async def test_a_fragment_collected_long_ago_teaches_nothing(tmp_path: Path, missing: bool) -> None:
+    w = World(tmp_path)
+    if not missing:
+        await w.fragment(1, {"a": (0, 1, DIGEST)}, ts=3)
+    w.next_seq = 2
+    await w.kw.ensure_loaded()
+    assert (w.kw.known("a") is None) == missing
