@@ -41,7 +41,9 @@ from .setsum import Setsum
 _U64_MAX = (1 << 64) - 1  # Rust's u64: sequence numbers and offset limits end here
 _ITEM_PREFIX = struct.Struct(">QQ")
 _FEW = 8  # up to this many records, a fragment's setsum is summed without numpy
-_DIRECT_MAX = 256  # up to this many records, a fragment is written by wal3/parquetwrite.py
+# Up to this many records and body bytes, a fragment is written by wal3/parquetwrite.py.
+_DIRECT_MAX = 256
+_DIRECT_MAX_BYTES = 1 << 20
 _SCHEMA = pa.schema(
     [
         pa.field("offset", pa.uint64(), nullable=False),
@@ -173,13 +175,14 @@ def encode_fragment(
         ).encode()
     if writer is not None:
         meta[META_WRITER] = writer.encode()
-    if n <= _DIRECT_MAX:
+    if n <= _DIRECT_MAX and sum(map(len, bodies)) <= _DIRECT_MAX_BYTES:
         # Written directly (wal3/parquetwrite.py): pyarrow's writer costs about 200 µs of
         # set-up per file, most of a small fragment's cost.
         data = write_fragment_parquet(start, timestamp_us, bodies, meta)
     else:
         # pyarrow's writer, whose per-record work is in C++: past a few hundred records it is
-        # the faster of the two.
+        # the faster of the two, and it splits a large column into pages of about 1 MiB (the
+        # direct writer puts each column in one page, whose size Parquet caps at 2 GiB).
         data = _write_with_pyarrow(start, timestamp_us, bodies, meta)
     return EncodedFragment(
         seq_no=seq_no,

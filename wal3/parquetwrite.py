@@ -188,7 +188,8 @@ def write_fragment_parquet(
 ) -> bytes:
     """The Parquet file of records ``start, start + 1, ...`` sharing ``timestamp_us``.
 
-    The caller has checked that every offset fits u64 and that there is at least one body."""
+    The caller has checked that every offset fits u64, that there is at least one body, and
+    that the bodies are far below Parquet's 2 GiB page size (each column is one page)."""
     n = len(bodies)
     last = start + n - 1
     if n <= 16:
@@ -212,9 +213,10 @@ def write_fragment_parquet(
         page, uncompressed = _page(values, n)
         out.append(page)
         total_uncompressed += uncompressed
-        # ColumnChunk: 2 file_offset, 3 ColumnMetaData (5 num_values, 6 total_uncompressed_size,
-        # 7 total_compressed_size, 9 data_page_offset, 12 statistics)
-        footer += (_h(2, _I64), _v(pos), meta, _v(n), _h(1, _I64), _v(uncompressed))
+        # ColumnChunk: 2 file_offset (0: no column metadata outside the footer), 3
+        # ColumnMetaData (5 num_values, 6 total_uncompressed_size, 7 total_compressed_size,
+        # 9 data_page_offset, 12 statistics)
+        footer += (_h(2, _I64), _v(0), meta, _v(n), _h(1, _I64), _v(uncompressed))
         footer += (_h(1, _I64), _v(len(page)), _h(2, _I64), _v(pos))
         if stats is not None:
             # 12: Statistics: 3 null_count, 5 max_value, 6 min_value (unsigned values: only these)

@@ -163,3 +163,14 @@ def test_a_stored_snappy_block_decompresses_to_its_data(n: int) -> None:
     data = bytes(i % 251 for i in range(n))
     block = stored_snappy(data)
     assert pa.decompress(block, decompressed_size=n, codec="snappy", asbytes=True) == data
+
+
+@pytest.mark.parametrize(("bodies", "direct"), [(3, True), (257, False), (2, False)])
+def test_big_fragments_go_through_pyarrow(bodies: int, direct: bool) -> None:
+    # Past 256 records, or past 1 MiB of bodies (each column of a direct fragment is one page,
+    # and Parquet caps a page at 2 GiB), pyarrow writes the fragment.
+    size = 700_000 if bodies == 2 else 10
+    f = encode_fragment(1, 0, 5, [b"x" * size] * bodies, writer="w")
+    created_by = pq.ParquetFile(pa.BufferReader(f.data)).metadata.created_by
+    assert (created_by == "wal3 python fragment writer") == direct
+    assert [r.body for r in decode_fragment(f.data).records] == [b"x" * size] * bodies
