@@ -457,3 +457,17 @@ async def seaweed_fault_proxy(seaweedfs: SeaweedServer) -> AsyncIterator[S3Fault
         yield proxy
     finally:
         await proxy.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a ``slow`` test run first, each file's tests still together and in order.
+
+    ``make test`` hands whole files to two workers in collection order (``--dist loadfile``);
+    alphabetically the heaviest files (tests/verify's simulator, reliability and cluster runs)
+    came last, and the suite waited on whichever worker drew them."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    first_seen: dict[Path, int] = {}
+    for item in items:
+        first_seen.setdefault(item.path, len(first_seen))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (it.path not in slow_files, first_seen[it.path], order[id(it)]))

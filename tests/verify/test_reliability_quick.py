@@ -29,17 +29,15 @@ COMPACTOR = ("compactor_kill", "compaction_invariants", "soak")
 
 
 def params(names: Iterable[str]) -> list[Any]:
-    # The compactor scenarios start Spark twice (~15 s each): part of the suite, marked slow.
-    # Every scenario has its own time limit in the harness (verify.reliability.run.time_limit:
-    # 180 s quick, 600 s for the compactor's, 910 s for the soak; a hang is reported with the
-    # stacks): pytest's must not cut it first (the compactor's took 119 s on CI, over 300 s on a
-    # loaded machine).
+    # Every scenario takes 14-130 s (the compactor's start Spark twice, ~15 s each): part of the
+    # suite, marked slow (so their files run first, tests/conftest.py).  Every scenario has its
+    # own time limit in the harness (verify.reliability.run.time_limit: 180 s quick, 600 s for
+    # the compactor's, 910 s for the soak; a hang is reported with the stacks): pytest's must not
+    # cut it first (the compactor's took 119 s on CI, over 300 s on a loaded machine).
     return [
         pytest.param(
             name,
-            marks=[pytest.mark.slow, pytest.mark.timeout(1000)]
-            if name in COMPACTOR
-            else [pytest.mark.timeout(600)],
+            marks=[pytest.mark.slow, pytest.mark.timeout(1000 if name in COMPACTOR else 600)],
         )
         for name in names
     ]

@@ -126,6 +126,7 @@ async def test_keys_learned_from_footers_spill_to_their_fragment(tmp_path: Path)
     w = World(tmp_path, window_keys=1, spill_keys=8)
     await w.fragment(1, {"a": (0, 1, DIGEST)}, ts=11)
     await w.fragment(2, {"b": (1, 1, DIGEST)}, ts=12)
+    assert w.kw.loaded is False
     await w.kw.ensure_loaded()
     assert w.kw.loaded and w.learned == 1
     assert w.kw.known("b") == result(1, 12)
