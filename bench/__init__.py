@@ -30,5 +30,6 @@ BENCHMARKS: dict[str, str] = {
     "compaction": "bench.compaction_bench",
     "rollup": "bench.rollup",
     "noisy_neighbour": "bench.noisy_neighbour",
+    "fragment_encode": "bench.fragment_encode",
 }
 DEFAULT = ("engine", "manifest_growth", "http", "scale", "peers", "compaction", "rollup")
