@@ -209,6 +209,24 @@ def test_a_cursor_advanced_backwards_is_a_violation(monkeypatch: pytest.MonkeyPa
     assert "cursor-back" in {v.check for v in r.violations}, r.trace[-20:]
 
 
+def test_a_key_answered_with_another_timestamp_is_a_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keys learned from footers answered with timestamp 0: the records are right, so only the
+    ``acked`` check's timestamp catches it (seed 2; 22 of seeds 0:300, where the simulator
+    before the check passed all of 0:60)."""
+    from wal3 import fragment, idempotency
+
+    def keys_without_their_time(data: bytes) -> tuple[dict[str, fragment.KeyEntry], int]:
+        return fragment.read_keys(data)[0], 0
+
+    monkeypatch.setattr(idempotency, "read_keys", keys_without_their_time)
+    r = run_seed(2)
+    assert any(
+        v.check == "acked" and "timestamp" in v.detail for v in r.violations
+    ), r.trace[-20:]
+
+
 def test_a_finished_seed_leaves_no_world_behind() -> None:
     """The collectors' per-store memory held the virtual clock, hence the whole world: a long
     run's workers grew by ~5,000 objects a seed and slowed about tenfold."""

@@ -7,7 +7,9 @@ Checks (each violation names its check):
 * ``reachable``: everything the manifest reaches exists, matches its pointer (snapshots: the same
   pointer; fragments: the recorded MD5, setsum and range), and the leaves are contiguous.
 * ``stable``: a record, once observed at an offset, never changes (offset, timestamp, body).
-* ``acked``: an acknowledged append is in the log at the offsets it was answered with, once.
+* ``acked``: an acknowledged append is in the log at the offsets it was answered with, once, and
+  with the timestamp it was answered with (a retry answered from an idempotency key included:
+  from memory, a spilled key's footer, or a key learned after a restart).
 * ``once``: no append (acknowledged or not) is in the log twice; no idempotency key twice within
   the dedup window.
 * ``contention``: an append answered ``LogContention`` is never in the log, and the answer is only
@@ -612,6 +614,13 @@ class Model:
                         "acked",
                         f"a{aid} was acknowledged @{r.first_offset}+{r.count}"
                         f" ({a.outcome}) but @{off} holds {rec[1][:16]!r}",
+                    )
+                    break
+                if rec[0] != r.timestamp_us:
+                    self.violate(
+                        "acked",
+                        f"a{aid} was acknowledged @{r.first_offset}+{r.count} ({a.outcome}) "
+                        f"with timestamp {r.timestamp_us}, but @{off} has {rec[0]}",
                     )
                     break
             if missing:
