@@ -154,3 +154,25 @@ async def test_a_fragment_collected_long_ago_teaches_nothing(tmp_path: Path, mis
     w.next_seq = 2
     await w.kw.ensure_loaded()
     assert (w.kw.known("a") is None) == missing
+
+
+async def test_expire_keeps_the_window_edge_and_forgets_what_left_it(tmp_path: Path) -> None:
+    # Memory is bounded by the window: keys, their fragments and spilled pointers past it go
+    # (the private maps are what that bound is about), and the window's first fragment stays.
+    w = World(tmp_path, window_keys=2, spill_keys=8, window_fragments=3)
+    await w.fragment(2, {"a": (0, 1, DIGEST), "b": (1, 1, DIGEST)}, ts=1)
+    await w.fragment(3, {"c": (2, 1, DIGEST), "d": (3, 1, DIGEST)}, ts=2)
+    for k, first, seq in (("a", 0, 2), ("b", 1, 2), ("c", 2, 3), ("d", 3, 3)):
+        w.kw.resolved(k, result(first, seq - 1), seq)
+    assert len(w.kw._spill) == 2  # a and b, pointing at fragment 2
+    w.next_seq = 5  # the window is 2, 3, 4
+    w.kw.expire()
+    assert len(w.kw._spill) == 2
+    assert await w.kw.spilled("a") == result(0, 1)
+    w.next_seq = 6  # 2 left: a and b go; c and d (fragment 3) stay whole
+    w.kw.expire()
+    assert w.kw._spill == {} and set(w.kw._key_seq) == {"c", "d"}
+    assert w.kw.known("c") == result(2, 2)
+    w.next_seq = 7
+    w.kw.expire()
+    assert len(w.kw) == 0 and w.kw._key_seq == {}
