@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from wal3.fragment import (
     META_KEYS,
     META_PREV,
+    _write_with_pyarrow,
     decode_fragment,
     encode_fragment,
     read_footer,
@@ -28,29 +29,10 @@ from wal3.setsum import Setsum
 
 U64_MAX = (1 << 64) - 1
 
-SCHEMA = pa.schema(
-    [
-        pa.field("offset", pa.uint64(), nullable=False),
-        pa.field("timestamp_us", pa.uint64(), nullable=False),
-        pa.field("body", pa.binary(), nullable=False),
-    ]
-)
-
 
 def pyarrow_written(start: int, ts: int, bodies: list[bytes], meta: dict[bytes, bytes]) -> bytes:
-    """The fragment as pyarrow's own writer stores it (what wal3 wrote before)."""
-    n = len(bodies)
-    table = pa.Table.from_arrays(
-        [
-            pa.array(np.arange(start, start + n, dtype=np.uint64), type=pa.uint64()),
-            pa.array(np.full(n, ts, dtype=np.uint64), type=pa.uint64()),
-            pa.array(bodies, type=pa.binary()),
-        ],
-        schema=SCHEMA.with_metadata(meta or None),
-    )
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy")
-    return sink.getvalue().to_pybytes()
+    """The fragment as pyarrow's own writer stores it (what wal3 writes past 256 records)."""
+    return _write_with_pyarrow(start, ts, bodies, meta)
 
 
 def read(data: bytes) -> tuple[pa.Table, pq.FileMetaData]:
