@@ -214,3 +214,11 @@ async def test_note_load_of_our_own_etag_raises_no_fence(tmp_path: Path) -> None
     etag = await w.write(w.manifest(1000))
     w.lease.note_load(w.manifest(1000), f'"{etag.strip(chr(34))}"')  # quoted or not: ours
     assert w.lease.fence_until == float("-inf")
+
+
+def test_bare_etag_strips_only_the_quotes_s3_adds() -> None:
+    from wal3.lease import bare_etag
+
+    assert bare_etag('"9e107d9d372bb6826bd81d3542a419d6"') == "9e107d9d372bb6826bd81d3542a419d6"
+    assert bare_etag("9e107d9d372bb6826bd81d3542a419d6") == "9e107d9d372bb6826bd81d3542a419d6"
+    assert bare_etag(' "x" ') == ' "x" '  # not whitespace: S3 never pads, so nothing to strip
