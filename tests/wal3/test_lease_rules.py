@@ -132,6 +132,7 @@ async def test_our_own_put_during_a_renewal_keeps_authorship_without_a_lease(
 ) -> None:
     w = World(tmp_path)
     etag = await w.write(w.manifest(1000))
+    etag = await w.write(replace(w.manifest(1000), acc_bytes=3), base=etag)  # not our first put
     w.clock.advance(2.0)
 
     async def our_put_lands() -> None:  # issued after the HEAD: the writer's answer not back
@@ -222,3 +223,18 @@ def test_bare_etag_strips_only_the_quotes_s3_adds() -> None:
     assert bare_etag('"9e107d9d372bb6826bd81d3542a419d6"') == "9e107d9d372bb6826bd81d3542a419d6"
     assert bare_etag("9e107d9d372bb6826bd81d3542a419d6") == "9e107d9d372bb6826bd81d3542a419d6"
     assert bare_etag(' "x" ') == ' "x" '  # not whitespace: S3 never pads, so nothing to strip
+
+
+async def test_concurrent_puts_are_each_counted_in_flight(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    etag = await w.write(w.manifest(1000))
+    results = await asyncio.gather(
+        w.lease.put(replace(w.manifest(1000), acc_bytes=1), etag),
+        w.lease.put(replace(w.manifest(1000), acc_bytes=2), etag),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(r, str) for r in results) == 1  # one If-Match wins
+    # Nothing in flight any more: a HEAD finding someone else's manifest drops authorship.
+    await w.foreign(w.manifest(1000, writer="other"))
+    assert await w.lease.confirm() is False
+    assert not w.lease.authored(w.held[1])
