@@ -2,13 +2,11 @@
 
 A fragment is always the same file: three required columns (``offset`` uint64, ``timestamp_us``
 uint64, ``body`` binary), one row group, one PLAIN data page per column, snappy, and a few
-key-value entries in the footer.  pyarrow's general writer spends 100-250 µs setting up a
+key-value entries in the footer.  pyarrow's general writer spends about 100 µs setting up a
 writer, its properties and an Arrow schema for each file, which is most of a one-record
 fragment's cost on a host that writes one fragment per request to thousands of logs.  This
 module writes the same format by hand: the pages, and the footer in Thrift's compact protocol
-(the encoding every Parquet footer uses).  ``wal3.fragment.encode_fragment`` uses it for up to
-256 records and 1 MiB of bodies, pyarrow's writer past that.  pyarrow still reads every
-fragment, and
+(the encoding every Parquet footer uses).  pyarrow still reads every fragment, and
 tests/wal3/test_parquetwrite.py checks that what it reads back, statistics and footer included,
 is what pyarrow's own writer produces.
 
