@@ -238,3 +238,15 @@ async def test_concurrent_puts_are_each_counted_in_flight(tmp_path: Path) -> Non
     await w.foreign(w.manifest(1000, writer="other"))
     assert await w.lease.confirm() is False
     assert not w.lease.authored(w.held[1])
+
+
+@pytest.mark.parametrize(("lease_s", "recorded"), [(1.0, None), (1.0, 5000), (0.25, 0), (0.0, 7)])
+async def test_every_manifest_we_put_records_our_lease(
+    tmp_path: Path, lease_s: float, recorded: int | None
+) -> None:
+    # Whatever the manifest carried (Rust's none, another writer's), ours records our setting.
+    w = World(tmp_path, lease_s=lease_s)
+    m = w.lease.stamped(w.manifest(recorded, writer="other"))
+    assert m.read_lease_ms == round(lease_s * 1000)
+    same = w.manifest(round(lease_s * 1000))
+    assert w.lease.stamped(same) == same
