@@ -250,3 +250,34 @@ async def test_every_manifest_we_put_records_our_lease(
     assert m.read_lease_ms == round(lease_s * 1000)
     same = w.manifest(round(lease_s * 1000))
     assert w.lease.stamped(same) == same
+
+
+async def test_landing_on_our_own_base_is_no_take_over(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    now = w.clock.monotonic()
+    w.lease.landed(None, "e1", now - 0.25, None)  # created: nobody could lease it before
+    assert w.lease.fence_until == float("-inf") and w.lease.authored('"e1"')
+    w.held = (w.manifest(1000), "e1")
+    assert w.lease.remaining() == 0.75  # from the write's issue, not its answer
+    w.lease.landed('"e1"', "e2", now, w.manifest(1000))  # on our own (quoted as S3 does)
+    assert w.lease.fence_until == float("-inf")
+    assert w.lease.authored("e2") and not w.lease.authored("e1")
+
+
+async def test_landing_on_another_writers_base_waits_out_its_lease(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    now = w.clock.monotonic()
+    w.lease.landed("e1", "e2", now, w.manifest(2000, writer="other"))  # authored nothing yet
+    assert w.lease.fence_until == now + 1.25 * 2.0
+    w.lease.landed("e9", "e3", now, w.manifest(4000, writer="other"))  # not ours either
+    assert w.lease.fence_until == now + 1.25 * 4.0
+    w.clock.advance(4.5)  # half a second of the fence left: still waited out
+    waiting = asyncio.ensure_future(w.lease.wait_fence())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    w.clock.advance(0.4)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    w.clock.advance(0.1)
+    await asyncio.wait_for(waiting, 5)
