@@ -222,9 +222,7 @@ def test_a_key_answered_with_another_timestamp_is_a_violation(
 
     monkeypatch.setattr(idempotency, "read_keys", keys_without_their_time)
     r = run_seed(2)
-    assert any(
-        v.check == "acked" and "timestamp" in v.detail for v in r.violations
-    ), r.trace[-20:]
+    assert any(v.check == "acked" and "timestamp" in v.detail for v in r.violations), r.trace[-20:]
 
 
 def test_a_finished_seed_leaves_no_world_behind() -> None:
