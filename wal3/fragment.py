@@ -40,7 +40,6 @@ from .setsum import Setsum
 
 _U64_MAX = (1 << 64) - 1  # Rust's u64: sequence numbers and offset limits end here
 _ITEM_PREFIX = struct.Struct(">QQ")
-_FEW = 8  # up to this many records, a fragment's setsum is summed without numpy
 # Up to this many records and body bytes, a fragment is written by wal3/parquetwrite.py.
 _DIRECT_MAX = 256
 _DIRECT_MAX_BYTES = 1 << 20
@@ -134,12 +133,6 @@ def record_item(offset: int, timestamp_us: int, body: bytes) -> bytes:
 
 def records_setsum(start: int, timestamp_us: int, bodies: list[bytes]) -> Setsum:
     """Setsum of consecutive records sharing one timestamp."""
-    if len(bodies) <= _FEW:
-        # A few records: numpy's set-up costs more than summing them one by one.
-        return Setsum.sum(
-            Setsum.of(_ITEM_PREFIX.pack(start + i, timestamp_us) + body)
-            for i, body in enumerate(bodies)
-        )
     digests = b"".join(
         hashlib.sha3_256(_ITEM_PREFIX.pack(start + i, timestamp_us) + body).digest()
         for i, body in enumerate(bodies)

@@ -130,7 +130,7 @@ def test_two_writers_never_write_the_same_bytes() -> None:
 
 @given(st.lists(st.binary(max_size=64), min_size=1, max_size=20), st.integers(0, 1 << 62))
 def test_a_few_records_sum_as_many_do(bodies: list[bytes], start: int) -> None:
-    # records_setsum sums up to eight records without numpy; both ways give one setsum.
+    # A fragment's setsum is the setsum of its items (offset, timestamp, body), however many.
     many = Setsum.of_items(
         (start + i).to_bytes(8, "big") + (5).to_bytes(8, "big") + b for i, b in enumerate(bodies)
     )

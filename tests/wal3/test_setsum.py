@@ -105,3 +105,17 @@ def test_distinct_setsums_hash_apart() -> None:
     assert hash(a) == hash(Setsum.from_hexdigest(a.hexdigest()))
     assert len({hash(Setsum.of(bytes([i]))) for i in range(64)}) == 64
     assert hash(a) != hash(b)
+
+
+@pytest.mark.parametrize("few", [1, 2, 7, 8, 9])
+def test_a_few_digests_sum_as_numpy_sums_them(few: int) -> None:
+    # Up to 8 digests are summed in Python, more with numpy: both give one setsum (the many
+    # minus the same many is the few, through numpy's path on both sides).
+    import hashlib
+
+    digests = [hashlib.sha3_256(b"%d" % i).digest() for i in range(few + 40)]
+    assert Setsum.of_digests(b"".join(digests[:few])) == Setsum.of_digests(
+        b"".join(digests)
+    ) - Setsum.of_digests(b"".join(digests[few:]))
+    with pytest.raises(ValueError):
+        Setsum.of_digests(b"".join(digests[:few])[:-1])
