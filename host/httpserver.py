@@ -54,13 +54,17 @@ class ConnectionTicket:
     """What the app knows of its request's connection: it marks it authenticated, and it may
     ask that the connection's next request not be read for a while (``hold``)."""
 
-    __slots__ = ("_conn", "_table", "authenticated", "hold_s")
+    __slots__ = ("_conn", "_table", "authenticated", "hold_s", "shared", "tenant")
 
     def __init__(self, table: ConnectionTable, conn: _Guard) -> None:
         self._table = table
         self._conn = conn
         self.authenticated = False
         self.hold_s = 0.0
+        self.tenant: str | None = None  # the tenant of the first key this connection carried
+        # Carried keys of more than one tenant (a proxy's pooled connection): never held, as a
+        # hold for one tenant's refusal would stall the others' requests queued behind it.
+        self.shared = False
 
     def hold(self, seconds: float) -> None:
         """This request's tenant was refused by its own quota and told to retry in
@@ -68,14 +72,23 @@ class ConnectionTicket:
         most ``MAX_HOLD_S``).  A client that honours Retry-After never notices; one that
         retries at once cannot make the server parse (and refuse) request after request on
         this connection meanwhile: a flood over a quota costs the event loop one refusal per
-        connection and hold, not one per request the flooder can send (issue 19)."""
-        self.hold_s = max(self.hold_s, min(seconds, MAX_HOLD_S))
+        connection and hold, not one per request the flooder can send (issue 19).
 
-    def mark_authenticated(self) -> None:
-        """A request on this connection carried a valid key: it no longer gives way to others."""
+        A connection that has carried more than one tenant's keys is never held.  The first
+        request of a second tenant on a held connection still waits out that hold: which tenant
+        it is for is known only once it is read."""
+        if not self.shared:
+            self.hold_s = max(self.hold_s, min(seconds, MAX_HOLD_S))
+
+    def mark_authenticated(self, tenant: str) -> None:
+        """A request on this connection carried a valid key of ``tenant`` (``*`` for a service
+        key): the connection no longer gives way to others."""
         if not self.authenticated:
             self.authenticated = True
+            self.tenant = tenant
             self._table.unauthenticated.pop(self._conn, None)
+        elif tenant != self.tenant:
+            self.shared = True
 
 
 def connection_ticket(scope: Scope) -> ConnectionTicket | None:

@@ -54,7 +54,9 @@ class Access:
         who = self._auth.authenticate(values[0] if values else None)
         ticket = connection_ticket(request.scope)
         if ticket is not None:
-            ticket.mark_authenticated()  # the connection cap no longer closes it for strangers
+            # The connection cap no longer closes it for strangers; a second tenant on it
+            # means it is never held for one tenant's refusal.
+            ticket.mark_authenticated(who.tenant)
         return who
 
     def _scope(self, who: Principal, tenant: str, collection_id: str) -> LogScope:

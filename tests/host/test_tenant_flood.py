@@ -279,3 +279,43 @@ async def test_a_refused_connection_is_not_read_until_its_retry_after(
             assert (await _answer(reader))[0] == 200
         finally:
             writer.close()
+
+
+async def test_a_connection_shared_by_two_tenants_is_never_held(
+    tmp_path: Path, recorded_apps: list[Any]
+) -> None:
+    """A proxy pools one connection for many tenants: a hold for alice's refusal would stall
+    bob's requests queued behind it on that connection, so such a connection is never held.
+    Before, the hold applied whatever the connection had carried (the note of issue 19)."""
+    async with flood_host(tmp_path) as (lv, _clock):
+        table = recorded_apps[-1].state.connections
+        port = int(lv.url.rsplit(":", 1)[1])
+        a_path = log_path("alice", uuid.uuid4()) + "/records"
+        b_path = log_path("bob", uuid.uuid4()) + "/records"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(_raw_append(port, "bob-key", b_path, "b0"))
+            assert (await _answer(reader))[0] == 200
+            for i in range(BURST):  # alice's whole burst, on the same connection
+                writer.write(_raw_append(port, "alice-key", a_path, f"ok{i}"))
+                assert (await _answer(reader))[0] == 200
+            throttles = count_throttles(lv.server.quotas)
+            # Alice refused, then bob's next request sent at once on the same connection.
+            writer.write(_raw_append(port, "alice-key", a_path, "refused"))
+            writer.write(_raw_append(port, "bob-key", b_path, "b1"))
+            status, headers = await _answer(reader)
+            assert status == 429 and headers["retry-after"] == "1"
+            # The answer is complete, so the hold (if any) is set by now: there is none.
+            assert not any(c.held for c in table.connections)
+            assert (await _answer(reader))[0] == 200  # bob's, not held back
+            assert throttles == {"alice": ["appends_per_s"]}
+        finally:
+            writer.close()
+        # A connection of one tenant is still held (the test above, in short).
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(_raw_append(port, "alice-key", a_path, "alone"))
+            assert (await _answer(reader))[0] == 429
+            assert any(c.held for c in table.connections)
+        finally:
+            writer.close()
