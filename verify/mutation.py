@@ -3,6 +3,7 @@
     python -m verify.mutation                     # every module below (long: run it by itself)
     python -m verify.mutation --module host/auth.py --module dirtylog/record.py
     python -m verify.mutation --write-docs        # also rewrite the table in docs/RELIABILITY.md
+    python -m verify.mutation --module wal3/gc.py --resume   # go on after an interruption
 
 Each module is mutated by mutmut in its own scratch worktree of HEAD (so edits in the working tree
 never mix in), and each mutant runs only the tests of the module's fast subset that cover the
@@ -14,12 +15,14 @@ to ``bench/out/mutation/{module}.json`` with the diff of every surviving mutant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,23 +141,61 @@ def _config(module: str, tests: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
-    """Mutate ``module`` in a scratch worktree of HEAD and collect the outcome."""
+# In a scratch worktree: the seconds its run has taken so far, rewritten every HEARTBEAT_S (a run
+# interrupted by a reboot or a kill keeps what it had done, and ``--resume`` adds to it).
+ELAPSED_FILE = ".mutation-seconds"
+HEARTBEAT_S = 30.0
+
+
+def resumable(work: Path) -> bool:
+    """Whether ``work`` holds an interrupted run to go on with: mutmut's mutants and the
+    configuration this module appended (mutmut keeps each finished mutant's result there)."""
+    return (work / "mutants").is_dir() and "[tool.mutmut]" in (
+        (work / "pyproject.toml").read_text(encoding="utf-8")
+        if (work / "pyproject.toml").exists()
+        else ""
+    )
+
+
+def _count_time(work: Path, base: float, stop: threading.Event) -> None:
+    started = time.monotonic()
+    while not stop.wait(HEARTBEAT_S):
+        (work / ELAPSED_FILE).write_text(f"{base + time.monotonic() - started:.1f}\n")
+
+
+def run_module(module: str, jobs: int, scratch: Path, *, resume: bool = False) -> ModuleResult:
+    """Mutate ``module`` in a scratch worktree of HEAD and collect the outcome.
+
+    With ``resume``, a worktree an interrupted run of the module left behind is used as it is:
+    mutmut runs only the mutants without a result, and the row names that worktree's commit
+    (the code its mutants were made from), not HEAD's."""
     tests = TARGETS[module]
-    commit = _git("rev-parse", "--short", "HEAD")
     work = scratch / re.sub(r"[^A-Za-z0-9]+", "_", module)
-    if work.exists():
-        subprocess.run(
-            ["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True
-        )
-        shutil.rmtree(work, ignore_errors=True)
-    _git("worktree", "add", "--detach", "-f", str(work), "HEAD")
+    base = 0.0
+    if resume and work.exists() and resumable(work):
+        commit = _git("rev-parse", "--short", "HEAD", cwd=work)
+        with contextlib.suppress(OSError, ValueError):
+            base = float((work / ELAPSED_FILE).read_text())
+        fresh = False
+    else:
+        commit = _git("rev-parse", "--short", "HEAD")
+        if work.exists():
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True
+            )
+            shutil.rmtree(work, ignore_errors=True)
+        _git("worktree", "add", "--detach", "-f", str(work), "HEAD")
+        fresh = True
     tests = [t for t in tests if (work / t.partition("::")[0]).exists()]  # one not written yet
     result = ModuleResult(module, commit, tests)
     started = time.monotonic()
+    stop = threading.Event()
+    heartbeat = threading.Thread(target=_count_time, args=(work, base, stop), daemon=True)
+    heartbeat.start()
     try:
-        with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
-            f.write(_config(module, tests))
+        if fresh:
+            with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
+                f.write(_config(module, tests))
         mutmut = str(Path(sys.executable).with_name("mutmut"))
         # COMPACTOR_CRASH_AT set to a name no crash point has: a mutant calling
         # ``crash_point(None)`` would otherwise match the unset variable and SIGKILL its whole
@@ -194,7 +235,8 @@ def run_module(module: str, jobs: int, scratch: Path) -> ModuleResult:
                 ).stdout
                 result.survivors[name] = shown
     finally:
-        result.seconds = round(time.monotonic() - started, 1)
+        stop.set()
+        result.seconds = round(base + time.monotonic() - started, 1)
         subprocess.run(
             ["git", "worktree", "remove", "--force", str(work)], cwd=ROOT, capture_output=True
         )
@@ -310,10 +352,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rewrite the table in docs/RELIABILITY.md from every recorded run",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the run an interruption left in the scratch worktree (its commit's "
+        "code, only the mutants without a result); without it every run starts afresh at HEAD",
+    )
     args = p.parse_args(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
     for module in args.module or list(TARGETS):
-        r = run_module(module, args.jobs, args.scratch)
+        r = run_module(module, args.jobs, args.scratch, resume=args.resume)
         path = _save(r)
         print(
             f"{module}: {r.total} mutants, {r.killed + r.timeout} killed, {r.survived} "

@@ -51,3 +51,18 @@ def test_a_run_keeps_other_modules_rows_and_replaces_its_own(
     assert (rows["a/one.py"]["killed"], rows["a/one.py"]["survived"]) == (9, 1)
     assert (rows["b/two.py"]["killed"], rows["b/two.py"]["survived"]) == (10, 0)
     assert doc.read_text(encoding="utf-8").endswith("tail\n")
+
+
+def test_only_a_worktree_with_mutants_and_its_configuration_is_resumed(tmp_path: Path) -> None:
+    """``--resume`` goes on only where mutmut left results under this tool's configuration; a
+    half-made worktree (no mutants yet, or not configured) starts afresh."""
+    work = tmp_path / "wal3_gc_py"
+    work.mkdir()
+    assert not mutation.resumable(work)
+    (work / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (work / "mutants").mkdir()
+    assert not mutation.resumable(work)  # mutants, but not this tool's run
+    (work / "pyproject.toml").write_text(mutation._config("wal3/gc.py", ["tests/wal3"]))
+    assert mutation.resumable(work)
+    (work / "mutants").rmdir()
+    assert not mutation.resumable(work)
