@@ -51,44 +51,53 @@ MAX_HOLD_S = 1.0
 
 
 class ConnectionTicket:
-    """What the app knows of its request's connection: it marks it authenticated, and it may
-    ask that the connection's next request not be read for a while (``hold``)."""
+    """What the app knows of its request's connection: it marks it authenticated, notes the
+    tenant each request acts for, and it may ask that the connection's next request not be
+    read for a while (``hold``)."""
 
-    __slots__ = ("_conn", "_table", "authenticated", "hold_s", "shared", "tenant")
+    __slots__ = ("_conn", "_table", "authenticated", "hold_s", "interleaved", "tenant")
 
     def __init__(self, table: ConnectionTable, conn: _Guard) -> None:
         self._table = table
         self._conn = conn
         self.authenticated = False
         self.hold_s = 0.0
-        self.tenant: str | None = None  # the tenant of the first key this connection carried
-        # Carried keys of more than one tenant (a proxy's pooled connection): never held, as a
-        # hold for one tenant's refusal would stall the others' requests queued behind it.
-        self.shared = False
+        self.tenant: str | None = None  # the tenant the last authorized request acted for
+        # A request acting for another tenant came since the last refusal (a proxy's pooled
+        # connection): the next refusal is not held, so it cannot stall that tenant's requests.
+        self.interleaved = False
 
     def hold(self, seconds: float) -> None:
         """This request's tenant was refused by its own quota and told to retry in
         ``seconds``: once the answer is sent, the connection is not read for that long (at
-        most ``MAX_HOLD_S``).  A client that honours Retry-After never notices; one that
-        retries at once cannot make the server parse (and refuse) request after request on
-        this connection meanwhile: a flood over a quota costs the event loop one refusal per
-        connection and hold, not one per request the flooder can send (issue 19).
+        most ``MAX_HOLD_S``), and no request already read behind it (pipelined) starts.  A
+        client that honours Retry-After never notices; one that retries at once cannot make the
+        server parse (and refuse) request after request on this connection meanwhile: a flood
+        over a quota costs the event loop one refusal per connection and hold, not one per
+        request the flooder can send (issue 19).
 
-        A connection that has carried more than one tenant's keys is never held.  The first
-        request of a second tenant on a held connection still waits out that hold: which tenant
-        it is for is known only once it is read."""
-        if not self.shared:
-            self.hold_s = max(self.hold_s, min(seconds, MAX_HOLD_S))
+        On a connection shared by tenants, a refusal that follows a request of another tenant
+        is not held, and that exemption is used up by it: each unheld refusal costs an
+        authorized request of some other tenant (charged to that tenant), so sharing cannot
+        make refusals free.  A request of a second tenant queued behind a held refusal still
+        waits that hold out: which tenant it is for is known only once it is read."""
+        if self.interleaved:
+            self.interleaved = False
+            return
+        self.hold_s = max(self.hold_s, min(seconds, MAX_HOLD_S))
 
-    def mark_authenticated(self, tenant: str) -> None:
-        """A request on this connection carried a valid key of ``tenant`` (``*`` for a service
-        key): the connection no longer gives way to others."""
+    def mark_authenticated(self) -> None:
+        """A request on this connection carried a valid key: it no longer gives way to others."""
         if not self.authenticated:
             self.authenticated = True
-            self.tenant = tenant
             self._table.unauthenticated.pop(self._conn, None)
-        elif tenant != self.tenant:
-            self.shared = True
+
+    def note_tenant(self, tenant: str) -> None:
+        """The request was authorized to act for ``tenant`` (the tenant its quotas are charged
+        to, whatever key it carried: a service key acts for the tenant of its path)."""
+        if self.tenant is not None and tenant != self.tenant:
+            self.interleaved = True
+        self.tenant = tenant
 
 
 def connection_ticket(scope: Scope) -> ConnectionTicket | None:
@@ -251,16 +260,24 @@ class _Guard:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # type: ignore[misc]
         if not self.flow.write_paused:
             self._disarm_send()
         ticket = self._ticket
-        if ticket is not None and ticket.hold_s > 0:
+        seconds = 0.0
+        if ticket is not None:
             seconds, ticket.hold_s = ticket.hold_s, 0.0
-            if not self.transport.is_closing() and self._hold is None:
-                # After uvicorn's own flow control resumed reading for the next request.
-                self.transport.pause_reading()
-                self._hold = self.loop.call_later(seconds, self._end_hold)
+        if seconds > 0 and not self.transport.is_closing() and self._hold is None:
+            # uvicorn's own completion (keep-alive, flow control, and the start of a request
+            # pipelined behind this one, already read into its buffer) waits for the hold's
+            # end: pausing the transport alone would leave those requests to run.
+            self.transport.pause_reading()
+            self._hold = self.loop.call_later(seconds, self._end_hold)
+            return
+        self._response_done()
+
+    def _response_done(self) -> None:
+        """uvicorn's completion of an answered request."""
+        super().on_response_complete()  # type: ignore[misc]
 
     @property
     def held(self) -> bool:
@@ -269,6 +286,9 @@ class _Guard:
 
     def _end_hold(self) -> None:
         self._hold = None
+        if self.transport.is_closing():
+            return
+        self._response_done()  # may start a pipelined request
         # uvicorn pauses reading only while it holds an unread body, never while held: so
         # nothing else wants the transport paused now.
         if not self.transport.is_closing() and not self.flow.read_paused:
@@ -306,8 +326,8 @@ class _GuardedH11(_Guard, H11Protocol):  # type: ignore[misc]  # uvicorn narrows
         super().data_received(data)
         self._update()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
+    def _response_done(self) -> None:
+        super()._response_done()
         self._update()
 
     def _update(self) -> None:

@@ -54,10 +54,16 @@ class Access:
         who = self._auth.authenticate(values[0] if values else None)
         ticket = connection_ticket(request.scope)
         if ticket is not None:
-            # The connection cap no longer closes it for strangers; a second tenant on it
-            # means it is never held for one tenant's refusal.
-            ticket.mark_authenticated(who.tenant)
+            ticket.mark_authenticated()  # the connection cap no longer closes it for strangers
         return who
+
+    @staticmethod
+    def _acting_for(request: Request, tenant: str) -> None:
+        """The request was authorized for ``tenant``: its connection notes it (a refusal that
+        follows another tenant's request on a shared connection is not held; httpserver)."""
+        ticket = connection_ticket(request.scope)
+        if ticket is not None:
+            ticket.note_tenant(tenant)
 
     def _scope(self, who: Principal, tenant: str, collection_id: str) -> LogScope:
         cid = parse_uuid(collection_id)
@@ -72,6 +78,7 @@ class Access:
         check, for a route that does not go through FastAPI's dependencies."""
         who = self.principal(request)
         self._auth.authorize(who, tenant, needed)
+        self._acting_for(request, tenant)
         return self._scope(who, tenant, collection_id)
 
     async def reader_scope(self, request: Request, tenant: str, collection_id: str) -> LogScope:
@@ -100,6 +107,7 @@ class Access:
         """A tenant's own cursors; the reserved ones (``compaction``, ...) need a service key."""
         who = self.principal(request)
         self._auth.authorize_cursor_write(who, tenant, name)
+        self._acting_for(request, tenant)
         return self._scope(who, tenant, collection_id)
 
     async def service(self, request: Request) -> Principal:
