@@ -49,6 +49,12 @@ SCOPE_EXTENSION = "loghost.connection"
 # keep-alive timeout, so a client's next request waiting in the socket is never dropped).
 MAX_HOLD_S = 1.0
 
+# Requests parsed and queued behind the one being answered (HTTP/1.1 pipelining, httptools):
+# uvicorn resumes reading whenever a queued request starts, so a client that keeps writing could
+# queue a socket read of requests per answer, without bound.  Past this the connection closes;
+# clients that pipeline at all keep a few requests in flight.
+MAX_PIPELINED = 16
+
 
 class ConnectionTicket:
     """What the app knows of its request's connection: it marks it authenticated, notes the
@@ -77,9 +83,9 @@ class ConnectionTicket:
         request the flooder can send (issue 19).
 
         On a connection shared by tenants, a refusal that follows a request of another tenant
-        is not held, and that exemption is used up by it: each unheld refusal costs an
-        authorized request of some other tenant (charged to that tenant), so sharing cannot
-        make refusals free.  A request of a second tenant queued behind a held refusal still
+        is not held, and that exemption is used up by it: each unheld refusal costs a
+        well-formed request authorized for some other tenant (a key of that tenant, or a
+        service key), so sharing cannot make refusals free.  A request of a second tenant queued behind a held refusal still
         waits that hold out: which tenant it is for is known only once it is read."""
         if self.interleaved:
             self.interleaved = False
@@ -161,6 +167,7 @@ class _Guard:
     # What uvicorn's protocols provide.  mypy cannot see that ``super()`` of a mixin is the
     # protocol, so each ``super().x()`` below carries ``type: ignore[misc]``.
     transport: asyncio.Transport
+    server_state: Any
     loop: asyncio.AbstractEventLoop
     app: Any
     cycle: Any
@@ -251,9 +258,7 @@ class _Guard:
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_send()
-        if self._hold is not None:
-            self._hold.cancel()
-            self._hold = None
+        self._cancel_hold()
         self.table.unauthenticated.pop(self, None)
         self.table.closing.discard(self)
         self.table.connections.discard(self)
@@ -278,6 +283,25 @@ class _Guard:
     def _response_done(self) -> None:
         """uvicorn's completion of an answered request."""
         super().on_response_complete()  # type: ignore[misc]
+
+    def _cancel_hold(self) -> None:
+        """The connection ends during a hold: the queued requests behind it never start, and the
+        refused request, answered, is counted as uvicorn counts it on completion."""
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+            self.server_state.total_requests += 1
+
+    def shutdown(self) -> None:
+        """A graceful shutdown closes a held connection at once, as uvicorn closes an idle one:
+        its answer was sent, and the requests queued behind the hold would otherwise run one
+        hold apart, each delaying the drain, or start after it gave up (against a closing
+        host)."""
+        if self._hold is not None:
+            self._cancel_hold()
+            self.transport.close()
+            return
+        super().shutdown()  # type: ignore[misc]
 
     @property
     def held(self) -> bool:
@@ -367,6 +391,10 @@ def _httptools_protocol() -> type[_Guard]:
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             self._arm("body", self.body_timeout_s)  # disarmed when the message completes
+            if len(self.pipeline) > MAX_PIPELINED and not self.transport.is_closing():
+                _log.warning("closing a connection with over %d requests pipelined", MAX_PIPELINED)
+                self._disarm()
+                self.transport.close()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()

@@ -78,8 +78,9 @@ class Access:
         check, for a route that does not go through FastAPI's dependencies."""
         who = self.principal(request)
         self._auth.authorize(who, tenant, needed)
-        self._acting_for(request, tenant)
-        return self._scope(who, tenant, collection_id)
+        scope = self._scope(who, tenant, collection_id)
+        self._acting_for(request, tenant)  # a well-formed request, authorized
+        return scope
 
     async def reader_scope(self, request: Request, tenant: str, collection_id: str) -> LogScope:
         """Any key of the tenant, or a service key."""
@@ -107,8 +108,9 @@ class Access:
         """A tenant's own cursors; the reserved ones (``compaction``, ...) need a service key."""
         who = self.principal(request)
         self._auth.authorize_cursor_write(who, tenant, name)
+        scope = self._scope(who, tenant, collection_id)
         self._acting_for(request, tenant)
-        return self._scope(who, tenant, collection_id)
+        return scope
 
     async def service(self, request: Request) -> Principal:
         """A service key (routes outside any tenant: the dirty set)."""
