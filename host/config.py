@@ -136,7 +136,8 @@ class Settings(BaseSettings):
     http_parser: Literal["httptools", "h11"] = Field(
         "httptools",
         description="the HTTP/1.1 parser: `httptools` (fast) or `h11` (pure Python); both get "
-        "the same timeouts and connection caps",
+        "the same timeouts and connection caps (with httptools, a connection with more than 16 "
+        "pipelined requests queued is closed; h11 reads one request at a time)",
     )
     # Slow or silent clients: a request's headers, and its body, must arrive within these, and
     # at most this many connections are open (more are closed at once).
