@@ -19,7 +19,7 @@ from wal3.paths import MANIFEST_PATH
 from wal3.store import GetResult
 
 from .helpers import read_all
-from .test_read_lease import ManualClock
+from .test_read_lease import ManualClock, _opts, _settle
 
 
 def _store(tmp_path: Path) -> LocalStore:
@@ -143,20 +143,6 @@ async def test_an_open_that_never_settles_names_the_log(tmp_path: Path) -> None:
         await LogWriter.open(store, "logs/churn", LogWriterOptions())
 
 
-def _leased(clock: ManualClock, name: str, lease_s: float) -> LogWriterOptions:
-    return LogWriterOptions(
-        writer_name=name,
-        clock=clock,
-        batch=BatchOptions(interval_s=0),
-        lease=LeaseOptions(read_lease_s=lease_s),
-    )
-
-
-async def _settle() -> None:
-    for _ in range(50):
-        await asyncio.sleep(0)
-
-
 async def test_a_take_over_at_open_is_fenced_for_the_lease_the_log_records(
     tmp_path: Path,
 ) -> None:
@@ -166,9 +152,9 @@ async def test_a_take_over_at_open_is_fenced_for_the_lease_the_log_records(
     ``note_load(None, etag)`` (a fence sized by B's own setting)."""
     clock = ManualClock()
     store = _store(tmp_path)
-    a = await LogWriter.open(store, "logs/f", _leased(clock, "A", 10.0))
+    a = await LogWriter.open(store, "logs/f", _opts(clock, "A", 10.0))
     await a.append(b"r1")
-    b = await LogWriter.open(store, "logs/f", _leased(clock, "B", 1.0))
+    b = await LogWriter.open(store, "logs/f", _opts(clock, "B", 1.0))
     t = asyncio.create_task(b.wait_fence())
     for step in (0.0, 1.3, 5.0, 6.0):  # 12.3 s: past B's own 1.25 s, short of A's 12.5 s
         clock.advance(step)
@@ -186,11 +172,11 @@ async def test_an_open_told_it_wrote_nothing_is_a_take_over(tmp_path: Path) -> N
     ``authored[1] and ...`` for ``authored[0] and ...`` (which took the etag of None)."""
     clock = ManualClock()
     store = _store(tmp_path)
-    a = await LogWriter.open(store, "logs/n", _leased(clock, "A", 1.0))
+    a = await LogWriter.open(store, "logs/n", _opts(clock, "A", 1.0))
     await a.append(b"r1")
     await a.close()
     again = await LogWriter.open(
-        store, "logs/n", _leased(clock, "A", 1.0), authored=(None, float("-inf"))
+        store, "logs/n", _opts(clock, "A", 1.0), authored=(None, float("-inf"))
     )
     assert not again.authored and again.current_manifest() is None
     t = asyncio.create_task(again.append(b"r2"))
