@@ -85,8 +85,9 @@ class ConnectionTicket:
         On a connection shared by tenants, a refusal that follows a request of another tenant
         is not held, and that exemption is used up by it: each unheld refusal costs a
         well-formed request authorized for some other tenant (a key of that tenant, or a
-        service key), so sharing cannot make refusals free.  A request of a second tenant queued behind a held refusal still
-        waits that hold out: which tenant it is for is known only once it is read."""
+        service key), so sharing cannot make refusals free.  A request of a second tenant
+        queued behind a held refusal still waits that hold out: which tenant it is for is known
+        only once it is read."""
         if self.interleaved:
             self.interleaved = False
             return
