@@ -70,6 +70,8 @@ def test_bytes_that_are_not_json_name_what_they_were() -> None:
         Manifest.from_bytes(b"{")
     with pytest.raises(CorruptManifest, match=r"^snapshot is not JSON: "):
         loads(b"\xff", "snapshot")
+    with pytest.raises(CorruptManifest, match=r"^snapshot is not JSON: "):
+        Snapshot.from_bytes(b"{")
     with pytest.raises(CorruptManifest, match=r"^manifest is not JSON: "):
         Manifest.from_bytes(b"[" * 100_000)  # nesting past the recursion limit
     refused([1], "manifest is not a JSON object")
