@@ -307,11 +307,13 @@ class Settings(BaseSettings):
         ge=0,
         description="reads answer from a writer's memory while the store proved its manifest "
         "current less than this ago (else they load it); every manifest a host writes records "
-        "this value, and a host taking a log over holds its first acknowledgements 1.25 x the "
-        "value recorded in the manifest it takes over (the previous holder's lease, whatever its "
-        "own setting), so no read misses an acknowledged record whatever Redis does, also while "
-        "hosts' settings differ.  0: this host's reads load the manifest (a take-over from a host "
-        "with a lease still waits for that lease)",
+        "this value, and a host taking a log over first claims it (one manifest write that links "
+        "nothing) and links and acknowledges nothing for 1.25 x the value recorded in the "
+        "manifest it takes over (the previous holder's lease, whatever its own setting), so no "
+        "read misses an acknowledged record or a record another read returned, whatever Redis "
+        "does, also while hosts' settings differ.  Keep it far below `LOGHOST_GC_GRACE_S`.  0: "
+        "this host's reads load the manifest (a take-over from a host with a lease still waits "
+        "for that lease)",
     )
 
     log_level: str = Field(

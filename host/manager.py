@@ -466,8 +466,10 @@ class LogManager:
 
     async def view(self, h: LogHandle) -> Manifest:
         """The manifest to answer reads and state from: the writer's own while its read lease
-        vouches for it (renewed by a HEAD when it ran out), else the store's."""
-        m = h.writer.current_manifest()
+        vouches for it (renewed by a HEAD when it ran out), else the store's.  A manifest put
+        in flight is waited for first: it may have landed, and a read of the store (here or on
+        another host) may have shown its records already (reads are monotonic)."""
+        m = await h.writer.leased_manifest()
         if m is not None:
             return m
         if h.writer.authored:

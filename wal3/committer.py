@@ -288,23 +288,35 @@ class Committer:
                 ready = []
             if not ready and not edits and snapshot is None:
                 return
-            new = base.with_fragments([b.pointer for b in ready], self._opts.writer_name)
-            if snapshot is not None:
-                snapped = new.with_snapshot(snapshot, self._opts.writer_name)
-                if snapped is None:
-                    self._snapshot = snapshot = None
-                else:
-                    new = snapped
-            applied: list[_Edit] = []
-            for edit in edits:
-                try:
-                    new = edit.fn(new)
-                    applied.append(edit)
-                except Exception as err:
-                    self._edits.remove(edit)
-                    if not edit.future.done():
-                        edit.future.set_exception(err)
-            edits = applied
+            # Records are linked only on a manifest this writer wrote and once its fence has
+            # passed: a take-over first claims the log with a write that links nothing (the
+            # lease's "Claim"), so nobody sees them while an old holder's lease may still answer.
+            taking_over = self._lease.takes_over(base, self._etag)
+            if taking_over:
+                await self._lease.yielded()
+            claiming = bool(ready) and taking_over
+            if claiming:
+                new = base  # stamped below: under our name, so its etag is not the base's
+            else:
+                if ready:
+                    await self._lease.wait_fence()
+                new = base.with_fragments([b.pointer for b in ready], self._opts.writer_name)
+                if snapshot is not None:
+                    snapped = new.with_snapshot(snapshot, self._opts.writer_name)
+                    if snapped is None:
+                        self._snapshot = snapshot = None
+                    else:
+                        new = snapped
+                applied: list[_Edit] = []
+                for edit in edits:
+                    try:
+                        new = edit.fn(new)
+                        applied.append(edit)
+                    except Exception as err:
+                        self._edits.remove(edit)
+                        if not edit.future.done():
+                            edit.future.set_exception(err)
+                edits = applied
             new = self._lease.stamped(new)
             new.check()
             base_etag = self._etag
@@ -317,6 +329,7 @@ class Committer:
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
                 current, cur_etag = loaded
+                self._lease.lost_to(current, cur_etag, base)
                 if current.same_tail(base) and rebases < self._opts.retry.max_rebases:
                     # Nobody appended (GC, a snapshot or a seal elsewhere): rebase and retry.
                     self._manifest, self._etag = current, cur_etag
@@ -330,6 +343,9 @@ class Committer:
                 await self._rec.recover()
                 return
             self._lease.landed(base_etag, etag, issued, base)  # before installed acknowledges
+            if claiming:
+                self.installed(new, etag, [])  # ours now; the records follow once fenced
+                continue
             self.installed(new, etag, ready)
             if snapshot is not None:
                 self._snapshot = None

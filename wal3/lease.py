@@ -16,7 +16,9 @@ conditional writes are the only fence, so the rule is built on them and on monot
   (its etag is one our own put returned) and a store interaction *issued* less than
   ``read_lease_s`` ago proved it was still the stored one: our write (issued at ``i``, so the
   manifest was ours at some moment after ``i``) or a HEAD that found its etag
-  (``confirm_lease``).  A HEAD that finds another etag while one of our own manifest puts is
+  (``confirm_lease``), and none of our manifest puts is in flight (one may have landed, its
+  answer not back, so a reader of the store may already see more: ``leased_manifest`` waits
+  for the answer).  A HEAD that finds another etag while one of our own manifest puts is
   in flight (or was issued during the HEAD) gives no lease but keeps authorship: the etag may be
   our own next manifest, its answer not back yet, and dropping authorship would make that write
   look like a take-over (the writer fencing itself).  If it is another writer's, our put's
@@ -31,6 +33,13 @@ conditional writes are the only fence, so the rule is built on them and on monot
   ``1.25 x`` *the base's lease* after that write's answer arrived.  Likewise after every load
   that shows a manifest it did not write: what it then learns (idempotency keys of others'
   appends) is not answered before the fence either.
+* **Claim.**  A take-over write links no record (``claim``: the base as it is, under this
+  writer's name), and no write links records before the fence has passed (the committer's
+  appends and recovery's read repair alike).  So no record becomes visible in the store while
+  anyone's lease may still vouch for a manifest without it: reads are monotonic across hosts
+  (a record one read returned, from a store load or a lease, every later read returns), not
+  merely never missing an acknowledged one.  Linking at the take-over itself would let a host
+  that loads the manifest show the record while the old holder's lease still answers without it.
 * **Whose lease.**  Every manifest this writer puts records its ``read_lease_s`` (the
   ``read_lease_ms`` field, which Rust ignores), a writer never leases a manifest for longer than
   it records (one without the field is not leased at all), and the fence is for the lease
@@ -45,15 +54,17 @@ conditional writes are the only fence, so the rule is built on them and on monot
 
 Why no stale read, case by case (H leases manifest M, another writer G acknowledges X):
 
-1. G's write of X lands on M (a take-over).  H's last proof of M was issued before X landed
-   (after it, the store held G's manifest and the proof would have failed), so H's lease ends
-   before landing + ``read_lease_s``; G acknowledges X no sooner than landing +
-   ``fence_s`` (G's clock, measured from when it learned of the landing, later still).  Any read
-   asked after the acknowledgement finds H's lease over; H's HEAD then sees G's etag, and the
-   read loads the stored manifest (X included).  The 25 % covers clock-rate differences.
+1. G takes over M: its claim lands on M and links nothing, and X is linked only after the
+   claim's fence.  H's last proof of M was issued before the claim landed (after it, the store
+   held G's manifest and the proof would have failed), so H's lease ends before landing +
+   ``read_lease_s``; G links X, and so acknowledges it, no sooner than landing + ``fence_s``
+   (G's clock, measured from when it learned of the landing, later still).  Any read that can
+   see X, and any read asked after the acknowledgement, finds H's lease over; H's HEAD then sees
+   G's etag, and the read loads the stored manifest (X included).  The 25 % covers clock-rate
+   differences.
 2. G's write lands on a manifest G wrote itself.  Nobody else can lease it (only its author
    leases), so nobody answers from an older one: M was replaced by G's earlier take-over write,
-   whose fence has passed as in 1.
+   and G links records only once that write's fence has passed, as in 1.
 3. H crashes, stalls, is suspended or is cut off from Redis: its lease only runs out; it never
    extends without a store round trip, so a stalled H that wakes up re-proves before it answers
    (``Clock.monotonic`` counts suspended time, so a suspend cannot stretch a lease).
@@ -62,8 +73,9 @@ Why no stale read, case by case (H leases manifest M, another writer G acknowled
 5. Redis restarts empty, stalls, fails over, or names two holders: nothing above reads it.
 
 Costs: one HEAD per ``read_lease_s`` per log read from memory without being written (own writes
-renew the lease for free), and a ``fence_s`` wait for acknowledgements after a take-over (a
-fail-over, a restart, a split between hosts), never in the steady state.  With
+renew the lease for free), and after a take-over (a fail-over, a restart, a split between
+hosts) one manifest write more (the claim) and a ``fence_s`` wait before the first records are
+linked and acknowledged, never in the steady state.  With
 ``read_lease_s`` = 0 nothing is leased and nothing waits: every read loads the manifest.
 """
 
@@ -84,6 +96,11 @@ from .store import ObjectStore, put_resolving
 def lease_ms(read_lease_s: float) -> int:
     """A lease in seconds as a manifest records it (``read_lease_ms``)."""
     return max(0, round(read_lease_s * 1000))
+
+
+def _claims(current: Manifest, base: Manifest) -> bool:
+    """Whether ``current`` is ``base`` claimed: the same but for its writer and lease."""
+    return replace(current, writer=base.writer, read_lease_ms=base.read_lease_ms) == base
 
 
 def bare_etag(etag: str) -> str:
@@ -117,11 +134,18 @@ class Lease:
         self._authored: str | None = None
         self._lease_from: float | None = None
         self._fence_until = float("-inf")
+        self._carried_ms = 0  # the longest lease the running fence is for, in ms (``stamped``)
+        # Whether this writer ever held the log (a write of ours landed, or it adopted its own),
+        # and before when it leaves a rival's claim alone (``lost_to``).
+        self._held_once = False
+        self._yield_until = float("-inf")
         self._confirming: asyncio.Task[bool] | None = None
         # Our manifest puts: in flight now, and issued ever.  A lease-renewing HEAD overlapping
         # one may see our own next manifest before its answer reaches us (``confirm``).
         self._puts_in_flight = 0
         self._puts_issued = 0
+        self._no_put = asyncio.Event()  # set while no put of ours is in flight (``settled``)
+        self._no_put.set()
 
     # ------------------------------------------------------------------------------ the store
 
@@ -136,17 +160,56 @@ class Lease:
         """Put ``new`` over ``base_etag``, counted in flight for ``confirm``."""
         self._puts_in_flight += 1
         self._puts_issued += 1
+        self._no_put.clear()
         try:
             return await put_resolving(
                 self._store, join(self._prefix, MANIFEST_PATH), new.to_bytes(), if_match=base_etag
             )
+        except BaseException:
+            # It may have landed (an answer lost, resolved or not) and been built on: the store
+            # may show what the memory lacks.  No vouching until a write or a HEAD proves again.
+            self._lease_from = None
+            raise
         finally:
             self._puts_in_flight -= 1
+            if not self._puts_in_flight:
+                self._no_put.set()
+
+    async def settled(self) -> None:
+        """Return once every manifest put of ours in flight now has been answered (``remaining``
+        vouches for nothing while one is)."""
+        if self._puts_in_flight:
+            await self._no_put.wait()
+
+    def takes_over(self, base: Manifest, base_etag: str) -> bool:
+        """Whether a write on ``base`` takes the log over from a writer that may still answer
+        reads from it under a lease (it is not ours, and its author's lease is not 0)."""
+        return not self.authored(base_etag) and self._base_lease_s(base) > 0
+
+    async def claim(self, base: Manifest, base_etag: str) -> tuple[Manifest, str]:
+        """Take the log over with a write of ``base`` that links nothing (the fence starts when
+        it lands); PreconditionFailed if someone wrote the log meanwhile."""
+        new = self.stamped(base)
+        new.check()
+        issued = self._opts.clock.monotonic()
+        etag = await self.put(new, base_etag)
+        self.landed(base_etag, etag, issued, base)
+        return new, etag
 
     def stamped(self, new: Manifest) -> Manifest:
-        """``new`` as this writer puts it: recording the lease it may answer from it for."""
+        """``new`` as this writer puts it: recording the lease it may answer from it for, under
+        this writer's name.  The name also makes a write that changes nothing else (an identity
+        edit, a claim) differ from another writer's manifest: the same bytes would keep their
+        etag, and the old holder's HEADs would go on renewing its lease over our take-over."""
         ms = lease_ms(self._opts.lease.read_lease_s)
-        return new if new.read_lease_ms == ms else replace(new, read_lease_ms=ms)
+        if self._opts.clock.monotonic() < self._fence_until:
+            # While fencing, what we write records the lease we fence for too: a writer taking
+            # over from us then fences for it, however short our own (``Whose lease``).
+            ms = max(ms, self._carried_ms)
+        name = self._opts.writer_name
+        if new.read_lease_ms == ms and new.writer == name:
+            return new
+        return replace(new, read_lease_ms=ms, writer=name)
 
     # ---------------------------------------------------------------------- what it proves
 
@@ -161,6 +224,7 @@ class Lease:
             # A take-over: whoever wrote ``base`` may hold a lease on it, as long as it says.
             self._raise_fence(base_manifest)
         self._authored, self._lease_from = etag, issued
+        self._held_once = True
 
     def note_load(self, manifest: Manifest, etag: str) -> None:
         """We read a manifest from the store: what it shows of others waits for the fence."""
@@ -170,6 +234,29 @@ class Lease:
     def adopt(self, etag: str, issued: float) -> None:
         """The stored manifest, read at ``issued``, is one this process wrote: ours."""
         self._authored, self._lease_from = etag, issued
+        self._held_once = True
+
+    def lost_to(self, current: Manifest, etag: str, base: Manifest) -> None:
+        """Our write on ``base`` failed, and the store holds ``current``.  When that is another
+        writer's claim of ``base`` (the same manifest under its name: not an edit, which a
+        collector makes at any time), and this writer held the log before, it leaves the log alone for the rival's fence (``yielded``)
+        so the rival can link what it claimed for.  Two writers that claimed back at once would
+        break each other's fences forever and link nothing (the leader hint is advisory: two
+        hosts may both write a log while Redis is away); the rival, in turn, yields to our
+        claim once it lost to it."""
+        if self._held_once and not self.authored(etag) and _claims(current, base):
+            lease = self._base_lease_s(current)
+            if lease > 0:
+                self._yield_until = max(
+                    self._yield_until, self._opts.clock.monotonic() + FENCE_FACTOR * lease
+                )
+
+    async def yielded(self) -> None:
+        """Return once a rival's claim this writer lost to had its fence (``lost_to``): call
+        before taking the log over."""
+        wait = self._yield_until - self._opts.clock.monotonic()
+        if wait > 0:
+            await self._opts.clock.sleep(wait)
 
     def inherit_fence(self, until: float) -> None:
         """The fence the log's previous writer in this process raised is this writer's too."""
@@ -189,6 +276,10 @@ class Lease:
         manifest, etag = self._held()
         lease = self._lease_s(manifest)
         if lease <= 0 or self._lease_from is None or not self.authored(etag) or not self._healthy():
+            return 0.0
+        if self._puts_in_flight:
+            # Our next manifest may be in the store already, its answer not back: a reader of
+            # the store may see records the one in memory lacks (``settled`` waits it out).
             return 0.0
         return max(0.0, self._lease_from + lease - self._opts.clock.monotonic())
 
@@ -254,6 +345,7 @@ class Lease:
     def _raise_fence(self, manifest: Manifest | None) -> None:
         lease = self._base_lease_s(manifest)
         if lease > 0:
-            self._fence_until = max(
-                self._fence_until, self._opts.clock.monotonic() + FENCE_FACTOR * lease
-            )
+            now = self._opts.clock.monotonic()
+            carried = self._carried_ms if now < self._fence_until else 0
+            self._carried_ms = max(carried, lease_ms(lease))
+            self._fence_until = max(self._fence_until, now + FENCE_FACTOR * lease)

@@ -483,9 +483,19 @@ class Recovery:
                 decoded.setsum,
                 content_etag(got.data),
             )
-            new = self._lease.stamped(manifest.with_fragments([pointer], self._opts.writer_name))
-            base_etag, issued = etag, self._opts.clock.monotonic()
+            claimed = False
             try:
+                if self._lease.takes_over(manifest, etag):
+                    # Linked only on our own manifest, once fenced (the lease's "Claim"): the
+                    # orphan's records must not show while an old holder's lease may answer.
+                    await self._lease.yielded()
+                    claimed = True
+                    manifest, etag = await self._lease.claim(manifest, etag)
+                await self._lease.wait_fence()
+                new = self._lease.stamped(
+                    manifest.with_fragments([pointer], self._opts.writer_name)
+                )
+                base_etag, issued = etag, self._opts.clock.monotonic()
                 etag = await self._lease.put(new, base_etag)
                 self._lease.landed(base_etag, etag, issued, manifest)
                 manifest = new
@@ -496,7 +506,12 @@ class Recovery:
                 loaded = await self._lease.load()
                 if loaded is None:
                     raise WriterClosed(f"manifest of {self._prefix} vanished") from None
+                self._lease.lost_to(loaded[0], loaded[1], manifest)
                 manifest, etag = loaded
+                if claimed:
+                    # One claim (and its waits) per repair: recovery walks the manifest it
+                    # loaded first, which must stay well within the collector's grace.
+                    break
                 if manifest.next_seq_no > seq:
                     # Linked: by a live writer (its next fragments are its own to link), or by
                     # our own put whose answer was lost before someone else's edit (then we

@@ -252,6 +252,14 @@ class LogWriter:
             return None
         return m
 
+    async def leased_manifest(self) -> Manifest | None:
+        """``current_manifest()`` once the manifest put in flight when called (if any) has been
+        answered: what a reader asks for.  While one is in flight the memory may be older than
+        the store, which a reader of the store may already have seen; its answer is one round
+        trip away, cheaper than loading the manifest."""
+        await self._lease.settled()
+        return self.current_manifest()
+
     def lease_remaining(self) -> float:
         """Seconds the read lease has left (0 when there is none)."""
         return self._lease.remaining()
@@ -261,6 +269,11 @@ class LogWriter:
         writer wrote.  False when the store moved on (another writer wrote it) or cannot tell;
         the writer then stops vouching until it writes again."""
         return await self._lease.confirm()
+
+    @property
+    def fencing(self) -> bool:
+        """Whether a take-over fence is still running (``wait_fence`` would wait)."""
+        return self._lease.fence_until > self._opts.clock.monotonic()
 
     async def wait_fence(self) -> None:
         """Return once the fence (a take-over) has passed: an acknowledgement of anything this
@@ -328,6 +341,16 @@ class LogWriter:
                 return (await asyncio.shield(waiter)).as_duplicate()
         item = self._batcher.submit(copied, idempotency_key)
         return await item.future
+
+    async def claim(self) -> None:
+        """Take the log over now if the next write would: a write that links nothing, so the
+        take-over fence starts (``lease.py``, "Claim").  A caller may then wait the fence out
+        (``wait_fence``) before it appends, holding nothing meanwhile; the append that follows
+        links at once.  Nothing is written when the stored manifest is this writer's own, when
+        no lease may vouch for it, or when the log is sealed (nothing will be linked)."""
+        m = self._committer.manifest
+        if not m.sealed and self._lease.takes_over(m, self._committer.etag):
+            await self.edit_manifest(lambda m: m)
 
     async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
         """Apply a pure manifest transform through the normal, fenced manifest write.

@@ -40,6 +40,9 @@ from .logview import log_state, stored_compaction_offset
 _BACKLOG = "compaction"
 # Appends retried here after a contention while this host still writes the log (membership).
 _CONTENTION_RETRIES = 2
+# Rounds of claiming a log and waiting its take-over fence out of its open-log slot (another host
+# may take it back meanwhile); after them the append waits inside the writer.
+_FENCE_ROUNDS = 3
 
 
 def _mismatch() -> Conflict:
@@ -108,25 +111,40 @@ class RecordService:
         """The append of an admitted request: durable when it returns."""
         self._manager.reserve(nbytes)
         try:
-            async with self._manager.use(cid, tenant, create=True) as h:
-                await self._check_compaction_backlog(h)
-                writer = h.writer
-                try:
-                    # The take-over fence is waited for below, outside use(): a waiting answer
-                    # must not pin an open-log slot.
-                    result = await self._append_routed(h, bodies, req.idempotency_key)
-                except Exception as e:
-                    # The request itself is counted by its answer (host.middleware).
-                    if isinstance(e, LogContention):
-                        self._metrics.contention.inc()
-                    elif isinstance(e, Backpressure):
-                        self._metrics.backpressure.labels("batching").inc()
-                    raise
-                if result.deduplicated:
-                    await self._check_same_request(h, result, bodies)
+            for attempt in range(_FENCE_ROUNDS + 1):
+                async with self._manager.use(cid, tenant, create=True) as h:
+                    await self._check_compaction_backlog(h)
+                    writer = h.writer
+                    # A take-over links no record before its fence has passed (wal3's lease,
+                    # "Claim"): claim the log now and wait the fence out below, outside use(),
+                    # as the answer's own fence is: a waiting append must not pin an open-log
+                    # slot.  (Past the last round the writer waits inside, which is as safe.)
+                    await writer.claim()
+                    if not writer.fencing or attempt == _FENCE_ROUNDS:
+                        result = await self._append_counted(h, bodies, req.idempotency_key)
+                        if result.deduplicated:
+                            await self._check_same_request(h, result, bodies)
+                        break
+                await writer.wait_fence()
         finally:
             self._manager.release(nbytes)
         return result, writer
+
+    async def _append_counted(
+        self, h: LogHandle, bodies: list[bytes], key: str | None
+    ) -> AppendResult:
+        """``_append_routed``, counting why it failed (the request itself is counted by its
+        answer, host.middleware)."""
+        try:
+            # The take-over fence is waited for by the caller, outside use(): a waiting answer
+            # must not pin an open-log slot.
+            return await self._append_routed(h, bodies, key)
+        except LogContention:
+            self._metrics.contention.inc()
+            raise
+        except Backpressure:
+            self._metrics.backpressure.labels("batching").inc()
+            raise
 
     async def _append_routed(
         self, h: LogHandle, bodies: list[bytes], key: str | None

@@ -386,7 +386,8 @@ async def test_a_take_over_waits_out_its_fence_without_pinning_an_open_log_slot(
     tmp_path: Path,
 ) -> None:
     """V2's fence must not become a way to pin open-log slots: the append that took the log
-    over waits for its fence after leaving the log (its handle has no user meanwhile)."""
+    over (claimed it: a write that links nothing) waits for its fence after leaving the log (its
+    handle has no user meanwhile), and only then links its record."""
     store = str(tmp_path / "store")
     cid = str(uuid.uuid4())
     path = log_path("alice", cid)
@@ -408,12 +409,11 @@ async def test_a_take_over_waits_out_its_fence_without_pinning_an_open_log_slot(
                 hs = [h for h in b.server.manager.handles() if str(h.collection_id) == cid]
                 return (
                     bool(hs)
-                    and hs[0].writer.manifest.next_offset == 3
+                    and hs[0].writer.authored  # its claim landed ...
+                    and hs[0].writer.manifest.next_offset == 2  # ... linking nothing yet
                     and hs[0].users == 0
                     and not append.done()
                 )
 
-            await wait_until(
-                fenced_and_free, "B's take-over written, answer held, log free", BOUND_S
-            )
+            await wait_until(fenced_and_free, "B's claim written, append held, log free", BOUND_S)
             append.cancel()

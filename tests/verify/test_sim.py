@@ -214,15 +214,54 @@ def test_a_key_answered_with_another_timestamp_is_a_violation(
 ) -> None:
     """Keys learned from footers answered with timestamp 0: the records are right, so only the
     ``acked`` check's timestamp catches it (seed 2; 22 of seeds 0:300, where the simulator
-    before the check passed all of 0:60)."""
+    before the check passed all of 0:60; seed 4 since seeds draw read leases, which changed
+    seed 2's run)."""
     from wal3 import fragment, idempotency
 
     def keys_without_their_time(data: bytes) -> tuple[dict[str, fragment.KeyEntry], int]:
         return fragment.read_keys(data)[0], 0
 
     monkeypatch.setattr(idempotency, "read_keys", keys_without_their_time)
-    r = run_seed(2)
+    r = run_seed(4)
     assert any(v.check == "acked" and "timestamp" in v.detail for v in r.violations), r.trace[-20:]
+
+
+def test_a_writer_vouching_while_its_put_is_in_flight_is_a_monotonic_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read lease as it was before the ``monotonic`` check: the writer's memory answered
+    while its own manifest put had landed, its answer not back (seeds 11, 127, 138 of 0:300;
+    the seeds without read leases cannot show it)."""
+    from wal3 import lease
+
+    answered = lease.Lease.remaining
+
+    def remaining_ignoring_puts(self: lease.Lease) -> float:
+        held, self._puts_in_flight = self._puts_in_flight, 0
+        try:
+            return answered(self)
+        finally:
+            self._puts_in_flight = held
+
+    async def settled_at_once(self: lease.Lease) -> None:
+        return None
+
+    monkeypatch.setattr(lease.Lease, "remaining", remaining_ignoring_puts)
+    monkeypatch.setattr(lease.Lease, "settled", settled_at_once)
+    r = run_seed(11)
+    assert "monotonic" in {v.check for v in r.violations}, r.trace[-20:]
+
+
+def test_writers_that_never_yield_to_a_rivals_claim_are_a_liveness_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without ``Lease.lost_to`` two writers claim the log back from each other forever and link
+    nothing (seeds 20 and 109 of the leased seeds with several writers in 0:200)."""
+    from wal3 import lease
+
+    monkeypatch.setattr(lease.Lease, "lost_to", lambda self, current, etag, base: None)
+    r = run_seed(20)
+    assert "liveness" in {v.check for v in r.violations}, r.trace[-20:]
 
 
 def test_a_finished_seed_leaves_no_world_behind() -> None:

@@ -1,7 +1,10 @@
 """Adversarial review of the take-over claim (issue 21, read leases V2: ``wal3/lease.py``'s
 "Claim", the committer's and read repair's claims, ``leased_manifest``, ``lost_to``).
 
-Each finding is ``xfail(strict=True)`` until fixed; time is a manual clock, interleavings are
+Each finding was ``xfail(strict=True)`` (c8f3366) until fixed in the commit that follows it:
+a write made while fencing records the lease it fences for (1), a manifest put that raised
+vouches for nothing until a write or a HEAD proves again (2), and read repair makes one claim at
+most, yielding only to a rival's pure claim (3).  Time is a manual clock, interleavings are
 forced with events (no sleeps).
 
 1. **A claim records the claimer's own lease, so the next take-over fences too short.**  The
@@ -67,11 +70,6 @@ async def _stored_writer(store: LocalStore, prefix: str) -> str:
     return loaded[0].writer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: a take-over of a claim fences for the claimer's shorter lease, while the "
-    "lease the claim was taken from still vouches: an acknowledged record is missed",
-)
 @pytest.mark.parametrize("claimer_lease", [0.5, 0.0])
 async def test_a_take_over_of_a_short_lease_claim_still_outlasts_the_older_lease(
     tmp_path: Path, claimer_lease: float
@@ -85,21 +83,24 @@ async def test_a_take_over_of_a_short_lease_claim_still_outlasts_the_older_lease
     assert await _stored_writer(store, "logs/x") == "B"
     c = await LogWriter.open(store, "logs/x", _opts(clock, "C", lease_s=0.5))
     acked = asyncio.create_task(c.append(b"r2"))
-    if claimer_lease > 0:
 
-        async def claimed() -> bool:
-            return await _stored_writer(store, "logs/x") == "C"
+    async def claimed() -> bool:
+        return await _stored_writer(store, "logs/x") == "C"
 
-        await wait_until(claimed, "C's claim over B's claim landed")
-        clock.advance(0.7)  # C's fence: 1.25 x the 0.5 s B's claim records
+    # B's claim records the lease it fences for (A's), not only its own: C claims over it too.
+    await wait_until(claimed, "C's claim over B's claim landed")
+    # Until r2 is acknowledged, and after: whenever it is, A's lease must not answer without it.
+    for _ in range(40):  # 4 s of the manual clock, 0.1 s at a time: past every fence here
+        clock.advance(0.1)
+        await _settle()
+        if acked.done():
+            m = a.current_manifest()
+            assert m is None or m.next_offset == 3, (
+                f"A's lease answers up to {m.next_offset} at +{clock.monotonic() - 1000.0:.2f} "
+                "s, but r2 (offset 2) was acknowledged"
+            )
     r2 = await asyncio.wait_for(acked, 10)  # a bound on a hang, not a timing assert
     assert r2.offset == 2
-    # r2 is acknowledged well within 2 s of A's last proof: A's lease still answers.
-    m = a.current_manifest()
-    assert m is None or m.next_offset == 3, (
-        f"A's lease answers up to {m.next_offset} at +{clock.monotonic() - 1000.0:.2f} s, "
-        "but r2 (offset 2) was acknowledged"
-    )
     for w in (a, b, c):
         await w.close()
 
@@ -135,11 +136,6 @@ class _LostAnswer(LocalStore):
         return await super().get(key)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: after an ambiguous put resolved as PreconditionFailed (it landed, then "
-    "was built on), the old memory is vouched for again before the reload: non-monotonic read",
-)
 async def test_a_put_that_landed_and_was_built_on_is_not_unseen_by_the_lease(
     tmp_path: Path,
 ) -> None:
@@ -214,11 +210,6 @@ _SEED_191_LEASED = RunConfig(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: read repair's yields and fences keep recovery on its first load for "
-    "15 s; the collector deletes a snapshot it links and recovery dies on CorruptFragment",
-)
 def test_a_long_read_repair_never_walks_a_manifest_older_than_the_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

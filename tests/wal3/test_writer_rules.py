@@ -19,7 +19,7 @@ from wal3.paths import MANIFEST_PATH
 from wal3.store import GetResult
 
 from .helpers import read_all
-from .test_read_lease import ManualClock, _opts, _settle
+from .test_read_lease import ManualClock, _claimed, _opts, _settle
 
 
 def _store(tmp_path: Path) -> LocalStore:
@@ -180,7 +180,7 @@ async def test_an_open_told_it_wrote_nothing_is_a_take_over(tmp_path: Path) -> N
     )
     assert not again.authored and again.current_manifest() is None
     t = asyncio.create_task(again.append(b"r2"))
-    assert await again.wait_for_commit(2, 30.0)
+    await _claimed(again, store, "logs/n", "A", 2)
     await _settle()
     assert not t.done()
     clock.advance(1.25)

@@ -42,6 +42,7 @@ from wal3.writer import (
     BatchOptions,
     FragmentInfo,
     IdempotencyOptions,
+    LeaseOptions,
     LogWriter,
     LogWriterOptions,
     SnapshotOptions,
@@ -117,6 +118,7 @@ class WriterSlot:
                 snapshot_threshold=cfg.snapshot_threshold,
             ),
             idempotency=IdempotencyOptions(window_fragments=cfg.window),
+            lease=LeaseOptions(read_lease_s=cfg.lease_s),
         )
         world.trace(f"{actor.name} opening")
         try:
@@ -716,14 +718,21 @@ class World:
         self.spawn(self.read())
 
     async def read(self) -> None:
-        """A reader on a faulty view: whatever it returns must be what the log holds."""
+        """A reader on a faulty view: whatever it returns must be what the log holds.  With read
+        leases, half the reads go through a live writer as the log host's do (its manifest in
+        memory while its lease vouches for it, else the stored one)."""
+        if self.cfg.lease_s > 0 and self.rng.random() < 0.5:
+            await self.lease_read()
+            return
         actor = self.sim.actor(f"rd{self.stats['reads']}")
         self.stats["reads"] += 1
         view = self.sim.view(actor)
         seen = self.model.observed[PREFIX]
+        floor, acked = self.model.visible_next, self.model.acked_next
         try:
             reader = LogReader(view, PREFIX)
             m = await reader.manifest()
+            self.model.saw_read(actor.name, m.next_offset, floor, acked)
             start = self.rng.randint(m.oldest_offset, max(m.oldest_offset, m.next_offset - 1))
             records = await reader.read(
                 start, Limits(max_records=self.rng.randint(1, 40)), manifest=m
@@ -744,6 +753,36 @@ class World:
                     f"{actor.name} read @{rec.offset} {rec.body[:16]!r}"
                     f", the log holds {had[1][:16]!r}",
                 )
+
+    async def lease_read(self) -> None:
+        """A read through a live writer: its manifest in memory when its lease vouches for it
+        (renewed by a HEAD first, at times), else the stored one; monotonic, and missing no
+        acknowledged record, whatever the other writers do."""
+        slots = [s for s in self.writers if s.live is not None]
+        if not slots:
+            return
+        slot = self.rng.choice(slots)
+        w = slot.live
+        assert w is not None and slot.actor is not None
+        who = f"{slot.actor.name} (lease)"
+        self.stats["reads"] += 1
+        floor, acked = self.model.visible_next, self.model.acked_next
+        m = await w.leased_manifest()
+        if m is None and self.rng.random() < 0.5:
+            try:
+                if await w.confirm_lease():
+                    # A HEAD that began before now: what it vouches for is judged from its start.
+                    m = w.current_manifest()
+            except Wal3Error as e:
+                self.trace(f"{who} confirm failed: {e!r}")
+        if m is None:
+            try:
+                m = await LogReader(self.sim.view(slot.actor), PREFIX).manifest()
+            except (StoreUnavailable, CorruptFragment, LogNotFound) as e:
+                self.trace(f"{who} read failed: {e!r}")
+                return
+        self.trace(f"{who} read up to {m.next_offset}")
+        self.model.saw_read(who, m.next_offset, floor, acked)
 
     def fork_step(self) -> None:
         self.forks += 1

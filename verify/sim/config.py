@@ -46,6 +46,9 @@ class RunConfig:
     # gc/GARBAGE); a quarter of it at any other store operation.
     gc_stall_p: float
     pin_w: float  # weight of pin_cursor calls (a reader's pin racing the collectors)
+    # Writers' read lease (0: none).  With one, reads are also answered from a live writer's
+    # memory as the log host does, take-overs claim and fence, and reads must be monotonic.
+    lease_s: float
 
 
 def make_config(seed: int) -> RunConfig:
@@ -93,4 +96,5 @@ def make_config(seed: int) -> RunConfig:
         gc2_fresh=r.random() < 0.5,
         gc_stall_p=r.choice((0.1, 0.3, 0.6)),
         pin_w=r.choice((0.0, 1.0, 3.0)),
+        lease_s=r.choice((0.0, 0.0, 0.0, 0.5, 2.0)),
     )

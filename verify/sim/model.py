@@ -25,6 +25,9 @@ Checks (each violation names its check):
   deleted, and no fragment at or above an accepted pin (``pin_cursor`` answered it) is deleted
   while the pin stands: a reader that loaded an older manifest may still be reading it.  When
   each object stopped being reachable from the stored manifest is recorded as manifests land.
+* ``lease-read`` and ``monotonic`` (seeds with read leases): a read of the primary log, from the
+  store or through a live writer's leased memory as the log host answers, returns every record
+  acknowledged before it began, and every record a read that finished before it began returned.
 """
 
 from __future__ import annotations
@@ -147,6 +150,10 @@ class Model:
         self.established: dict[str, tuple[str, int]] = {}  # cursor -> (etag, offset)
         self.gc_started: dict[str, float] = {}  # collector actor -> start of its current pass
         self.unverified: list[int] = []
+        # Reads of the primary log: the next offset past every record acknowledged so far, and
+        # the highest next offset a finished read returned (``monotonic``).
+        self.acked_next = 1
+        self.visible_next = 1
         self.root_emptied = False  # a collector once dropped every root pointer (no tail left)
         self.onto_empty: list[tuple[int, int, str]] = []  # linked while the root had no tail
         self._decoded: dict[str, DecodedFragment] = {}
@@ -413,6 +420,8 @@ class Model:
         )
         if outcome in ("acked", "dedup"):
             self.unverified.append(a.id)
+            if result is not None:
+                self.acked_next = max(self.acked_next, result.next_offset)
         if outcome == "contention":
             if a.id in self.where:
                 self.violate(
@@ -427,6 +436,22 @@ class Model:
                     f"a{a.id} was answered LogContention by {a.writer} "
                     "but no other writer appended since it opened",
                 )
+
+    def saw_read(self, who: str, next_offset: int, floor: int, acked: int) -> None:
+        """A read of the primary log returned what lies below ``next_offset``; when it began,
+        finished reads had returned up to ``floor`` and appends were acknowledged up to
+        ``acked``.  It may miss neither (``monotonic``: a record one read returned, every later
+        read returns; ``lease-read``: no acknowledged record is missed)."""
+        if next_offset < acked:
+            self.violate(
+                "lease-read",
+                f"{who} read up to {next_offset}, records up to {acked} were acknowledged",
+            )
+        if next_offset < floor:
+            self.violate(
+                "monotonic", f"{who} read up to {next_offset}, an earlier read returned {floor}"
+            )
+        self.visible_next = max(self.visible_next, next_offset)
 
     # ------------------------------------------------------------------------- the walk
 

@@ -94,8 +94,11 @@ def _choose(world: World, step: int) -> None:
         world.seal()
         return
     actions: tuple[tuple[str, float], ...]
+    # With read leases, reads race take-overs often: a stale or non-monotonic read needs a read
+    # through the old holder's lease right after another read saw the taker's records.
+    reads = 6 if cfg.lease_s > 0 else 1
     if world.quiet:
-        actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", 1), ("pin", cfg.pin_w / 3))
+        actions = (("append", 6), ("cursor", 2), ("gc", 2), ("read", reads), ("pin", cfg.pin_w / 3))
     else:
         actions = (
             ("append", 8),
@@ -104,7 +107,7 @@ def _choose(world: World, step: int) -> None:
             ("cursor", 3),
             ("gc", 3),
             ("gc_all", 2 if len(world.collectors) > 1 else 0),
-            ("read", 1),
+            ("read", reads),
             ("pin", cfg.pin_w),
             ("open", 2),
             ("close", 1 if cfg.writers > 1 else 0.3),
