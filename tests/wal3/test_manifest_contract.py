@@ -396,6 +396,7 @@ def test_snapshots_build_point_and_parse() -> None:
         (json.dumps({**obj, "fragments": 1}).encode(), "snapshot.fragments is not a list: 1"),
         (json.dumps({**obj, "snapshots": 1}).encode(), "snapshot.snapshots is not a list: 1"),
         (json.dumps({**obj, "path": 1}).encode(), "snapshot.path is not a string: 1"),
+        (json.dumps({**obj, "setsum": "x"}).encode(), "snapshot.setsum is not a setsum: 'x'"),
     ):
         with pytest.raises(CorruptManifest) as e:
             Snapshot.from_bytes(data)
