@@ -317,7 +317,7 @@ class Committer:
                         if not edit.future.done():
                             edit.future.set_exception(err)
                 edits = applied
-            new = self._lease.stamped(new)
+            new = self._lease.stamped(new, base, self._etag)
             new.check()
             base_etag = self._etag
             issued = self._opts.clock.monotonic()

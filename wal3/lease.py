@@ -82,6 +82,7 @@ linked and acknowledged, never in the steady state.  With
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -134,7 +135,6 @@ class Lease:
         self._authored: str | None = None
         self._lease_from: float | None = None
         self._fence_until = float("-inf")
-        self._carried_ms = 0  # the longest lease the running fence is for, in ms (``stamped``)
         # Whether this writer ever held the log (a write of ours landed, or it adopted its own),
         # and before when it leaves a rival's claim alone (``lost_to``).
         self._held_once = False
@@ -189,23 +189,36 @@ class Lease:
     async def claim(self, base: Manifest, base_etag: str) -> tuple[Manifest, str]:
         """Take the log over with a write of ``base`` that links nothing (the fence starts when
         it lands); PreconditionFailed if someone wrote the log meanwhile."""
-        new = self.stamped(base)
+        new = self.stamped(base, base, base_etag)
         new.check()
         issued = self._opts.clock.monotonic()
         etag = await self.put(new, base_etag)
         self.landed(base_etag, etag, issued, base)
         return new, etag
 
-    def stamped(self, new: Manifest) -> Manifest:
-        """``new`` as this writer puts it: recording the lease it may answer from it for, under
-        this writer's name.  The name also makes a write that changes nothing else (an identity
-        edit, a claim) differ from another writer's manifest: the same bytes would keep their
-        etag, and the old holder's HEADs would go on renewing its lease over our take-over."""
+    def stamped(
+        self, new: Manifest, base: Manifest | None = None, base_etag: str | None = None
+    ) -> Manifest:
+        """``new`` as this writer puts it (on ``base``, stored as ``base_etag``), under this
+        writer's name, recording the lease a taker of it must fence for.
+
+        That is this writer's own lease, and also, for as long as any older lease may still
+        vouch for a manifest before ours, that lease: the base's when this write takes the log
+        over (its fence only starts when the write lands), and while this writer fences, the
+        lease that what is left of the fence stands for (which covers an inherited fence too,
+        whose lease the reopened writer does not know).  Else a writer taking over from us would fence for our shorter lease (or
+        none: a host at 0) while the older holder still answers reads.  The name also makes a
+        write that changes nothing else (an identity edit, a claim) differ from another
+        writer's manifest: the same bytes would keep their etag, and the old holder's HEADs
+        would go on renewing its lease over our take-over."""
         ms = lease_ms(self._opts.lease.read_lease_s)
-        if self._opts.clock.monotonic() < self._fence_until:
-            # While fencing, what we write records the lease we fence for too: a writer taking
-            # over from us then fences for it, however short our own (``Whose lease``).
-            ms = max(ms, self._carried_ms)
+        if base is not None and base_etag is not None and not self.authored(base_etag):
+            ms = max(ms, lease_ms(self._base_lease_s(base)))
+        left = self._fence_until - self._opts.clock.monotonic()
+        if left > 0:
+            # A taker fences FENCE_FACTOR x this from its landing (after ours): past our fence.
+            # (Recording ``left`` itself would compound by FENCE_FACTOR per take-over.)
+            ms = max(ms, math.ceil(left / FENCE_FACTOR * 1000))
         name = self._opts.writer_name
         if new.read_lease_ms == ms and new.writer == name:
             return new
@@ -315,6 +328,10 @@ class Lease:
                 return False
             self._authored, self._lease_from = None, None  # someone else wrote the log
             return False
+        if self._puts_issued != puts_before:
+            # A put of ours was issued while the HEAD ran: it may have landed, failed and been
+            # built on (``put`` then ended the lease); a HEAD older than it proves nothing.
+            return self.remaining() > 0
         self._lease_from = max(self._lease_from or issued, issued)
         return True
 
@@ -345,7 +362,6 @@ class Lease:
     def _raise_fence(self, manifest: Manifest | None) -> None:
         lease = self._base_lease_s(manifest)
         if lease > 0:
-            now = self._opts.clock.monotonic()
-            carried = self._carried_ms if now < self._fence_until else 0
-            self._carried_ms = max(carried, lease_ms(lease))
-            self._fence_until = max(self._fence_until, now + FENCE_FACTOR * lease)
+            self._fence_until = max(
+                self._fence_until, self._opts.clock.monotonic() + FENCE_FACTOR * lease
+            )

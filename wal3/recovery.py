@@ -493,7 +493,7 @@ class Recovery:
                     manifest, etag = await self._lease.claim(manifest, etag)
                 await self._lease.wait_fence()
                 new = self._lease.stamped(
-                    manifest.with_fragments([pointer], self._opts.writer_name)
+                    manifest.with_fragments([pointer], self._opts.writer_name), manifest, etag
                 )
                 base_etag, issued = etag, self._opts.clock.monotonic()
                 etag = await self._lease.put(new, base_etag)
