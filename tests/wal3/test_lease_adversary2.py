@@ -44,17 +44,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from verify.testkit.polling import wait_until
 from wal3 import LocalStore, LogWriter
-from wal3.errors import StoreUnavailable
 from wal3.layout import load_manifest
 from wal3.paths import MANIFEST_PATH
-from wal3.store import GetResult, ObjectMeta
+from wal3.store import ObjectMeta
 
+from .test_claim_adversary import _LostAnswer
 from .test_read_lease import ManualClock, _opts, _settle
 
 
@@ -132,23 +131,16 @@ async def test_a_reopened_writer_records_the_lease_its_inherited_fence_is_for(
         await w.close()
 
 
-class _Gated(LocalStore):
-    """A local store with three one-shot gates: the next HEAD of the manifest reads its etag
-    and then holds its answer (``head_read``, until ``head_release``); the next manifest put
-    lands and then loses its answer (``landed``, then ``StoreUnavailable`` once ``answer`` is
-    set); the next manifest load is held (``held``, until ``release``)."""
+class _Gated(_LostAnswer):
+    """``_LostAnswer`` (a manifest put that lands and then loses its answer, a held manifest
+    load) with one more one-shot gate: the next HEAD of the manifest reads its etag and then
+    holds its answer (``head_read``, until ``head_release``)."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.hold_head = False
         self.head_read = asyncio.Event()
         self.head_release = asyncio.Event()
-        self.lose = False
-        self.landed = asyncio.Event()
-        self.answer = asyncio.Event()
-        self.hold = False
-        self.held = asyncio.Event()
-        self.release = asyncio.Event()
 
     async def head(self, key: str) -> ObjectMeta:
         meta = await super().head(key)
@@ -157,22 +149,6 @@ class _Gated(LocalStore):
             self.head_read.set()
             await self.head_release.wait()
         return meta
-
-    async def put(self, key: str, data: bytes, **kw: Any) -> str:
-        etag = await super().put(key, data, **kw)
-        if self.lose and key.endswith(MANIFEST_PATH):
-            self.lose = False
-            self.landed.set()
-            await self.answer.wait()
-            raise StoreUnavailable("the answer was lost on the way back")
-        return etag
-
-    async def get(self, key: str) -> GetResult:
-        if self.hold and key.endswith(MANIFEST_PATH):
-            self.hold = False
-            self.held.set()
-            await self.release.wait()
-        return await super().get(key)
 
 
 async def test_a_head_older_than_a_failed_put_does_not_renew_the_lease(tmp_path: Path) -> None:
