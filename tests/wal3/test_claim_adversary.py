@@ -149,13 +149,29 @@ async def test_a_put_that_landed_and_was_built_on_is_not_unseen_by_the_lease(
     t = asyncio.create_task(a.append(b"r2"))
     await store.landed.wait()  # r2's manifest is in the store; its answer is not back
     assert a.current_manifest() is None  # in flight: vouches for nothing (right)
-    b = await LogWriter.open(raw, "logs/p", _opts(clock, "B"))
+    b = await _build_on_the_lost_put(store, raw, clock, "logs/p")
+    await _no_lease_without_r2(store, clock, a, b, t)
+
+
+async def _build_on_the_lost_put(
+    store: _LostAnswer, raw: LocalStore, clock: ManualClock, prefix: str
+) -> LogWriter:
+    """A's manifest put of r2 landed, its answer held: B claims on top of it (a read of the
+    store returns r2), then the answer is lost and A's reload after it is held.  B is returned."""
+    b = await LogWriter.open(raw, prefix, _opts(clock, "B"))
     await b.claim()  # B builds on A's landed manifest (r2 included)
-    seen = await load_manifest(raw, "logs/p")
+    seen = await load_manifest(raw, prefix)
     assert seen is not None and seen[0].next_offset == 3  # a read of the store returns r2
     store.hold = True  # the committer's reload after the failed put
     store.answer.set()  # the put's retry finds B's manifest: ResolvedPreconditionFailed
     await store.held.wait()
+    return b
+
+
+async def _no_lease_without_r2(
+    store: _LostAnswer, clock: ManualClock, a: LogWriter, b: LogWriter, t: asyncio.Task[Any]
+) -> None:
+    """A read through A's lease now must not miss r2; then A recovers and r2 is answered."""
     m = await a.leased_manifest()
     try:
         assert m is None or m.next_offset == 3, (

@@ -53,8 +53,8 @@ from wal3.layout import load_manifest
 from wal3.paths import MANIFEST_PATH
 from wal3.store import ObjectMeta
 
-from .test_claim_adversary import _LostAnswer
-from .test_read_lease import ManualClock, _opts, _settle
+from .test_claim_adversary import _build_on_the_lost_put, _LostAnswer, _no_lease_without_r2
+from .test_read_lease import ManualClock, _opts
 
 
 async def _stored(store: LocalStore, prefix: str) -> tuple[str, int | None, int]:
@@ -165,29 +165,8 @@ async def test_a_head_older_than_a_failed_put_does_not_renew_the_lease(tmp_path:
     store.lose = True
     t = asyncio.create_task(a.append(b"r2"))
     await store.landed.wait()  # r2's manifest landed; its answer is lost
-    b = await LogWriter.open(raw, "logs/h", _opts(clock, "B"))
-    await b.claim()  # B builds on it: A's put resolves as failed
-    seen = await load_manifest(raw, "logs/h")
-    assert seen is not None and seen[0].next_offset == 3  # a read of the store returns r2
-    store.hold = True  # the committer's reload after the failed put
-    store.answer.set()
-    await store.held.wait()  # the put raised (``_lease_from = None``); the reload is held
+    b = await _build_on_the_lost_put(store, raw, clock, "logs/h")
+    # The put raised (``_lease_from = None``); the reload is held.
     store.head_release.set()  # the HEAD issued before the put answers: A's etag
-    await renewing  # today True: renewed from a proof that predates M2
-    m = await a.leased_manifest()
-    try:
-        assert m is None or m.next_offset == 3, (
-            f"A's lease answers up to {m.next_offset} after a read of the store returned r2"
-        )
-    finally:
-        store.release.set()
-
-        async def recovered() -> bool:
-            return a.manifest.next_offset == 3
-
-        await wait_until(recovered, "A's recovery installed B's manifest")
-        clock.advance(2.0)
-        await _settle()
-        assert (await asyncio.wait_for(t, 10)).offset == 2
-        await a.close()
-        await b.close()
+    await renewing  # was True: renewed from a proof that predates M2
+    await _no_lease_without_r2(store, clock, a, b, t)
