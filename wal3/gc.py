@@ -94,7 +94,19 @@ ManifestEditor = Callable[[Callable[[Manifest], Manifest]], Awaitable[Manifest]]
 class FloorLost(GarbageRejected):
     """The manifest no longer holds this collector's pending floor (a reader pinning below it
     retracted it, another collector replaced it, or a Rust writer dropped it): the cut is not
-    made, and the plan is left for the next pass to decide on."""
+    made.  ``replaced``: another collector's floor stands in its place (that one is cutting)."""
+
+    def __init__(self, message: str, *, replaced: bool) -> None:
+        super().__init__(message)
+        self.replaced = replaced
+
+
+# Announcements per pass when a floor is found gone with none in its place (a pin retracted it,
+# or a Rust writer's append dropped it): a Rust writer appending steadily lands in one
+# announcement's window now and then, and ending the pass each time starved the collector.  Only
+# an append inside every window still postpones the cut, to the next pass.  A floor another
+# collector replaced is left to that collector (re-announcing would take turns cancelling).
+_FLOOR_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -675,7 +687,8 @@ class VerifiedCut:
                 return m  # applied already (a retry, a rebase, another collector, or Rust)
             if floor is not None and m.gc_floor != floor:
                 raise FloorLost(
-                    f"the pending floor at {floor.offset} was retracted or replaced before the cut"
+                    f"the pending floor at {floor.offset} was retracted or replaced before the cut",
+                    replaced=m.gc_floor is not None,
                 )
             if m.entries[: len(self.removed)] != self.removed:
                 # A writer that rolled some of the verified pointers into a snapshot meanwhile
@@ -1089,7 +1102,7 @@ class GarbageCollector:
         return g, etag
 
     async def _phase2(
-        self, report: GcReport, g: Garbage, etag: str | None
+        self, report: GcReport, g: Garbage, etag: str | None, attempts: int = _FLOOR_ATTEMPTS
     ) -> tuple[Garbage | None, str | None]:
         """Verify the plan against the stored manifest and the cursors, apply it, mark it
         applied.  Every plan is verified, ours included: ``created_us`` is a field anyone can
@@ -1127,8 +1140,10 @@ class GarbageCollector:
         applied, so nothing can be lost, and the log stays collectable (an operator is not
         needed); snapshots its author installed become orphans the sweep reclaims once the log
         is collected past them.  A floor lost before the cut (retracted, replaced by another
-        collector's, or dropped by a Rust writer) only ends this pass: the plan stays, and the
-        next pass decides again.
+        collector's, or dropped by a Rust writer) is not cut with.  With no floor in its place,
+        the pass starts over from the manifest read (a fresh floor, the cursors read again) up
+        to ``_FLOOR_ATTEMPTS`` announcements in all; after those, or when another collector's
+        floor replaced it (that one is cutting), the plan stays and the next pass decides again.
         """
         loaded = await load_manifest(self._store, self._prefix)
         if loaded is None:
@@ -1168,6 +1183,9 @@ class GarbageCollector:
             await self._install(cut)
             new = await self._edit(cut.edit(g, writer, floor))
         except FloorLost as e:
+            if not e.replaced and attempts > 1:
+                report.notes.append(f"{e}: announced again")
+                return await self._phase2(report, g, etag, attempts - 1)
             report.phase = "busy"
             report.notes.append(f"{e}: the plan is decided again next pass")
             return None, None
