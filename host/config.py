@@ -316,6 +316,19 @@ class Settings(BaseSettings):
         "for that lease)",
     )
 
+    # A manifest that records no lease (a Rust collector's cut drops the field) may hide a longer
+    # one it replaced: a take-over of it fences for the longest lease any host may hold.
+    read_lease_max_ms: int | None = Field(
+        None,
+        ge=0,
+        description="the longest `LOGHOST_READ_LEASE_MS` of any host writing these logs: a host "
+        "taking over a manifest that records no lease (written by Rust, whose writes drop the "
+        "field, or by a version before it) fences for this long (x 1.25), since that write may "
+        "have erased a longer lease still answering reads.  Unset: the larger of this host's "
+        "`LOGHOST_READ_LEASE_MS` and 1000.  Set it on every host before raising any host's lease "
+        "above 1000; a host's own lease may not exceed it",
+    )
+
     log_level: str = Field(
         "INFO",
         description="`DEBUG`, `INFO`, `WARNING`, `ERROR` or `CRITICAL` (JSON lines on stderr)",
@@ -353,7 +366,19 @@ class Settings(BaseSettings):
             raise ValueError("membership_ttl_s must be longer than membership_interval_s")
         if self.adopt_after_s <= self.membership_ttl_s:
             raise ValueError("adopt_after_s must be longer than membership_ttl_s")
+        if self.read_lease_max_ms is not None and self.read_lease_ms > self.read_lease_max_ms:
+            raise ValueError(
+                f"read_lease_ms ({self.read_lease_ms}) may not exceed read_lease_max_ms "
+                f"({self.read_lease_max_ms}): raise read_lease_max_ms on every host first"
+            )
         return self
+
+    @property
+    def unrecorded_lease_s(self) -> float:
+        """The lease a take-over assumes for a manifest that records none (``read_lease_max_ms``)."""
+        if self.read_lease_max_ms is not None:
+            return self.read_lease_max_ms / 1000.0
+        return max(self.read_lease_ms, 1000) / 1000.0
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -176,7 +176,11 @@ class LogManager:
                 # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
                 max_age_s=max(0.001, min(60.0, gc_grace / 2)),
             ),
-            lease=LeaseOptions(read_lease_s=settings.read_lease_ms / 1000.0, name_is_unique=True),
+            lease=LeaseOptions(
+                read_lease_s=settings.read_lease_ms / 1000.0,
+                unrecorded_lease_s=settings.unrecorded_lease_s,
+                name_is_unique=True,
+            ),
         )
 
     # ------------------------------------------------------------------------------ lifecycle

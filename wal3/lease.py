@@ -48,8 +48,10 @@ conditional writes are the only fence, so the rule is built on them and on monot
   written next to the manifest it vouches for, by the holder.  (One fixed cluster-wide fence
   would also be safe, but would make every take-over pay the largest lease anyone may ever
   configure, and a host at 0 would still have to know it.)  A base without the field (Rust,
-  a version of this writer before the field) is fenced for this writer's own setting, as
-  before.  The fence a writer raised outlives it: ``open(authored=...)`` hands it to the next
+  a version of this writer before the field) is the exception: a writer that drops the field
+  may have written it over a leased manifest, erasing the only record of that lease, so it is
+  fenced for ``unrecorded_lease_s``, the longest lease any writer of the log may hold (the
+  host's ``LOGHOST_READ_LEASE_MAX_MS``), or without one for this writer's own setting.  The fence a writer raised outlives it: ``open(authored=...)`` hands it to the next
   writer of the log in this process, whatever that one finds stored.
 
 Why no stale read, case by case (H leases manifest M, another writer G acknowledges X):
@@ -343,14 +345,18 @@ class Lease:
             await self._opts.clock.sleep(wait)
 
     def _base_lease_s(self, manifest: Manifest | None) -> float:
-        """How long the author of ``manifest`` may answer reads from it: the lease it recorded
-        in it, whatever this host's own setting; a manifest without one (Rust, a version of this
-        host before the field) is fenced for this host's own setting and a margin (``fence_s``:
-        older versions fenced by their own settings, assumed equal)."""
+        """How long a writer may answer reads from ``manifest`` (or, if it records no lease, from
+        the one it replaced): the lease it records, whatever this host's own setting.  One that
+        records none (Rust, a version of this host before the field) may have been written over
+        a manifest recording a longer lease than ours, its record erased (a Rust collector's cut
+        on a leased manifest: third adversarial round, 42aa49e), so it gets the longest lease
+        any writer holds (``unrecorded_lease_s``) if that is known, else our own."""
+        own = self._opts.lease.read_lease_s
         if manifest is None:
-            return self._opts.lease.read_lease_s
+            return own
         if manifest.read_lease_ms is None:
-            return self._opts.lease.read_lease_s
+            assumed = self._opts.lease.unrecorded_lease_s
+            return own if assumed is None else max(own, assumed)
         return manifest.read_lease_ms / 1000.0
 
     def _lease_s(self, manifest: Manifest) -> float:

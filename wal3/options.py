@@ -113,6 +113,12 @@ class LeaseOptions:
     # 0: never (every read loads the stored manifest, and nothing waits for a fence).  Off by
     # default: only a host that routes reads to the writer needs it (it sets 1 s).
     read_lease_s: float = 0.0
+    # The lease assumed for a manifest that records none (``read_lease_ms`` absent: a Rust
+    # writer's, which drops the field, or a version of this writer before it): at least the
+    # longest read lease any writer of these logs holds, since such a write may have erased a
+    # longer lease recorded in the manifest it replaced, which may still answer reads.  None:
+    # ``read_lease_s`` (safe only while every writer of the log has the same setting).
+    unrecorded_lease_s: float | None = None
     # ``writer_name`` belongs to this process alone (no other process ever uses it): a manifest
     # that names it was written here, by this writer or one before it (closed: one writer per
     # log per process), so opening it is no take-over.  Off by default: a default name is

@@ -1,7 +1,8 @@
 """Third adversarial review of the read leases and take-over claims (d65e5e5, b94dfdf).
 
-Each finding is ``xfail(strict=True)``: the invariant's own assertion fails on the current
-code.  Time is a manual clock; interleavings are forced with store gates (no sleeps).
+Each finding was ``xfail(strict=True)`` (42aa49e) until fixed in the commit after it: the
+invariant's own assertion failed on b94dfdf's engine.  Time is a manual clock; interleavings are
+forced with store gates (no sleeps).
 
 1. **A manifest write by a Rust-style writer erases the lease a take-over must fence for.**
    The fence is "for the lease recorded in the base" (``read_lease_ms``), and a base without the
@@ -17,6 +18,8 @@ code.  Time is a manual clock; interleavings are forced with store gates (no sle
    one host at 0) never read stale"; its caveat (upgrade with equal settings) covers manifests
    *authored* by older versions, not a loghost-authored lease whose record a third party erased.
    (With equal settings the taker's own fence covers A's lease, so only the mix breaks.)
+   Fixed: a base recording no lease is fenced for ``LeaseOptions.unrecorded_lease_s``, the
+   longest lease any writer of the log holds (the host's ``LOGHOST_READ_LEASE_MAX_MS``).
 """
 
 from __future__ import annotations
@@ -47,11 +50,6 @@ async def _rust_style_edit(store: LocalStore, prefix: str) -> None:
     await store.put(join(prefix, MANIFEST_PATH), edited.to_bytes(), if_match=etag)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a base whose read_lease_ms a Rust-style write dropped is fenced for the taker's own "
-    "(shorter) setting, while the lease recorded before the drop still answers",
-)
 @pytest.mark.parametrize("taker_lease", [0.5, 0.0])
 async def test_a_rust_style_edit_does_not_shorten_the_fence_of_the_next_take_over(
     tmp_path: Path, taker_lease: float
@@ -62,7 +60,10 @@ async def test_a_rust_style_edit_does_not_shorten_the_fence_of_the_next_take_ove
     await a.append(b"r1")  # A's lease on M_A: 2 s from now
     assert a.current_manifest() is not None
     await _rust_style_edit(store, "logs/r")
-    c = await LogWriter.open(store, "logs/r", _opts(clock, "C", lease_s=taker_lease))
+    # C is configured as a host is: the longest lease of any writer (A's) is known to it.
+    opts = _opts(clock, "C", lease_s=taker_lease)
+    opts = replace(opts, lease=replace(opts.lease, unrecorded_lease_s=2.0))
+    c = await LogWriter.open(store, "logs/r", opts)
     acked = asyncio.create_task(c.append(b"r2"))
 
     await _a_never_misses(clock, a, c, acked, 2)
