@@ -226,7 +226,11 @@ class Settings(BaseSettings):
 
     # Garbage collection (always on, rate limited) and snapshots.
     gc_grace_s: float = Field(
-        300.0, ge=0, description="delay between unlinking garbage and deleting it"
+        300.0,
+        ge=0,
+        description="delay between unlinking garbage and deleting it; above 2.5 x "
+        "`LOGHOST_READ_LEASE_MAX_MS`.  0 deletes at once (tests: a reader or a recovery still "
+        "on an older manifest may then fail)",
     )
     # A creation claim's TTL is a safety margin for a dead host's writes still in flight
     # (wal3/claim.py): derived from the bound on one store operation unless set.
@@ -318,15 +322,14 @@ class Settings(BaseSettings):
 
     # A manifest that records no lease (a Rust collector's cut drops the field) may hide a longer
     # one it replaced: a take-over of it fences for the longest lease any host may hold.
-    read_lease_max_ms: int | None = Field(
-        None,
+    read_lease_max_ms: int = Field(
+        1000,
         ge=0,
         description="the longest `LOGHOST_READ_LEASE_MS` of any host writing these logs: a host "
         "taking over a manifest that records no lease (written by Rust, whose writes drop the "
-        "field, or by a version before it) fences for this long (x 1.25), since that write may "
-        "have erased a longer lease still answering reads.  Unset: the larger of this host's "
-        "`LOGHOST_READ_LEASE_MS` and 1000.  Set it on every host before raising any host's lease "
-        "above 1000; a host's own lease may not exceed it",
+        "field, or by a version before it) fences for 1.25 x this, since that write may have "
+        "erased a longer lease still answering reads.  A host's own lease may not exceed it: "
+        "to raise any host's lease, first raise this on every host",
     )
 
     log_level: str = Field(
@@ -366,19 +369,25 @@ class Settings(BaseSettings):
             raise ValueError("membership_ttl_s must be longer than membership_interval_s")
         if self.adopt_after_s <= self.membership_ttl_s:
             raise ValueError("adopt_after_s must be longer than membership_ttl_s")
-        if self.read_lease_max_ms is not None and self.read_lease_ms > self.read_lease_max_ms:
+        if self.read_lease_ms > self.read_lease_max_ms:
             raise ValueError(
                 f"read_lease_ms ({self.read_lease_ms}) may not exceed read_lease_max_ms "
                 f"({self.read_lease_max_ms}): raise read_lease_max_ms on every host first"
+            )
+        # A recovery may yield to a rival's claim and then fence, each 1.25 x the longest lease,
+        # holding the manifest it loaded first; the collector must not delete under it.
+        if 0 < self.gc_grace_s <= 2.5 * self.unrecorded_lease_s:
+            raise ValueError(
+                f"gc_grace_s ({self.gc_grace_s}) must exceed 2.5 x read_lease_max_ms "
+                f"({2.5 * self.unrecorded_lease_s} s): a take-over's yield and fence"
             )
         return self
 
     @property
     def unrecorded_lease_s(self) -> float:
-        """The lease a take-over assumes for a manifest that records none (``read_lease_max_ms``)."""
-        if self.read_lease_max_ms is not None:
-            return self.read_lease_max_ms / 1000.0
-        return max(self.read_lease_ms, 1000) / 1000.0
+        """The lease a take-over assumes for a manifest that records none, the longest any host
+        holds (``read_lease_max_ms``; never below this host's own)."""
+        return self.read_lease_max_ms / 1000.0
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -1775,8 +1775,6 @@ def _config_values() -> dict[str, Any]:
             )
         elif field.annotation is float:
             out[_camel(name)] = 0.5 if name == "gc_max_fraction" else float(field.default) + 2.5
-        elif field.annotation == int | None:  # unset by default (read_lease_max_ms)
-            out[_camel(name)] = 10_007  # above every int setting's value here
         elif typing.get_origin(field.annotation) is typing.Literal:
             out[_camel(name)] = next(
                 c for c in typing.get_args(field.annotation) if c != field.default

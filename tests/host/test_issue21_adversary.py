@@ -70,6 +70,7 @@ def _every_host_serves_every_log(monkeypatch: pytest.MonkeyPatch) -> None:
 BOUND_S = 20.0  # how long a test waits for the server to act, never a latency assert
 KEYS = "svc=*,ak=alice,ar=alice:read"
 LONG_LEASE_MS = 60_000  # far longer than any test: a lease that is valid is valid throughout
+LONG = {"read_lease_ms": LONG_LEASE_MS, "read_lease_max_ms": LONG_LEASE_MS}
 
 
 def _handle(lv: Live, cid: str) -> Any:
@@ -87,6 +88,7 @@ async def _ids(c: httpx.AsyncClient, path: str) -> list[str]:
 
 
 HOLDER_LEASE_MS = 3000  # longer than the taker's, short enough to wait out its fence (3.75 s)
+HOLDER = {"read_lease_ms": HOLDER_LEASE_MS, "read_lease_max_ms": HOLDER_LEASE_MS}
 
 
 @pytest.mark.parametrize("taker_lease_ms", [0, 1000])
@@ -98,8 +100,10 @@ async def test_hosts_with_different_lease_settings_never_read_stale(
     path = log_path("alice", cid)
     # No Redis: both hosts serve the log (fail open), as during an outage.
     async with (
-        live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
-        live_server(store, api_keys=KEYS, read_lease_ms=taker_lease_ms) as g,
+        live_server(store, api_keys=KEYS, **HOLDER) as h,
+        live_server(
+            store, api_keys=KEYS, read_lease_ms=taker_lease_ms, read_lease_max_ms=HOLDER_LEASE_MS
+        ) as g,
     ):
         async with h.client("ak") as ch, g.client("ak") as cg:
             assert (
@@ -130,8 +134,16 @@ async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
     # its host live on).
     faulty = FaultyStore(LocalStore(root), seed=1)
     async with (
-        live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
-        live_server(store=faulty, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as p,
+        live_server(
+            str(root),
+            api_keys=KEYS,
+            **HOLDER,
+        ) as h,
+        live_server(
+            store=faulty,
+            api_keys=KEYS,
+            **HOLDER,
+        ) as p,
     ):
         async with h.client("ak") as ch, p.client("ak") as cp:
             assert (
@@ -168,11 +180,15 @@ async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
     faulty = FaultyStore(LocalStore(root), seed=1)
     manifest = rf"logs/{cid}/manifest/MANIFEST$"
     async with (
-        live_server(str(root), api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
+        live_server(
+            str(root),
+            api_keys=KEYS,
+            **HOLDER,
+        ) as h,
         live_server(
             store=faulty,
             api_keys=KEYS,
-            read_lease_ms=HOLDER_LEASE_MS,
+            **HOLDER,
             max_open_logs=1,
             shutdown_grace_s=0,
         ) as p,
@@ -247,8 +263,13 @@ async def test_a_record_one_read_returned_is_seen_by_every_later_read(tmp_path: 
     path = log_path("alice", cid)
     # G's shutdown does not wait for the fenced append (the test never waits its fence out).
     async with (
-        live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS) as h,
-        live_server(store, api_keys=KEYS, read_lease_ms=LONG_LEASE_MS, shutdown_grace_s=0) as g,
+        live_server(store, api_keys=KEYS, **LONG) as h,
+        live_server(
+            store,
+            api_keys=KEYS,
+            **LONG,
+            shutdown_grace_s=0,
+        ) as g,
     ):
         async with h.client("ak") as ch, g.client("ak") as cg, g.client("ar") as reader:
             assert (
@@ -338,8 +359,8 @@ async def test_state_after_an_acknowledged_seal_on_another_host_says_sealed(tmp_
     store = str(tmp_path / "store")
     path = log_path("alice", uuid.uuid4())
     async with (
-        live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as h,
-        live_server(store, api_keys=KEYS, read_lease_ms=HOLDER_LEASE_MS) as g,
+        live_server(store, api_keys=KEYS, **HOLDER) as h,
+        live_server(store, api_keys=KEYS, **HOLDER) as g,
     ):
         async with h.client("ak") as ch, g.client("svc") as operator:
             assert (

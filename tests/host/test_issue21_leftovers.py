@@ -393,8 +393,10 @@ async def test_a_take_over_waits_out_its_fence_without_pinning_an_open_log_slot(
     path = log_path("alice", cid)
     # A long lease: the fence (1.25 x) outlasts the checks below by far; the test never waits it.
     async with (
-        live_server(store, api_keys=KEYS, read_lease_ms=20_000) as a,
-        live_server(store, api_keys=KEYS, read_lease_ms=20_000, shutdown_grace_s=0) as b,
+        live_server(store, api_keys=KEYS, read_lease_ms=20_000, read_lease_max_ms=20_000) as a,
+        live_server(
+            store, api_keys=KEYS, read_lease_ms=20_000, read_lease_max_ms=20_000, shutdown_grace_s=0
+        ) as b,
     ):
         async with a.client("ak") as ca:
             assert (

@@ -16,21 +16,34 @@ from host.config import Settings
 from tests.host.live import live_server
 
 
-@pytest.mark.parametrize(
-    ("lease_ms", "max_ms", "expected_s"),
-    [(0, None, 1.0), (500, None, 1.0), (1000, None, 1.0), (2500, None, 2.5), (0, 4000, 4.0)],
-)
-def test_unset_it_is_the_larger_of_the_hosts_lease_and_the_default(
-    lease_ms: int, max_ms: int | None, expected_s: float
-) -> None:
-    s = Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms)
-    assert s.unrecorded_lease_s == expected_s
+def test_by_default_it_is_the_default_lease() -> None:
+    assert Settings().unrecorded_lease_s == 1.0
+    assert Settings(read_lease_ms=0).unrecorded_lease_s == 1.0  # a host at 0 fences for peers
+    assert Settings(read_lease_ms=0, read_lease_max_ms=4000).unrecorded_lease_s == 4.0
 
 
 def test_a_lease_over_the_maximum_is_refused() -> None:
+    """The one host that can tell the maximum was not raised first (fourth adversarial round,
+    8fa4a95: a host at 2 s beside peers assuming 1 s read stale) refuses to start."""
+    with pytest.raises(ValidationError, match="read_lease_max_ms"):
+        Settings(read_lease_ms=2000)
     with pytest.raises(ValidationError, match="read_lease_max_ms"):
         Settings(read_lease_ms=2000, read_lease_max_ms=1500)
-    Settings(read_lease_ms=1500, read_lease_max_ms=1500)
+    assert Settings(read_lease_ms=1500, read_lease_max_ms=1500).unrecorded_lease_s == 1.5
+
+
+@pytest.mark.parametrize(
+    ("lease_ms", "max_ms", "grace_s"), [(0, 1000, 2.5), (1000, 300_000, 300.0), (0, 1000, 1.0)]
+)
+def test_a_gc_grace_within_a_take_overs_yield_and_fence_is_refused(
+    lease_ms: int, max_ms: int, grace_s: float
+) -> None:
+    """A recovery may yield and then fence, 1.25 x the longest lease each, on the manifest it
+    loaded: the collector's grace must outlast both (8fa4a95)."""
+    with pytest.raises(ValidationError, match="gc_grace_s"):
+        Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms, gc_grace_s=grace_s)
+    Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms, gc_grace_s=grace_s + 750.1)
+    Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms, gc_grace_s=0)  # tests: at once
 
 
 async def test_a_host_hands_it_to_its_writers(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Fourth adversarial review: the collector re-announcing a lost floor (00645e2) and the fence
 for a manifest that records no lease (b12d007).
 
-What held up is in the review report; what did not is reproduced here, ``xfail(strict=True)``.
-Time is a manual clock; nothing sleeps.
+What held up is in the review report; what did not was reproduced here, ``xfail(strict=True)``
+(8fa4a95), until fixed in the commit after it: ``Settings`` refuses both.  Time is a manual
+clock; nothing sleeps.
 
 1. **The GC grace assumption is not enforced, and b12d007 adds a lease nobody configured.**
    RELIABILITY.md: "the GC grace must exceed a recovery's yield and fence, 2.5 x the longest
@@ -33,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from host.config import Settings
 from wal3 import LocalStore, LogWriter
@@ -69,43 +71,32 @@ async def _rust_style_edit(store: LocalStore, prefix: str) -> None:
     await store.put(join(prefix, MANIFEST_PATH), edited.to_bytes(), if_match=etag)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "settings hole: gc_grace_s is not checked against 2.5 x the longest lease a take-over "
-        "yields and fences for (unrecorded_lease_s: at least 1 s even at read_lease_ms=0, "
-        "unbounded with read_lease_max_ms)"
-    ),
-)
 @pytest.mark.parametrize(
     ("lease_ms", "max_ms", "grace_s"),
-    [(0, None, 2.0), (1000, 300_000, 300.0)],
+    [(0, 1000, 2.0), (1000, 300_000, 300.0)],
     ids=["lease-0-grace-2s", "max-300s-grace-300s"],
 )
 def test_accepted_settings_keep_the_gc_grace_above_every_yield_and_fence(
-    lease_ms: int, max_ms: int | None, grace_s: float
+    lease_ms: int, max_ms: int, grace_s: float
 ) -> None:
-    s = Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms, gc_grace_s=grace_s)
+    """Finding 1: such settings were accepted; now they are refused, and what is accepted keeps
+    the grace above a recovery's yield and fence on a manifest recording no lease."""
+    with pytest.raises(ValidationError, match="gc_grace_s"):
+        Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms, gc_grace_s=grace_s)
+    s = Settings(read_lease_ms=lease_ms, read_lease_max_ms=max_ms, gc_grace_s=2.5 * max_ms)
     longest = max(s.read_lease_ms / 1000.0, s.unrecorded_lease_s)
-    # A recovery's yield (1.25 x) and fence (1.25 x) of a take-over of a Rust-written manifest.
-    assert s.gc_grace_s > 2.5 * longest, (
-        f"accepted: gc_grace_s={s.gc_grace_s}, but a take-over of a manifest without "
-        f"read_lease_ms yields and fences {2.5 * longest} s"
-    )
+    assert s.gc_grace_s > 2.5 * longest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "stale read under validated settings: a host at read_lease_ms=2000 without "
-        "read_lease_max_ms is accepted, while a peer at the defaults fences a Rust-written "
-        "manifest for 1.25 x 1 s only, acknowledging r2 while the 2 s lease answers without it"
-    ),
-)
 async def test_validated_hosts_never_miss_an_acknowledged_record(tmp_path: Path) -> None:
-    a_settings = Settings(read_lease_ms=2000)  # validates: the maximum is left unset
-    c_settings = Settings()  # a peer at the defaults
-    assert a_settings.read_lease_max_ms is None and c_settings.unrecorded_lease_s == 1.0
+    """Finding 2: a host at 2 s with the maximum unset validated beside peers at the defaults
+    (assuming 1 s for a manifest that records none), and read stale.  It is refused now; with
+    the maximum raised on both hosts, as the setting says, the peer fences for A's lease."""
+    with pytest.raises(ValidationError, match="read_lease_max_ms"):
+        Settings(read_lease_ms=2000)
+    a_settings = Settings(read_lease_ms=2000, read_lease_max_ms=2000)
+    c_settings = Settings(read_lease_max_ms=2000)  # a peer at the default lease
+    assert c_settings.unrecorded_lease_s == 2.0
     store = LocalStore(tmp_path / "store")
     clock = ManualClock()
     a = await LogWriter.open(store, "logs/v", _host_opts(clock, "A", a_settings))
