@@ -231,7 +231,8 @@ def test_a_writer_vouching_while_its_put_is_in_flight_is_a_monotonic_violation(
 ) -> None:
     """The read lease as it was before the ``monotonic`` check: the writer's memory answered
     while its own manifest put had landed, its answer not back (seeds 11, 127, 138 of 0:300;
-    the seeds without read leases cannot show it)."""
+    the seeds without read leases cannot show it; since writers may draw their own leases,
+    ``lease_mix``, 138 alone)."""
     from wal3 import lease
 
     answered = lease.Lease.remaining
@@ -248,7 +249,7 @@ def test_a_writer_vouching_while_its_put_is_in_flight_is_a_monotonic_violation(
 
     monkeypatch.setattr(lease.Lease, "remaining", remaining_ignoring_puts)
     monkeypatch.setattr(lease.Lease, "settled", settled_at_once)
-    r = run_seed(11)
+    r = run_seed(138)
     assert "monotonic" in {v.check for v in r.violations}, r.trace[-20:]
 
 
@@ -256,12 +257,32 @@ def test_writers_that_never_yield_to_a_rivals_claim_are_a_liveness_violation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without ``Lease.lost_to`` two writers claim the log back from each other forever and link
-    nothing (seeds 20 and 109 of the leased seeds with several writers in 0:200)."""
+    nothing (seeds 20 and 109 of the leased seeds with several writers in 0:200; 109 and 136
+    of 0:300 since writers may draw their own leases)."""
     from wal3 import lease
 
     monkeypatch.setattr(lease.Lease, "lost_to", lambda self, current, etag, base: None)
-    r = run_seed(20)
+    r = run_seed(136)
     assert "liveness" in {v.check for v in r.violations}, r.trace[-20:]
+
+
+def test_a_take_over_fencing_for_its_own_lease_is_a_stale_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Writers configured differently (``lease_mix``: each draws 0, a quarter of the longest
+    lease, or the longest when it opens).  A take-over that fences for its own setting instead
+    of the lease its base records (issue 21's finding, fixed in d65e5e5) acknowledges a record
+    while the longer lease still answers without it: seed 255 of 0:300 (its ``lease-read`` and
+    ``monotonic`` checks).  With one lease for every writer the mutant is equivalent, so the
+    simulator before ``lease_mix`` could not show it."""
+    from wal3 import lease
+
+    def own_setting(self: lease.Lease, manifest: object) -> float:
+        return self._opts.lease.read_lease_s
+
+    monkeypatch.setattr(lease.Lease, "_base_lease_s", own_setting)
+    r = run_seed(255)
+    assert {"lease-read", "monotonic"} <= {v.check for v in r.violations}, r.trace[-20:]
 
 
 def test_a_finished_seed_leaves_no_world_behind() -> None:

@@ -109,6 +109,11 @@ class WriterSlot:
         )
         self.actor, self.writer, self.opening = actor, None, True
         cfg = world.cfg
+        lease_s = cfg.lease_s
+        if cfg.lease_mix and lease_s > 0:
+            # Its own generator: the world's draws stay what they were without the mix.
+            draw = random.Random(f"wal3-sim-lease:{cfg.seed}:{self.idx}:{self.instance}")
+            lease_s = draw.choice((0.0, cfg.lease_s / 4, cfg.lease_s))
         opts = LogWriterOptions(
             writer_name=actor.name,
             clock=world.clock,
@@ -118,9 +123,11 @@ class WriterSlot:
                 snapshot_threshold=cfg.snapshot_threshold,
             ),
             idempotency=IdempotencyOptions(window_fragments=cfg.window),
-            lease=LeaseOptions(read_lease_s=cfg.lease_s),
+            lease=LeaseOptions(
+                read_lease_s=lease_s, unrecorded_lease_s=cfg.lease_s if cfg.lease_s else None
+            ),
         )
-        world.trace(f"{actor.name} opening")
+        world.trace(f"{actor.name} opening (lease {lease_s} s)")
         try:
             w = await LogWriter.open(world.sim.view(actor), PREFIX, opts, hook=self.hook)
         except (StoreUnavailable, LogContention) as e:

@@ -49,6 +49,10 @@ class RunConfig:
     # Writers' read lease (0: none).  With one, reads are also answered from a live writer's
     # memory as the log host does, take-overs claim and fence, and reads must be monotonic.
     lease_s: float
+    # Writers configured differently (a rolling change of the setting): each writer draws its
+    # own lease when it opens (0, a quarter of ``lease_s``, or ``lease_s``, the longest, which
+    # every writer knows as the host's LOGHOST_READ_LEASE_MAX_MS).
+    lease_mix: bool
 
 
 def make_config(seed: int) -> RunConfig:
@@ -97,4 +101,5 @@ def make_config(seed: int) -> RunConfig:
         gc_stall_p=r.choice((0.1, 0.3, 0.6)),
         pin_w=r.choice((0.0, 1.0, 3.0)),
         lease_s=r.choice((0.0, 0.0, 0.0, 0.5, 2.0)),
+        lease_mix=r.random() < 0.5,
     )
