@@ -134,16 +134,8 @@ async def test_a_failed_take_over_writer_keeps_its_fence_for_the_next_writer(
     # its host live on).
     faulty = FaultyStore(LocalStore(root), seed=1)
     async with (
-        live_server(
-            str(root),
-            api_keys=KEYS,
-            **HOLDER,
-        ) as h,
-        live_server(
-            store=faulty,
-            api_keys=KEYS,
-            **HOLDER,
-        ) as p,
+        live_server(str(root), api_keys=KEYS, **HOLDER) as h,
+        live_server(store=faulty, api_keys=KEYS, **HOLDER) as p,
     ):
         async with h.client("ak") as ch, p.client("ak") as cp:
             assert (
@@ -180,11 +172,7 @@ async def test_a_store_brownout_and_an_eviction_do_not_drop_a_take_over_fence(
     faulty = FaultyStore(LocalStore(root), seed=1)
     manifest = rf"logs/{cid}/manifest/MANIFEST$"
     async with (
-        live_server(
-            str(root),
-            api_keys=KEYS,
-            **HOLDER,
-        ) as h,
+        live_server(str(root), api_keys=KEYS, **HOLDER) as h,
         live_server(
             store=faulty,
             api_keys=KEYS,
