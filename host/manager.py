@@ -110,6 +110,16 @@ def _refreshed(h: LogHandle, _task: asyncio.Task[None]) -> None:
     h.refreshing = None
 
 
+def lease_options(settings: Settings) -> LeaseOptions:
+    """The read lease of every writer this host opens: its own setting, and for a manifest that
+    records none the longest any host holds (``LOGHOST_READ_LEASE_MAX_MS``)."""
+    return LeaseOptions(
+        read_lease_s=settings.read_lease_ms / 1000.0,
+        unrecorded_lease_s=settings.unrecorded_lease_s,
+        name_is_unique=True,
+    )
+
+
 class LogManager:
     """Multiplexes thousands of collection logs over one store with bounded memory."""
 
@@ -176,11 +186,7 @@ class LogManager:
                 # A pending snapshot older than half the GC grace is never linked (GC may sweep it).
                 max_age_s=max(0.001, min(60.0, gc_grace / 2)),
             ),
-            lease=LeaseOptions(
-                read_lease_s=settings.read_lease_ms / 1000.0,
-                unrecorded_lease_s=settings.unrecorded_lease_s,
-                name_is_unique=True,
-            ),
+            lease=lease_options(settings),
         )
 
     # ------------------------------------------------------------------------------ lifecycle

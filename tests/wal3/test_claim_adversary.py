@@ -223,6 +223,7 @@ _SEED_191_LEASED = RunConfig(
     gc_stall_p=0.1,
     pin_w=0.0,
     lease_s=2.0,
+    lease_mix=False,  # one lease for every writer, as when this was found
 )
 
 

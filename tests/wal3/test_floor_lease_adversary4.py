@@ -30,45 +30,26 @@ clock; nothing sleeps.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from host.config import Settings
+from host.manager import lease_options
 from wal3 import LocalStore, LogWriter
-from wal3.layout import load_manifest
-from wal3.options import BatchOptions, LeaseOptions, LogWriterOptions
-from wal3.paths import MANIFEST_PATH, join
+from wal3.options import BatchOptions, LogWriterOptions
 
 from .test_lease_adversary2 import _a_never_misses
+from .test_lease_adversary3 import _rust_style_edit
 from .test_read_lease import ManualClock
 
 
 def _host_opts(clock: ManualClock, name: str, s: Settings) -> LogWriterOptions:
-    """A writer's options as the log host derives them from its settings (host/manager.py)."""
+    """A writer's options with the lease the log host derives from its settings."""
     return LogWriterOptions(
-        writer_name=name,
-        clock=clock,
-        batch=BatchOptions(interval_s=0),
-        lease=LeaseOptions(
-            read_lease_s=s.read_lease_ms / 1000.0,
-            unrecorded_lease_s=s.unrecorded_lease_s,
-            name_is_unique=True,
-        ),
+        writer_name=name, clock=clock, batch=BatchOptions(interval_s=0), lease=lease_options(s)
     )
-
-
-async def _rust_style_edit(store: LocalStore, prefix: str) -> None:
-    """A manifest write by Rust (its collector's cut, say): decoded and written back under its
-    own name without the extension field."""
-    loaded = await load_manifest(store, prefix)
-    assert loaded is not None
-    m, etag = loaded
-    assert m.read_lease_ms is not None and m.read_lease_ms > 1000
-    edited = replace(m, writer="rust-gc", read_lease_ms=None)
-    await store.put(join(prefix, MANIFEST_PATH), edited.to_bytes(), if_match=etag)
 
 
 @pytest.mark.parametrize(
