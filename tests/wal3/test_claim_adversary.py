@@ -61,7 +61,7 @@ from wal3.layout import load_manifest
 from wal3.paths import MANIFEST_PATH
 from wal3.store import GetResult
 
-from .test_read_lease import ManualClock, _opts, _settle
+from .test_read_lease import ManualClock, _claimed, _opts, _settle
 
 
 async def _stored_writer(store: LocalStore, prefix: str) -> str:
@@ -84,11 +84,8 @@ async def test_a_take_over_of_a_short_lease_claim_still_outlasts_the_older_lease
     c = await LogWriter.open(store, "logs/x", _opts(clock, "C", lease_s=0.5))
     acked = asyncio.create_task(c.append(b"r2"))
 
-    async def claimed() -> bool:
-        return await _stored_writer(store, "logs/x") == "C"
-
     # B's claim records the lease it fences for (A's), not only its own: C claims over it too.
-    await wait_until(claimed, "C's claim over B's claim landed")
+    await _claimed(c, store, "logs/x", "C", 2)
     # Until r2 is acknowledged, and after: whenever it is, A's lease must not answer without it.
     for _ in range(40):  # 4 s of the manual clock, 0.1 s at a time: past every fence here
         clock.advance(0.1)

@@ -82,14 +82,21 @@ async def test_a_lease_vouches_only_for_what_the_writer_wrote(store: ObjectStore
 
 
 async def _claimed(w: LogWriter, store: ObjectStore, prefix: str, name: str, nxt: int) -> None:
-    """Wait until ``w``'s take-over claim landed (the writer holds it, or its read repair does,
-    which installs it later): the stored manifest is then its own, under ``name``, and links
-    nothing new (its next offset is still ``nxt``)."""
+    """Wait until ``w``'s take-over claim landed and its answer came back (the writer holds it,
+    or its read repair does, which installs it later): the stored manifest is then its own,
+    under ``name``, and links nothing new (its next offset is still ``nxt``).
+
+    The answer, not only the landing: the fence runs from when the writer learns its claim
+    landed, and a test that moves the clock before that (a put's answer is a thread hop behind
+    the file) would start the fence later than it thinks, and wait forever for it to pass."""
     opened = w.manifest
 
     async def landed() -> bool:
+        if w.authored:
+            return True
         stored = await load_manifest(store, prefix)
-        return w.authored or (stored is not None and stored[0] != opened)
+        # The lease's own record of what it wrote: landed() sets it as the answer arrives.
+        return stored is not None and stored[0] != opened and w._lease.authored(stored[1])
 
     await wait_until(landed, "the take-over's claim landed")
     stored = await load_manifest(store, prefix)
