@@ -86,3 +86,39 @@ def test_corruption_detected() -> None:
         decode_fragment(b"not parquet at all")
     with pytest.raises(ValueError):
         encode_fragment(1, 1, 5, [])
+
+
+def test_decoding_a_fragment_imports_no_pandas() -> None:
+    """pyarrow imports pandas on a process's first ``to_numpy``: half a second on the event loop
+    of whichever request or roll-up decoded the host's first fragment (the noisy-neighbour
+    benchmark's 460 ms stall, issue 19), and pandas' memory in every host."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from wal3.fragment import decode_fragment, encode_fragment\n"
+        "frag = encode_fragment(1, 5, 7, [b'a', b'b'], prev=None, keys={}, writer='w')\n"
+        "got = decode_fragment(frag.data)\n"
+        "assert [(r.offset, r.timestamp_us, r.body) for r in got.records] == "
+        "[(5, 7, b'a'), (6, 7, b'b')], got\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_a_null_timestamp_is_a_corrupt_fragment() -> None:
+    table = pa.table(
+        {
+            "offset": pa.array([1, 2], pa.uint64()),
+            "timestamp_us": pa.array([0, None], pa.uint64()),
+            "body": pa.array([b"a", b"b"], pa.binary()),
+        }
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    with pytest.raises(CorruptFragment):
+        decode_fragment(buf.getvalue())
