@@ -33,7 +33,7 @@ from wal3 import ObjectNotFound
 
 from .cli_errors import CliError, ExitCode, classify
 from .errors import Unavailable, error_response
-from .heap import freeze_start_up_objects
+from .heap import freeze_start_up_objects, space_full_collections
 from .server import Server
 
 _log = logging.getLogger("loghost.serve")
@@ -142,8 +142,9 @@ class StartingApp:
             await self.server.start()  # refuses a server id a live host beats under
             self._gc_pauses.install()
             frozen = freeze_start_up_objects()
+            thresholds = space_full_collections(self.server.settings.python_gc_full_threshold)
             self.started = True
-            _log.info("ready", extra={"gc_frozen_objects": frozen})
+            _log.info("ready", extra={"gc_frozen_objects": frozen, "gc_thresholds": thresholds})
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -332,6 +332,15 @@ class Settings(BaseSettings):
         "to raise any host's lease, first raise this on every host",
     )
 
+    python_gc_full_threshold: int = Field(
+        100,
+        ge=1,
+        description="collections of the interpreter's middle generation between two of its full "
+        "collections (`gc.set_threshold`'s third value; Python's own default is 10).  A full "
+        "collection walks every object made since start-up, a pause of tens of milliseconds for "
+        "whatever request is in flight; rarer ones keep cyclic garbage a little longer",
+    )
+
     log_level: str = Field(
         "INFO",
         description="`DEBUG`, `INFO`, `WARNING`, `ERROR` or `CRITICAL` (JSON lines on stderr)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from host.heap import GcPauses
+from host.heap import GcPauses, space_full_collections
 
 from .live import auth, metric, spawn_server
 
@@ -57,9 +57,8 @@ def test_the_buckets_are_cumulative_with_prometheus_bounds() -> None:
 
 
 def test_serve_freezes_its_start_up_objects_and_exports_the_pauses(tmp_path: Path) -> None:
-    proc = spawn_server(
-        str(tmp_path / "store"), tmp_path, server_id="heap", extra_env={"LOGHOST_LOG_LEVEL": "INFO"}
-    )
+    env = {"LOGHOST_LOG_LEVEL": "INFO", "LOGHOST_PYTHON_GC_FULL_THRESHOLD": "37"}
+    proc = spawn_server(str(tmp_path / "store"), tmp_path, server_id="heap", extra_env=env)
     try:
         text = httpx.get(proc.url + "/metrics", headers=auth(), timeout=30).text
         for _ in range(20):  # requests allocate: young collections happen while serving
@@ -74,3 +73,13 @@ def test_serve_freezes_its_start_up_objects_and_exports_the_pauses(tmp_path: Pat
         if line.startswith("{") and '"ready"' in line
     ]
     assert ready and ready[0]["gc_frozen_objects"] > 10_000, ready
+    young, middle, full = ready[0]["gc_thresholds"]
+    assert full == 37 and (young, middle) == gc.get_threshold()[:2], ready  # only the third
+
+
+def test_full_collections_are_spaced_and_the_other_thresholds_kept() -> None:
+    before = gc.get_threshold()
+    try:
+        assert space_full_collections(250) == (*before[:2], 250) == gc.get_threshold()
+    finally:
+        gc.set_threshold(*before)
