@@ -119,7 +119,12 @@ class _FakeServer:
     def __init__(self, fail: Exception | None = None) -> None:
         self.metrics = Metrics()
         self.store = _FakeStore()
-        self.settings = SimpleNamespace(store="file:///nowhere", server_id="adversary")
+        # The interpreter's own threshold: a started app sets it, in this test's process.
+        self.settings = SimpleNamespace(
+            store="file:///nowhere",
+            server_id="adversary",
+            python_gc_full_threshold=gc.get_threshold()[2],
+        )
         self.fail = fail
         self.closed = 0
 
