@@ -277,6 +277,8 @@ def decode_fragment(data: bytes, *, compute_setsum: bool = True) -> DecodedFragm
         table = pq.ParquetFile(pa.BufferReader(data)).read()
         # Lists, not ``to_numpy()``: pyarrow imports pandas on its first ``to_numpy`` (0.5 s on
         # the event loop of whichever request or roll-up decodes a host's first fragment).
+        if not all(pa.types.is_integer(table.column(c).type) for c in ("offset", "timestamp_us")):
+            raise CorruptFragment("fragment offsets and timestamps must be integers")
         offsets: list[int] = table.column("offset").to_pylist()
         stamps: list[int] = table.column("timestamp_us").to_pylist()
         bodies: list[bytes] = table.column("body").to_pylist()

@@ -110,13 +110,20 @@ def test_decoding_a_fragment_imports_no_pandas() -> None:
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
-def test_a_null_timestamp_is_a_corrupt_fragment() -> None:
+@pytest.mark.parametrize(
+    "offsets, stamps",
+    [
+        (pa.array([1, 2], pa.uint64()), pa.array([0, None], pa.uint64())),  # a null timestamp
+        (pa.array([None, 2], pa.uint64()), pa.array([0, 0], pa.uint64())),  # a null offset
+        (pa.array([1.0, 2.0], pa.float64()), pa.array([0, 0], pa.uint64())),  # not integers
+        (pa.array([1, 2], pa.uint64()), pa.array(["0", "0"], pa.string())),
+    ],
+)
+def test_offsets_and_timestamps_that_are_not_whole_numbers_are_corrupt(
+    offsets: pa.Array, stamps: pa.Array
+) -> None:
     table = pa.table(
-        {
-            "offset": pa.array([1, 2], pa.uint64()),
-            "timestamp_us": pa.array([0, None], pa.uint64()),
-            "body": pa.array([b"a", b"b"], pa.binary()),
-        }
+        {"offset": offsets, "timestamp_us": stamps, "body": pa.array([b"a", b"b"], pa.binary())}
     )
     buf = io.BytesIO()
     pq.write_table(table, buf)
