@@ -38,8 +38,8 @@ def space_full_collections(middle_collections: int) -> tuple[int, int, int]:
     Frozen start-up objects aside, a full collection still walks everything the host holds:
     open logs' manifests, buffers, requests in flight.  Under a flood that took 50-100 ms,
     three times in 45 s, each a stall of whatever request was in flight (issue 19).  Python
-    also skips a full collection until a quarter of the long-lived objects are new since the
-    last, so this spaces them further without letting garbage grow with the heap."""
+    still waits for a quarter of the long-lived objects to be new since the last one; what
+    this costs is cyclic garbage that reached the oldest generation living longer."""
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, middle_collections)
     return gc.get_threshold()

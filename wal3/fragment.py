@@ -277,20 +277,18 @@ def decode_fragment(data: bytes, *, compute_setsum: bool = True) -> DecodedFragm
         table = pq.ParquetFile(pa.BufferReader(data)).read()
         # Lists, not ``to_numpy()``: pyarrow imports pandas on its first ``to_numpy`` (0.5 s on
         # the event loop of whichever request or roll-up decodes a host's first fragment).
-        if not all(pa.types.is_integer(table.column(c).type) for c in ("offset", "timestamp_us")):
-            raise CorruptFragment("fragment offsets and timestamps must be integers")
-        offsets: list[int] = table.column("offset").to_pylist()
-        stamps: list[int] = table.column("timestamp_us").to_pylist()
+        columns = [table.column("offset"), table.column("timestamp_us")]
+        if any(c.null_count or not pa.types.is_integer(c.type) for c in columns):
+            raise CorruptFragment("fragment offsets and timestamps must be whole numbers")
+        offsets: list[int] = columns[0].to_pylist()
+        stamps: list[int] = columns[1].to_pylist()
         bodies: list[bytes] = table.column("body").to_pylist()
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         raise CorruptFragment(f"unreadable fragment: {e}") from e
     if len(bodies) == 0:
         raise CorruptFragment("empty fragment")
-    first = offsets[0]
-    if first is None or offsets != list(range(first, first + len(offsets))):
+    if offsets != list(range(offsets[0], offsets[0] + len(offsets))):
         raise CorruptFragment("fragment offsets are not contiguous")
-    if None in stamps:
-        raise CorruptFragment("fragment timestamps are missing")
     records = [
         LogRecord(offset=o, timestamp_us=t, body=b)
         for o, t, b in zip(offsets, stamps, bodies, strict=True)
