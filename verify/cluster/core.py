@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import secrets
 import shutil
@@ -19,7 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -253,8 +254,7 @@ class Cluster:
         :meth:`restart_compactors`).  Returns the new hosts."""
         first = max((int(h.server_id.rsplit("-", 1)[1]) for h in self.hosts), default=-1) + 1
         new = [self._spawn_host(f"host-{first + i}") for i in range(n)]
-        for h in new:
-            wait_until_sync(h.ready, f"log host {h.server_id} to be ready", self.timeout_s, 0.05)
+        new = [self._await_first_start(h, "be ready", Host.ready) for h in new]
         self.reload_front()
         if restart_compactors:
             self.restart_compactors()
@@ -343,6 +343,29 @@ class Cluster:
         self.hosts.append(h)
         h.child.start()
         return h
+
+    def _await_first_start(self, h: Host, what: str, up: Callable[[Host], bool]) -> Host:
+        """Wait until a newly spawned host is ``up``.  Its port was free when chosen, but another
+        process may bind it before the host does (EADDRINUSE, seen on CI): then, since the front
+        does not list the host yet, it is spawned again on a new port, in the same place."""
+        for attempt in range(3):
+            try:
+                wait_until_sync(
+                    functools.partial(up, h),
+                    f"log host {h.server_id} to {what}",
+                    self.timeout_s,
+                    0.05,
+                )
+                return h
+            except RuntimeError as e:
+                if "address already in use" not in str(e).lower() or attempt == 2:
+                    raise
+                at = self.hosts.index(h)
+                self.hosts.remove(h)
+                h = self._spawn_host(h.server_id)
+                self.hosts.remove(h)
+                self.hosts.insert(at, h)
+        raise AssertionError("unreachable")
 
     def _write_front_config(self) -> Path:
         cfg = self.workdir / "haproxy.cfg"
@@ -519,10 +542,8 @@ def start(
 
         for i in range(n_hosts):
             cluster._spawn_host(f"host-{i}")
-        for h in cluster.hosts:
-            wait_until_sync(
-                h.healthy, f"log host {h.server_id} to answer /healthz", timeout_s, 0.05
-            )
+        for h in list(cluster.hosts):
+            cluster._await_first_start(h, "answer /healthz", Host.healthy)
 
         cfg = cluster._write_front_config()
         # Master-worker (-W) in the foreground (-db): SIGUSR2 reloads the configuration.
