@@ -244,14 +244,17 @@ class Recovery:
                             ),
                         )
                     elif a.attempts >= self._opts.retry.max_append_attempts:
-                        kept_ahead = a.others_rounds > self._opts.retry.max_append_attempts
+                        # Contention only when a writer was met (it linked a slot itself).
+                        # Orphans our own repair kept linking ahead of us may be a dead
+                        # writer's backlog met under hook failures: "another writer appended"
+                        # would be false there (the simulator's seeds 27714, 40459, 44594).
                         batcher.reject(
                             a,
                             LogContention(
                                 f"another writer kept appending to {self._prefix}; not written"
                             )
-                            if a.met_writer or kept_ahead
-                            else self._give_up_error(b),
+                            if a.met_writer
+                            else self._give_up_error(b, a.others_rounds),
                         )
                     else:
                         retry.append(a)
@@ -344,9 +347,14 @@ class Recovery:
         self._recovering = False
         self._loop.call_later(0.1, self._committer.wake)
 
-    def _give_up_error(self, b: Batch) -> BaseException:
+    def _give_up_error(self, b: Batch, others_rounds: int = 0) -> BaseException:
         """Why a batch that can never be linked ran out of attempts: not written, and not
         contention (that is said only when another writer appended)."""
+        if others_rounds > self._opts.retry.max_append_attempts:
+            return StoreUnavailable(
+                f"{self._prefix}: not written: others' orphan fragments took its slot "
+                f"{others_rounds} times"
+            )
         cause = self._repair_blocked if self._repair_blocked is not None else b.error
         return StoreUnavailable(
             f"{self._prefix}: not written after "

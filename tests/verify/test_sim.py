@@ -380,3 +380,14 @@ def test_a_ledger_resumes_at_another_commit_only_over_the_same_trees(tmp_path: A
     ledger.write_text("\n".join([json.dumps({**head, "trees": "feedfacefeed,0"}), *lines[1:]]))
     with pytest.raises(SystemExit, match="over trees feedfacefeed,0"):
         run_range(0, 2, jobs=1, progress=False, ledger=ledger)
+
+
+@pytest.mark.parametrize("seed", [27714, 40459, 44594])
+def test_the_long_forms_contention_seeds_pass(seed: int) -> None:
+    """Seeds the long form found failing at 7d06e69 (``contention``): a crashed writer's orphans,
+    linked by the survivor's repair a few at a time under hook failures, ran the survivor's
+    appends out of attempts, and they were answered ``LogContention`` ("another writer kept
+    appending") though no other writer had linked anything since it opened.  Now such an append
+    gives up with ``StoreUnavailable`` unless a writer was met."""
+    r = run_seed(seed)
+    assert not r.violations, [f"[{v.check}] {v.detail}" for v in r.violations[:5]]

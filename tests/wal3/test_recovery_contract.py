@@ -732,7 +732,7 @@ async def test_meeting_a_live_writer_costs_an_attempt(
 
 @pytest.mark.parametrize(
     ("rounds", "attempts", "outcome"),
-    [(0, 0, "retry"), (3, 2, "contention"), (2, 2, "retry"), (3, 1, "retry")],
+    [(0, 0, "retry"), (3, 2, "chased"), (2, 2, "retry"), (3, 1, "retry")],
 )
 async def test_linking_a_dead_writers_orphans_is_free_three_times(
     stage: Stage, rounds: int, attempts: int, outcome: str
@@ -740,7 +740,7 @@ async def test_linking_a_dead_writers_orphans_is_free_three_times(
     """Our repair linked another (dead) writer's orphan over our slot: that round is free
     (``others_rounds`` counts it) until it has happened more than ``max_append_attempts`` (3)
     times; each round after costs an attempt, and an append out of attempts that way was "kept
-    appending" against.  Kills the ``others_rounds += 1`` mutants, its ``>`` -> ``>=``, the
+    appending" against (a ``StoreUnavailable``: no writer was met, so not contention).  Kills the ``others_rounds += 1`` mutants, its ``>`` -> ``>=``, the
     ``a.attempts += 1`` mutants of that branch, ``kept_ahead = None``, ``met_writer or
     kept_ahead`` -> ``and`` and the ``... and False`` form of that condition, and
     ``linked_others`` -> None / ``and`` / ``in`` and ``_Repaired(..., None)`` (no others)."""
@@ -754,8 +754,13 @@ async def test_linking_a_dead_writers_orphans_is_free_three_times(
     assert m.next_seq_no == 3 and m.writer == "us" and rig.stats["repaired"] == 1
     assert (a.others_rounds, a.met_writer) == (rounds + 1, False)
     assert a.attempts == attempts + (1 if rounds + 1 > 3 else 0)
-    if outcome == "contention":
-        refused(a, LogContention, "another writer kept appending to logs/r; not written")
+    if outcome == "chased":
+        # Not LogContention: no writer was met, the orphans may be a dead writer's.
+        refused(
+            a,
+            StoreUnavailable,
+            f"logs/r: not written: others' orphan fragments took its slot {rounds + 1} times",
+        )
     else:
         assert pending(a) and rig.batch_of(a).seq_no == 3
 
@@ -767,7 +772,7 @@ async def test_linking_a_dead_writers_orphans_is_free_three_times(
         (2, 3, 0, "give up"),
         (0, 2, 0, "retry"),
         (2, 3, 3, "give up"),
-        (2, 3, 4, "contention"),
+        (2, 3, 4, "chased"),
     ],
 )
 async def test_a_recovery_that_moved_nothing_costs_an_attempt(
@@ -781,7 +786,7 @@ async def test_a_recovery_that_moved_nothing_costs_an_attempt(
     """A batch that can never be linked (its encoding failed) on a log nobody moved: each such
     recovery costs its appends an attempt; out of attempts they are "not written after N
     attempts (cause)", a ``StoreUnavailable`` (nobody else appended), unless earlier rounds of
-    others' orphans passed the budget (then "kept appending").  Kills ``not moved`` -> ``moved``,
+    others' orphans passed the budget (then "took its slot N times", also ``StoreUnavailable``).  Kills ``not moved`` -> ``moved``,
     ``moved`` with ``>=``, the ``a.attempts += 1`` mutants of that branch, ``>=`` -> ``>`` on
     the budget, ``kept_ahead``'s ``>`` -> ``>=``, the ``... or True`` form of the message's
     condition, ``_give_up_error(None)`` and its ``cause`` mutants, ``_repair_blocked = ""``,
@@ -802,8 +807,12 @@ async def test_a_recovery_that_moved_nothing_costs_an_attempt(
             StoreUnavailable,
             f"logs/r: not written after {max_attempts} attempts (RuntimeError('cannot encode 1'))",
         )
-    elif outcome == "contention":
-        refused(a, LogContention, "another writer kept appending to logs/r; not written")
+    elif outcome == "chased":
+        refused(
+            a,
+            StoreUnavailable,
+            f"logs/r: not written: others' orphan fragments took its slot {rounds} times",
+        )
     else:
         assert pending(a) and rig.batch_of(a).seq_no == 1
     assert rig.stats["contention"] == 0
