@@ -54,13 +54,15 @@ _log = logging.getLogger("wal3.writer")  # one logger for every part of the writ
 @dataclass(frozen=True, slots=True)
 class _Repaired:
     """What a read repair left: the stored manifest and its etag, whether another writer linked
-    the fragment it was linking (a live writer), and whether it linked bytes this writer did not
-    encode (others' orphans)."""
+    the fragment it was linking (a live writer), whether it linked bytes this writer did not
+    encode (others' orphans), and whether its claim of the log, or the link after it, lost to an
+    edit that linked nothing (a collector's, during the fence): a rebase, not a failed try."""
 
     manifest: Manifest
     etag: str
     met_writer: bool
     linked_others: bool
+    raced: bool = False
 
 
 class Recovery:
@@ -93,6 +95,7 @@ class Recovery:
         self._recovering = False
         self._stale = False  # the last recovery could not reload the manifest
         self._repair_blocked: Exception | None = None  # why read repair last stopped early
+        self._raced_rounds = 0  # recoveries in a row whose repair lost its claim to an edit
         # seq -> setsum of every fragment this writer encoded lately: what is not in here and got
         # linked was appended by someone else (contention), not by our own earlier attempts.
         self._mine: collections.OrderedDict[int, tuple[str, Setsum]] = collections.OrderedDict()
@@ -195,6 +198,13 @@ class Recovery:
             # be chased for as long as it writes; after that, each such round costs an attempt.
             moved = manifest.next_seq_no > base.next_seq_no
             met, linked_others = repaired.met_writer, repaired.linked_others
+            # A repair whose claim (or the link after its fence) lost to an edit that linked
+            # nothing was rebased, not refused: it costs no attempt, ``max_rebases`` times in a
+            # row, as the committer's rebases do.  A collector that edits the manifest more often
+            # than a claim's fence lasts would otherwise fail appends long after every fault
+            # (the simulator's seeds 50465, 57203).
+            raced = repaired.raced and self._raced_rounds < self._opts.retry.max_rebases
+            self._raced_rounds = self._raced_rounds + 1 if raced else 0
             batcher.forget_dead_below(manifest.next_seq_no)
             # Learn the keys of fragments others linked before deciding anything: a keyed append
             # whose key is in the log already is answered from there, never "not written".  Also
@@ -224,7 +234,7 @@ class Recovery:
                         a.others_rounds += 1
                         if a.others_rounds > self._opts.retry.max_append_attempts:
                             a.attempts += 1
-                    elif not moved:
+                    elif not moved and not raced:
                         a.attempts += 1
                     if manifest.sealed:
                         batcher.reject(a, LogSealed(f"log {self._prefix} is sealed"))
@@ -258,7 +268,7 @@ class Recovery:
                         )
                     else:
                         retry.append(a)
-            keep = self._retry_kept(keep)
+            keep = self._retry_kept(keep, charge=not raced)
             # Retried appends go first so the log keeps their order.
             batcher.requeue(retry)
             if keep:
@@ -299,11 +309,13 @@ class Recovery:
                 self._batcher.mark_dead(b.seq_no, content_etag(b.frag.data))
         return keep, free
 
-    def _retry_kept(self, keep: list[Batch]) -> list[Batch]:
+    def _retry_kept(self, keep: list[Batch], charge: bool = True) -> list[Batch]:
         """Put kept batches back in flight; those missing their upload or hook retry just that.
 
-        A batch out of attempts gives up with an ambiguous error (its bytes may be in the store
-        and a later read repair may still link them), and so do the kept batches after it."""
+        The first unsettled one is charged an attempt (unless ``charge`` is False: the round was
+        a rebase).  A batch out of attempts gives up with an ambiguous error (its bytes may be in
+        the store and a later read repair may still link them), and so do the kept batches after
+        it."""
         batcher = self._batcher
         head = True
         for i, b in enumerate(keep):
@@ -313,7 +325,8 @@ class Recovery:
             if not head:
                 continue  # only the first unsettled batch is what stalls the log: charge it
             head = False
-            b.attempts += 1
+            if charge:
+                b.attempts += 1
             if b.attempts >= self._opts.retry.max_append_attempts:
                 cause = self._repair_blocked or b.error
                 err = StoreUnavailable(
@@ -440,7 +453,7 @@ class Recovery:
         way the tail returned is a stored manifest, which is all recovery needs.
         """
         self._repair_blocked = None
-        met_writer = linked_others = False
+        met_writer = linked_others = raced = False
         for _ in range(self._opts.retry.max_rebases):
             if manifest.sealed:
                 break
@@ -518,7 +531,9 @@ class Recovery:
                 manifest, etag = loaded
                 if claimed:
                     # One claim (and its waits) per repair: recovery walks the manifest it
-                    # loaded first, which must stay well within the collector's grace.
+                    # loaded first, which must stay well within the collector's grace.  Lost to
+                    # an edit that left the tail where it was: the next recovery claims again.
+                    raced = manifest.next_seq_no == seq and not manifest.sealed
                     break
                 if manifest.next_seq_no > seq:
                     # Linked: by a live writer (its next fragments are its own to link), or by
@@ -526,4 +541,4 @@ class Recovery:
                     # cannot say a writer was met: no contention is claimed on it).
                     met_writer = not isinstance(e, ResolvedPreconditionFailed)
                     break
-        return _Repaired(manifest, etag, met_writer, linked_others)
+        return _Repaired(manifest, etag, met_writer, linked_others, raced)

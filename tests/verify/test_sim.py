@@ -391,3 +391,15 @@ def test_the_long_forms_contention_seeds_pass(seed: int) -> None:
     gives up with ``StoreUnavailable`` unless a writer was met."""
     r = run_seed(seed)
     assert not r.violations, [f"[{v.check}] {v.detail}" for v in r.violations[:5]]
+
+
+@pytest.mark.parametrize("seed", [50465, 57203])
+def test_the_long_forms_liveness_seeds_pass(seed: int) -> None:
+    """Seeds the long form found failing at 7d06e69 (``liveness``): a crashed writer's orphan
+    fitted the tail, so the survivor's repair had to claim the log and wait out its fence before
+    linking it; a collector's edit landed during the wait three times, each lost claim cost the
+    survivor's kept batch an attempt, and its appends failed ``StoreUnavailable`` after the
+    faults had stopped.  Now a claim lost to an edit that linked nothing is a rebase (free,
+    ``max_rebases`` times in a row)."""
+    r = run_seed(seed)
+    assert not r.violations, [f"[{v.check}] {v.detail}" for v in r.violations[:5]]
