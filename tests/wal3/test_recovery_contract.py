@@ -1510,11 +1510,11 @@ async def leased_by_them(stage: Stage, lease_ms: int = 1000) -> None:
 
 
 async def take_over(
-    stage: Stage, own_lease_s: float, attempts: int = 3
+    stage: Stage, own_lease_s: float, attempts: int = 3, records: int = 1
 ) -> tuple[Rig, Clock, Append]:
-    """A rig that loaded another writer's leased manifest, an orphan of theirs at the tail, and
-    our append in flight over it."""
-    await new_log(stage)
+    """A rig that loaded another writer's leased manifest (of ``records`` fragments), an orphan
+    of theirs at the tail, and our append in flight over it."""
+    await new_log(stage, records)
     await leased_by_them(stage)
     clock = Clock()
     opts = options(attempts=attempts, clock=clock, lease=LeaseOptions(read_lease_s=own_lease_s))
@@ -1579,6 +1579,81 @@ async def test_a_claim_lost_to_the_orphans_writer_ends_the_repair(stage: Stage) 
     m, _ = await stored(stage)
     assert (m.writer, m.next_seq_no) == ("them", 3) and rig.stats["repaired"] == 0
     assert pending(a) and (a.attempts, a.met_writer) == (0, False)
+
+
+async def gc_edit(stage: Stage) -> None:
+    """A collector's cut of fragment 1 (of 2): an edit that links nothing, the tail stays."""
+    await collect(stage, 2, delete=False)
+
+
+@pytest.mark.parametrize(("raced_before", "charged"), [(0, False), (63, False), (64, True)])
+async def test_a_claim_lost_to_an_edit_that_linked_nothing_is_a_rebase(
+    stage: Stage, raced_before: int, charged: bool
+) -> None:
+    """Our claim landed, then a collector's edit (linking nothing) landed during the fence, so
+    the link after it lost its condition: the repair stops (one claim per repair) and reports
+    a race, and that recovery costs our kept batch nothing, ``max_rebases`` (64) recoveries in
+    a row; the one after that is charged like any round that moved nothing (the simulator's
+    seeds 50465, 57203 failed appends after every fault, a collector editing within each
+    fence).  Kills ``raced`` -> True / False, its ``==`` -> ``!=``, the bound's ``<`` ->
+    ``<=``, the count's ``+ 1`` and its reset, ``charge=not raced`` -> ``charge=True`` and ``if
+    charge`` inverted.  (``and not manifest.sealed`` dropped is equivalent: a sealed log keeps
+    nothing and fails everything, so whether a race on one counts does not matter.)"""
+    rig, clock, a = await take_over(stage, 1.0, attempts=1, records=2)
+    b = rig.batch_of(a)
+    rig.recovery._raced_rounds = raced_before
+    recovering = asyncio.create_task(rig.recovery.recover())
+    await sleeping(clock, recovering)
+    await gc_edit(stage)
+    clock.advance(1.25)
+    await recovering
+    m, _ = await stored(stage)
+    assert (m.writer, m.next_seq_no) == ("gc", 3) and rig.stats["repaired"] == 0
+    if charged:
+        refused(
+            a,
+            StoreUnavailable,
+            "fragment 3 of logs/r could not be linked (PreconditionFailed('precondition failed "
+            f"for {frag_key(3)}: object exists')); it may still appear",
+        )
+        assert rig.recovery._raced_rounds == 0
+    else:
+        assert pending(a) and b.attempts == 0 and rig.batch_of(a) is b
+        assert rig.recovery._raced_rounds == raced_before + 1
+
+
+async def test_a_raced_repair_costs_a_free_append_nothing(
+    monkeypatch: pytest.MonkeyPatch, stage: Stage
+) -> None:
+    """The same race, with our batch one that can never be linked (its encoding failed): its
+    append is retried without being charged, and a later recovery that is not a race resets
+    the count of races in a row.  Kills ``not moved and not raced`` -> ``or`` and dropping
+    ``not raced``."""
+    await new_log(stage, 2)
+    await leased_by_them(stage)
+    clock = Clock()
+    opts = options(attempts=1, clock=clock, lease=LeaseOptions(read_lease_s=1.0))
+    rig = await Rig.open(stage, opts, authored=False)
+    await OtherWriter(stage.local, PREFIX, "them").upload_next()
+    fail_encoding(monkeypatch, 3)
+    a, b = await rig.batch(b"ours")
+    assert b.frag is None
+    recovering = asyncio.create_task(rig.recovery.recover())
+    await sleeping(clock, recovering)
+    await gc_edit(stage)
+    clock.advance(1.25)
+    await recovering
+    assert pending(a) and a.attempts == 0 and rig.recovery._raced_rounds == 1
+    # The next recovery claims again (the edit made the log not ours: its fence is raised
+    # again), nobody races it, and it links the orphan.
+    clock.waiting.clear()  # type: ignore[attr-defined]
+    recovering = asyncio.create_task(rig.recovery.recover())
+    await sleeping(clock, recovering)
+    clock.advance(1.25)
+    await recovering
+    m, _ = await stored(stage)
+    assert m.next_seq_no == 4 and rig.stats["repaired"] == 1
+    assert rig.recovery._raced_rounds == 0
 
 
 async def test_a_claim_that_loses_its_condition_overwrites_nothing(stage: Stage) -> None:
