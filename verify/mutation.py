@@ -61,6 +61,10 @@ TARGETS: dict[str, list[str]] = {
     "wal3/recovery.py": ["tests/wal3", SIM_SHORT_FORM],
     "wal3/idempotency.py": ["tests/wal3", SIM_SHORT_FORM],
     "wal3/lease.py": ["tests/wal3", SIM_SHORT_FORM],
+    # The writer's take-over and a log's fork: a wrong line there links a record twice or
+    # forks a log that misses one.
+    "wal3/claim.py": ["tests/wal3", SIM_SHORT_FORM],
+    "wal3/fork.py": ["tests/wal3", SIM_SHORT_FORM],
     "wal3/manifest.py": ["tests/wal3", SIM_SHORT_FORM],
     "wal3/gc.py": ["tests/wal3", SIM_SHORT_FORM],
     "wal3/cursors.py": ["tests/wal3", SIM_SHORT_FORM],

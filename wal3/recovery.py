@@ -199,11 +199,15 @@ class Recovery:
             moved = manifest.next_seq_no > base.next_seq_no
             met, linked_others = repaired.met_writer, repaired.linked_others
             # A repair whose claim (or the link after its fence) lost to an edit that linked
-            # nothing was rebased, not refused: it costs no attempt, ``max_rebases`` times in a
-            # row, as the committer's rebases do.  A collector that edits the manifest more often
-            # than a claim's fence lasts would otherwise fail appends long after every fault
-            # (the simulator's seeds 50465, 57203).
-            raced = repaired.raced and self._raced_rounds < self._opts.retry.max_rebases
+            # nothing was rebased, not refused: it costs no attempt, ``max_append_attempts``
+            # times in a row (each such round waits out a whole fence, so the bound is counted
+            # in rounds, not in the committer's cheap rebases).  A collector editing within every
+            # fence would otherwise fail appends long after every fault (the simulator's seeds
+            # 50465, 57203).  Past that, every race in the row is charged, and to the head kept
+            # batch even when its upload settled: it waits on nothing else, and a collector
+            # that edits for ever would hold it for ever (found by the adversary of this fix).
+            raced = repaired.raced
+            free_race = raced and self._raced_rounds < self._opts.retry.max_append_attempts
             self._raced_rounds = self._raced_rounds + 1 if raced else 0
             batcher.forget_dead_below(manifest.next_seq_no)
             # Learn the keys of fragments others linked before deciding anything: a keyed append
@@ -234,7 +238,7 @@ class Recovery:
                         a.others_rounds += 1
                         if a.others_rounds > self._opts.retry.max_append_attempts:
                             a.attempts += 1
-                    elif not moved and not raced:
+                    elif not moved and not free_race:
                         a.attempts += 1
                     if manifest.sealed:
                         batcher.reject(a, LogSealed(f"log {self._prefix} is sealed"))
@@ -268,7 +272,7 @@ class Recovery:
                         )
                     else:
                         retry.append(a)
-            keep = self._retry_kept(keep, charge=not raced)
+            keep = self._retry_kept(keep, charge=not free_race, settled_too=raced)
             # Retried appends go first so the log keeps their order.
             batcher.requeue(retry)
             if keep:
@@ -309,17 +313,20 @@ class Recovery:
                 self._batcher.mark_dead(b.seq_no, content_etag(b.frag.data))
         return keep, free
 
-    def _retry_kept(self, keep: list[Batch], charge: bool = True) -> list[Batch]:
+    def _retry_kept(
+        self, keep: list[Batch], charge: bool = True, settled_too: bool = False
+    ) -> list[Batch]:
         """Put kept batches back in flight; those missing their upload or hook retry just that.
 
-        The first unsettled one is charged an attempt (unless ``charge`` is False: the round was
-        a rebase).  A batch out of attempts gives up with an ambiguous error (its bytes may be in
-        the store and a later read repair may still link them), and so do the kept batches after
-        it."""
+        The first unsettled one (the first one at all when ``settled_too``: the round's repair
+        lost its claim, which is what stalls even a settled batch) is charged an attempt, unless
+        ``charge`` is False (the round was a free rebase).  A batch out of attempts gives up with
+        an ambiguous error (its bytes may be in the store and a later read repair may still link
+        them), and so do the kept batches after it."""
         batcher = self._batcher
         head = True
         for i, b in enumerate(keep):
-            if b.settled:
+            if b.settled and not (settled_too and head):
                 b.error = None
                 continue
             if not head:
@@ -534,6 +541,8 @@ class Recovery:
                     # loaded first, which must stay well within the collector's grace.  Lost to
                     # an edit that left the tail where it was: the next recovery claims again.
                     raced = manifest.next_seq_no == seq and not manifest.sealed
+                    if raced:
+                        self._repair_blocked = e  # what a batch out of attempts then names
                     break
                 if manifest.next_seq_no > seq:
                     # Linked: by a live writer (its next fragments are its own to link), or by
