@@ -57,6 +57,15 @@ class AppendBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _BODY = msgspec.json.Decoder(AppendBody)
+
+
+class _Counted(msgspec.Struct):
+    """An append body's records, each left unparsed (``record_count``)."""
+
+    records: list[msgspec.Raw]
+
+
+_COUNTED = msgspec.json.Decoder(_Counted)
 _RECORDS = msgspec.json.Decoder(list[RecordIn])
 # Dict keys sorted (JSON objects are unordered: the same request in any key order is stored, and
 # hashed, as the same bytes); struct fields keep the schema's order.
@@ -251,6 +260,16 @@ def _decode_in_chunks(doc: dict[str, Any], sizes: list[int]) -> tuple[AppendBody
         raise _bad(e) from None
     body.records = parsed
     return body, _stored(parsed)
+
+
+def record_count(raw: bytes) -> int | None:
+    """How many records an append body holds, counted without validating them: a tenth of
+    the cost of ``decode_append`` (the quotas' ``precheck`` runs on it).  None: not an
+    append body (``decode_append`` says why)."""
+    try:
+        return len(_COUNTED.decode(raw).records)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):  # nested too deep
+        return None
 
 
 def decode_append(raw: bytes, limits: RecordLimits) -> tuple[AppendBody, list[bytes]]:

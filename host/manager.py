@@ -60,7 +60,7 @@ from .errors import BackpressureError, NotFound, NotLeader, Unavailable
 from .forks import MarkDirty, claim_ttl_s, create_collection_log
 from .leader import LeaderHint
 from .metrics import Metrics
-from .quotas import Admission, TenantQuotas
+from .quotas import Admission, Quota, TenantQuotas
 
 _log = logging.getLogger("loghost.manager")
 
@@ -294,8 +294,44 @@ class LogManager:
 
     # ------------------------------------------------------------------------------ admission
 
+    def precheck(self, tenant: str, cid: UUID, *, records: int) -> Quota:
+        """``tenant``'s quota, after refusing an append of ``records`` records to ``cid`` that
+        ``admit`` would refuse now by a quota it can judge without the body's bytes: in
+        ``admit``'s order, ``records_per_request``, ``open_logs``, then the rate buckets
+        (``TenantQuotas.precheck``).  Called before the body is decoded, so a flood its quota
+        refuses costs no decoding.  (The byte quotas and ``created_logs`` are judged at
+        admission only: a request over one of them and over a rate is named by the rate.)"""
+        quotas = self.quotas
+        q = quotas.quota(tenant)
+        if q.appends_per_s is None and q.records_per_s is None:
+            return q
+        if q.records_per_request is not None and records > q.records_per_request:
+            raise quotas.throttle(tenant, "records_per_request", f"{q.records_per_request}")
+        if self._no_open_room(tenant, cid, q):
+            raise quotas.throttle(tenant, "open_logs", str(q.open_logs), 1)
+        quotas.precheck(tenant, q, records=records)
+        return q
+
+    def _no_open_room(self, tenant: str, cid: UUID, q: Quota) -> bool:
+        """Whether opening ``cid`` would take ``tenant`` past ``open_logs``: only the tenant's
+        own idle logs may make room, never another tenant's."""
+        if q.open_logs is None or cid in self._open:
+            return False
+        held = {c for c in self._open_held.get(tenant, ()) if c not in self._open}
+        held.add(cid)
+        return self._tenant_open[tenant] + len(held) > q.open_logs and not any(
+            h.tenant == tenant and h.users == 0 for h in self._open.values()
+        )
+
     async def admit(
-        self, tenant: str, cid: UUID, *, records: int, nbytes: int, create: bool
+        self,
+        tenant: str,
+        cid: UUID,
+        *,
+        records: int,
+        nbytes: int,
+        create: bool,
+        quota: Quota | None = None,
     ) -> Admission:
         """The one admission point of a write to ``cid`` (an append): every tenant quota is
         checked here, before any work, and the request's tokens are charged here; the returned
@@ -307,12 +343,15 @@ class LogManager:
         the fair-share threshold, else shared across the active tenants by weight
         (``host.fairshare``), waiting at most ``fair_share_max_wait_s`` (then 429
         ``backpressure``, reason ``fair_share``); a request that passed holds them until its
-        release, so the server-wide budget does not refuse it later either."""
-        a = await self._admit_quotas(tenant, cid, records=records, nbytes=nbytes, create=create)
+        release, so the server-wide budget does not refuse it later either.
+
+        ``quota``: the tenant's quota as ``precheck`` just read it (else read here)."""
+        q = quota if quota is not None else self.quotas.quota(tenant)
+        a = await self._admit_quotas(tenant, cid, q, records=records, nbytes=nbytes, create=create)
         fair = self.quotas.fair
         if fair is not None:
             try:
-                a.fair = await fair.acquire(tenant, nbytes, self.quotas.quota(tenant).weight or 1.0)
+                a.fair = await fair.acquire(tenant, nbytes, q.weight or 1.0)
             except BaseException as e:
                 a.release()  # nothing done: its quota reservations go back
                 if isinstance(e, BackpressureError):
@@ -321,11 +360,10 @@ class LogManager:
         return a
 
     async def _admit_quotas(
-        self, tenant: str, cid: UUID, *, records: int, nbytes: int, create: bool
+        self, tenant: str, cid: UUID, q: Quota, *, records: int, nbytes: int, create: bool
     ) -> Admission:
         """The tenant quotas of ``admit`` (unchanged): checked and charged in one step."""
         quotas = self.quotas
-        q = quotas.quota(tenant)
         if not q.limited():
             return quotas.admitted(tenant, nbytes)
         new_log = False
@@ -335,14 +373,8 @@ class LogManager:
         # From here to the charge nothing awaits: the checks and the charge are one step.
         quotas.check_request(tenant, q, records=records, nbytes=nbytes)
         hold_open = q.open_logs is not None and cid not in self._open
-        if hold_open and q.open_logs is not None:
-            held = {c for c in self._open_held.get(tenant, ()) if c not in self._open}
-            held.add(cid)
-            if self._tenant_open[tenant] + len(held) > q.open_logs and not any(
-                h.tenant == tenant and h.users == 0 for h in self._open.values()
-            ):
-                # Only the tenant's own idle logs may make room: never another tenant's.
-                raise quotas.throttle(tenant, "open_logs", str(q.open_logs), 1)
+        if hold_open and self._no_open_room(tenant, cid, q):
+            raise quotas.throttle(tenant, "open_logs", str(q.open_logs), 1)
         if new_log and q.created_logs is not None:
             creating = set(self._create_held.get(tenant, ()))
             creating.add(cid)

@@ -362,6 +362,16 @@ class TenantQuotas:
             b.retune(rate, size, now)
         return b
 
+    def precheck(self, tenant: str, q: Quota, *, records: int) -> None:
+        """Refuse (QuotaExceeded) an append of ``records`` records that ``tenant``'s rate
+        buckets refuse now, exactly as ``charge`` would, with the same Retry-After and turn.
+        Called before the body is decoded (its records counted, not validated): a flood its
+        quota refuses is then refused before the decoding, which cost the event loop, and so
+        every other tenant, as much as an admitted append's (issue 19).  Charges nothing:
+        ``charge`` still decides at admission."""
+        if q.appends_per_s is not None or q.records_per_s is not None:
+            self._refuse_if_short(tenant, q, appends=1, records=records, now=self.clock())
+
     def check_request(self, tenant: str, q: Quota, *, records: int, nbytes: int) -> None:
         """The per-request limits and the byte budget (nothing charged)."""
         if q.records_per_request is not None and records > q.records_per_request:
@@ -377,6 +387,16 @@ class TenantQuotas:
     def charge(self, tenant: str, q: Quota, *, appends: int, records: int) -> None:
         """Take the tokens of a request from its buckets, or raise (charging nothing)."""
         now = self.clock()
+        for bucket, n in self._refuse_if_short(
+            tenant, q, appends=appends, records=records, now=now
+        ):
+            bucket.take(n, now)
+
+    def _refuse_if_short(
+        self, tenant: str, q: Quota, *, appends: int, records: int, now: float
+    ) -> list[tuple[TokenBucket, int]]:
+        """The rate buckets a request of ``appends`` and ``records`` charges, with what; raises
+        the 429 of the first one short of it (giving the refused request its turn)."""
         checks = (
             ("appends_per_s", q.appends_per_s, self._bucket(self._appends, tenant, q.appends_per_s, q.appends_burst), appends),
             ("records_per_s", q.records_per_s, self._bucket(self._records, tenant, q.records_per_s, q.records_burst), records),
@@ -388,9 +408,7 @@ class TenantQuotas:
                     assert rate is not None
                     hold = self._turn(name, tenant, wait, min(n, bucket.burst), rate, now)
                     raise self.throttle(tenant, name, _rate(rate), max(wait, 1e-9), hold_s=hold)
-        for _name, _limit, bucket, n in checks:
-            if bucket is not None and n:
-                bucket.take(n, now)
+        return [(bucket, n) for _name, _rate_, bucket, n in checks if bucket is not None and n]
 
     def admitted(self, tenant: str, nbytes: int) -> Admission:
         """Record an admitted request holding ``nbytes`` until its ``release``."""

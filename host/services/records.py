@@ -25,7 +25,7 @@ from wal3 import (
 from wal3.fragment import request_digest
 from wal3.paths import join
 
-from ..appendbody import AppendBody, AppendDecoder, RecordLimits
+from ..appendbody import AppendBody, AppendDecoder, RecordLimits, record_count
 from ..auth import Role
 from ..config import Settings
 from ..errors import BackpressureError, Conflict
@@ -80,12 +80,16 @@ class RecordService:
     async def append(self, tenant: str, cid: UUID, raw: bytes, started: float) -> AppendResponse:
         """Append a request body's records; answered once durable (``started``: when the
         request began, for the latency metric)."""
+        # A request its tenant's rate quotas refuse is refused before its body is decoded: a
+        # refused flood must not cost the loop its decoding (its records are only counted).
+        count = record_count(raw)
+        quota = self._manager.precheck(tenant, cid, records=count) if count else None
         req, bodies = await self.decoder.decode(raw)
         nbytes = sum(len(b) for b in bodies)
         # The request's one admission (tenant quotas): nothing later fails it by a quota; its
         # bytes are held until they are durable or the request failed.
         admission = await self._manager.admit(
-            tenant, cid, records=len(bodies), nbytes=nbytes, create=True
+            tenant, cid, records=len(bodies), nbytes=nbytes, create=True, quota=quota
         )
         try:
             result, writer = await self._append_admitted(tenant, cid, req, bodies, nbytes)

@@ -117,6 +117,42 @@ async def test_records_per_s_retry_after_from_the_bucket_and_bob_unaffected(
     assert 'loghost_tenant_admitted_total{tenant="bob"} 3.0' in text
 
 
+@params(quotas_json(alice={"records_per_s": 1, "records_burst": 5}))
+async def test_a_request_its_rate_refuses_is_refused_before_its_body_is_decoded(
+    live: Live, clock: FakeClock
+) -> None:
+    """A refused flood costs the server no decoding (issue 19): the rate buckets judge a
+    request on its counted records, before the body is validated, and exactly as admission
+    does (the same quota named, the same Retry-After; nothing charged)."""
+    decoder = live.server.records.decoder
+    decoded: list[int] = []
+    real = decoder.decode
+
+    async def counting(raw: bytes) -> Any:
+        decoded.append(len(raw))
+        return await real(raw)
+
+    decoder.decode = counting  # type: ignore[method-assign]
+    a = uuid.uuid4()
+    async with live.client("alice-key") as alice:
+        assert (await append(alice, "alice", a, 4)).status_code == 200
+        assert len(decoded) == 1
+        r = await append(alice, "alice", a, 3)  # one token left: three records short of two
+        quota_error(r, "alice", "records_per_s", "1/s")
+        assert r.headers["Retry-After"] == "2"
+        # A body the count cannot read is left to the decoder, which names what is wrong.
+        bad = await alice.post(log_path("alice", a) + "/records", content=b"{")
+        assert_error(bad, 400, "invalid_request")
+        assert len(decoded) == 2, "the refused append was decoded"
+        r = await append(alice, "alice", a, 6)  # more than the burst: refused until it is full
+        quota_error(r, "alice", "records_per_s", "1/s")
+        assert r.headers["Retry-After"] == "4"
+        clock.now += 2.0
+        # Nothing was charged by the refusals: the bucket holds its 1 + 2 tokens.
+        assert (await append(alice, "alice", a, 3)).status_code == 200
+        assert len(decoded) == 3
+
+
 @params(quotas_json({"appends_per_s": 0.5, "appends_burst": 1}))
 async def test_appends_per_s_default_applies_to_every_tenant_separately(
     live: Live, clock: FakeClock
