@@ -79,6 +79,8 @@ _LIMIT_NAMES = tuple(name for name in QUOTA_NAMES if name != "weight")
 # How far ahead refused requests are given turns (TenantQuotas._turn): the longest a refused
 # connection is left unread (host.httpserver.MAX_HOLD_S).
 PACE_HORIZON_S = 1.0
+# A tenant's refusals by one quota are logged a line per this many seconds (with their count).
+THROTTLE_LOG_EVERY_S = 10.0
 
 
 class _QuotaModel(BaseModel):
@@ -260,6 +262,8 @@ class TenantQuotas:
         # (bucket, tenant) -> when the next refused request of that tenant gets its turn.
         self._turns: dict[tuple[str, str], tuple[float, float]] = {}  # and the rate they were for
         self._pending: dict[str, int] = {}
+        # (tenant, quota) -> when its refusal was last logged, and the refusals since then.
+        self._throttle_logged: dict[tuple[str, str], tuple[float | None, int]] = {}
         if self._file is not None and not self.reload():
             raise ValueError(f"LOGHOST_TENANT_QUOTAS_FILE: cannot use {self._file}")
 
@@ -319,15 +323,28 @@ class TenantQuotas:
         *,
         hold_s: float | None = None,
     ) -> QuotaExceeded:
-        """The 429 of ``quota`` (counted in the metrics), to raise."""
+        """The 429 of ``quota`` (counted in the metrics), to raise.  Logged once per tenant and
+        quota every ``THROTTLE_LOG_EVERY_S``, with the refusals since the last line: a flood's
+        refusals would otherwise be a log line each (tens a second), and the metrics count
+        every one."""
         self.metrics.throttled(tenant, quota)
-        _log.info(
-            "tenant %s over quota %s (%s)",
-            tenant,
-            quota,
-            limit,
-            extra={"quota": quota, "retry_after_s": retry_after_s},
-        )
+        key = (tenant, quota)
+        now = self.clock()
+        last, since = self._throttle_logged.get(key, (None, 0))
+        if last is None or now - last >= THROTTLE_LOG_EVERY_S:
+            self._throttle_logged[key] = (now, 0)
+            if len(self._throttle_logged) > 10_000:
+                self._throttle_logged = {key: (now, 0)}
+            _log.info(
+                "tenant %s over quota %s (%s)%s",
+                tenant,
+                quota,
+                limit,
+                f"; {since} more refused since the last line" if since else "",
+                extra={"quota": quota, "retry_after_s": retry_after_s, "refused_since": since},
+            )
+        else:
+            self._throttle_logged[key] = (last, since + 1)
         return QuotaExceeded(tenant, quota, limit, retry_after_s, hold_s=hold_s)
 
     def _turn(

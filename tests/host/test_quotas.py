@@ -548,3 +548,47 @@ async def test_long_polls_are_capped_per_tenant(live: Live) -> None:
         assert again.status_code == 200
     text = await _metrics(live)
     assert 'loghost_tenant_throttled_total{quota="long_polls",tenant="alice"} 1.0' in text
+
+
+def test_a_floods_refusals_are_logged_a_line_per_interval_with_their_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flood refused tens of times a second is one log line per tenant and quota every
+    ``THROTTLE_LOG_EVERY_S`` (the metrics count each refusal), naming how many it stands for."""
+    from host.quotas import THROTTLE_LOG_EVERY_S
+
+    clock = FakeClock()
+    config = parse_quotas(quotas_json({"appends_per_s": 0.001, "appends_burst": 1}))
+    q = TenantQuotas(config, clock=clock)
+    quota = q.quota("alice")
+    caplog.set_level("INFO", logger="loghost.quotas")
+
+    def refuse(tenant: str) -> None:
+        with pytest.raises(QuotaExceeded):
+            q.charge(tenant, quota, appends=1, records=1)
+
+    q.charge("alice", quota, appends=1, records=1)
+    q.charge("bob", quota, appends=1, records=1)
+    for _ in range(5):
+        refuse("alice")
+    refuse("bob")  # a tenant of its own: its own line
+    assert [r.getMessage() for r in caplog.records] == [
+        "tenant alice over quota appends_per_s (0.001/s)",
+        "tenant bob over quota appends_per_s (0.001/s)",
+    ]
+    clock.now += THROTTLE_LOG_EVERY_S - 0.001
+    refuse("alice")  # still inside the interval
+    assert len(caplog.records) == 2
+    clock.now += 0.001
+    refuse("alice")
+    assert len(caplog.records) == 3
+    assert caplog.records[-1].getMessage() == (
+        "tenant alice over quota appends_per_s (0.001/s); 5 more refused since the last line"
+    )
+    assert caplog.records[-1].refused_since == 5  # type: ignore[attr-defined]
+    registry = CollectorRegistry()
+    registry.register(q.metrics)
+    throttled = registry.get_sample_value(
+        "loghost_tenant_throttled_total", {"quota": "appends_per_s", "tenant": "alice"}
+    )
+    assert throttled == 7, "the metrics count every refusal"
