@@ -294,23 +294,18 @@ class LogManager:
 
     # ------------------------------------------------------------------------------ admission
 
-    def precheck(self, tenant: str, cid: UUID, *, records: int) -> Quota:
-        """``tenant``'s quota, after refusing an append of ``records`` records to ``cid`` that
-        ``admit`` would refuse now by a quota it can judge without the body's bytes: in
+    def precheck(self, tenant: str, cid: UUID, q: Quota, *, records: int) -> None:
+        """Refuse an append of ``records`` records to ``cid`` that ``admit`` would refuse now
+        by a quota it can judge without the body's bytes (``q``: the tenant's quota): in
         ``admit``'s order, ``records_per_request``, ``open_logs``, then the rate buckets
         (``TenantQuotas.precheck``).  Called before the body is decoded, so a flood its quota
         refuses costs no decoding.  (The byte quotas and ``created_logs`` are judged at
         admission only: a request over one of them and over a rate is named by the rate.)"""
         quotas = self.quotas
-        q = quotas.quota(tenant)
-        if q.appends_per_s is None and q.records_per_s is None:
-            return q
-        if q.records_per_request is not None and records > q.records_per_request:
-            raise quotas.throttle(tenant, "records_per_request", f"{q.records_per_request}")
+        quotas.check_records(tenant, q, records)
         if self._no_open_room(tenant, cid, q):
             raise quotas.throttle(tenant, "open_logs", str(q.open_logs), 1)
         quotas.precheck(tenant, q, records=records)
-        return q
 
     def _no_open_room(self, tenant: str, cid: UUID, q: Quota) -> bool:
         """Whether opening ``cid`` would take ``tenant`` past ``open_logs``: only the tenant's
@@ -345,7 +340,7 @@ class LogManager:
         ``backpressure``, reason ``fair_share``); a request that passed holds them until its
         release, so the server-wide budget does not refuse it later either.
 
-        ``quota``: the tenant's quota as ``precheck`` just read it (else read here)."""
+        ``quota``: the tenant's quota as the caller just read it (else read here)."""
         q = quota if quota is not None else self.quotas.quota(tenant)
         a = await self._admit_quotas(tenant, cid, q, records=records, nbytes=nbytes, create=create)
         fair = self.quotas.fair

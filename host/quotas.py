@@ -386,13 +386,16 @@ class TenantQuotas:
         quota refuses is then refused before the decoding, which cost the event loop, and so
         every other tenant, as much as an admitted append's (issue 19).  Charges nothing:
         ``charge`` still decides at admission."""
-        if q.appends_per_s is not None or q.records_per_s is not None:
-            self._refuse_if_short(tenant, q, appends=1, records=records, now=self.clock())
+        self._refuse_if_short(tenant, q, appends=1, records=records, now=self.clock())
+
+    def check_records(self, tenant: str, q: Quota, records: int) -> None:
+        """``records_per_request`` (nothing charged)."""
+        if q.records_per_request is not None and records > q.records_per_request:
+            raise self.throttle(tenant, "records_per_request", f"{q.records_per_request}")
 
     def check_request(self, tenant: str, q: Quota, *, records: int, nbytes: int) -> None:
         """The per-request limits and the byte budget (nothing charged)."""
-        if q.records_per_request is not None and records > q.records_per_request:
-            raise self.throttle(tenant, "records_per_request", f"{q.records_per_request}")
+        self.check_records(tenant, q, records)
         if q.bytes_per_request is not None and nbytes > q.bytes_per_request:
             raise self.throttle(tenant, "bytes_per_request", f"{q.bytes_per_request} bytes")
         pending = self._pending.get(tenant, 0)

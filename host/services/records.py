@@ -82,8 +82,12 @@ class RecordService:
         request began, for the latency metric)."""
         # A request its tenant's rate quotas refuse is refused before its body is decoded: a
         # refused flood must not cost the loop its decoding (its records are only counted).
-        count = record_count(raw)
-        quota = self._manager.precheck(tenant, cid, records=count) if count else None
+        # Only a tenant with a rate quota pays for the count.
+        quota = self._manager.quotas.quota(tenant)
+        if quota.appends_per_s is not None or quota.records_per_s is not None:
+            count = record_count(raw)
+            if count:
+                self._manager.precheck(tenant, cid, quota, records=count)
         req, bodies = await self.decoder.decode(raw)
         nbytes = sum(len(b) for b in bodies)
         # The request's one admission (tenant quotas): nothing later fails it by a quota; its
