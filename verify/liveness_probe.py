@@ -36,10 +36,10 @@ from wal3 import BatchOptions, LeaseOptions, LogWriter, LogWriterOptions
 from wal3.errors import LogContention, PreconditionFailed
 from wal3.layout import load_manifest
 from wal3.manifest import GcFloor
-from wal3.paths import MANIFEST_PATH, join
+from wal3.paths import MANIFEST_PATH, join, log_prefix
 from wal3.store import put_resolving
 
-PREFIX = "logs/adv"
+PREFIX = log_prefix("00000000-0000-4000-8000-00000000ad01")
 
 
 def main() -> None:
