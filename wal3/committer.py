@@ -347,6 +347,8 @@ class Committer:
                 self.installed(new, etag, [])  # ours now; the records follow once fenced
                 continue
             self.installed(new, etag, ready)
+            if ready:
+                self._rec.progressed()
             if snapshot is not None:
                 self._snapshot = None
             for edit in edits:

@@ -40,6 +40,18 @@ conditional writes are the only fence, so the rule is built on them and on monot
   (a record one read returned, from a store load or a lease, every later read returns), not
   merely never missing an acknowledged one.  Linking at the take-over itself would let a host
   that loads the manifest show the record while the old holder's lease still answers without it.
+* **Collectors' edits.**  A manifest edit that links nothing and leases nothing (garbage
+  collection's announce, cut and clear, a pin's retraction, a seal by a tool) is no take-over
+  when it edited a manifest of this writer's own: nobody but this writer can hold a lease in
+  the chain since its last write, and the edit shows no record it did not know.  So the writer
+  rebases onto it with no claim and no fence.  How it knows: every put of a writer records its
+  holder token (``lease_holder``, unique to one writer's life; Rust ignores and drops the
+  field), and such an edit carries the field over unchanged.  A manifest whose holder is
+  another writer's, or unknown (Rust, an older version), is a take-over as before.  Without
+  this, a collector editing a busy log more often than the fence made every commit a claim and
+  a whole fence (the adversarial review of 741b3dd: a first append answered after 1,083
+  virtual seconds under a collector editing every second), and every standalone collector's
+  cut cost the writer a fence.
 * **Whose lease.**  Every manifest this writer puts records its ``read_lease_s`` (the
   ``read_lease_ms`` field, which Rust ignores), a writer never leases a manifest for longer than
   it records (one without the field is not leased at all), and the fence is for the lease
@@ -85,6 +97,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -102,8 +115,14 @@ def lease_ms(read_lease_s: float) -> int:
 
 
 def _claims(current: Manifest, base: Manifest) -> bool:
-    """Whether ``current`` is ``base`` claimed: the same but for its writer and lease."""
-    return replace(current, writer=base.writer, read_lease_ms=base.read_lease_ms) == base
+    """Whether ``current`` is ``base`` claimed: the same but for its writer, lease and holder."""
+    same = replace(
+        current,
+        writer=base.writer,
+        read_lease_ms=base.read_lease_ms,
+        lease_holder=base.lease_holder,
+    )
+    return same == base
 
 
 def bare_etag(etag: str) -> str:
@@ -132,6 +151,10 @@ class Lease:
         self._opts = options
         self._held = held
         self._healthy = healthy
+        # This writer's holder token: every manifest it puts records it (``lease_holder``).
+        # Unique to this object, not to the writer's name (names may be shared across processes
+        # and are reused by the next writer of a log in this process).
+        self._holder = secrets.token_hex(8)
         # The etag of the newest manifest this writer put, when the latest proof that the stored
         # manifest was ours was issued, and the time before which nothing is acknowledged.
         self._authored: str | None = None
@@ -185,8 +208,21 @@ class Lease:
 
     def takes_over(self, base: Manifest, base_etag: str) -> bool:
         """Whether a write on ``base`` takes the log over from a writer that may still answer
-        reads from it under a lease (it is not ours, and its author's lease is not 0)."""
-        return not self.authored(base_etag) and self._base_lease_s(base) > 0
+        reads from it under a lease (it is not ours, nor an edit of ours that leases nothing,
+        and its author's lease is not 0)."""
+        return (
+            not self.authored(base_etag) and not self.holds(base) and self._base_lease_s(base) > 0
+        )
+
+    def holds(self, manifest: Manifest) -> bool:
+        """Whether ``manifest`` stands under this writer's lease: written by this writer, or an
+        edit of that which links and leases nothing (a collector's), carried over."""
+        return manifest.lease_holder is not None and manifest.lease_holder == self._holder
+
+    @property
+    def holder(self) -> str:
+        """This writer's holder token (what its manifests record as ``lease_holder``)."""
+        return self._holder
 
     async def claim(self, base: Manifest, base_etag: str) -> tuple[Manifest, str]:
         """Take the log over with a write of ``base`` that links nothing (the fence starts when
@@ -221,10 +257,10 @@ class Lease:
             # A taker fences FENCE_FACTOR x this from its landing (after ours): past our fence.
             # (Recording ``left`` itself would compound by FENCE_FACTOR per take-over.)
             ms = max(ms, math.ceil(left / FENCE_FACTOR * 1000))
-        name = self._opts.writer_name
-        if new.read_lease_ms == ms and new.writer == name:
+        name, holder = self._opts.writer_name, self._holder
+        if new.read_lease_ms == ms and new.writer == name and new.lease_holder == holder:
             return new
-        return replace(new, read_lease_ms=ms, writer=name)
+        return replace(new, read_lease_ms=ms, writer=name, lease_holder=holder)
 
     # ---------------------------------------------------------------------- what it proves
 
@@ -233,8 +269,10 @@ class Lease:
     ) -> None:
         """Our manifest write, issued at ``issued`` on top of ``base`` (``base_manifest``),
         landed as ``etag``."""
-        if base is not None and (
-            self._authored is None or bare_etag(base) != bare_etag(self._authored)
+        if (
+            base is not None
+            and (self._authored is None or bare_etag(base) != bare_etag(self._authored))
+            and not (base_manifest is not None and self.holds(base_manifest))
         ):
             # A take-over: whoever wrote ``base`` may hold a lease on it, as long as it says.
             self._raise_fence(base_manifest)
@@ -242,8 +280,11 @@ class Lease:
         self._held_once = True
 
     def note_load(self, manifest: Manifest, etag: str) -> None:
-        """We read a manifest from the store: what it shows of others waits for the fence."""
-        if self._authored is None or bare_etag(etag) != bare_etag(self._authored):
+        """We read a manifest from the store: what it shows of others waits for the fence (an
+        edit of our own that links nothing shows nothing of others)."""
+        if (
+            self._authored is None or bare_etag(etag) != bare_etag(self._authored)
+        ) and not self.holds(manifest):
             self._raise_fence(manifest)
 
     def adopt(self, etag: str, issued: float) -> None:
@@ -259,7 +300,12 @@ class Lease:
         break each other's fences forever and link nothing (the leader hint is advisory: two
         hosts may both write a log while Redis is away); the rival, in turn, yields to our
         claim once it lost to it."""
-        if self._held_once and not self.authored(etag) and _claims(current, base):
+        if (
+            self._held_once
+            and not self.authored(etag)
+            and not self.holds(current)
+            and _claims(current, base)
+        ):
             lease = self._base_lease_s(current)
             if lease > 0:
                 self._yield_until = max(

@@ -116,6 +116,11 @@ def _lease_ms(value: Any) -> int | None:
     return value
 
 
+def _lease_holder(value: Any) -> str | None:
+    # Only ever compared with a writer's own token: any string will do.
+    return None if value is None else _text(value, "manifest.lease_holder")
+
+
 def _writer(obj: dict[str, Any], what: str) -> str:
     # Rust requires it; our older objects always had it.  Absent reads as "".
     return _text(obj.get("writer", ""), f"{what}.writer")
@@ -439,6 +444,12 @@ class Manifest:
     # Ours (Rust ignores it): the read lease its author may answer from it for, in ms (see
     # ``LogWriter``: a take-over fences for it).  None: not recorded (Rust, older writers).
     read_lease_ms: int | None = None
+    # Ours (Rust ignores it): which writer's lease this manifest stands under, a token unique to
+    # one writer's life (``wal3/lease.py``).  Every writer put stamps its own; an edit that
+    # links nothing and leases nothing (a collector's, a seal, a pin's retraction) carries it
+    # over (``dataclasses.replace``), so the holder can tell such an edit of its own manifest
+    # from a take-over.  None: not recorded (Rust, older writers, a fork's first manifest).
+    lease_holder: str | None = None
 
     # --------------------------------------------------------------------------- positions
 
@@ -616,6 +627,8 @@ class Manifest:
             parts += [b',"gc_floor":', _compact(self.gc_floor.to_json())]
         if self.read_lease_ms is not None:
             parts += [b',"read_lease_ms":', str(self.read_lease_ms).encode()]
+        if self.lease_holder is not None:
+            parts += [b',"lease_holder":', _compact(self.lease_holder)]
         parts.append(b"}")
         return b"".join(parts)
 
@@ -653,6 +666,7 @@ class Manifest:
             sealed=sealed,
             gc_floor=None if obj.get("gc_floor") is None else GcFloor.from_json(obj["gc_floor"]),
             read_lease_ms=_lease_ms(obj.get("read_lease_ms")),
+            lease_holder=_lease_holder(obj.get("lease_holder")),
         )
         m.check()
         return m

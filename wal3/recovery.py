@@ -206,7 +206,8 @@ class Recovery:
             # 50465, 57203).  Past that, every race in the row is charged, and to the head kept
             # batch even when its upload settled: it waits on nothing else, and a collector
             # that edits for ever would hold it for ever (found by the adversary of this fix).
-            raced = repaired.raced
+            # A round that linked something moved on: it is no race, whatever ended it.
+            raced = repaired.raced and not moved
             free_race = raced and self._raced_rounds < self._opts.retry.max_append_attempts
             self._raced_rounds = self._raced_rounds + 1 if raced else 0
             batcher.forget_dead_below(manifest.next_seq_no)
@@ -272,7 +273,7 @@ class Recovery:
                         )
                     else:
                         retry.append(a)
-            keep = self._retry_kept(keep, charge=not free_race, settled_too=raced)
+            keep = self._retry_kept(keep, charge=not free_race, settled_too=raced, met=met)
             # Retried appends go first so the log keeps their order.
             batcher.requeue(retry)
             if keep:
@@ -314,7 +315,11 @@ class Recovery:
         return keep, free
 
     def _retry_kept(
-        self, keep: list[Batch], charge: bool = True, settled_too: bool = False
+        self,
+        keep: list[Batch],
+        charge: bool = True,
+        settled_too: bool = False,
+        met: bool = False,
     ) -> list[Batch]:
         """Put kept batches back in flight; those missing their upload or hook retry just that.
 
@@ -322,7 +327,12 @@ class Recovery:
         lost its claim, which is what stalls even a settled batch) is charged an attempt, unless
         ``charge`` is False (the round was a free rebase).  A batch out of attempts gives up with
         an ambiguous error (its bytes may be in the store and a later read repair may still link
-        them), and so do the kept batches after it."""
+        them), and so do the kept batches after it.  Unless its last upload found other bytes in
+        its slot (``absent``): then its bytes are in no slot and never will be (only its own
+        retries could put them there, and it retries no more), and each kept batch after it
+        follows its setsum, so none of them can ever be linked: "not written", and
+        ``LogContention`` when a writer was met (``met``: this round, or by one of its
+        appends)."""
         batcher = self._batcher
         head = True
         for i, b in enumerate(keep):
@@ -336,10 +346,23 @@ class Recovery:
                 b.attempts += 1
             if b.attempts >= self._opts.retry.max_append_attempts:
                 cause = self._repair_blocked or b.error
-                err = StoreUnavailable(
-                    f"fragment {b.seq_no} of {self._prefix} could not be linked ({cause!r}); "
-                    "it may still appear"
-                )
+                err: Exception
+                if b.upload == "absent":
+                    if met or any(a.met_writer for a in b.appends):
+                        err = LogContention(
+                            f"another writer's fragment holds slot {b.seq_no} of "
+                            f"{self._prefix}; not written"
+                        )
+                    else:
+                        err = StoreUnavailable(
+                            f"{self._prefix}: not written: slot {b.seq_no} holds another "
+                            f"fragment ({cause!r})"
+                        )
+                else:
+                    err = StoreUnavailable(
+                        f"fragment {b.seq_no} of {self._prefix} could not be linked "
+                        f"({cause!r}); it may still appear"
+                    )
                 for gone in keep[i:]:
                     for a in gone.appends:
                         batcher.reject(a, err)
@@ -354,6 +377,10 @@ class Recovery:
                 delay = min(1.0, 0.02 * 2**b.attempts)
                 batcher.retry(b, delay)
         return keep
+
+    def progressed(self) -> None:
+        """The committer linked batches of ours: a row of raced recoveries is broken."""
+        self._raced_rounds = 0
 
     def go_stale(self, err: BaseException) -> None:
         """The store failed mid-commit: we cannot tell what is linked, so nothing in flight may be
@@ -512,6 +539,7 @@ class Recovery:
                 content_etag(got.data),
             )
             claimed = False
+            claimed_from = manifest.lease_holder  # whose lease the log stood under
             try:
                 if self._lease.takes_over(manifest, etag):
                     # Linked only on our own manifest, once fenced (the lease's "Claim"): the
@@ -539,8 +567,15 @@ class Recovery:
                 if claimed:
                     # One claim (and its waits) per repair: recovery walks the manifest it
                     # loaded first, which must stay well within the collector's grace.  Lost to
-                    # an edit that left the tail where it was: the next recovery claims again.
-                    raced = manifest.next_seq_no == seq and not manifest.sealed
+                    # an edit that left the tail where it was and leases nothing (it carried
+                    # over the holder we claimed from, or our claim's): a collector's race, and
+                    # the next recovery claims again.  Lost to another writer's claim (a holder
+                    # of its own) it is no race but a writer alive, charged as a round that
+                    # moved nothing (not contention: that writer appended nothing yet).  The
+                    # adversary of 741b3dd saw such rounds counted as free races end in "may
+                    # still appear" for batches whose slot that writer's orphan held.
+                    edited = manifest.lease_holder in (claimed_from, self._lease.holder)
+                    raced = manifest.next_seq_no == seq and not manifest.sealed and edited
                     if raced:
                         self._repair_blocked = e  # what a batch out of attempts then names
                     break

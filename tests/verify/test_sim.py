@@ -287,6 +287,24 @@ def test_a_take_over_fencing_for_its_own_lease_is_a_stale_read(
     assert {"lease-read", "monotonic"} <= {v.check for v in r.violations}, r.trace[-20:]
 
 
+def test_edits_of_a_busy_collector_taken_for_take_overs_are_a_liveness_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine before ``lease_holder`` (741b3dd): every rebase onto a collector's edit of the
+    writer's own manifest was a claim and a whole fence, so under a collector editing more often
+    than the fence (``busy_gc_s``) an append begun after the faults stopped waited far past
+    ``QUIET_APPEND_S``.  At 741b3dd's engine 14 of seeds 0:300 fail so (6, 12, 26, 65, 84,
+    106, 117, 128, 132, 175, ...), every one with a busy collector; the mutant here (``holds``
+    always False) is that engine's rule."""
+    from wal3 import lease
+
+    monkeypatch.setattr(lease.Lease, "holds", lambda self, manifest: False)
+    r = run_seed(12)
+    assert any(
+        v.check == "liveness" and "after the faults stopped" in v.detail for v in r.violations
+    ), r.trace[-20:]
+
+
 def test_a_finished_seed_leaves_no_world_behind() -> None:
     """The collectors' per-store memory held the virtual clock, hence the whole world: a long
     run's workers grew by ~5,000 objects a seed and slowed about tenfold."""

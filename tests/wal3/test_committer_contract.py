@@ -306,6 +306,10 @@ class FakeRecovery:
         self.stale = False
         self.calls: list[tuple[Manifest, str] | None] = []
         self.stale_errors: list[BaseException] = []
+        self.progress = 0
+
+    def progressed(self) -> None:
+        self.progress += 1
 
     async def recover(self, reloaded: tuple[Manifest, str] | None = None) -> None:
         self.calls.append(reloaded)
@@ -829,6 +833,70 @@ async def test_a_take_over_that_links_nothing_is_one_write() -> None:
     edited = await done(rig.edit(more_bytes(1)))
     [put] = rig.store.manifest_puts()
     assert put == edited and (edited.acc_bytes, edited.read_lease_ms) == (201, 10_000)
+    await done(rig.close())
+
+
+def gc_edit(holder: str | Literal["keep"] | None = "keep") -> Callable[[Manifest], Manifest]:
+    """A standalone collector's edit (the tail left alone), carrying the holder over as
+    ``dataclasses.replace`` does, or naming another (a rival's claim edited since; None: a Rust
+    collector, which drops the field)."""
+
+    def edit(m: Manifest) -> Manifest:
+        kept = m.lease_holder if holder == "keep" else holder
+        return replace(m, acc_bytes=m.acc_bytes + 1000, writer="gc", lease_holder=kept)
+
+    return edit
+
+
+async def test_a_collectors_edit_of_our_manifest_is_rebased_onto_without_a_claim() -> None:
+    """A collector edited the manifest this writer wrote (linking nothing, the holder carried
+    over): the write is rebased onto it and links at once, with no claim and no fence, and the
+    load that showed it raises no fence either.  The adversary of 741b3dd: every such rebase
+    was a claim and a whole fence, and a collector editing every second held a first append
+    for 1,083 virtual seconds.  Fails with ``holds`` always False (a claim, then the fence)."""
+    rig = await Rig.make(lease_s=1.0)
+    await done(rig.edit(more_bytes(1)))  # our put: the stored manifest records our holder
+    ours = rig.store.stored()
+    assert ours.lease_holder == rig.lease.holder and ours.writer == NAME
+    assert rig.recovery.progress == 0  # an edit links no batch of ours
+
+    async def gc(key: str, kw: dict[str, Any]) -> None:
+        rig.store.rewrite(gc_edit())
+
+    before_our_manifest_put(rig.store, gc)
+    rig.in_flight(FakeBatch(3))
+    await settle()
+    assert rig.stats["manifest_conflicts"] == 1 and rig.recovery.calls == []
+    assert rig.batcher.acked == [[], [3]]  # the edit, then the batch: no claim in between
+    linking = rig.store.manifest_puts()[-1]
+    assert (linking.next_seq_no, linking.acc_bytes, linking.writer) == (4, 1301, NAME)
+    assert linking.lease_holder == rig.lease.holder
+    assert rig.lease.fence_until == float("-inf")
+    assert rig.recovery.progress == 1  # a row of raced recoveries is broken
+    await done(rig.close())
+
+
+@pytest.mark.parametrize("holder", [None, "0123456789abcdef"])
+async def test_an_edit_under_another_holder_is_a_take_over(holder: str | None) -> None:
+    """The same edit, but the manifest it edited stood under another writer's lease (a rival
+    claimed ours in between, then a collector edited that; or a Rust collector dropped the
+    field): a claim, and the batch is linked only after the fence.  Fails with ``holds``
+    always True."""
+    rig = await Rig.make(lease_s=1.0)
+    await done(rig.edit(more_bytes(1)))
+
+    async def gc(key: str, kw: dict[str, Any]) -> None:
+        rig.store.rewrite(gc_edit(holder))
+
+    before_our_manifest_put(rig.store, gc)
+    rig.in_flight(FakeBatch(3))
+    await settle()
+    claim = rig.store.manifest_puts()[-1]
+    assert claim.next_seq_no == 3 and claim.lease_holder == rig.lease.holder
+    assert rig.batcher.acked == [[], []]
+    rig.clock.advance(1.25)
+    await settle()
+    assert rig.batcher.acked == [[], [], [3]]
     await done(rig.close())
 
 

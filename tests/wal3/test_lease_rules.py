@@ -248,8 +248,14 @@ async def test_every_manifest_we_put_records_our_lease(
     w = World(tmp_path, lease_s=lease_s)
     m = w.lease.stamped(w.manifest(recorded, writer="other"))
     assert m.read_lease_ms == round(lease_s * 1000)
-    same = w.manifest(round(lease_s * 1000))
-    assert w.lease.stamped(same) == same
+    assert m.lease_holder == w.lease.holder and w.lease.holds(m)
+    same = replace(w.manifest(round(lease_s * 1000)), lease_holder=w.lease.holder)
+    assert w.lease.stamped(same) is same
+    # Another writer's holder (or none) is replaced by ours, whatever else matches.
+    for other in (None, "0" * 16):
+        theirs = replace(same, lease_holder=other)
+        assert not w.lease.holds(theirs)
+        assert w.lease.stamped(theirs) == same
 
 
 async def test_landing_on_our_own_base_is_no_take_over(tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ def test_top_level_fields_are_refused_by_name() -> None:
     refused({**good, "read_lease_ms": True}, "read_lease_ms is not a non-negative integer: True")
     refused({**good, "read_lease_ms": 1.5}, "read_lease_ms is not a non-negative integer: 1.5")
     refused({**good, "gc_floor": 5}, "gc_floor is not a pending floor: 5")
+    refused({**good, "lease_holder": 5}, "manifest.lease_holder is not a string: 5")
 
 
 def test_a_lone_surrogate_is_refused_as_invalid_unicode() -> None:
@@ -127,12 +128,20 @@ def test_values_in_messages_are_cut_at_200_characters() -> None:
 
 def test_optional_fields_read_as_their_defaults_and_limits_are_inclusive() -> None:
     good = raw(log_of(2))
-    for key in ("collected", "writer", "snapshots", "sealed", "gc_floor", "read_lease_ms"):
+    for key in (
+        "collected",
+        "writer",
+        "snapshots",
+        "sealed",
+        "gc_floor",
+        "read_lease_ms",
+        "lease_holder",
+    ):
         good.pop(key, None)
     good["setsum"] = raw(log_of(2))["setsum"]
     m = Manifest.from_bytes(json.dumps(good).encode())
     assert (m.collected, m.writer, m.snapshots, m.sealed) == (Setsum.zero(), "", (), False)
-    assert (m.gc_floor, m.read_lease_ms) == (None, None)
+    assert (m.gc_floor, m.read_lease_ms, m.lease_holder) == (None, None, None)
     good.update(acc_bytes=U64_MAX, read_lease_ms=0, sealed=True, snapshots=None, fragments=None)
     good["setsum"] = "0" * 64
     m = Manifest.from_bytes(json.dumps(good).encode())
@@ -240,12 +249,16 @@ def test_the_optional_fields_round_trip_and_are_written_only_when_set() -> None:
         sealed=True,
         gc_floor=GcFloor(2, NONCE),
         read_lease_ms=0,
+        lease_holder="0123456789abcdef",
     )
     data = full.to_bytes()
     assert "wé".encode() in data  # raw UTF-8, as serde writes it
     obj = json.loads(data)
     assert obj["initial_offset"] == {"offset": 1} and obj["initial_seq_no"] == 1
     assert obj["sealed"] is True and obj["read_lease_ms"] == 0
+    assert obj["lease_holder"] == "0123456789abcdef"
+    # A collector's edit (``replace``) and a seal carry the holder over; so does a cut.
+    assert full.with_sealed("gc").lease_holder == "0123456789abcdef"
     assert Manifest.from_bytes(data) == full
 
 

@@ -1631,14 +1631,85 @@ async def test_a_claim_lost_to_an_edit_that_linked_nothing_is_a_rebase(
     assert (m.writer, m.next_seq_no) == ("gc", 3) and rig.stats["repaired"] == 0
     assert rig.recovery._raced_rounds == raced_before + 1
     if charged and attempts == 1:
-        refused(
-            a,
-            StoreUnavailable,
-            "fragment 3 of logs/r could not be linked (PreconditionFailed('precondition failed "
-            f"for {MANIFEST}: etag mismatch')); it may still appear",
-        )
+        cause = f"PreconditionFailed('precondition failed for {MANIFEST}: etag mismatch')"
+        if ours_uploaded:
+            refused(
+                a,
+                StoreUnavailable,
+                f"fragment 3 of logs/r could not be linked ({cause}); it may still appear",
+            )
+        else:
+            # Our upload found the orphan in slot 3: our bytes are in no slot and never will
+            # be, so "not written" (no writer was met: the orphan's may be dead).
+            assert b.upload == "absent"
+            refused(
+                a, StoreUnavailable, f"logs/r: not written: slot 3 holds another fragment ({cause})"
+            )
     else:
         assert pending(a) and b.attempts == (1 if charged else 0) and rig.batch_of(a) is b
+
+
+async def rival_claim(stage: Stage) -> None:
+    """Another writer claims the log as it stands (a take-over of its own: its name, its holder,
+    nothing linked), as the adversary of 741b3dd's second writer did."""
+    m, etag = await stored(stage)
+    claim = replace(m, writer="rival", lease_holder="feedfacefeedface", read_lease_ms=1000)
+    await stage.local.put(MANIFEST, claim.to_bytes(), if_match=etag)
+
+
+async def test_a_claim_lost_to_another_writers_claim_is_no_race(stage: Stage) -> None:
+    """Our claim landed, then another writer claimed the log from us before our link: that is
+    a writer alive, not a collector's race (the claim records a holder that is neither ours nor
+    the one we claimed from).  So the round is charged, and our batch, whose slot holds the
+    orphan (its upload found it there), is answered "not written": it can never appear (not
+    ``LogContention``: nobody appended).  The adversary of 741b3dd: such rounds counted as free
+    races and ended in "it may still appear" for batches that never could.  Fails with the
+    holder test dropped (``edited`` always True)."""
+    rig, clock, a = await take_over(stage, 1.0, attempts=1)
+    recovering = asyncio.create_task(rig.recovery.recover())
+    await sleeping(clock, recovering)
+    await rival_claim(stage)
+    clock.advance(1.25)
+    await recovering
+    m, _ = await stored(stage)
+    assert (m.writer, m.next_seq_no) == ("rival", 2) and rig.stats["repaired"] == 0
+    assert rig.recovery._raced_rounds == 0
+    refused(
+        a,
+        StoreUnavailable,
+        "logs/r: not written: slot 2 holds another fragment (PreconditionFailed('precondition "
+        f"failed for {frag_key(2)}: object exists'))",
+    )
+
+
+async def test_a_race_in_a_round_others_moved_on_is_no_race(stage: Stage) -> None:
+    """The reload showed another writer's appends (the log moved on), then our claim lost to a
+    collector's edit: not a race in the row (``raced and not moved``), so the row starts over.
+    Fails with ``and not moved`` dropped (the count goes to 1)."""
+    rig, clock, a = await take_over(stage, 1.0, attempts=3)
+    them = OtherWriter(stage.local, PREFIX, "them")
+    await them.link_tail_orphan()  # slot 2: linked by them (the log moved on)
+    await them.upload_next()  # slot 3: their next orphan, which our repair claims to link
+    rig.recovery._raced_rounds = 2
+    recovering = asyncio.create_task(rig.recovery.recover())
+    await sleeping(clock, recovering)
+    await gc_edit(stage)
+    clock.advance(1.25)
+    await recovering
+    m, _ = await stored(stage)
+    assert (m.writer, m.next_seq_no) == ("gc", 3)
+    assert rig.recovery._raced_rounds == 0
+    # Its slot was linked by them: "not written", and contention (they appended).
+    refused(a, LogContention, "another writer appended to logs/r; not written")
+
+
+async def test_linking_our_batches_breaks_a_row_of_races(stage: Stage) -> None:
+    """``progressed`` (the committer calls it when a write links batches of ours) resets the
+    count of raced recoveries in a row.  Fails with the reset dropped."""
+    rig, _clock, _a = await take_over(stage, 1.0)
+    rig.recovery._raced_rounds = 2
+    rig.recovery.progressed()
+    assert rig.recovery._raced_rounds == 0
 
 
 async def test_a_raced_repair_costs_a_free_append_nothing(
@@ -1663,13 +1734,14 @@ async def test_a_raced_repair_costs_a_free_append_nothing(
     clock.advance(1.25)
     await recovering
     assert pending(a) and a.attempts == 0 and rig.recovery._raced_rounds == 1
-    # The next recovery claims again (the edit made the log not ours: its fence is raised
-    # again), nobody races it, and it links the orphan.
+    # The edit landed on our claim and carried its holder over: the next recovery neither
+    # claims nor fences again (nothing waits on the clock), nobody races it, and it links the
+    # orphan.
+    m, _ = await stored(stage)
+    assert rig.lease.holds(m) and m.writer == "gc"
     clock.waiting.clear()  # type: ignore[attr-defined]
-    recovering = asyncio.create_task(rig.recovery.recover())
-    await sleeping(clock, recovering)
-    clock.advance(1.25)
-    await recovering
+    await rig.recovery.recover()
+    assert not clock.waiting.is_set()  # type: ignore[attr-defined]
     m, _ = await stored(stage)
     assert m.next_seq_no == 4 and rig.stats["repaired"] == 1
     assert rig.recovery._raced_rounds == 0

@@ -12,6 +12,7 @@ import functools
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from verify.testkit import wait_until
@@ -35,7 +36,7 @@ from wal3.errors import (
 from wal3.fork import fork_log
 from wal3.gc import Garbage, GarbageCollector, GcOptions, pin_cursor
 from wal3.layout import load_manifest
-from wal3.manifest import Manifest
+from wal3.manifest import GcFloor, Manifest
 from wal3.paths import CURSOR_PREFIX, GARBAGE_PATH, MANIFEST_PATH, join
 from wal3.reader import Limits, LogReader
 from wal3.writer import (
@@ -74,6 +75,10 @@ PINS = ("pin0", "pin1")  # cursors pinned with pin_cursor
 # once, so it must never move back (the model's ``cursor-back`` check).
 PROGRESS = "progress"
 ADVANCE_P = 0.15  # of cursor steps
+# Once the faults stop, an append is answered within this many (virtual) seconds: a take-over's
+# fence (1.25 x a lease of at most 2 s) and a few rounds of recovery, with room to spare.  A
+# writer that fences again and again under a busy collector misses it by far.
+QUIET_APPEND_S = 10.0
 
 
 class HookFailed(Exception):
@@ -258,6 +263,7 @@ class World:
         self.trace = trace
         self.clock = VirtualClock(loop)
         self.quiet = False
+        self.quiet_append_max = 0.0  # the longest answer to an append begun in the quiet phase
         self.finishing = False  # the liveness check has begun: no more pauses, no more loops
         self.writers = [WriterSlot(self, i) for i in range(cfg.writers)]
         # The collectors: the first as the server runs it (through the writer when the seed says
@@ -340,6 +346,7 @@ class World:
         quiet = self.quiet
         bodies = [encode_body(a.id, i, self.rng.randint(0, self.cfg.pad)) for i in range(a.count)]
         self.trace(f"append a{a.id} x{a.count} key={a.key} on {a.writer}")
+        started = self.loop.time()
         try:
             r = await w.append_many(bodies, idempotency_key=a.key)
         except LogContention as e:
@@ -355,6 +362,12 @@ class World:
             return
         else:
             self.model.settle(a, "dedup" if r.deduplicated else "acked", r)
+            took = self.loop.time() - started
+            self.quiet_append_max = max(self.quiet_append_max, took if quiet else 0.0)
+            if quiet and took > QUIET_APPEND_S:
+                self.model.violate(
+                    "liveness", f"a{a.id} took {took:.1f} s after the faults stopped"
+                )
             return
         if quiet:
             self.model.violate(
@@ -447,6 +460,49 @@ class World:
             # A pass of a process that died is abandoned, never awaited: poll (virtual time).
             await wait_until(lambda: not slot.busy, "the collector's pass", math.inf, 0.1)
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
+
+    async def busy_collector(self) -> None:
+        """A collector that edits the manifest more often than a take-over's fence lasts, each
+        edit linking nothing: a pending floor of its own announced at the oldest offset (a cut
+        of nothing), then retracted, the shape of gc.py's announce and clear (``busy_gc_s``).
+        It never replaces or clears another collector's floor, so the real collectors' cuts go
+        on.  From the quiet phase until the liveness check begins; it leaves no floor behind.
+        The writer must go on acknowledging appends: every edit of its own manifest is to be
+        rebased onto, not taken over (a claim and a fence each time: the adversary of 741b3dd
+        saw a first append answered after 1,083 virtual seconds)."""
+        mean = self.cfg.busy_gc_s
+        if mean is None:
+            return
+        rng = random.Random(f"wal3-sim-busy:{self.cfg.seed}")
+        view = self.sim.view(self.sim.actor("busy", faulty=False))
+        key = join(PREFIX, MANIFEST_PATH)
+        ours: GcFloor | None = None
+        edits = 0
+        while True:
+            stopping = self.finishing
+            if not stopping:
+                await asyncio.sleep(rng.expovariate(1 / mean))
+            loaded = await load_manifest(view, PREFIX)
+            if loaded is None:
+                return
+            m, etag = loaded
+            if m.gc_floor is None and not stopping:
+                ours = GcFloor(m.oldest_offset, f"{rng.getrandbits(128):032x}")
+                new = replace(m, gc_floor=ours, writer="busy")
+            elif ours is not None and m.gc_floor == ours:
+                new = replace(m, gc_floor=None, writer="busy")
+            elif stopping:
+                self.trace(f"busy collector: {edits} edits, stops")
+                return
+            else:
+                continue
+            try:
+                await view.put(key, new.to_bytes(), if_match=etag)
+                edits += 1
+                if new.gc_floor is None:
+                    ours = None
+            except (PreconditionFailed, StoreUnavailable):
+                pass
 
     def gc_all(self) -> None:
         """Every idle collector starts a pass at once (the server and ``loghost gc`` together)."""

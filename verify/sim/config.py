@@ -53,6 +53,11 @@ class RunConfig:
     # own lease when it opens (0, a quarter of ``lease_s``, or ``lease_s``, the longest, which
     # every writer knows as the host's LOGHOST_READ_LEASE_MAX_MS).
     lease_mix: bool
+    # From the quiet phase on, a collector whose manifest edits link nothing lands one every
+    # ``busy_gc_s`` seconds on average (exponential gaps), shorter than most fences: the pace
+    # of many collectors together, or of one with a short grace on a busy log (the adversarial
+    # review of 741b3dd).  None: no such collector.
+    busy_gc_s: float | None = None
 
 
 def make_config(seed: int) -> RunConfig:
@@ -102,4 +107,5 @@ def make_config(seed: int) -> RunConfig:
         pin_w=r.choice((0.0, 1.0, 3.0)),
         lease_s=r.choice((0.0, 0.0, 0.0, 0.5, 2.0)),
         lease_mix=r.random() < 0.5,
+        busy_gc_s=r.choice((None, None, None, 0.1, 0.4, 1.0)),
     )

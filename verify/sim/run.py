@@ -174,6 +174,8 @@ async def _enter_quiet(world: World) -> None:
         world.model.violate("liveness", "no writer could open after the faults stopped")
     if await world.cursors.load(COMPACTION) is None:
         await world.set_cursor(COMPACTION, tail=False)
+    if world.cfg.busy_gc_s is not None:
+        world.spawn(world.busy_collector(), must_finish=True)
 
 
 def _gc_idle(world: World) -> bool:
