@@ -322,7 +322,7 @@ class Committer:
             base_etag = self._etag
             issued = self._opts.clock.monotonic()
             try:
-                etag = await self._lease.put(new, base_etag)
+                etag = await self._lease.put(new, base_etag, base)
             except PreconditionFailed:
                 self._stats["manifest_conflicts"] += 1
                 loaded = await self._lease.load()

@@ -181,8 +181,16 @@ class Lease:
             self.note_load(*loaded)
         return loaded
 
-    async def put(self, new: Manifest, base_etag: str) -> str:
-        """Put ``new`` over ``base_etag``, counted in flight for ``confirm``."""
+    async def put(self, new: Manifest, base_etag: str, base: Manifest | None = None) -> str:
+        """Put ``new`` over ``base_etag`` (stored as ``base``; None: not known), counted in flight
+        for ``confirm``.
+
+        A take-over put that raises may have landed all the same (its answer lost, or the
+        read-back found a collector's edit of it), recording our holder token: so the fence
+        for ``base``'s lease is raised now, as ``landed`` would have, or a later load of it
+        (``holds``: ours) would skip the fence and link at once while the old holder's lease
+        still answers (the adversarial review of 53ad3c8, finding 1).  Now is no earlier than
+        the landing, so the fence is no shorter than one measured from the answer."""
         self._puts_in_flight += 1
         self._puts_issued += 1
         self._no_put.clear()
@@ -194,6 +202,8 @@ class Lease:
             # It may have landed (an answer lost, resolved or not) and been built on: the store
             # may show what the memory lacks.  No vouching until a write or a HEAD proves again.
             self._lease_from = None
+            if not self.authored(base_etag) and not (base is not None and self.holds(base)):
+                self._raise_fence(base)
             raise
         finally:
             self._puts_in_flight -= 1
@@ -230,7 +240,7 @@ class Lease:
         new = self.stamped(base, base, base_etag)
         new.check()
         issued = self._opts.clock.monotonic()
-        etag = await self.put(new, base_etag)
+        etag = await self.put(new, base_etag, base)
         self.landed(base_etag, etag, issued, base)
         return new, etag
 

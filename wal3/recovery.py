@@ -552,7 +552,7 @@ class Recovery:
                     manifest.with_fragments([pointer], self._opts.writer_name), manifest, etag
                 )
                 base_etag, issued = etag, self._opts.clock.monotonic()
-                etag = await self._lease.put(new, base_etag)
+                etag = await self._lease.put(new, base_etag, manifest)
                 self._lease.landed(base_etag, etag, issued, manifest)
                 manifest = new
                 self._stats["repaired"] += 1

@@ -99,6 +99,14 @@ async def check(store: LocalStore, log: Log, cursors: dict[str, int]) -> int:
     return cur.version
 
 
+def _age(folder: Path, seconds: float) -> None:
+    """Set every file under ``folder`` (a LocalStore's objects) ``seconds`` further back."""
+    for f in folder.rglob("*"):
+        if f.is_file():
+            st = f.stat()
+            os.utime(f, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
 async def test_kill_9_at_every_step_of_a_round_merges_included(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = LocalStore(root)
@@ -124,7 +132,12 @@ async def test_kill_9_at_every_step_of_a_round_merges_included(tmp_path: Path) -
         await check(store, log, cursors)
         # Every point was reached, and killed the compactor there (SIGKILL: -9).
         assert killed == dict.fromkeys([*POINTS, "spark " + MERGED], -9), killed
-        # A clean round (prunes follow installs: what the killed prune left goes now).
+        # A clean round (prunes follow installs: what the killed prune left goes now).  Every
+        # object so far is dated 10 s back first: a prune judges ages by whole-second
+        # Last-Modified times plus one second of slack, so an orphan the last killed round wrote
+        # less than 2 s before the clean round's own writes would stay by the clock alone (the
+        # suite failed so once), not by any rule this test checks.
+        _age(root / "compacted", 10.0)
         await log.append_fragment(random_records(rng, 60, ids=10_000))
         done = await asyncio.to_thread(compactor, host.url, root, None)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -287,3 +287,34 @@ async def test_landing_on_another_writers_base_waits_out_its_lease(tmp_path: Pat
     assert not waiting.done()
     w.clock.advance(0.1)
     await asyncio.wait_for(waiting, 5)
+
+
+@pytest.mark.parametrize("whose", ["theirs", "ours", "held"])
+async def test_a_take_over_put_that_raises_raises_the_fence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whose: str
+) -> None:
+    """A put may land although it raised (its answer lost), recording our holder token: if it
+    took the log over, the fence for its base's lease starts at once, as ``landed`` would have
+    started it, or a later load of it (held: no fence) would link at once while the old holder's
+    lease still answers (the adversarial review of 53ad3c8, finding 1;
+    tests/wal3/test_holder_adversary.py).  On a base of our own, or one we hold, nothing is
+    taken over: no fence.  Fails with the fence in ``put``'s failure path dropped (theirs), or
+    raised always (ours, held)."""
+    w = World(tmp_path)
+    base_etag = await w.write(w.manifest(1000))  # ours
+    base = w.manifest(3000, writer="other")
+    if whose == "theirs":
+        base_etag = '"someone-else"'
+    elif whose == "held":
+        base = replace(base, lease_holder=w.lease.holder)  # a collector edited ours
+        base_etag = '"a-collectors-edit"'
+
+    async def silent(*args: object, **kw: object) -> str:
+        raise StoreUnavailable("no answer")
+
+    monkeypatch.setattr(w.store, "put", silent)
+    monkeypatch.setattr(w.store, "head", silent)
+    with pytest.raises(StoreUnavailable):
+        await w.lease.put(w.lease.stamped(base, base, base_etag), base_etag, base)
+    expected = w.clock.monotonic() + 1.25 * 3.0 if whose == "theirs" else float("-inf")
+    assert w.lease.fence_until == expected

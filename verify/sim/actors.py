@@ -8,6 +8,7 @@ model; an outcome no correct engine may give is a violation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import random
@@ -28,6 +29,7 @@ from wal3.errors import (
     LogPurged,
     LogSealed,
     NoCursors,
+    ObjectNotFound,
     PreconditionFailed,
     StoreUnavailable,
     Wal3Error,
@@ -52,7 +54,7 @@ from wal3.writer import (
 from .config import RunConfig
 from .loop import SimLoop, VirtualClock, wall_s
 from .model import Attempt, Model, encode_body
-from .store import Actor, Latency, SimStore
+from .store import Actor, Latency, Obj, SimStore
 
 PREFIX = "log0"
 # Readers are exempt from store faults and slow tails: the design requires a reader to finish
@@ -79,6 +81,16 @@ ADVANCE_P = 0.15  # of cursor steps
 # fence (1.25 x a lease of at most 2 s) and a few rounds of recovery, with room to spare.  A
 # writer that fences again and again under a busy collector misses it by far.
 QUIET_APPEND_S = 10.0
+
+
+def _holder(manifest: bytes) -> str | None:
+    """The ``lease_holder`` a stored manifest records (None: none, or not a manifest)."""
+    try:
+        m = Manifest.from_bytes(manifest)
+    except Wal3Error:
+        return None
+    holder: str | None = getattr(m, "lease_holder", None)  # (an engine before the field: none)
+    return holder
 
 
 class HookFailed(Exception):
@@ -264,6 +276,10 @@ class World:
         self.clock = VirtualClock(loop)
         self.quiet = False
         self.quiet_append_max = 0.0  # the longest answer to an append begun in the quiet phase
+        self.busy_instances = 0
+        # The busy collector's floor while it may be in the manifest (an announce issued, its
+        # retraction not yet known to have landed).
+        self.busy_floor: GcFloor | None = None
         self.finishing = False  # the liveness check has begun: no more pauses, no more loops
         self.writers = [WriterSlot(self, i) for i in range(cfg.writers)]
         # The collectors: the first as the server runs it (through the writer when the seed says
@@ -461,47 +477,78 @@ class World:
             await wait_until(lambda: not slot.busy, "the collector's pass", math.inf, 0.1)
             await asyncio.sleep(self.rng.uniform(0.05, 0.6))
 
-    async def busy_collector(self) -> None:
+    async def busy_collector(self, stop: Callable[[], bool], faulty: bool) -> None:
         """A collector that edits the manifest more often than a take-over's fence lasts, each
         edit linking nothing: a pending floor of its own announced at the oldest offset (a cut
         of nothing), then retracted, the shape of gc.py's announce and clear (``busy_gc_s``).
         It never replaces or clears another collector's floor, so the real collectors' cuts go
-        on.  From the quiet phase until the liveness check begins; it leaves no floor behind.
-        The writer must go on acknowledging appends: every edit of its own manifest is to be
-        rebased onto, not taken over (a claim and a fence each time: the adversary of 741b3dd
-        saw a first append answered after 1,083 virtual seconds)."""
+        on.  It runs until ``stop()``, then retracts its floor (if it can) and ends: from the
+        first step until the quiet phase (its store view ``faulty``: its own edits' answers are
+        lost too, and claims whose answers were lost get edited before their read-back), and
+        again from the quiet phase until the liveness check begins.  The writer must go on
+        acknowledging appends: every edit of its own manifest is to be rebased onto, not taken
+        over (a claim and a fence each time: the adversary of 741b3dd saw a first append
+        answered after 1,083 virtual seconds), and a take-over it edits must still be fenced
+        (the adversary of 53ad3c8: a claim whose answer was lost, then edited)."""
         mean = self.cfg.busy_gc_s
         if mean is None:
             return
-        rng = random.Random(f"wal3-sim-busy:{self.cfg.seed}")
-        view = self.sim.view(self.sim.actor("busy", faulty=False))
+        self.busy_instances += 1
+        name = f"busy.{self.busy_instances}"
+        rng = random.Random(f"wal3-sim-busy:{self.cfg.seed}:{self.busy_instances}")
+        view = self.sim.view(self.sim.actor(name, faulty=faulty))
         key = join(PREFIX, MANIFEST_PATH)
-        ours: GcFloor | None = None
-        edits = 0
+        poke = asyncio.Event()
+        seen: list[Obj] = []  # the manifest a poke is about: edited without reading it again
+
+        def watch(actor: Actor, k: str, old: Obj | None, new: Obj) -> None:
+            # A writer's put that changed whose lease the log stands under (a take-over's claim,
+            # or its first write): edit it at once, half the time, so the edit may land before
+            # the taker hears back (or reads back a put whose answer was lost).
+            if k != key or old is None or not actor.name.startswith("w") or stop():
+                return
+            if _holder(old.data) != _holder(new.data) and rng.random() < 0.5:
+                seen[:] = [new]
+                poke.set()
+
+        self.sim.watchers.append(watch)
+        edits = tries = 0
         while True:
-            stopping = self.finishing
+            stopping = stop()
+            if stopping and (self.busy_floor is None or tries >= 20):
+                self.sim.watchers.remove(watch)
+                self.trace(f"{name}: {edits} edits, stops")
+                return
             if not stopping:
-                await asyncio.sleep(rng.expovariate(1 / mean))
-            loaded = await load_manifest(view, PREFIX)
-            if loaded is None:
-                return
-            m, etag = loaded
-            if m.gc_floor is None and not stopping:
-                ours = GcFloor(m.oldest_offset, f"{rng.getrandbits(128):032x}")
-                new = replace(m, gc_floor=ours, writer="busy")
-            elif ours is not None and m.gc_floor == ours:
-                new = replace(m, gc_floor=None, writer="busy")
-            elif stopping:
-                self.trace(f"busy collector: {edits} edits, stops")
-                return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(poke.wait(), rng.expovariate(1 / mean))
+                poke.clear()
             else:
-                continue
+                tries += 1
             try:
+                if seen and not stopping:
+                    obj = seen.pop()
+                    m, etag = Manifest.from_bytes(obj.data), obj.etag
+                else:
+                    seen.clear()
+                    loaded = await load_manifest(view, PREFIX)
+                    if loaded is None:
+                        continue
+                    m, etag = loaded
+                if self.busy_floor is not None and m.gc_floor != self.busy_floor:
+                    self.busy_floor = None  # replaced by another collector's, or dropped
+                if m.gc_floor is None and not stopping:
+                    floor = GcFloor(m.oldest_offset, f"{rng.getrandbits(128):032x}")
+                    new = replace(m, gc_floor=floor, writer=name)
+                elif self.busy_floor is not None:
+                    floor, new = None, replace(m, gc_floor=None, writer=name)
+                else:
+                    continue
+                self.busy_floor = floor if floor is not None else self.busy_floor
                 await view.put(key, new.to_bytes(), if_match=etag)
                 edits += 1
-                if new.gc_floor is None:
-                    ours = None
-            except (PreconditionFailed, StoreUnavailable):
+                self.busy_floor = floor
+            except (PreconditionFailed, StoreUnavailable, ObjectNotFound):
                 pass
 
     def gc_all(self) -> None:

@@ -175,7 +175,7 @@ async def _enter_quiet(world: World) -> None:
     if await world.cursors.load(COMPACTION) is None:
         await world.set_cursor(COMPACTION, tail=False)
     if world.cfg.busy_gc_s is not None:
-        world.spawn(world.busy_collector(), must_finish=True)
+        world.spawn(world.busy_collector(lambda: world.finishing, faulty=False), must_finish=True)
 
 
 def _gc_idle(world: World) -> bool:
@@ -269,6 +269,8 @@ async def _main(loop: simloop.SimLoop, cfg: RunConfig, trace: _Trace) -> World:
         world.spawn(world.gc_loop(world.collectors[1]))  # the second collector is always on
     if cfg.gc and cfg.pin_w:
         world.spawn(world.adversary())
+    if cfg.busy_gc_s is not None:
+        world.spawn(world.busy_collector(lambda: world.quiet, faulty=True))
     for step in range(cfg.steps):
         if step == cfg.quiet_from:
             await _enter_quiet(world)

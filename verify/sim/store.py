@@ -116,6 +116,9 @@ class SimStore:
         self.rng = rng
         self.trace = trace
         self.observer = observer
+        # Called after the observer with every put that lands: actors that react to the store's
+        # truth the moment it changes (the busy collector racing a take-over's read-back).
+        self.watchers: list[Callable[[Actor, str, Obj | None, Obj], None]] = []
         self.rates = rates
         self.latency = latency
         self.faults_on = True
@@ -314,6 +317,8 @@ class SimStore:
         self.objects[key] = new
         if self.observer is not None:
             self.observer.on_put(actor, key, old, new)
+        for watch in self.watchers:
+            watch(actor, key, old, new)
         return new.etag
 
     def do_delete(self, actor: Actor, key: str) -> None:
