@@ -125,6 +125,11 @@ def _claims(current: Manifest, base: Manifest) -> bool:
     return same == base
 
 
+def new_holder() -> str:
+    """A fresh holder token (``lease_holder``): 16 hex digits, unique to one writer's life."""
+    return secrets.token_hex(8)
+
+
 def bare_etag(etag: str) -> str:
     """An etag without the quotes S3 puts around it (callers may see either form)."""
     return etag.strip('"')
@@ -142,10 +147,12 @@ class Lease:
         options: LogWriterOptions,
         held: Callable[[], tuple[Manifest, str]],
         healthy: Callable[[], bool],
+        holder: str | None = None,
     ) -> None:
         """``held`` gives the manifest the writer holds in memory and its etag (what a lease
         vouches for); ``healthy`` whether the writer may vouch for it at all (not failed, not
-        recovering, not lost track of the store)."""
+        recovering, not lost track of the store); ``holder`` the token its manifests record
+        (``new_holder()``, made here when not given)."""
         self._store = store
         self._prefix = prefix
         self._opts = options
@@ -154,7 +161,7 @@ class Lease:
         # This writer's holder token: every manifest it puts records it (``lease_holder``).
         # Unique to this object, not to the writer's name (names may be shared across processes
         # and are reused by the next writer of a log in this process).
-        self._holder = secrets.token_hex(8)
+        self._holder = holder if holder is not None else new_holder()
         # The etag of the newest manifest this writer put, when the latest proof that the stored
         # manifest was ours was issued, and the time before which nothing is acknowledged.
         self._authored: str | None = None

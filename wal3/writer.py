@@ -38,7 +38,7 @@ from .committer import Committer
 from .errors import LogContention, PreconditionFailed
 from .idempotency import KeyWindow
 from .layout import load_manifest
-from .lease import Lease, bare_etag, lease_ms
+from .lease import Lease, bare_etag, lease_ms, new_holder
 from .manifest import Manifest
 from .options import (
     FENCE_FACTOR,
@@ -92,6 +92,7 @@ class LogWriter:
         manifest: Manifest,
         etag: str,
         hook: FragmentHook | None,
+        holder: str | None = None,
     ) -> None:
         self._store = store
         self._prefix = prefix.strip("/")
@@ -105,6 +106,7 @@ class LogWriter:
             options,
             held=lambda: (self._committer.manifest, self._committer.etag),
             healthy=self._healthy,
+            holder=holder,
         )
         self._keys = KeyWindow(
             store,
@@ -163,13 +165,21 @@ class LogWriter:
         """
         opts = options or LogWriterOptions()
         created = False
+        # The create records this writer's holder token too, like every put of a writer: two
+        # writers of one name (the default host:pid of two containers) would otherwise build
+        # byte-identical manifests, and a create answered with an error, read back by
+        # put_resolving, would take the other's for its own: both leasing it, neither fencing
+        # (the adversarial review of a8ff7b1).
+        holder = new_holder()
         for _ in range(opts.retry.max_rebases):
             issued = opts.clock.monotonic()
             loaded = await load_manifest(store, prefix)
             if loaded is not None:
                 break
             empty = replace(
-                Manifest.empty(opts.writer_name), read_lease_ms=lease_ms(opts.lease.read_lease_s)
+                Manifest.empty(opts.writer_name),
+                read_lease_ms=lease_ms(opts.lease.read_lease_s),
+                lease_holder=holder,
             )
             try:
                 etag = await put_resolving(
@@ -182,7 +192,7 @@ class LogWriter:
         else:
             raise LogContention(f"could not open {prefix}: the manifest kept changing")
         manifest, etag = loaded
-        w = cls(store, prefix, opts, manifest, etag, hook)
+        w = cls(store, prefix, opts, manifest, etag, hook, holder)
         if created:
             w._lease.landed(None, etag, issued, None)  # nobody could lease what did not exist
         elif authored is not None and authored[0] and bare_etag(authored[0]) == bare_etag(etag):
