@@ -1682,6 +1682,59 @@ async def test_a_claim_lost_to_another_writers_claim_is_no_race(stage: Stage) ->
     )
 
 
+async def test_a_claim_lost_to_a_collectors_edit_of_the_base_is_a_race(stage: Stage) -> None:
+    """Our claim itself lost to a collector's edit of the manifest we claimed from (the holder
+    carried over: the one we claimed from): a race, free while the row is short.  Kills
+    ``claimed_from = None`` (the holder compared with nobody's: the round charged)."""
+    rig, _clock, a = await take_over(stage, 1.0, attempts=1, records=2)
+    claimed_from = (await stored(stage))[0].lease_holder
+    assert claimed_from is not None
+    stage.when("put", re.escape(MANIFEST), step=lambda: gc_edit(stage), only=conditional)
+    await rig.recovery.recover()
+    m, _ = await stored(stage)
+    assert (m.writer, m.lease_holder) == ("gc", claimed_from)
+    assert rig.recovery._raced_rounds == 1
+    assert pending(a) and a.attempts == 0
+
+
+async def test_a_given_up_batch_whose_appends_met_a_writer_is_contention(stage: Stage) -> None:
+    """The kept batch whose slot holds another writer's orphan runs out of attempts (a race
+    charged), and one of its appends met a writer in an earlier recovery (it was retried after
+    another writer appended): "not written" is ``LogContention``.  Kills ``met or any(...)`` ->
+    ``and`` and the ``LogContention`` built as None or without its text."""
+    rig, clock, a = await take_over(stage, 1.0, attempts=1, records=2)
+    a.met_writer = True
+    rig.recovery._raced_rounds = 1  # the row is long: this race is charged
+    recovering = asyncio.create_task(rig.recovery.recover())
+    await sleeping(clock, recovering)
+    await gc_edit(stage)
+    clock.advance(1.25)
+    await recovering
+    refused(a, LogContention, "another writer's fragment holds slot 3 of logs/r; not written")
+
+
+async def test_a_failed_link_on_a_collectors_edit_of_ours_raises_no_fence(stage: Stage) -> None:
+    """Repair links an orphan on a manifest a collector edited from ours (held, not authored),
+    and the link's put fails for good: nothing was taken over, so no fence (a put that raises is
+    fenced only when it took the log over).  Kills ``put(new, base_etag)`` without the base (or
+    None): the failure then fences for this writer's own lease."""
+    await new_log(stage, 1)
+    clock = Clock()
+    opts = options(clock=clock, lease=LeaseOptions(read_lease_s=1.0))
+    rig = await Rig.open(stage, opts)
+    m, etag = await stored(stage)
+    await stage.local.put(
+        MANIFEST,
+        replace(m, writer="gc", lease_holder=rig.lease.holder, read_lease_ms=1000).to_bytes(),
+        if_match=etag,
+    )
+    await OtherWriter(stage.local, PREFIX, "them").upload_next()
+    stage.when("put", re.escape(MANIFEST), "fail", times=8, only=conditional)
+    await rig.recovery.recover()
+    assert rig.recovery.stale and stage.count("put", re.escape(MANIFEST)) >= 1
+    assert rig.lease.fence_until == float("-inf")
+
+
 async def test_a_race_in_a_round_others_moved_on_is_no_race(stage: Stage) -> None:
     """The reload showed another writer's appends (the log moved on), then our claim lost to a
     collector's edit: not a race in the row (``raced and not moved``), so the row starts over.
@@ -1820,3 +1873,15 @@ async def test_linking_over_a_manifest_that_records_no_lease_raises_no_fence(sta
 #   a base that is not ours here records no lease, and ``max(ours, 0)`` is ours.  Likewise
 #   ``landed(None, ...)``: a base etag not ours raises the fence of that base's lease, 0 here.
 # * ``with_fragments([pointer], None)``: ``stamped`` names the writer on it anyway.
+#
+# Added with 53ad3c8 (the mutation run at 435a5c3: 645 mutants: 607 killed, 38 survived; the
+# three of them this file did not kill then are killed by the three tests written after it:
+# ``claimed_from = None``, ``met and any(...)`` with the ``LogContention`` built as None or
+# without its text, and ``put(new, base_etag)`` without its base):
+# * ``_retry_kept``'s defaults (``charge=False``, ``settled_too=True``, ``met=True``) and
+#   ``_give_up_error``'s ``others_rounds=1``: their one caller passes each argument.
+# * ``_retry_kept(..., met=None)`` and without ``met`` (2): not killed, and no input found that
+#   tells them apart.  The round's ``met`` is set only when another writer linked the slot the
+#   repair was linking, and then no batch of ours can be kept (the slot after that writer's
+#   fragment follows its setsum, never ours); a kept batch whose appends met a writer earlier is
+#   answered by ``a.met_writer`` (killed above).
