@@ -340,7 +340,7 @@ class Recovery:
                 b.error = None
                 continue
             if not head:
-                continue  # only the first unsettled batch is what stalls the log: charge it
+                continue  # only the head batch is what stalls the log: charge it alone
             head = False
             if charge:
                 b.attempts += 1
