@@ -115,14 +115,26 @@ def lease_ms(read_lease_s: float) -> int:
 
 
 def _claims(current: Manifest, base: Manifest) -> bool:
-    """Whether ``current`` is ``base`` claimed: the same but for its writer, lease and holder."""
+    """Whether ``current`` is another writer's claim of ``base``: ``base`` the same but for its
+    writer, lease and holder, or a claim of what a collector made of ``base`` meanwhile (an
+    edit that links nothing carries ``base``'s holder over; a claim of it, or an edit of that
+    claim, is under a holder of its own and ends at ``base``'s tail).  A rival claims what it
+    loaded, and under a busy collector that is rarely our exact base: the adversary of a1babb8
+    saw two writers claim the log back from each other after every collector edit."""
     same = replace(
         current,
         writer=base.writer,
         read_lease_ms=base.read_lease_ms,
         lease_holder=base.lease_holder,
     )
-    return same == base
+    if same == base:
+        return True
+    return (
+        current.lease_holder is not None
+        and current.lease_holder != base.lease_holder
+        and current.next_seq_no == base.next_seq_no
+        and current.next_offset == base.next_offset
+    )
 
 
 def new_holder() -> str:
@@ -311,9 +323,10 @@ class Lease:
 
     def lost_to(self, current: Manifest, etag: str, base: Manifest) -> None:
         """Our write on ``base`` failed, and the store holds ``current``.  When that is another
-        writer's claim of ``base`` (the same manifest under its name: not an edit, which a
-        collector makes at any time), and this writer held the log before, it leaves the log alone for the rival's fence (``yielded``)
-        so the rival can link what it claimed for.  Two writers that claimed back at once would
+        writer's claim of ``base`` (``_claims``: under its name and linking nothing, of ``base``
+        or of a collector's edit of it; not a collector's edit alone, which carries our holder
+        and comes at any time), and this writer held the log before, it leaves the log alone
+        for the rival's fence (``yielded``) so the rival can link what it claimed for.  Two writers that claimed back at once would
         break each other's fences forever and link nothing (the leader hint is advisory: two
         hosts may both write a log while Redis is away); the rival, in turn, yields to our
         claim once it lost to it."""

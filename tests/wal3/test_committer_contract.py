@@ -881,7 +881,9 @@ async def test_an_edit_under_another_holder_is_a_take_over(holder: str | None) -
     """The same edit, but the manifest it edited stood under another writer's lease (a rival
     claimed ours in between, then a collector edited that; or a Rust collector dropped the
     field): a claim, and the batch is linked only after the fence.  Fails with ``holds``
-    always True."""
+    always True.  Under a rival's holder (its claim, edited by a collector: our tail, linking
+    nothing) the writer first leaves the rival its fence (``lost_to``, the adversarial review of
+    a1babb8); a manifest recording no holder is no writer's claim, so it claims at once."""
     rig = await Rig.make(lease_s=1.0)
     await done(rig.edit(more_bytes(1)))
 
@@ -891,6 +893,11 @@ async def test_an_edit_under_another_holder_is_a_take_over(holder: str | None) -
     before_our_manifest_put(rig.store, gc)
     rig.in_flight(FakeBatch(3))
     await settle()
+    if holder is not None:
+        lost = rig.store.manifest_puts()[-1]
+        assert lost.next_seq_no == 4, "no claim while the rival's fence runs"
+        rig.clock.advance(1.25)
+        await settle()
     claim = rig.store.manifest_puts()[-1]
     assert claim.next_seq_no == 3 and claim.lease_holder == rig.lease.holder
     assert rig.batcher.acked == [[], []]
