@@ -176,3 +176,119 @@ async def test_expire_keeps_the_window_edge_and_forgets_what_left_it(tmp_path: P
     w.next_seq = 7
     w.kw.expire()
     assert len(w.kw) == 0 and w.kw._key_seq == {}
+
+
+# ------------------------------------------------- pinned against the mutants of the module
+
+
+class GatedStore(LocalStore):
+    """A local store whose gets wait for ``gate`` (counting how many wait at once)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+        self.most = 0
+
+    async def get(self, key: str):  # type: ignore[no-untyped-def]
+        self.waiting += 1
+        self.most = max(self.most, self.waiting)
+        await self.gate.wait()
+        self.waiting -= 1
+        return await super().get(key)
+
+
+async def test_an_append_waited_on_is_the_waiter_until_answered(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    shared = asyncio.get_running_loop().create_future()
+    w.kw.wait_on("k", shared)
+    assert w.kw.waiter("k") is shared and w.kw.waiter("j") is None
+    w.kw.resolved("k", result(3), 1)
+    assert w.kw.waiter("k") is None
+    w.kw.wait_on("j", shared)
+    w.kw.resolved("j", result(4), None)  # answered from a key known: no waiter either
+    assert w.kw.waiter("j") is None
+
+
+async def test_a_rejection_drops_only_the_waiter_it_names(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    loop = asyncio.get_running_loop()
+    first, second = loop.create_future(), loop.create_future()
+    w.kw.wait_on("k", second)  # a later append with the key waits on its own future
+    w.kw.rejected("k", first)  # the earlier one failing leaves it
+    assert w.kw.waiter("k") is second
+    w.kw.rejected("k", second)
+    assert w.kw.waiter("k") is None
+
+
+async def test_a_key_answered_again_is_the_newest_in_memory(tmp_path: Path) -> None:
+    w = World(tmp_path, window_keys=2, spill_keys=0)
+    w.kw.resolved("a", result(0), 1)
+    w.kw.resolved("b", result(1), 1)
+    w.kw.resolved("a", result(0), 2)  # answered again: now the newest
+    w.kw.resolved("c", result(2), 2)
+    assert w.kw.known("a") == result(0) and w.kw.known("b") is None
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt", "other-keys"])
+async def test_a_spilled_key_whose_footer_fails_is_no_answer(tmp_path: Path, damage: str) -> None:
+    w = World(tmp_path, window_keys=1, spill_keys=4)
+    if damage == "corrupt":
+        await w.store.put(join(PREFIX, fragment_path(1)), b"not a fragment")
+    elif damage == "other-keys":  # a hash collision: the footer at the pointer lacks the key
+        await w.fragment(1, {"x": (0, 1, DIGEST)}, ts=3)
+    w.next_seq = 2
+    w.kw.resolved("a", result(0), 1)
+    w.kw.resolved("b", result(1), 1)  # pushes a out, pointing at fragment 1
+    assert await w.kw.spilled("a") is None
+    assert w.stats["dedup_footer_hits"] == 0
+
+
+async def test_the_first_load_reads_exactly_the_window_below_the_tail(tmp_path: Path) -> None:
+    w = World(tmp_path, window_fragments=2)
+    for seq in (1, 2, 3, 4):
+        await w.fragment(seq, {f"k{seq}": (seq, 1, DIGEST)}, ts=seq)
+    w.next_seq = 4  # fragment 4 is past the tail (written, not linked): not the log's yet
+    await w.kw.ensure_loaded()
+    assert w.kw.loaded is True
+    assert [k for k in ("k1", "k2", "k3", "k4") if w.kw.known(k)] == ["k2", "k3"]
+
+
+async def test_a_key_in_memory_keeps_its_first_answer_over_a_footer(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    await w.fragment(1, {"k": (0, 1, DIGEST), "j": (1, 1, DIGEST)}, ts=3)
+    w.kw.resolved("k", result(9, 9), 1)  # answered before the footer was read
+    await w.kw.ensure_loaded()
+    assert w.kw.known("k") == result(9, 9)
+    assert w.kw.known("j") == result(1, 3)
+
+
+async def test_footers_are_read_sixteen_at_a_time(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.store = GatedStore(tmp_path)
+    w.kw._store = w.store
+    w.next_seq = 40
+    loading = asyncio.ensure_future(w.kw.ensure_loaded())
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert w.store.waiting == 16
+    w.store.gate.set()
+    await loading
+    assert w.store.most == 16 and w.kw.loaded
+
+
+# -------------------------------------------------------------------------------------------
+# Mutants not killed here, all equivalent (no input tells them apart):
+#
+# * ``_remember``'s ``popitem(last=None)``: None is falsy, so the oldest key goes, as with False.
+# * ``_remember``'s ``_key_seq.pop(old)`` (no default), and ``expire``'s ``_key_seq.get(key)``
+#   / ``get(key, None)`` and ``_key_seq.pop(key)``: every key in ``_keys`` has its fragment in
+#   ``_key_seq`` (both are set together in ``_remember`` and dropped together), so the default
+#   is never used.
+# * ``_remember``'s ``seq is not None or spill_keys > 0`` and ``spill_keys >= 0``: ``seq`` is
+#   never None (see above), and with ``spill_keys`` at 0 (or below) the pointer the mutant adds
+#   is dropped at once by the bound right after it: the spill stays empty.
+# * ``expire``'s ``return`` for the spill loop's ``break``: it is the last statement.
+# * ``learn``'s ``return {}, 1`` for a collected fragment: with no keys its timestamp is unused.
+# * ``learn``'s ``zip(..., strict=False / None / absent)``: ``found`` is gathered from ``seqs``,
+#   one answer each, so the lengths always match.

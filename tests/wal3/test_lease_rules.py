@@ -223,6 +223,7 @@ def test_bare_etag_strips_only_the_quotes_s3_adds() -> None:
     assert bare_etag('"9e107d9d372bb6826bd81d3542a419d6"') == "9e107d9d372bb6826bd81d3542a419d6"
     assert bare_etag("9e107d9d372bb6826bd81d3542a419d6") == "9e107d9d372bb6826bd81d3542a419d6"
     assert bare_etag(' "x" ') == ' "x" '  # not whitespace: S3 never pads, so nothing to strip
+    assert bare_etag('"X1-2X"') == "X1-2X"  # nothing but the quotes
 
 
 async def test_concurrent_puts_are_each_counted_in_flight(tmp_path: Path) -> None:
@@ -318,3 +319,422 @@ async def test_a_take_over_put_that_raises_raises_the_fence(
         await w.lease.put(w.lease.stamped(base, base, base_etag), base_etag, base)
     expected = w.clock.monotonic() + 1.25 * 3.0 if whose == "theirs" else float("-inf")
     assert w.lease.fence_until == expected
+
+
+# ------------------------------------------------- pinned against the mutants of the module
+
+
+class GatedStore(HookedStore):
+    """A local store whose manifest puts land at once but answer only when ``answer`` is set
+    (while ``gate`` is on): the writer's answer is not back while the store already shows it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate = False
+        self.answer = asyncio.Event()
+        self.landed = asyncio.Event()
+
+    async def put(self, key: str, data: bytes, **kw: object) -> str:  # type: ignore[override]
+        etag = await super().put(key, data, **kw)  # type: ignore[arg-type]
+        if self.gate:
+            self.landed.set()
+            await self.answer.wait()
+        return etag
+
+
+async def _yields(n: int = 8) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_lease_ms_rounds_to_whole_milliseconds_never_below_zero() -> None:
+    from wal3.lease import lease_ms
+
+    assert lease_ms(0.0) == 0
+    assert lease_ms(-1.0) == 0
+    assert lease_ms(1.5) == 1500
+    assert lease_ms(0.0006) == 1  # rounded, not truncated
+
+
+def test_a_claim_is_the_base_under_another_writer_lease_and_holder() -> None:
+    from wal3.lease import _claims
+
+    base = replace(Manifest.empty("old"), read_lease_ms=1000, lease_holder="a" * 16)
+    assert _claims(base, base)
+    assert _claims(replace(base, writer="new"), base)
+    assert _claims(replace(base, read_lease_ms=5000), base)
+    assert _claims(replace(base, read_lease_ms=None), base)
+    assert _claims(replace(base, lease_holder="b" * 16), base)
+    assert _claims(replace(base, writer="new", read_lease_ms=0, lease_holder=None), base)
+    assert not _claims(replace(base, acc_bytes=1), base)  # an edit, not a claim
+    assert not _claims(replace(base, writer="new", acc_bytes=1), base)
+
+
+def test_a_holder_token_is_16_fresh_hex_digits(tmp_path: Path) -> None:
+    from wal3.lease import new_holder
+
+    tokens = {new_holder() for _ in range(4)}
+    assert len(tokens) == 4
+    assert all(len(t) == 16 and int(t, 16) >= 0 for t in tokens)
+    w = World(tmp_path)
+    assert len(w.lease.holder) == 16 and w.lease.holder not in tokens
+    given = Lease(w.store, PREFIX, LogWriterOptions(), lambda: w.held, lambda: True, holder="h1")
+    assert given.holder == "h1"
+
+
+async def test_a_fresh_lease_has_authored_nothing_not_even_an_empty_etag(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)  # holds (empty manifest, "")
+    assert not w.lease.authored("")
+    assert await w.lease.confirm() is False
+    assert w.store.heads == 0  # nothing of ours to renew: no HEAD
+    assert w.lease.remaining() == 0.0
+
+
+async def test_loading_a_log_without_a_manifest_fences_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    assert await w.lease.load() is None
+    assert w.lease.fence_until == float("-inf")
+
+
+async def test_a_failed_put_ends_the_lease_on_our_own_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path)
+    etag = await w.write(w.manifest(1000))
+    assert w.lease.remaining() == 1.0
+
+    async def silent(*args: object, **kw: object) -> str:
+        raise StoreUnavailable("no answer")
+
+    monkeypatch.setattr(w.store, "put", silent)
+    monkeypatch.setattr(w.store, "head", silent)
+    with pytest.raises(StoreUnavailable):
+        await w.lease.put(replace(w.manifest(1000), acc_bytes=1), etag)
+    assert w.lease.authored(etag)  # it may not have landed: authorship stays
+    assert w.lease.remaining() == 0.0  # but nothing is vouched for until proven again
+    assert w.lease.fence_until == float("-inf")  # our own base: no take-over
+
+
+async def test_settled_waits_for_every_put_in_flight(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.store = GatedStore(tmp_path / "g")
+    w.lease = Lease(w.store, PREFIX, w.lease._opts, lambda: w.held, lambda: True)
+    etag = await w.write(w.manifest(1000))
+    await w.lease.settled()  # nothing in flight: at once
+    w.store.gate = True
+    puts = [
+        asyncio.ensure_future(w.lease.put(replace(w.manifest(1000), acc_bytes=n), etag))
+        for n in (1, 2)
+    ]
+    await w.store.landed.wait()
+    settled = asyncio.ensure_future(w.lease.settled())
+    await _yields()
+    assert not settled.done()
+    assert w.lease.remaining() == 0.0  # a put in flight: no lease
+    w.store.answer.set()
+    await asyncio.gather(*puts, return_exceptions=True)
+    await _yields()
+    assert settled.done()
+    await w.lease.settled()
+
+
+async def test_a_renewal_seeing_our_put_in_flight_keeps_authorship(tmp_path: Path) -> None:
+    """The HEAD finds another etag while a put of ours issued before it has landed but not
+    answered: maybe ours, so no lease but authorship stays."""
+    w = World(tmp_path)
+    w.store = GatedStore(tmp_path / "g")
+    w.lease = Lease(w.store, PREFIX, w.lease._opts, lambda: w.held, lambda: True)
+    etag = await w.write(w.manifest(1000))
+    w.store.gate = True
+    put = asyncio.ensure_future(w.lease.put(replace(w.manifest(1000), acc_bytes=1), etag))
+    await w.store.landed.wait()
+    assert await w.lease.confirm() is False
+    assert w.lease.authored(etag)
+    w.store.answer.set()
+    await put
+
+
+@pytest.mark.parametrize("whose", ["ours", "held", "unleased", "short", "theirs"])
+def test_takes_over_only_a_leased_base_of_someone_else(tmp_path: Path, whose: str) -> None:
+    w = World(tmp_path)
+    w.lease.adopt("mine", 0.0)
+    base, etag = w.manifest(2000, writer="other"), '"theirs"'
+    if whose == "ours":
+        etag = '"mine"'
+    elif whose == "held":
+        base = replace(base, lease_holder=w.lease.holder)
+    elif whose == "unleased":
+        base = w.manifest(0, writer="other")
+    elif whose == "short":
+        base = w.manifest(500, writer="other")
+    assert w.lease.takes_over(base, etag) is (whose in ("short", "theirs"))
+
+
+async def test_a_claim_records_the_longer_base_lease_and_fences_for_it(tmp_path: Path) -> None:
+    w = World(tmp_path, lease_s=1.0)
+    base = w.manifest(3000, writer="other")
+    base_etag = await w.foreign(base)
+    now = w.clock.monotonic()
+    new, etag = await w.lease.claim(base, base_etag)
+    assert new.read_lease_ms == 3000 and new.writer == "w" and w.lease.holds(new)
+    assert replace(new, writer="other", read_lease_ms=3000, lease_holder=None) == base
+    assert w.lease.fence_until == now + 1.25 * 3.0
+    assert w.lease.authored(etag)
+    w.held = (new, etag)
+    w.clock.advance(0.25)
+    assert w.lease.remaining() == 0.75  # our own 1 s, from the claim's issue
+
+
+def test_stamping_counts_the_base_lease_only_for_a_base_not_ours(tmp_path: Path) -> None:
+    w = World(tmp_path, lease_s=1.0)
+    w.lease.adopt("mine", 0.0)
+    base = w.manifest(3000, writer="other")
+    new = w.manifest(None)
+    assert w.lease.stamped(new, base, '"theirs"').read_lease_ms == 3000
+    assert w.lease.stamped(new, base, '"mine"').read_lease_ms == 1000  # ours: our lease
+    assert w.lease.stamped(new, base).read_lease_ms == 1000  # no etag: not a take-over
+    assert w.lease.stamped(new, None, '"theirs"').read_lease_ms == 1000
+    assert w.lease.stamped(new, w.manifest(500, "x"), '"t"').read_lease_ms == 1000  # shorter
+
+
+@pytest.mark.parametrize(("elapsed", "expected"), [(1.25, 2000), (3.7495, 1), (3.75, 0)])
+def test_stamping_while_fencing_records_what_the_fence_has_left(
+    tmp_path: Path, elapsed: float, expected: int
+) -> None:
+    """What is left of a fence, over FENCE_FACTOR, in whole milliseconds rounded up."""
+    w = World(tmp_path, lease_s=0.0)
+    w.lease.note_load(w.manifest(3000, writer="other"), '"theirs"')  # fences 3.75 s
+    w.clock.advance(elapsed)
+    assert w.lease.stamped(w.manifest(None)).read_lease_ms == expected
+
+
+def test_landing_on_a_held_edit_or_an_unknown_base(tmp_path: Path) -> None:
+    w = World(tmp_path, lease_s=2.0)
+    now = w.clock.monotonic()
+    held = replace(w.manifest(3000, writer="gc"), lease_holder=w.lease.holder)
+    w.lease.landed('"a-collectors-edit"', "e1", now, held)  # our own edited: no take-over
+    assert w.lease.fence_until == float("-inf")
+    w.lease.landed('"unknown"', "e2", now, None)  # a base not known: fenced for our lease
+    assert w.lease.fence_until == now + 1.25 * 2.0
+
+
+def test_loading_an_edit_of_our_own_raises_no_fence(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    held = replace(w.manifest(3000, writer="gc"), lease_holder=w.lease.holder)
+    w.lease.note_load(held, '"a-collectors-edit"')
+    assert w.lease.fence_until == float("-inf")
+    w.lease.adopt("mine", w.clock.monotonic())
+    w.lease.note_load(w.manifest(3000, writer="other"), '"not-mine"')
+    assert w.lease.fence_until == w.clock.monotonic() + 1.25 * 3.0
+
+
+async def test_an_adopted_manifest_is_leased_from_its_read(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.held = (w.manifest(1000), "e1")
+    w.lease.adopt("e1", w.clock.monotonic() - 0.25)
+    assert w.lease.authored('"e1"')
+    assert w.lease.remaining() == 0.75
+    w.clock.advance(5.0)
+    assert w.lease.remaining() == 0.0  # ran out: none, never negative
+
+
+def test_a_lease_of_half_a_second_is_a_lease(tmp_path: Path) -> None:
+    w = World(tmp_path, lease_s=0.5)
+    w.held = (w.manifest(500), "e1")
+    w.lease.adopt("e1", w.clock.monotonic())
+    assert w.lease.remaining() == 0.5
+    now = w.clock.monotonic()
+    w.lease.note_load(w.manifest(400, writer="other"), '"theirs"')
+    assert w.lease.fence_until == now + 1.25 * 0.4
+
+
+async def test_a_renewal_of_half_a_second_heads_the_store(tmp_path: Path) -> None:
+    w = World(tmp_path, lease_s=0.5)
+    await w.write(w.manifest(500))
+    w.clock.advance(0.25)
+    assert await w.lease.confirm() is True
+    assert w.store.heads == 1 and w.lease.remaining() == 0.5
+
+
+async def test_a_renewal_of_a_vanished_manifest_is_no_renewal(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    await w.write(w.manifest(1000))
+    await w.store.delete(KEY)
+    assert await w.lease.confirm() is False
+
+
+def test_an_unrecorded_lease_is_fenced_for_the_longest_configured(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = HookedStore(tmp_path)
+
+    def lease(own: float, unrecorded: float | None) -> Lease:
+        opts = LogWriterOptions(
+            writer_name="w",
+            clock=clock,
+            lease=LeaseOptions(read_lease_s=own, unrecorded_lease_s=unrecorded),
+        )
+        return Lease(store, PREFIX, opts, lambda: (Manifest.empty("w"), ""), lambda: True)
+
+    rust = Manifest.empty("rust")  # records no lease
+    now = clock.monotonic()
+    for own, unrecorded, fenced in ((1.0, 5.0, 5.0), (2.0, 0.5, 2.0), (1.0, None, 1.0)):
+        one = lease(own, unrecorded)
+        one.note_load(rust, '"rust"')
+        assert one.fence_until == now + 1.25 * fenced
+
+
+def _rival_claim(w: World, lease_ms_: int = 2000) -> tuple[Manifest, Manifest]:
+    base = replace(w.manifest(1000), lease_holder=w.lease.holder)
+    return replace(base, writer="rival", read_lease_ms=lease_ms_, lease_holder="r" * 16), base
+
+
+async def test_losing_to_a_rivals_claim_yields_for_its_fence(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.lease.adopt("mine", w.clock.monotonic())  # this writer held the log
+    current, base = _rival_claim(w)
+    w.lease.lost_to(current, '"rivals"', base)
+    w.lease.lost_to(*_rival_claim(w, 400)[:1], '"rivals"', base)  # shorter: never shortens it
+    waiting = asyncio.ensure_future(w.lease.yielded())
+    await _yields()
+    w.clock.advance(2.4)
+    await _yields()
+    assert not waiting.done()
+    w.clock.advance(0.1)  # 1.25 x the rival's 2 s
+    await _yields()
+    assert waiting.done()
+    await asyncio.wait_for(w.lease.yielded(), 5)  # exactly at its end: no wait
+
+
+@pytest.mark.parametrize("why", ["never-held", "our-etag", "held", "linked-more", "unleased"])
+async def test_losing_to_what_is_no_rivals_claim_yields_nothing(tmp_path: Path, why: str) -> None:
+    w = World(tmp_path)
+    if why != "never-held":
+        w.lease.adopt("mine", w.clock.monotonic())
+    current, base = _rival_claim(w, 0 if why == "unleased" else 2000)
+    etag = '"mine"' if why == "our-etag" else '"rivals"'
+    if why == "held":
+        current = replace(current, lease_holder=w.lease.holder)
+    elif why == "linked-more":  # not the base claimed: its tail moved on
+        current = replace(current, initial_offset=5, initial_seq_no=3)
+    w.lease.lost_to(current, etag, base)
+    assert w.lease._yield_until == float("-inf")
+    await asyncio.wait_for(w.lease.yielded(), 5)
+
+
+async def test_losing_a_write_on_a_base_held_before_yields_after_landing(tmp_path: Path) -> None:
+    """``landed`` marks the log as held once (``lost_to`` yields only then)."""
+    w = World(tmp_path)
+    w.lease.landed(None, "e1", w.clock.monotonic(), None)
+    current, base = _rival_claim(w)
+    w.lease.lost_to(current, '"rivals"', base)
+    assert w.lease._yield_until == w.clock.monotonic() + 1.25 * 2.0
+
+
+def test_an_inherited_fence_only_ever_lengthens(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    now = w.clock.monotonic()
+    w.lease.inherit_fence(now + 3.0)
+    assert w.lease.fence_until == now + 3.0
+    w.lease.inherit_fence(now + 1.0)
+    assert w.lease.fence_until == now + 3.0
+
+
+async def test_a_fence_that_just_passed_waits_for_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.lease.note_load(w.manifest(2000, writer="other"), '"theirs"')
+    w.clock.advance(2.5)
+    await asyncio.wait_for(w.lease.wait_fence(), 5)
+
+
+async def test_a_claim_is_conditional_on_its_base(tmp_path: Path) -> None:
+    from wal3.errors import PreconditionFailed
+
+    w = World(tmp_path)
+    base = w.manifest(3000, writer="other")
+    base_etag = await w.foreign(base)
+    await w.foreign(replace(base, acc_bytes=1))  # someone wrote the log meanwhile
+    with pytest.raises(PreconditionFailed):
+        await w.lease.claim(base, base_etag)
+
+
+async def test_a_claim_that_raises_fences_for_its_bases_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path, lease_s=1.0)
+    base = w.manifest(3000, writer="other")
+    base_etag = await w.foreign(base)
+
+    async def silent(*args: object, **kw: object) -> str:
+        raise StoreUnavailable("no answer")
+
+    monkeypatch.setattr(w.store, "put", silent)
+    monkeypatch.setattr(w.store, "head", silent)
+    with pytest.raises(StoreUnavailable):
+        await w.lease.claim(base, base_etag)
+    assert w.lease.fence_until == w.clock.monotonic() + 1.25 * 3.0  # the base's, not our 1 s
+
+
+async def test_a_renewal_overlapping_a_put_that_left_our_manifest_stored_keeps_the_lease(
+    tmp_path: Path,
+) -> None:
+    """A put issued during the HEAD that stored the very same bytes (the same etag): the HEAD
+    proves nothing newer, but the lease it had still stands."""
+    w = World(tmp_path)
+    m = w.manifest(1000)
+    etag = await w.write(m)
+    w.clock.advance(0.5)
+
+    async def same_bytes_again() -> None:
+        assert await w.lease.put(m, etag) == etag
+
+    w.store.during_head = same_bytes_again
+    assert await w.lease.confirm() is True
+    assert w.lease.remaining() == 0.5  # not renewed by the HEAD
+
+
+async def test_a_renewal_overlapping_a_failed_put_is_no_renewal(tmp_path: Path) -> None:
+    from wal3.errors import PreconditionFailed
+
+    w = World(tmp_path)
+    etag = await w.write(w.manifest(1000))
+
+    async def stale_put() -> None:
+        with pytest.raises(PreconditionFailed):
+            await w.lease.put(replace(w.manifest(1000), acc_bytes=1), '"stale"')
+
+    w.store.during_head = stale_put
+    assert await w.lease.confirm() is False
+    assert w.lease.authored(etag) and w.lease.remaining() == 0.0
+
+
+async def test_a_yield_shorter_than_a_second_is_waited_out(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.lease.adopt("mine", w.clock.monotonic())
+    current, base = _rival_claim(w, 400)  # 1.25 x 0.4 s = 0.5 s
+    w.lease.lost_to(current, '"rivals"', base)
+    waiting = asyncio.ensure_future(w.lease.yielded())
+    await _yields()
+    assert not waiting.done()
+    w.clock.advance(0.5)
+    await _yields()
+    assert waiting.done()
+
+
+# -------------------------------------------------------------------------------------------
+# Mutants not killed here, all equivalent (no input tells them apart):
+#
+# * ``Lease.__init__``'s ``_lease_from = ""``: read only once ``_authored`` is set (``remaining``
+#   answers 0 for a manifest we did not write before looking at it), and every write that sets
+#   ``_authored`` (``landed``, ``adopt``) sets ``_lease_from`` as well.
+# * ``Lease.__init__``'s ``float("-INF")`` for ``_fence_until`` and ``_yield_until``: the same
+#   value as ``float("-inf")``.
+# * ``Lease.__init__``'s ``_held_once = None``: only ever tested for truth, and None is falsy.
+# * ``Lease.__init__``'s ``_puts_issued = 1`` and ``put``'s ``_puts_issued -= 1`` / ``+= 2``: the
+#   counter is only compared with an earlier reading of itself (``!=``), so its start and its
+#   step do not matter as long as each put changes it.
+# * ``stamped``'s ``left >= 0``: at ``left == 0`` the recorded lease is ``max(ms, ceil(0))``,
+#   the same ``ms``.
+# * ``remaining``'s ``lease < 0``: a lease of 0 then answers ``max(0, _lease_from - now)``, and
+#   ``_lease_from`` is a monotonic reading taken before now, so 0 all the same.
