@@ -132,8 +132,7 @@ def _claims(current: Manifest, base: Manifest) -> bool:
     return (
         current.lease_holder is not None
         and current.lease_holder != base.lease_holder
-        and current.next_seq_no == base.next_seq_no
-        and current.next_offset == base.next_offset
+        and current.same_tail(base)
     )
 
 
