@@ -83,8 +83,18 @@ TARGETS: dict[str, list[str]] = {
         "tests/wal3/test_cursor_names.py",
         "tests/wal3/test_cursor_advance.py",
     ],
-    "wal3/manifest.py": ["tests/wal3", SIM_SHORT_FORM],
-    "wal3/gc.py": ["tests/wal3", SIM_SHORT_FORM],
+    "wal3/manifest.py": [
+        "tests/wal3/test_manifest_contract.py",
+        "tests/wal3/test_manifest.py",
+        "tests/wal3/test_formats_fuzz.py",
+    ],
+    "wal3/gc.py": [
+        "tests/wal3/test_gc_contract.py",
+        "tests/wal3/test_gc_floor.py",
+        "tests/wal3/test_gc_liveness.py",
+        "tests/wal3/test_gc_foreign_plans.py",
+        "tests/wal3/test_mutant_killers.py",
+    ],
     "wal3/setsum.py": ["tests/wal3", SIM_SHORT_FORM],
     # The roll-up (issue 24): each module with the fast files of tests/dirtylog (the two
     # Hypothesis state machines, test_rollup_window_model.py and test_dirtylog_stateful.py, take

@@ -326,6 +326,9 @@ def test_check_names_every_broken_invariant() -> None:
     # At the edge: a fragment ending exactly at u64::MAX fits.
     edge = FragmentPointer(fragment_path(3), 3, 6, U64_MAX, 1, Setsum.of(b"u"))
     Manifest(setsum=m.setsum + edge.setsum, fragments=(f1, f2, edge)).check()
+    # And the largest fragment number itself is one (u64::MAX, the last path there is).
+    top = FragmentPointer(fragment_path(U64_MAX), U64_MAX, 0, 1, 1, Setsum.of(b"t"))
+    Manifest(setsum=top.setsum, fragments=(top,)).check()
 
 
 def test_a_collected_log_may_start_anywhere_without_initial_fields() -> None:
@@ -574,6 +577,8 @@ def test_plan_snapshot_rolls_the_deepest_full_run_first() -> None:
     assert [p.depth for p in up.snapshots] == [2, 1, 1]
     s2 = plan_snapshot(up, fragment_threshold=5, snapshot_threshold=2, writer="w")
     assert s2 is not None and s2.snapshots == (c.to_pointer(), d.to_pointer())
+    assert s2.writer == "w"  # a roll-up records its writer, as a fragment run's snapshot does
+    assert plan_snapshot(up, fragment_threshold=5, snapshot_threshold=2, writer="q").writer == "q"  # type: ignore[union-attr]
     # A run is consecutive: depths 1, 2, 1 hold no run of two depth-1 pointers.
     mixed = Manifest(
         setsum=up.setsum,
@@ -594,3 +599,9 @@ def test_snapshot_pointer_path_and_gc_floor_json() -> None:
     p = SnapshotPointer(Setsum.of(b"s"), "snapshot/SNAPSHOT.x", 1, 1, 2, 3)
     assert p.path == "snapshot/SNAPSHOT.x"
     assert GcFloor(5, NONCE).to_json() == {"offset": 5, "nonce": NONCE}
+
+
+def test_an_empty_manifest_names_its_writer() -> None:
+    m = Manifest.empty("host-a:7")
+    assert m.writer == "host-a:7" and m.entries == () and m.next_offset == m.oldest_offset
+    assert Manifest.from_bytes(m.to_bytes()).writer == "host-a:7"
