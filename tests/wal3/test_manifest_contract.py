@@ -578,7 +578,8 @@ def test_plan_snapshot_rolls_the_deepest_full_run_first() -> None:
     s2 = plan_snapshot(up, fragment_threshold=5, snapshot_threshold=2, writer="w")
     assert s2 is not None and s2.snapshots == (c.to_pointer(), d.to_pointer())
     assert s2.writer == "w"  # a roll-up records its writer, as a fragment run's snapshot does
-    assert plan_snapshot(up, fragment_threshold=5, snapshot_threshold=2, writer="q").writer == "q"  # type: ignore[union-attr]
+    s2q = plan_snapshot(up, fragment_threshold=5, snapshot_threshold=2, writer="q")
+    assert s2q is not None and s2q.writer == "q"
     # A run is consecutive: depths 1, 2, 1 hold no run of two depth-1 pointers.
     mixed = Manifest(
         setsum=up.setsum,
