@@ -498,7 +498,7 @@ class LogManager:
     async def _refresh(self, h: LogHandle, tenure: int) -> None:
         # A sealed log takes no edit, and needs none: nobody can append, its tail is final.
         with contextlib.suppress(LogSealed):
-            await h.writer.edit_manifest(lambda m: m)
+            await h.writer.claim(confirm=True)
         h.tenure = tenure
 
     async def view(self, h: LogHandle) -> Manifest:

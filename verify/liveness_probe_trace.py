@@ -25,8 +25,8 @@ def main() -> None:
     def shown() -> bool:
         return t0 <= asyncio.get_running_loop().time() <= t1
 
-    async def repair(self: Any, manifest: Any, etag: Any) -> Any:
-        r = await real_repair(self, manifest, etag)
+    async def repair(self: Any, manifest: Any, etag: Any, *, link_others: bool) -> Any:
+        r = await real_repair(self, manifest, etag, link_others=link_others)
         if shown():
             print(
                 f"{asyncio.get_running_loop().time():9.3f} {self._opts.writer_name} repair from "

@@ -51,11 +51,16 @@ if TYPE_CHECKING:
 _log = logging.getLogger("wal3.writer")  # one logger for every part of the writer
 
 
-class _Edit:
-    __slots__ = ("fn", "future")
+def _unchanged(m: Manifest) -> Manifest:
+    return m
 
-    def __init__(self, fn: ManifestEdit, loop: asyncio.AbstractEventLoop):
+
+class _Edit:
+    __slots__ = ("claim", "fn", "future")
+
+    def __init__(self, fn: ManifestEdit, loop: asyncio.AbstractEventLoop, claim: bool = False):
         self.fn = fn
+        self.claim = claim  # take the log over if this write would (``Committer.claim``)
         self.future: asyncio.Future[Manifest] = loop.create_future()
 
 
@@ -150,12 +155,22 @@ class Committer:
 
     async def edit(self, fn: ManifestEdit) -> Manifest:
         """Apply a pure manifest transform through the normal, fenced manifest write (see
-        ``LogWriter.edit_manifest``)."""
+        ``LogWriter.edit_manifest``).  On a manifest another writer holds, the edit is written
+        as a collector's: that writer's holder and lease carried over, nothing leased by us."""
+        return await self._edit(fn, claim=False)
+
+    async def claim(self) -> Manifest:
+        """A fenced write that links nothing: the log's claim (the lease's "Claim") when the
+        write takes it over, else the stored manifest written back as it is (it lands, or fails
+        its If-Match and recovery reloads)."""
+        return await self._edit(_unchanged, claim=True)
+
+    async def _edit(self, fn: ManifestEdit, *, claim: bool) -> Manifest:
         if self._failure is not None:
             raise WriterClosed(f"writer for {self._prefix} failed: {self._failure!r}")
         if self._closing:
             raise WriterClosed(f"writer for {self._prefix} is closing")
-        edit = _Edit(fn, self._loop)
+        edit = _Edit(fn, self._loop, claim)
         self._edits.append(edit)
         self._wake.set()
         return await asyncio.shield(edit.future)
@@ -291,11 +306,24 @@ class Committer:
             # Records are linked only on a manifest this writer wrote and once its fence has
             # passed: a take-over first claims the log with a write that links nothing (the
             # lease's "Claim"), so nobody sees them while an old holder's lease may still answer.
+            # A take-over with nothing to link and no claim asked for is written as a
+            # collector's edit: the holder's name and lease stay, and this writer gains no
+            # authorship.  Written under our name it would look to the holder like a rival's
+            # claim, and the holder would yield its log for a fence that protects nothing (a GC
+            # through edit_manifest on the host that does not hold the log, during a leader
+            # split: the adversarial review of b755610).
+            # (Also on a base that records no lease: written under our name, an edit would
+            # record our lease, and the holder's next write would be a take-over to fence for.)
             taking_over = self._lease.takes_over(base, self._etag)
-            if taking_over:
-                await self._lease.yielded()
-            claiming = bool(ready) and taking_over
+            claiming = taking_over and (bool(ready) or any(e.claim for e in edits))
+            collecting = (
+                not ready
+                and not any(e.claim for e in edits)
+                and not self._lease.authored(self._etag)
+                and not self._lease.holds(base)
+            )
             if claiming:
+                await self._lease.yielded()
                 new = base  # stamped below: under our name, so its etag is not the base's
             else:
                 if ready:
@@ -317,7 +345,10 @@ class Committer:
                         if not edit.future.done():
                             edit.future.set_exception(err)
                 edits = applied
-            new = self._lease.stamped(new, base, self._etag)
+            if collecting:
+                new = self._lease.as_collector(new, base)
+            else:
+                new = self._lease.stamped(new, base, self._etag)
             new.check()
             base_etag = self._etag
             issued = self._opts.clock.monotonic()
@@ -335,16 +366,25 @@ class Committer:
                     self._manifest, self._etag = current, cur_etag
                     rebases += 1
                     continue
-                await self._rec.recover(reloaded=loaded)
+                # Nothing of ours to link (an edit, a snapshot): no take-over to link others'.
+                idle = not ready and not self._batcher.in_flight and not self._batcher.has_queued
+                await self._rec.recover(reloaded=loaded, link_others=not idle)
                 return
             except (StoreUnavailable, OSError, CorruptFragment) as e:
                 self._stats["manifest_errors"] += 1
                 _log.warning("manifest write for %s failed: %r; recovering", self._prefix, e)
                 await self._rec.recover()
                 return
-            self._lease.landed(base_etag, etag, issued, base)  # before installed acknowledges
+            if not collecting:
+                self._lease.landed(base_etag, etag, issued, base)  # before installed acknowledges
             if claiming:
                 self.installed(new, etag, [])  # ours now; the records follow once fenced
+                for edit in [e for e in edits if e.claim]:
+                    # A claim asked for is done once it lands (its edit is the identity).
+                    edits.remove(edit)
+                    self._edits.remove(edit)
+                    if not edit.future.done():
+                        edit.future.set_result(new)
                 continue
             self.installed(new, etag, ready)
             if ready:

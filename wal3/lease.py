@@ -51,7 +51,15 @@ conditional writes are the only fence, so the rule is built on them and on monot
   this, a collector editing a busy log more often than the fence made every commit a claim and
   a whole fence (the adversarial review of 741b3dd: a first append answered after 1,083
   virtual seconds under a collector editing every second), and every standalone collector's
-  cut cost the writer a fence.
+  cut cost the writer a fence.  A writer's own edit that links nothing on a manifest it does
+  not hold (the collector of a host that does not hold the log runs through that host's
+  writer, during a leader split) is written the same way (``as_collector``): the holder's
+  token and recorded lease stay, and the editing writer gains no authorship, so its own
+  appends still claim the log first.  Written under its name, the edit would look to the
+  holder like a rival's claim (``lost_to``), and the holder would leave its log alone for a
+  fence that protects nothing, then claim it back and fence again (the adversarial review of
+  b755610: 2.5 x lease per edit).  Nor does such a writer, its edit lost to a moved tail, link
+  the holder's next fragment by read repair (``recover(link_others=False)``).
 * **Whose lease.**  Every manifest this writer puts records its ``read_lease_s`` (the
   ``read_lease_ms`` field, which Rust ignores), a writer never leases a manifest for longer than
   it records (one without the field is not leased at all), and the fence is for the lease
@@ -289,6 +297,14 @@ class Lease:
         if new.read_lease_ms == ms and new.writer == name and new.lease_holder == holder:
             return new
         return replace(new, read_lease_ms=ms, writer=name, lease_holder=holder)
+
+    def as_collector(self, new: Manifest, base: Manifest) -> Manifest:
+        """``new``, an edit of ``base`` that links nothing, as a collector writes it: under
+        ``base``'s holder and recorded lease, so that it is no take-over (``landed`` is not
+        called: this writer gains no authorship, and its next write with records claims)."""
+        if new.lease_holder == base.lease_holder and new.read_lease_ms == base.read_lease_ms:
+            return new
+        return replace(new, lease_holder=base.lease_holder, read_lease_ms=base.read_lease_ms)
 
     # ---------------------------------------------------------------------- what it proves
 

@@ -127,8 +127,17 @@ class Recovery:
 
     # ----------------------------------------------------------------------------- recovery
 
-    async def recover(self, reloaded: tuple[Manifest, str] | None = None) -> None:
+    async def recover(
+        self, reloaded: tuple[Manifest, str] | None = None, *, link_others: bool = True
+    ) -> None:
         """Settle in-flight work, reload, read-repair, and decide every batch's fate.
+
+        ``link_others`` False: the repair links nothing on a manifest another writer holds.  For
+        a writer with nothing to append whose edit lost (the collector of a host that does not
+        hold the log): the orphan is most likely the holder's next fragment, and linking it
+        (after a claim, or under our name and lease where the holder records none) would make
+        the holder's next write a take-over, fenced, for nothing this writer needs (the
+        simulator's edit-only phase, seed 135).  The writer that appends next repairs it.
 
         A batch that is not linked either still continues the log exactly (its sequence number,
         start and predecessor match the reloaded tail): it keeps its bytes and only its missing
@@ -154,7 +163,7 @@ class Recovery:
                     reloaded = await self._lease.load()
                     if reloaded is None:
                         raise WriterClosed(f"manifest of {self._prefix} vanished")
-                repaired = await self._repair(*reloaded)
+                repaired = await self._repair(*reloaded, link_others=link_others)
                 manifest, etag = repaired.manifest, repaired.etag
                 linked: list[Batch] = []
                 unsure: list[Batch] = []
@@ -477,7 +486,7 @@ class Recovery:
 
     # -------------------------------------------------------------------------- read repair
 
-    async def _repair(self, manifest: Manifest, etag: str) -> _Repaired:
+    async def _repair(self, manifest: Manifest, etag: str, *, link_others: bool) -> _Repaired:
         """Link the orphan fragments that follow the tail exactly (zero-action recovery).
 
         Orphans are what a writer left between its upload and its manifest write.  A live
@@ -490,6 +499,12 @@ class Recovery:
         met_writer = linked_others = raced = False
         for _ in range(self._opts.retry.max_rebases):
             if manifest.sealed:
+                break
+            if (
+                not link_others
+                and not self._lease.authored(etag)
+                and not self._lease.holds(manifest)
+            ):
                 break
             seq = manifest.next_seq_no
             key = join(self._prefix, fragment_path(seq))

@@ -352,21 +352,28 @@ class LogWriter:
         item = self._batcher.submit(copied, idempotency_key)
         return await item.future
 
-    async def claim(self) -> None:
+    async def claim(self, *, confirm: bool = False) -> None:
         """Take the log over now if the next write would: a write that links nothing, so the
         take-over fence starts (``lease.py``, "Claim").  A caller may then wait the fence out
         (``wait_fence``) before it appends, holding nothing meanwhile; the append that follows
         links at once.  Nothing is written when the stored manifest is this writer's own, when
-        no lease may vouch for it, or when the log is sealed (nothing will be linked)."""
+        no lease may vouch for it, or when the log is sealed (nothing will be linked).
+
+        With ``confirm`` a write is made in those cases too: the stored manifest written back, which lands or fails its If-Match and makes the writer
+        reload, so that the writer's memory is the stored manifest and its own (a host that
+        becomes a log's leader does so)."""
         m = self._committer.manifest
-        if not m.sealed and self._lease.takes_over(m, self._committer.etag):
-            await self.edit_manifest(lambda m: m)
+        if confirm or (not m.sealed and self._lease.takes_over(m, self._committer.etag)):
+            await self._committer.claim()
 
     async def edit_manifest(self, fn: ManifestEdit) -> Manifest:
         """Apply a pure manifest transform through the normal, fenced manifest write.
 
         ``fn`` may be re-applied to a newer manifest when the write has to be rebased; it raises
         to reject.  Used for sealing and for garbage collection, which a sealed log still takes.
+        An edit of a manifest another writer holds is written as a collector's (its holder and
+        lease stay, this writer gains no lease): it is no take-over, so the holder goes on
+        without a fence, and appends of this writer still claim the log first.
         """
         return await self._committer.edit(fn)
 

@@ -18,6 +18,7 @@ from verify.sim.run import run_seed
 from verify.sim.store import Actor, FaultRates, SimStore
 from wal3.cursors import CursorStore, Witness
 from wal3.errors import CursorConflict, ObjectNotFound, PreconditionFailed, StoreUnavailable
+from wal3.manifest import Manifest
 
 SHORT_FORM = (0, 300)  # the seeds `make test` runs (all six known bugs of 3c61663 show in them)
 
@@ -234,7 +235,8 @@ def test_a_writer_vouching_while_its_put_is_in_flight_is_a_monotonic_violation(
     the seeds without read leases cannot show it; since writers may draw their own leases,
     ``lease_mix``, 138 alone; since the busy collector also edits through the faulty phase
     (``busy_gc_s``), 11 alone; since a rival's claim of a collector's edit is a claim too
-    (5b4145b), 352, 367, 439 and 483 of 0:500)."""
+    (5b4145b), 352, 367, 439 and 483 of 0:500; since the quiet phase's edit-only writer
+    (``edit_only``), 127, 439, 705 and 882 of 0:1000)."""
     from wal3 import lease
 
     answered = lease.Lease.remaining
@@ -251,7 +253,7 @@ def test_a_writer_vouching_while_its_put_is_in_flight_is_a_monotonic_violation(
 
     monkeypatch.setattr(lease.Lease, "remaining", remaining_ignoring_puts)
     monkeypatch.setattr(lease.Lease, "settled", settled_at_once)
-    r = run_seed(352)
+    r = run_seed(127)
     assert "monotonic" in {v.check for v in r.violations}, r.trace[-20:]
 
 
@@ -307,6 +309,30 @@ def test_edits_of_a_busy_collector_taken_for_take_overs_are_a_liveness_violation
     assert any(
         v.check == "liveness" and "after the faults stopped" in v.detail for v in r.violations
     ), r.trace[-20:]
+
+
+def test_an_edit_under_the_editors_own_holder_is_a_liveness_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine before the adversarial review of b755610 was fixed: a writer's edit of a
+    manifest another writer holds went out under the editor's holder token, so the holder took
+    it for a rival's claim, yielded, claimed back and fenced again.  The quiet phase's
+    edit-only writer (``edit_only``) and its check (a writer that holds the log is never
+    fenced again) catch it: b755610's engine fails 14 of the 20 seeds with an edit-only writer
+    and a lease in 0:150, the first 2; the fix with the editor's read repair still linking the
+    holder's orphan fails 37 of the 131 such seeds in 0:1000 (first 2), and without the rule
+    on a base that records no lease 13 (first 47); the fix none.  The mutant here (the edit
+    under our holder, authorship not taken) fails 47, 52, 109 and 127 first."""
+    from wal3 import lease
+
+    def under_our_holder(self: lease.Lease, new: Manifest, base: Manifest) -> Manifest:
+        return self.stamped(new)
+
+    monkeypatch.setattr(lease.Lease, "as_collector", under_our_holder)
+    r = run_seed(47)
+    assert any(v.check == "liveness" and "fenced again" in v.detail for v in r.violations), r.trace[
+        -20:
+    ]
 
 
 def test_a_finished_seed_leaves_no_world_behind() -> None:

@@ -305,14 +305,18 @@ class FakeRecovery:
         self.rig = rig
         self.stale = False
         self.calls: list[tuple[Manifest, str] | None] = []
+        self.link_others: list[bool] = []  # what each recover() was asked
         self.stale_errors: list[BaseException] = []
         self.progress = 0
 
     def progressed(self) -> None:
         self.progress += 1
 
-    async def recover(self, reloaded: tuple[Manifest, str] | None = None) -> None:
+    async def recover(
+        self, reloaded: tuple[Manifest, str] | None = None, *, link_others: bool = True
+    ) -> None:
         self.calls.append(reloaded)
+        self.link_others.append(link_others)
         if reloaded is None:
             reloaded = await self.rig.lease.load()
         assert reloaded is not None
@@ -712,6 +716,36 @@ async def test_a_race_lost_to_an_append_goes_to_recovery_not_a_rebase() -> None:
     assert reloaded is not None and reloaded[0].next_seq_no == 4
     assert rig.stats["manifest_conflicts"] == 1
     assert edited.next_seq_no == 4  # written after recovery, on the manifest it installed
+    # Nothing of ours to link: the recovery links no orphan over another writer's manifest.
+    assert rig.recovery.link_others == [False]
+    await done(rig.close())
+
+
+@pytest.mark.parametrize("ours", ["uploading", "queued", "ready"])
+async def test_a_race_lost_with_work_of_ours_recovers_linking_others(ours: str) -> None:
+    """With a batch in flight, queued or ready, recovery may link orphans over another writer's
+    manifest (its claim first): ours must follow them.  Kills each operand of the committer's
+    ``idle`` turned ``True``, and ``link_others=True``/``=idle``."""
+    rig = await Rig.make()
+
+    async def append(key: str, kw: dict[str, Any]) -> None:
+        rig.store.rewrite(lambda m: m.with_fragments([frag(3, 3)], "other"))
+
+    before_our_manifest_put(rig.store, append)
+    if ours == "ready":
+        rig.in_flight(FakeBatch(3))
+    else:
+        if ours == "uploading":
+            rig.in_flight(FakeBatch(3, done=False))
+        else:
+            rig.batcher.queued = 1
+        edit = rig.edit(more_bytes(1))
+    await settle()
+    assert rig.recovery.link_others == [True]
+    rig.batcher.flight.clear()
+    rig.batcher.queued = 0
+    if ours != "ready":
+        await done(edit)
     await done(rig.close())
 
 

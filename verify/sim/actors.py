@@ -281,6 +281,10 @@ class World:
         # retraction not yet known to have landed).
         self.busy_floor: GcFloor | None = None
         self.finishing = False  # the liveness check has begun: no more pauses, no more loops
+        # The quiet phase's edit-only writer (``edit_only``), and each writer's fence when its
+        # first append after the faults stopped was linked (``append``).
+        self.editor: WriterSlot | None = None
+        self.held_fence: dict[int, float] = {}
         self.writers = [WriterSlot(self, i) for i in range(cfg.writers)]
         # The collectors: the first as the server runs it (through the writer when the seed says
         # so), a second racing it when the seed says so.
@@ -380,6 +384,19 @@ class World:
             self.model.settle(a, "dedup" if r.deduplicated else "acked", r)
             took = self.loop.time() - started
             self.quiet_append_max = max(self.quiet_append_max, took if quiet else 0.0)
+            if quiet and self.quiet and not r.deduplicated:
+                # Linked by this writer after the faults stopped: it holds the log, and nobody
+                # else appends, so nothing may fence it again (a yield to an edit that links
+                # nothing and a claim back, an editor's repair of its orphan: the adversarial
+                # review of b755610).  Each costs 1.25 x a lease or more, in every append.
+                held = self.held_fence.setdefault(id(w), w.fence_until)
+                if w.fence_until > held:
+                    self.model.violate(
+                        "liveness",
+                        f"{a.writer} fenced again on a log it held after the faults stopped "
+                        f"(a{a.id}, until {w.fence_until - self.clock.monotonic():.2f} s on)",
+                    )
+                    self.held_fence[id(w)] = w.fence_until
             if quiet and took > QUIET_APPEND_S:
                 self.model.violate(
                     "liveness", f"a{a.id} took {took:.1f} s after the faults stopped"
@@ -446,8 +463,10 @@ class World:
     async def _edit_via_writer(
         self, slot: CollectorSlot, fn: Callable[[Manifest], Manifest]
     ) -> Manifest:
-        """The server's way: the collector edits the manifest through the log's writer."""
-        for s in self.writers:
+        """The server's way: the collector edits the manifest through the log's writer (in the
+        quiet phase with ``edit_only``, through the writer of the host that does not hold it)."""
+        slots = self.writers if self.editor is None else [self.editor]
+        for s in slots:
             w, actor, gc = s.writer, s.actor, slot.actor
             if w is not None and actor is not None and actor.alive and not w.closed:
                 # The server runs both in one process: if the writer dies, so does the pass.
@@ -550,6 +569,50 @@ class World:
                 self.busy_floor = floor
             except (PreconditionFailed, StoreUnavailable, ObjectNotFound):
                 pass
+
+    async def open_editor(self) -> None:
+        """The quiet phase's edit-only writer (``edit_only``): another host's writer of the log,
+        open but never appending.  Its collector edits through it, and so does a loop that
+        announces and retracts a floor of its own (the shape of gc.py's announce and clear),
+        until the liveness check begins."""
+        slot = WriterSlot(self, 9)
+        if await slot.open() is None:
+            return
+        self.editor = slot
+        self.spawn(self._edit_only_loop(slot), must_finish=True)
+
+    async def _edit_only_loop(self, slot: WriterSlot) -> None:
+        rng = random.Random(f"wal3-sim-editor:{self.cfg.seed}")
+        mine: GcFloor | None = None
+        edits = 0
+        while True:
+            w = slot.live
+            if w is None:
+                return
+            stopping = self.finishing
+            if stopping and mine is None:
+                self.trace(f"editor: {edits} edits, stops")
+                return
+            if not stopping:
+                await asyncio.sleep(rng.expovariate(1 / 0.3))
+            nonce = f"{rng.getrandbits(128):032x}"
+
+            def fn(m: Manifest, nonce: str = nonce, mine: GcFloor | None = mine) -> Manifest:
+                if mine is not None and m.gc_floor == mine:
+                    return replace(m, gc_floor=None)
+                if m.gc_floor is None and not self.finishing:
+                    return replace(m, gc_floor=GcFloor(m.oldest_offset, nonce))
+                return m  # another collector's floor: never replaced
+
+            try:
+                new = await w.edit_manifest(fn)
+                edits += 1
+                floor = new.gc_floor
+                mine = floor if floor is not None and floor.nonce == nonce else None
+            except Wal3Error as e:
+                self.trace(f"editor edit failed: {e!r}")
+                if self.finishing:
+                    return
 
     def gc_all(self) -> None:
         """Every idle collector starts a pass at once (the server and ``loghost gc`` together)."""

@@ -58,6 +58,11 @@ class RunConfig:
     # of many collectors together, or of one with a short grace on a busy log (the adversarial
     # review of 741b3dd).  None: no such collector.
     busy_gc_s: float | None = None
+    # From the quiet phase on, a second writer of the log that never appends: another host's,
+    # whose collector (the server's, when ``gc_via_writer``) and announces of a floor of its own
+    # edit the manifest through its ``edit_manifest`` (a leader split).  The holder must go on
+    # without a fence: such an edit is no take-over (the adversarial review of b755610).
+    edit_only: bool = False
 
 
 def make_config(seed: int) -> RunConfig:
@@ -108,4 +113,5 @@ def make_config(seed: int) -> RunConfig:
         lease_s=r.choice((0.0, 0.0, 0.0, 0.5, 2.0)),
         lease_mix=r.random() < 0.5,
         busy_gc_s=r.choice((None, None, None, 0.1, 0.4, 1.0)),
+        edit_only=r.random() < 0.35,
     )

@@ -176,6 +176,8 @@ async def _enter_quiet(world: World) -> None:
         await world.set_cursor(COMPACTION, tail=False)
     if world.cfg.busy_gc_s is not None:
         world.spawn(world.busy_collector(lambda: world.finishing, faulty=False), must_finish=True)
+    if world.cfg.edit_only:
+        await world.open_editor()
 
 
 def _gc_idle(world: World) -> bool:
