@@ -300,11 +300,24 @@ class Lease:
 
     def as_collector(self, new: Manifest, base: Manifest) -> Manifest:
         """``new``, an edit of ``base`` that links nothing, as a collector writes it: under
-        ``base``'s holder and recorded lease, so that it is no take-over (``landed`` is not
-        called: this writer gains no authorship, and its next write with records claims)."""
-        if new.lease_holder == base.lease_holder and new.read_lease_ms == base.read_lease_ms:
+        ``base``'s writer, holder and recorded lease, so that it is no take-over (``landed`` is
+        not called: this writer gains no authorship, and its next write with records claims).
+        The writer's name stays too: a snapshot or seal linked here would name this writer, and
+        a later writer of this process opening the log adopts a manifest under its own unique
+        name as its own (``open``, ``name_is_unique``), leasing it while the holder, seeing its
+        token, links on it unfenced (the adversarial review of ceff69c, helper-5)."""
+        if (
+            new.writer == base.writer
+            and new.lease_holder == base.lease_holder
+            and new.read_lease_ms == base.read_lease_ms
+        ):
             return new
-        return replace(new, lease_holder=base.lease_holder, read_lease_ms=base.read_lease_ms)
+        return replace(
+            new,
+            writer=base.writer,
+            lease_holder=base.lease_holder,
+            read_lease_ms=base.read_lease_ms,
+        )
 
     # ---------------------------------------------------------------------- what it proves
 
