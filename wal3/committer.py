@@ -306,22 +306,16 @@ class Committer:
             # Records are linked only on a manifest this writer wrote and once its fence has
             # passed: a take-over first claims the log with a write that links nothing (the
             # lease's "Claim"), so nobody sees them while an old holder's lease may still answer.
-            # A take-over with nothing to link and no claim asked for is written as a
-            # collector's edit: the holder's name and lease stay, and this writer gains no
-            # authorship.  Written under our name it would look to the holder like a rival's
-            # claim, and the holder would yield its log for a fence that protects nothing (a GC
-            # through edit_manifest on the host that does not hold the log, during a leader
-            # split: the adversarial review of b755610).
-            # (Also on a base that records no lease: written under our name, an edit would
-            # record our lease, and the holder's next write would be a take-over to fence for.)
-            taking_over = self._lease.takes_over(base, self._etag)
-            claiming = taking_over and (bool(ready) or any(e.claim for e in edits))
-            collecting = (
-                not ready
-                and not any(e.claim for e in edits)
-                and not self._lease.authored(self._etag)
-                and not self._lease.holds(base)
-            )
+            # A write on another writer's manifest with nothing to link and no claim asked for
+            # is written as a collector's edit: the holder's name and lease stay, and this
+            # writer gains no authorship.  Written under our name it would look to the holder
+            # like a rival's claim, and the holder would yield its log for a fence that protects
+            # nothing (a GC through edit_manifest on the host that does not hold the log, during
+            # a leader split: the adversarial review of b755610).  Also on a base that records
+            # no lease: ours recorded, the holder's next write would be a take-over to fence for.
+            asked = any(e.claim for e in edits)
+            claiming = self._lease.takes_over(base, self._etag) and (bool(ready) or asked)
+            collecting = not ready and not asked and self._lease.others(base, self._etag)
             if claiming:
                 await self._lease.yielded()
                 new = base  # stamped below: under our name, so its etag is not the base's

@@ -244,11 +244,13 @@ class Lease:
 
     def takes_over(self, base: Manifest, base_etag: str) -> bool:
         """Whether a write on ``base`` takes the log over from a writer that may still answer
-        reads from it under a lease (it is not ours, nor an edit of ours that leases nothing,
-        and its author's lease is not 0)."""
-        return (
-            not self.authored(base_etag) and not self.holds(base) and self._base_lease_s(base) > 0
-        )
+        reads from it under a lease (it is another's, and its author's lease is not 0)."""
+        return self.others(base, base_etag) and self._base_lease_s(base) > 0
+
+    def others(self, manifest: Manifest, etag: str) -> bool:
+        """Whether ``manifest`` (stored as ``etag``) stands under another writer's name: not
+        ours, nor an edit of ours that leases nothing (``holds``)."""
+        return not self.authored(etag) and not self.holds(manifest)
 
     def holds(self, manifest: Manifest) -> bool:
         """Whether ``manifest`` stands under this writer's lease: written by this writer, or an

@@ -500,11 +500,7 @@ class Recovery:
         for _ in range(self._opts.retry.max_rebases):
             if manifest.sealed:
                 break
-            if (
-                not link_others
-                and not self._lease.authored(etag)
-                and not self._lease.holds(manifest)
-            ):
+            if not link_others and self._lease.others(manifest, etag):
                 break
             seq = manifest.next_seq_no
             key = join(self._prefix, fragment_path(seq))

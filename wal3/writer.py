@@ -359,9 +359,9 @@ class LogWriter:
         links at once.  Nothing is written when the stored manifest is this writer's own, when
         no lease may vouch for it, or when the log is sealed (nothing will be linked).
 
-        With ``confirm`` a write is made in those cases too: the stored manifest written back, which lands or fails its If-Match and makes the writer
-        reload, so that the writer's memory is the stored manifest and its own (a host that
-        becomes a log's leader does so)."""
+        With ``confirm`` a write is made in those cases too: the stored manifest written back,
+        which lands or fails its If-Match and makes the writer reload, so that the writer's
+        memory is the stored manifest and its own (a host that becomes a log's leader does so)."""
         m = self._committer.manifest
         if confirm or (not m.sealed and self._lease.takes_over(m, self._committer.etag)):
             await self._committer.claim()

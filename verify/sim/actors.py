@@ -384,7 +384,7 @@ class World:
             self.model.settle(a, "dedup" if r.deduplicated else "acked", r)
             took = self.loop.time() - started
             self.quiet_append_max = max(self.quiet_append_max, took if quiet else 0.0)
-            if quiet and self.quiet and not r.deduplicated:
+            if quiet and not r.deduplicated:
                 # Linked by this writer after the faults stopped: it holds the log, and nobody
                 # else appends, so nothing may fence it again (a yield to an edit that links
                 # nothing and a claim back, an editor's repair of its orphan: the adversarial
