@@ -17,7 +17,7 @@ from wal3.claim import ClaimWatch, release_if_dead
 from wal3.cursors import COMPACTION, CursorStore
 from wal3.errors import ObjectNotFound, ProcessDeath
 from wal3.gc import GarbageCollector, GcOptions
-from wal3.layout import load_manifest
+from wal3.layout import load_manifest, load_manifest_tail
 from wal3.manifest import Manifest
 from wal3.paths import (
     CLAIM_PATH,
@@ -127,21 +127,21 @@ class WalDirtyBackend(_Cursors):
         async def one(cid: UUID) -> None:
             prefix = log_prefix(cid)
             async with sem:
-                loaded = await load_manifest(self._store, prefix)
-                if loaded is None:
+                # The tail alone: decoding all of each root is most of a pass's event-loop time.
+                tail = await load_manifest_tail(self._store, prefix)
+                if tail is None:
                     if await self._creating(prefix):
                         out[cid] = None
                         return
-                    loaded = await load_manifest(self._store, prefix)
-                    if loaded is None:
+                    tail = await load_manifest_tail(self._store, prefix)
+                    if tail is None:
                         return
-                manifest = loaded[0]
-                if not manifest.sealed and await self._exists(
-                    join(prefix, fragment_path(manifest.next_seq_no))
+                if not tail.sealed and await self._exists(
+                    join(prefix, fragment_path(tail.next_seq_no))
                 ):
                     out[cid] = None
                     return
-            out[cid] = manifest.next_offset
+            out[cid] = tail.next_offset
 
         await asyncio.gather(*(one(c) for c in ids))
         return out

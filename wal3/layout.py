@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .errors import ObjectNotFound
-from .manifest import Manifest
+from .manifest import Manifest, ManifestTail
 
 # Re-exported: every key is spelled in wal3.paths, and older callers import them from here.
 from .paths import CLOCK_PATH as CLOCK_PATH
@@ -22,3 +22,13 @@ async def load_manifest(store: ObjectStore, prefix: str) -> tuple[Manifest, str]
     except ObjectNotFound:
         return None
     return Manifest.from_bytes(got.data), got.etag
+
+
+async def load_manifest_tail(store: ObjectStore, prefix: str) -> ManifestTail | None:
+    """Where the log's manifest ends (``Manifest.tail_from_bytes``: its last pointers alone are
+    decoded), or None when the log does not exist."""
+    try:
+        got = await store.get(join(prefix, MANIFEST_PATH))
+    except ObjectNotFound:
+        return None
+    return Manifest.tail_from_bytes(got.data)

@@ -671,6 +671,59 @@ class Manifest:
         m.check()
         return m
 
+    @staticmethod
+    def tail_from_bytes(data: bytes) -> ManifestTail:
+        """Where the manifest ends, decoded from its last pointers alone; raises CorruptManifest.
+
+        For readers that want only the tail of many logs (the dirty log's roll-up judges up to 64
+        a pass): a full ``from_bytes`` type-checks every pointer and sums every setsum, about 1 ms
+        of the event loop for a root of 100 fragments, against a tenth of that here.  The rest of
+        the manifest is not checked, so this is no substitute for ``from_bytes`` where the log is
+        read or written; a manifest that fails there fails its own writers and scrub anyway.
+        """
+        obj = loads(data, "manifest")
+        if not isinstance(obj, dict):
+            raise CorruptManifest("manifest is not a JSON object")
+        sealed = obj.get("sealed", False)
+        if not isinstance(sealed, bool):
+            raise CorruptManifest(f"sealed is not a boolean: {sealed!r:.200}")
+        fragments = _list(obj, "fragments", "manifest")
+        snapshots = _list(obj, "snapshots", "manifest")
+        if fragments:
+            last = FragmentPointer.from_json(fragments[-1])
+            return ManifestTail(last.limit, sealed, last.seq_no + 1)
+        if snapshots:
+            return ManifestTail(SnapshotPointer.from_json(snapshots[-1]).limit, sealed, None)
+        initial_offset = obj.get("initial_offset")
+        initial_seq_no = obj.get("initial_seq_no")
+        if initial_seq_no is not None and not _u64(initial_seq_no):
+            raise CorruptManifest(
+                f"initial_seq_no is not a u64 sequence number: {initial_seq_no!r:.200}"
+            )
+        return ManifestTail(
+            1 if initial_offset is None else _unpos(initial_offset, "initial_offset"),
+            sealed,
+            1 if initial_seq_no is None else initial_seq_no,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestTail:
+    """A manifest's end (``Manifest.tail_from_bytes``): what its next fragment would be; the
+    same as ``Manifest.next_offset``, ``.next_seq_no`` and ``.sealed`` of the whole."""
+
+    next_offset: int
+    sealed: bool
+    # None: snapshots but no fragment to number from, as only a foreign log has.
+    numbered: int | None
+
+    @property
+    def next_seq_no(self) -> int:
+        """The sequence number of the next fragment."""
+        if self.numbered is None:
+            raise CorruptManifest("manifest has snapshots but no fragment to number from")
+        return self.numbered
+
 
 def plan_snapshot(
     manifest: Manifest, *, fragment_threshold: int, snapshot_threshold: int, writer: str

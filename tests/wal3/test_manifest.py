@@ -69,6 +69,8 @@ def test_applied_fragments_and_snapshots_keep_invariants(
         depths = [s.depth for s in m.snapshots]
         assert depths == sorted(depths, reverse=True)
         assert Manifest.from_bytes(m.to_bytes()) == m
+        assert_tail_agrees(m)
+        assert_tail_agrees(m.with_sealed("w"))
     # Every snapshot reachable from the root expands to exactly the fragments written.
     leaves: list[FragmentPointer] = []
 
@@ -82,6 +84,52 @@ def test_applied_fragments_and_snapshots_keep_invariants(
     expand(m.entries)
     assert [f.seq_no for f in leaves] == list(range(1, m.next_seq_no))
     assert sum((f.setsum for f in leaves), Setsum.zero()) == m.setsum
+
+
+def assert_tail_agrees(m: Manifest) -> None:
+    """``tail_from_bytes`` reads from the last pointers what the whole manifest says."""
+    tail = Manifest.tail_from_bytes(m.to_bytes())
+    assert (tail.next_offset, tail.sealed) == (m.next_offset, m.sealed)
+    assert tail.next_seq_no == m.next_seq_no
+
+
+def test_the_tail_of_an_empty_forked_or_foreign_manifest() -> None:
+    assert_tail_agrees(Manifest.empty("w"))
+    fork = Manifest(writer="w", initial_offset=41, initial_seq_no=7)
+    assert_tail_agrees(fork)
+    assert_tail_agrees(grow(fork, [2, 3]))
+    # Snapshots but no fragment (only a foreign log): the offset is known, the number is not.
+    m = grow(Manifest.empty("w"), [1, 2, 3, 4])
+    snap = plan_snapshot(m, fragment_threshold=2, snapshot_threshold=2, writer="w")
+    assert snap is not None
+    obj = json.loads(m.to_bytes())
+    obj["snapshots"] = [json.loads(snap.to_pointer().json_bytes())]
+    obj["fragments"] = []
+    tail = Manifest.tail_from_bytes(json.dumps(obj).encode())
+    assert tail.next_offset == snap.to_pointer().limit
+    with pytest.raises(CorruptManifest):
+        tail.next_seq_no  # noqa: B018
+
+
+def test_the_tail_of_a_corrupt_manifest_is_refused() -> None:
+    obj = json.loads(grow(Manifest.empty("w"), [3, 2]).to_bytes())
+
+    def refused(edit) -> None:  # type: ignore[no-untyped-def]
+        o = json.loads(json.dumps(obj))
+        edit(o)
+        with pytest.raises(CorruptManifest):
+            Manifest.tail_from_bytes(json.dumps(o).encode())
+
+    refused(lambda o: o["fragments"][-1]["limit"].update(offset=-1))
+    refused(lambda o: o["fragments"][-1].update(seq_no="2"))
+    refused(lambda o: o["fragments"][-1].pop("setsum"))
+    refused(lambda o: o.update(fragments="nope"))
+    refused(lambda o: o.update(sealed="yes"))
+    refused(lambda o: (o.update(fragments=[]), o.update(initial_seq_no=-1)))
+    with pytest.raises(CorruptManifest):
+        Manifest.tail_from_bytes(b"[1]")
+    with pytest.raises(CorruptManifest):
+        Manifest.tail_from_bytes(b"{not json")
 
 
 def test_json_matches_rust_field_names() -> None:
