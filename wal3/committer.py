@@ -24,7 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .appends import Batch, ManifestEdit
@@ -264,7 +264,7 @@ class Committer:
         if self._manifest.sealed and batcher.in_flight:
             batcher.fail_sealed()  # uploads that finish after the seal are answered as they land
         if recovery.stale:
-            await recovery.recover()
+            await recovery.recover(link_others=not self._idle())
             return not recovery.stale
         ready: list[Batch] = []
         seq = self._manifest.next_seq_no
@@ -291,6 +291,13 @@ class Committer:
             return False
         await self._write_manifest(ready, snapshot)
         return True
+
+    def _idle(self, ready: Sequence[Batch] = ()) -> bool:
+        """Nothing of ours to link (an edit, a snapshot): a recovery then takes no other writer's
+        log over to link its orphans (``Recovery.recover``'s ``link_others``), whether the edit
+        lost a race or met a store error (helper-7's review of 3225561: an idle editor's error
+        recovery claimed the holder's log and fenced it after the faults had stopped)."""
+        return not ready and not self._batcher.in_flight and not self._batcher.has_queued
 
     async def _write_manifest(self, ready: list[Batch], snapshot: Snapshot | None) -> None:
         edits = list(self._edits)
@@ -360,14 +367,12 @@ class Committer:
                     self._manifest, self._etag = current, cur_etag
                     rebases += 1
                     continue
-                # Nothing of ours to link (an edit, a snapshot): no take-over to link others'.
-                idle = not ready and not self._batcher.in_flight and not self._batcher.has_queued
-                await self._rec.recover(reloaded=loaded, link_others=not idle)
+                await self._rec.recover(reloaded=loaded, link_others=not self._idle(ready))
                 return
             except (StoreUnavailable, OSError, CorruptFragment) as e:
                 self._stats["manifest_errors"] += 1
                 _log.warning("manifest write for %s failed: %r; recovering", self._prefix, e)
-                await self._rec.recover()
+                await self._rec.recover(link_others=not self._idle(ready))
                 return
             if not collecting:
                 self._lease.landed(base_etag, etag, issued, base)  # before installed acknowledges

@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from dataclasses import replace
 
 from wal3 import BatchOptions, LeaseOptions, LogWriter, LogWriterOptions
+from wal3.errors import StoreUnavailable
 from wal3.manifest import GcFloor
 
 from .test_committer_contract import (
@@ -192,3 +193,39 @@ async def test_a_collectors_write_keeps_the_holders_name() -> None:
     )
     await done(b.close())
     await done(rig.close())
+
+
+async def test_an_idle_editors_error_recovery_links_no_orphan_over_the_holders_lease() -> None:
+    """The same after a store error instead of a lost race (helper-7's review of 3225561): the
+    editor's announce fails four times (the last fault), and while its recovery reads the log the
+    holder links x2 and uploads x3.  The recovery linked x3 under a claim of its own, so the
+    holder, which had appended after the faults stopped, was fenced again (x3 acknowledged after
+    2.75 s of virtual time, x4 after 1.5 s more).  Now it links nothing of the holder's."""
+    clock, store = ManualClock(), MemStore()
+    a = await done(_writer(store, clock, "a"))
+    clock.advance(2.0)  # past the create's fence
+    await done(a.append_many([b"x1"]))
+    b = await done(_writer(store, clock, "b"))
+    holder = store.stored().lease_holder
+    store.fail("put", MANIFEST_RX, lambda: StoreUnavailable("boom"), times=4)
+    load = store.hold("get", MANIFEST_RX)  # B's recovery reads the log: held
+    floor = GcFloor(1, secrets.token_hex(16))
+    edit = asyncio.ensure_future(b.edit_manifest(lambda m: replace(m, gc_floor=floor)))
+    await done(load.reached.wait())
+    await done(a.append_many([b"x2"]))  # after the last fault
+    fence = a.fence_until
+    put = store.hold("put", MANIFEST_RX)  # x3's fragment lands, its manifest waits
+    x3 = asyncio.ensure_future(a.append_many([b"x3"]))
+    await done(put.reached.wait())
+    load.release.set()
+    await done(edit)  # B's announce lands on the log as it stands, x3 not linked
+    assert store.stored().gc_floor == floor and store.stored().next_offset == 3
+    assert store.stored().lease_holder == holder and not b.authored
+    put.release.set()
+    await settle()
+    assert x3.done() and x3.result().first_offset == 3  # no clock moved: no fence
+    x4 = await done(a.append_many([b"x4"]))
+    assert x4.first_offset == 4 and a.fence_until == fence
+    assert store.stored().lease_holder == holder
+    await done(b.close())
+    await done(a.close())
