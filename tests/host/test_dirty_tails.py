@@ -80,4 +80,10 @@ async def test_a_corrupt_tail_fails_the_lookup(tmp_path: Path) -> None:
     await store.put(key, data.replace(b'"limit":{"offset":3}', b'"limit":{"offset":-3}'))
     with pytest.raises(CorruptManifest):
         await backend.log_tails([cid])
+    # Not a manifest at all, or one that lost its pointers: read from defaults, its tail would be
+    # offset 1, below every mark (helper-8's review of 85eab44).
+    for corrupt in (b"{}", data.replace(b'"fragments":[', b'"lost":[')):
+        await store.put(key, corrupt)
+        with pytest.raises(CorruptManifest):
+            await backend.log_tails([cid])
     await dirty.close()
