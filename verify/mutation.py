@@ -62,7 +62,7 @@ TARGETS: dict[str, list[str]] = {
     # Modules with contract files written rule by rule against mutmut's own mutant list run
     # against those files alone: measured on their own, they kill every non-equivalent mutant
     # of idempotency, lease, claim, fork, cursors and manifest (the equivalent ones are listed
-    # at each file's end; gc's survivors are not sorted yet).  The whole of tests/wal3 and the
+    # at each file's end; gc's too, with killing tests for the rest, docs/RELIABILITY.md).  The whole of tests/wal3 and the
     # simulator only added hours: mutmut runs every covering test of a surviving (equivalent)
     # mutant, the simulator's 300 seeds among them.
     "wal3/idempotency.py": [

@@ -21,8 +21,9 @@ from typing import Any, Literal
 import pytest
 
 import wal3.gc as gcmod
-from wal3.cursors import COMPACTION, CursorStore
+from wal3.cursors import COMPACTION, Cursor, CursorStore
 from wal3.errors import (
+    CursorConflict,
     GarbageRejected,
     LogPurged,
     NoCursors,
@@ -1443,7 +1444,8 @@ async def test_a_pass_from_idle_plans_applies_and_waits_for_the_grace() -> None:
     deleted in order and the plan is reset.  Kills ``run_once``'s and ``_run``'s flow mutants,
     ``_phase1``'s report (``cutoff``, ``setsum_discarded``), ``_mark_applied``'s
     (``applied_us``, ``phase``), ``_phase3``'s grace comparison and ``waiting_s``, the
-    fragment key range, ``fragments_deleted``, and ``_forget_applied``."""
+    fragment key range, ``fragments_deleted``, ``_forget_applied``, and the "still referenced"
+    fragment note's ``<`` → ``<=``."""
     store = MemStore()
     clocks = Clocks(store)
     m = await flat_setup(store)
@@ -1466,6 +1468,7 @@ async def test_a_pass_from_idle_plans_applies_and_waits_for_the_grace() -> None:
     store.ops.clear()
     r = await c.run_once(sweep_orphans=False)
     assert (r.phase, r.fragments_deleted, r.snapshots_deleted) == ("done", 5, 0)
+    assert r.notes == []  # the plan's range is exactly what the manifest left: nothing kept
     assert store.deleted() == [frag_key(s) for s in range(1, 6)]
     assert store.data(GARBAGE_PATH) == EMPTY_GARBAGE
     assert [s for s in range(1, 11) if store.has(fragment_path(s))] == list(range(6, 11))
@@ -1964,6 +1967,68 @@ async def test_a_plan_the_manifest_holds_is_marked_applied_never_discarded() -> 
         assert r.phase in ("waiting", "pinned"), (where, r)
 
 
+async def test_a_cut_made_exactly_at_the_plan_before_the_announcement_is_marked_as_it_is() -> None:
+    """Another collector (or Rust) made exactly this cut between phase 2's read and its
+    announcement: no floor is written into the cut manifest, and the plan is marked at once,
+    the cursors unread (a reader pinning below is no reason to discard a cut that is made).
+    Kills ``announce``'s ``>=`` → ``>`` and the test after it (``>=`` → ``>``)."""
+    store = MemStore()
+    clocks = Clocks(store)
+    m = await flat_setup(store)
+    g = await _pending(store, clocks)
+    cut = g.apply(m, "other")
+
+    async def cut_and_pin() -> None:
+        put_manifest(store, cut)
+        await set_cursor(store, "reader", 2)
+
+    ed = Editor(store)
+    ed.hooks[1] = cut_and_pin
+    r = await gc_for(store, clocks, edit_manifest=ed).run_once(sweep_orphans=False)
+    assert (r.phase, r.notes) == ("waiting", [])
+    assert stored_manifest(store) == cut
+    plan = stored_plan(store)
+    assert plan is not None and plan.applied_us is not None
+
+
+async def test_a_discard_clears_the_floor_by_the_collectors_name_and_logs_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The clear is the collector's write (its name), and the reason is logged; a manifest that
+    holds the plan already keeps whatever floor it has (another collector's next cut).  Kills
+    ``clear``'s ``writer=`` and ``>=`` → ``>``, and the warning's mutants (format and
+    arguments)."""
+    import logging
+
+    store = MemStore()
+    clocks = Clocks(store)
+    m = await flat_setup(store)
+    g = await _pending(store, clocks)
+    put_manifest(store, replace(m, gc_floor=GcFloor(6, NONCE)))  # written by "w"
+    c = gc_for(store, clocks, opts(writer_name="gc-9"))
+    _, etag = await c._load_garbage()
+    caplog.set_level(logging.WARNING, logger="wal3.gc")
+    r = GcReport()
+    assert await c._discard(r, g, etag, "why") == (None, None)
+    after = stored_manifest(store)
+    assert (after.gc_floor, after.writer) == (None, "gc-9")
+    assert [x.getMessage() for x in caplog.records if x.name == "wal3.gc"] == ["logs/c: why"]
+    assert (r.phase, r.notes) == ("discarded", ["why"])
+    assert store.data(GARBAGE_PATH) == EMPTY_GARBAGE
+    # Cut at the plan already, another collector's floor above it: left as it is.
+    store2 = MemStore()
+    clocks2 = Clocks(store2)
+    m2 = await flat_setup(store2)
+    g2 = await _pending(store2, clocks2)
+    held = replace(g2.apply(m2, "other"), gc_floor=GcFloor(9, NONCE))
+    put_manifest(store2, held)
+    c2 = gc_for(store2, clocks2)
+    _, etag2 = await c2._load_garbage()
+    got, _ = await c2._discard(GcReport(), g2, etag2, "why")
+    assert got is not None and got.applied_us is not None
+    assert stored_manifest(store2) == held
+
+
 async def test_a_plan_that_fails_verification_is_reset_deleting_nothing() -> None:
     """Kills phase 2's ``except GarbageRejected`` (the note's prefix) and ``_discard``'s
     reset."""
@@ -2075,6 +2140,22 @@ async def test_a_plan_marked_applied_that_the_manifest_does_not_hold_resumes_as_
     assert r.phase == "discarded" and store.data(GARBAGE_PATH) == EMPTY_GARBAGE
 
 
+async def test_a_plan_resumed_as_pending_stays_pending_when_phase_two_is_busy() -> None:
+    """The file is rewritten as pending (``applied_us`` cleared) before phase 2 runs, so a
+    phase 2 that ends busy leaves exactly the pending plan.  Kills the rewrite's mutants
+    (``applied_us`` kept, the file reset instead)."""
+    store = MemStore()
+    clocks = Clocks(store)
+    await flat_setup(store)
+    g = await _pending(store, clocks)
+    put_raw(store, GARBAGE_PATH, replace(g, applied_us=1).to_bytes())
+    ed = Editor(store)
+    ed.hooks[2] = drop_floor(store, replace_with=GcFloor(6, "f" * 32))
+    r = await gc_for(store, clocks, edit_manifest=ed).run_once(sweep_orphans=False)
+    assert r.phase == "busy"
+    assert stored_plan(store) == g
+
+
 # ------------------------------------------------------------------ phase 3: what is deleted
 
 
@@ -2117,7 +2198,8 @@ async def test_phase_three_deletes_only_what_nothing_references() -> None:
     """A plan (anyone's) listing live snapshots, non-snapshot paths, snapshots at or above the
     cut, unreadable or missing ones, and fragments still live: only the dead ones below the cut
     go, with a note for each kind kept.  Kills the referenced checks' mutants and notes,
-    ``is_snapshot_path``, ``first_offset``'s branches and notes."""
+    ``is_snapshot_path``, ``first_offset``'s branches and notes, and ``start < cut`` → ``<=``
+    (a snapshot starting exactly at the cut stays)."""
     store = MemStore()
     clocks = Clocks(store)
     g, a, b = await _applied_tree_plan(store, clocks)
@@ -2125,14 +2207,23 @@ async def test_phase_three_deletes_only_what_nothing_references() -> None:
     live = g.snapshot_for_root
     f = chain(8)
     high = snap(f[5])  # starts at 6, above the cut at 4
+    at_cut = snap(f[3], f[4])  # starts at the cut: a writer's upload, maybe
     junk = sptr(S[0], 1, 2)  # its object is unreadable
     missing = sptr(S[1], 1, 2)  # no object at all
-    put_snapshots(store, high)
+    put_snapshots(store, high, at_cut)
     put_raw(store, junk.path, b"not json")
     evil = SnapshotPointer(S[2], MANIFEST_PATH, 1, 1, 2, 1)
     forged = replace(
         g,
-        snapshots_to_drop=(*g.snapshots_to_drop, live, high.to_pointer(), junk, missing, evil),
+        snapshots_to_drop=(
+            *g.snapshots_to_drop,
+            live,
+            high.to_pointer(),
+            at_cut.to_pointer(),
+            junk,
+            missing,
+            evil,
+        ),
         snapshots_to_make=(),
         fragments_to_drop_limit=5,  # claims fragment 4, which is live
     )
@@ -2146,10 +2237,29 @@ async def test_phase_three_deletes_only_what_nothing_references() -> None:
         f"unreadable snapshot {junk.path} left in place",
     ]
     assert (r.fragments_deleted, r.snapshots_deleted) == (3, 2)
-    for p in (live.path, high.path, junk.path, MANIFEST_PATH):
+    for p in (live.path, high.path, at_cut.path, junk.path, MANIFEST_PATH):
         assert store.has(p), p
     assert not store.has(a.path) and not store.has(b.path)
     assert store.has(fragment_path(4))
+
+
+async def test_phase_three_deletes_no_fragment_past_its_plan_though_the_log_moved_on() -> None:
+    """Fragments a later cut unlinked (another collector's, Rust's) are that cut's to delete
+    after its own grace: phase 3 stops at its plan's ``fragments_to_drop_limit`` even when the
+    live range now starts past it.  Kills ``upto`` without ``first_seq_to_keep``."""
+    store = MemStore()
+    clocks = Clocks(store)
+    await flat_setup(store)
+    c = gc_for(store, clocks)
+    assert (await c.run_once()).phase == "waiting"
+    clocks.advance(60)
+    cur = stored_manifest(store)
+    later = Garbage((), (), None, 6, 8, Setsum.sum(x.setsum for x in cur.fragments[:2]), 8)
+    put_manifest(store, later.apply(cur, "rust"))  # cut just now: 6 and 7 unlinked
+    await set_cursor(store, COMPACTION, 8)
+    r = await c.run_once(sweep_orphans=False)
+    assert (r.phase, r.fragments_deleted) == ("done", 5)
+    assert [s for s in range(1, 11) if store.has(fragment_path(s))] == list(range(6, 11))
 
 
 async def test_deletes_are_batched_at_the_configured_rate() -> None:
@@ -2406,6 +2516,180 @@ async def test_a_smaller_live_range_is_another_log_and_forgets_the_old_one() -> 
     assert gc_for(store, Clocks(store))._observed_floor() is None
 
 
+async def test_the_sweep_keeps_an_orphan_exactly_a_grace_or_retain_s_old() -> None:
+    """The horizons are exclusive: an object written exactly a grace ago (a fragment, a
+    snapshot), or a retained fragment exactly ``retain_s`` old, may still be read by a reader of
+    the manifest that unlinked it.  Kills ``<`` → ``<=`` on both fragment horizons and the
+    snapshot's ``>=`` → ``>``."""
+    store = MemStore()
+    clocks = Clocks(store)
+    await _collected_log(store)
+    c = gc_for(store, clocks, opts(retain_fragments=8, retain_s=300.0))
+    await c.run_once()
+    clocks.advance(60)
+    dead = snap(*chain(2))
+    put_snapshots(store, dead)
+    store.set_time(dead.path, store.now - 60)
+    # retain_from = 11 - 8 = 3: 1 is below the window, 4 in it.
+    store.set_time(fragment_path(1), store.now - 60)
+    store.set_time(fragment_path(4), store.now - 300)
+    r = await c.run_once()
+    assert r.orphans_deleted == 3
+    assert [s for s in range(1, 6) if store.has(fragment_path(s))] == [1, 4]
+    assert store.has(dead.path)
+
+
+async def test_the_snapshot_scan_passes_over_what_it_keeps_to_what_follows() -> None:
+    """A name under ``log/`` that is not a fragment's, one under ``snapshot/`` that is not a
+    snapshot's, a recent snapshot and one that vanished before its read are passed over, not
+    the end of the scan.  Kills the four ``continue`` → ``break``."""
+    store = MemStore()
+    clocks = Clocks(store)
+    await _collected_log(store)
+    f = chain(10)
+    recent, vanishing, *dead = sorted((snap(f[i]) for i in range(5)), key=lambda s: s.path)
+    put_snapshots(store, recent, vanishing, *dead)
+    put_raw(store, "snapshot/0", b"x")  # lists before every snapshot name
+    put_raw(store, "log/0", b"x")  # lists before every fragment name
+    for p in ("log/0", "snapshot/0", vanishing.path, *(s.path for s in dead)):
+        store.set_time(p, store.now - 86_400)
+    c = gc_for(store, clocks)
+    await c.run_once()
+    clocks.advance(60)
+    store.set_time(recent.path, store.now - 30)
+    store.before(
+        "get", re.escape(vanishing.path) + "$", lambda: store.objects.pop(join(P, vanishing.path))
+    )
+    r = await c.run_once()
+    assert r.orphans_deleted == 5 + 3
+    assert not any(store.has(s.path) for s in dead)
+    assert store.has(recent.path) and store.has("snapshot/0") and store.has("log/0")
+
+
+async def test_a_log_at_the_store_root_is_swept_too() -> None:
+    """With an empty prefix keys are the log's paths themselves.  Kills both ``if
+    self._prefix`` → ``or True`` (the first character of every key cut off)."""
+    store = MemStore()
+    clocks = Clocks(store)
+    m = _drop_first(flat_log(10), 5).apply(flat_log(10), "w")
+    put_manifest(store, m, "")
+    put_fragments(store, range(1, 11), "")
+    await set_cursor(store, COMPACTION, 6, "")
+    dead = snap(*chain(2))
+    put_snapshots(store, dead, prefix="")
+    for p in (*(fragment_path(s) for s in range(1, 6)), dead.path):
+        store.set_time(p, store.now - 86_400, "")
+    c = GarbageCollector(store, "", opts(), clock=clocks.wall, monotonic=clocks.mono)
+    await c.run_once()
+    clocks.advance(60)
+    r = await c.run_once()
+    assert r.orphans_deleted == 6
+    assert [s for s in range(1, 11) if store.has(fragment_path(s), "")] == list(range(6, 11))
+    assert not store.has(dead.path, "")
+
+
+async def test_the_sweep_reads_every_live_snapshot_from_the_store() -> None:
+    """A live snapshot off the first leaf's path is in no cache yet when the sweep lists what is
+    live.  Kills ``live_snapshot_paths(None, …)``."""
+    store = MemStore()
+    clocks = Clocks(store)
+    m = await _collected_log(store)
+    f = m.fragments
+    s1, s2 = snap(f[0], f[1]), snap(f[2], f[3])
+    put_snapshots(store, s1, s2)
+    put_manifest(store, replace(m, snapshots=(s1.to_pointer(), s2.to_pointer()), fragments=f[4:]))
+    for s in (s1, s2):
+        store.set_time(s.path, store.now - 86_400)
+    c = gc_for(store, clocks)
+    await c.run_once()
+    clocks.advance(60)
+    r = await c.run_once()
+    assert r.orphans_deleted == 5 and store.has(s1.path) and store.has(s2.path)
+
+
+async def test_the_sweeps_second_look_at_the_plan_file_writes_nothing() -> None:
+    """Kills the second ``_load_garbage(normalize=False)`` → ``True``: an old idle form written
+    meanwhile is the next pass's to rewrite."""
+    store = MemStore()
+    clocks = Clocks(store)
+    await _collected_log(store)
+    c = gc_for(store, clocks)
+    await c.run_once()
+    clocks.advance(60)
+    store.before("get", r"manifest/MANIFEST$", lambda: put_raw(store, GARBAGE_PATH, b"{}"))
+    r = GcReport()
+    await c._sweep_orphans(r, None)
+    assert store.data(GARBAGE_PATH) == b"{}" and r.orphans_deleted == 5
+
+
+def _two_record_log() -> tuple[list[FragmentPointer], Manifest]:
+    """Ten two-record fragments (seq s at offset 2s - 1), not collected: once cut, its oldest
+    offset and first live sequence number differ."""
+    f = [frag(s, 2 * s - 1, 2) for s in range(1, 11)]
+    return f, manifest((), f)
+
+
+async def test_the_sweep_goes_to_the_higher_of_the_observed_and_the_marked_bounds() -> None:
+    """This process's aged observation and an aged ``gc/OLDEST`` marker each say the live range
+    started at least there a grace ago: the sweep goes up to the higher of the two, offset by
+    offset and sequence number by sequence number (on a log where they differ), capped by the
+    manifest, and rewrites the marker with what the manifest shows; once the observation is the
+    manifest's own, the marker is not consulted at all.  Kills the merge's mutants (``or`` →
+    ``and``, ``is not None``, ``==``, ``or True``, ``max``'s arguments and indices),
+    ``swept_offset``'s indices, ``_marked_floor``'s returned and written indices, and
+    ``_observed_floor``'s returned index."""
+    for observed, marked in ((2, 4), (4, 2)):  # fragments cut in each earlier state seen
+        store = MemStore()
+        clocks = Clocks(store)
+        f, full = _two_record_log()
+        m = _drop_first(full, 5).apply(full, "w")  # oldest offset 11, first live seq 6
+        put_manifest(store, m)
+        put_fragments(store, range(1, 11))
+        await set_cursor(store, COMPACTION, 11)
+        c = gc_for(store, clocks)
+        await c._observe(_drop_first(full, observed).apply(full, "w"))
+        o = _drop_first(full, marked).apply(full, "w")
+        body = {"oldest_offset": o.oldest_offset, "first_live_seq_no": o.fragments[0].seq_no}
+        put_raw(store, OLDEST_PATH, json.dumps(body).encode())
+        snaps = [snap(f[0], f[1]), snap(f[2]), snap(f[3]), snap(f[4])]  # limits 5, 7, 9, 11
+        put_snapshots(store, *snaps)
+        for p in (*(fragment_path(s) for s in range(1, 6)), *(s.path for s in snaps)):
+            store.set_time(p, store.now - 86_400)
+        clocks.advance(60)
+        store.set_time(OLDEST_PATH, store.now - 100)
+        r = GcReport()
+        await c._sweep_orphans(r, None)
+        # Both bounds are (9, 5): fragments below 5, snapshots ending at or below 9.
+        assert [s for s in range(1, 11) if store.has(fragment_path(s))] == list(range(5, 11))
+        assert [store.has(s.path) for s in snaps] == [False, False, False, True], observed
+        assert r.orphans_deleted == 4 + 3
+        assert json.loads(store.data(OLDEST_PATH)) == {"oldest_offset": 11, "first_live_seq_no": 6}
+        clocks.advance(60)
+        del store.objects[join(P, OLDEST_PATH)]
+        await c._sweep_orphans(GcReport(), None)
+        assert not store.has(OLDEST_PATH)
+
+
+async def test_the_observed_range_compares_each_value_with_its_own() -> None:
+    """On a log whose oldest offset and first live sequence number differ: the same range seen
+    again is one observation, aging from the first sight; another log at the prefix with a lower
+    oldest offset (the same first sequence number) forgets it.  Kills ``_observe``'s index and
+    ``or`` → ``and`` mutants and ``_observed_floor``'s returned index."""
+    store = MemStore()
+    clocks = Clocks(store)
+    c = gc_for(store, clocks)
+    _, full = _two_record_log()
+    m = _drop_first(full, 5).apply(full, "w")
+    assert await c._observe(m) == (11, 6)
+    clocks.advance(60)
+    assert await c._observe(m) == (11, 6)
+    assert len(gcmod._OBSERVED[store][(P, id(clocks.mono))][1]) == 1
+    assert c._observed_floor() == (11, 6)
+    other = _drop_first(flat_log(10), 5).apply(flat_log(10), "w")
+    assert await c._observe(other) == (6, 6)
+    assert c._observed_floor() is None
+
+
 # -------------------------------------------------------------------------------- pin_cursor
 
 
@@ -2500,6 +2784,101 @@ async def test_a_pin_on_a_log_without_manifest_goes_by_the_plan() -> None:
         await _pin(store, 3)
     assert e.value.oldest_offset == 4
     assert (await _pin(store, 4)).cursor.offset == 4
+
+
+def put_cursor_raw(store: MemStore, name: str, offset: int) -> None:
+    """Another writer's cursor, written behind the pin's back."""
+    put_raw(store, f"cursor/{name}.json", Cursor(offset, 1, "other").to_bytes())
+
+
+async def test_a_pin_writes_its_cursor_by_create_or_compare_and_swap() -> None:
+    """Creating (no witness) a cursor that exists, or moving one by a stale witness, is a
+    conflict that leaves the cursor as it was; a create does not read the cursor first (a
+    corrupt one is a conflict too).  Kills the write's mutants (``init`` → ``save`` without a
+    witness, ``save``'s witness → None) and ``before`` read always."""
+    store = MemStore()
+    await _collected_log(store)
+    w = await _pin(store, 7)
+    with pytest.raises(CursorConflict):
+        await _pin(store, 8)
+    with pytest.raises(CursorConflict):
+        await _pin(store, 9, witness="stale")
+    got = await CursorStore(store, P, "t").load("reader")
+    assert got is not None and (got.cursor.offset, got.etag) == (7, w.etag)
+    put_raw(store, "cursor/junk.json", b"not json")
+    with pytest.raises(CursorConflict):
+        await _pin(store, 7, name="junk")
+
+
+async def test_a_pin_reads_the_log_at_its_prefix_less_only_slashes() -> None:
+    """Kills ``prefix.strip(None)`` and ``strip("XX/XX")``."""
+    for given, prefix in (("/Xl/", "Xl"), (" l", " l")):
+        store = MemStore()
+        put_manifest(store, _drop_first(flat_log(10), 5).apply(flat_log(10), "w"), prefix)
+        with pytest.raises(LogPurged):
+            await pin_cursor(store, given, CursorStore(store, prefix, "r"), "reader", 5, None)
+
+
+async def test_a_pin_exactly_at_the_oldest_offset_retracts_a_floor_above_it() -> None:
+    """The pin is accepted, so the floor above it must go (else that cut passes an accepted
+    pin).  Kills the retraction's ``offset >= floor`` → ``>``."""
+    store = MemStore()
+    m = await _collected_log(store)
+    put_manifest(store, replace(m, gc_floor=GcFloor(9, NONCE)))
+    assert (await _pin(store, 6)).cursor.offset == 6
+    assert stored_manifest(store) == m
+
+
+async def test_a_retraction_is_a_compare_and_swap_on_the_manifest_it_read() -> None:
+    """An append landing between the pin's read and its retraction is kept: the retraction
+    loses, reads again, and retracts from the new manifest.  Kills the put's ``if_match``
+    mutants (None, absent)."""
+    store = MemStore()
+    m = await _collected_log(store)
+    floored = replace(m, gc_floor=GcFloor(9, NONCE))
+    put_manifest(store, floored)
+    f11 = frag(11, 11)
+    grown = replace(
+        floored, fragments=(*floored.fragments, f11), setsum=floored.setsum + f11.setsum
+    )
+    store.before("put", r"manifest/MANIFEST$", lambda: put_manifest(store, grown))
+    assert (await _pin(store, 8)).cursor.offset == 8
+    assert stored_manifest(store) == replace(grown, gc_floor=None)
+
+
+async def test_the_undo_of_a_refused_pin_is_best_effort_and_leaves_others_cursors() -> None:
+    """Whatever the undo meets (the cursor moved, re-created or deleted by someone else, the
+    store refusing the delete), the answer is 410, and another writer's cursor stays as it is.
+    Kills the ``suppress`` list's mutants, the restore's witness → None and the delete's
+    ``and`` → ``or``."""
+    store = MemStore()
+    await _collected_log(store)
+    plan_read = r"gc/GARBAGE$"
+    # Moved by another writer after the pin wrote it: the restore loses its compare-and-swap.
+    w = await _pin(store, 8)
+    store.before("get", plan_read, lambda: put_cursor_raw(store, "reader", 9))
+    with pytest.raises(LogPurged):
+        await _pin(store, 5, witness=w.etag)
+    got = await CursorStore(store, P, "t").load("reader")
+    assert got is not None and got.cursor.offset == 9
+    # Re-created by another writer after the pin created it.
+    store.before("get", plan_read, lambda: put_cursor_raw(store, "second", 9))
+    with pytest.raises(LogPurged):
+        await _pin(store, 5, name="second")
+    got = await CursorStore(store, P, "t").load("second")
+    assert got is not None and got.cursor.offset == 9
+    # Deleted by someone else between the undo's read and its delete.
+    third = join(P, "cursor/third.json")
+    store.before("head", re.escape(third) + "$", lambda: store.objects.pop(third))
+    with pytest.raises(LogPurged):
+        await _pin(store, 5, name="third")
+    # The store refusing the delete.
+    fourth = join(P, "cursor/fourth.json")
+    for exc in (ObjectNotFound(fourth), PreconditionFailed(fourth)):
+        store.refuse("delete", re.escape(fourth) + "$", exc)
+        with pytest.raises(LogPurged):
+            await _pin(store, 5, name="fourth")
+        del store.objects[fourth]
 
 
 # ------------------------------------------------------------------- the collector's plumbing
@@ -2597,6 +2976,59 @@ async def test_a_cursor_past_the_tail_is_logged_by_name(caplog: pytest.LogCaptur
     ]
 
 
+class QuotedStore(MemStore):
+    """A store whose etags come quoted, as S3 sends them, and opaque (not hex digests: some
+    stores' begin with an ``X``): a comparison must strip exactly the quotes."""
+
+    def requote(self) -> None:
+        for k, (d, e, lm) in self.objects.items():
+            if not e.startswith('"'):
+                self.objects[k] = (d, f'"X{e}"', lm)
+
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: Literal["*"] | None = None,
+        if_match: str | None = None,
+    ) -> str:
+        await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
+        self.requote()
+        return self.objects[key][1]
+
+
+async def test_quoted_opaque_etags_are_compared_bare() -> None:
+    """A new process finishes a plan by the store's clock, and sweeps by an aged marker, on a
+    store that quotes its etags.  Kills ``_store_waited``'s and ``_marked_floor``'s ``strip``
+    mutants (``None``, ``'XX"XX'``)."""
+    store = QuotedStore()
+    clocks = Clocks(store)
+    await flat_setup(store)
+    store.requote()
+    assert (await gc_for(store, clocks).run_once()).phase == "waiting"
+    store.now += 100
+    r = await gc_for(store, Clocks(store)).run_once(sweep_orphans=False)
+    assert (r.phase, r.fragments_deleted) == ("done", 5)
+    store2 = QuotedStore()
+    await _collected_log(store2)
+    put_raw(store2, OLDEST_PATH, json.dumps({"oldest_offset": 6, "first_live_seq_no": 6}).encode())
+    store2.set_time(OLDEST_PATH, store2.now - 100)
+    store2.requote()
+    r = await gc_for(store2, Clocks(store2)).run_once()
+    assert r.orphans_deleted == 5
+
+
+def test_a_collector_that_saw_nothing_has_no_floor_and_forgets_nothing() -> None:
+    """Kills ``_observed_floor``'s and ``_forget_applied``'s ``{}`` defaults (→ None, absent)
+    and ``pop``'s default."""
+    store = MemStore()
+    c = gc_for(store, Clocks(store))
+    assert c._observed_floor() is None
+    c._forget_applied()
+    assert gcmod._SEEN_APPLIED.get(store) is None
+
+
 # ------------------------------------------------------------------------ equivalent mutants
 #
 # Judged equivalent (no input tells them apart), by function:
@@ -2629,7 +3061,7 @@ async def test_a_cursor_past_the_tail_is_logged_by_name(caplog: pytest.LogCaptur
 #   * ``opened.get`` → ``None`` (2) and ``opened[…] = None``: a cache of what ``open_new`` read;
 #     reading again gives the same snapshot (and ``planned`` the same object).
 #   * ``old or fresh`` → ``and``, ``not old or not fresh`` → ``and`` and the "unmatched" branch
-#     (``gone`` and its text, 7): both sides tile ``[cut, first kept pointer)`` with
+#     (``gone`` and its text, 6): both sides tile ``[cut, first kept pointer)`` with
 #     non-empty, contiguous leaves (``Manifest.check``, ``Snapshot.check`` and the pointer
 #     check), and every step pops or expands both in step, so they run out together.
 #   * the width comparison's ``>=`` → ``>``: for two snapshots of equal width either order of
@@ -2640,3 +3072,30 @@ async def test_a_cursor_past_the_tail_is_logged_by_name(caplog: pytest.LogCaptur
 #     is stamped on cursor writes.
 # _load_garbage
 #   * ``normalize=None`` in the lost race: falsy, as ``False``.
+# _phase1
+#   * ``cutoff <= m.oldest_offset`` → ``<``: at a cutoff equal to the oldest offset no pointer
+#     lies wholly below it, so ``plan_cut`` returns None before reading anything.
+#   * ``verify_garbage``'s ``pinned_at=None`` and its omission: ``plan_cut`` never keeps from
+#     above its cutoff (``first_to_keep`` is the start of the first pointer reaching past it),
+#     so the check cannot fire; phase 2 reads the cursors again anyway.
+# _install
+#   * ``stored = ""`` for a missing or unreadable object: like None, unequal to every snapshot.
+# _starting_below
+#   * ``max(2, …)``: how many reads run at once, not what they find.
+#   * ``zip``'s ``strict`` → None, False or absent (3): ``gather`` returns one result per name.
+# _delete
+#   * ``elapsed < budget`` → ``<=``: when equal the extra pause is ``sleep(0)``, no pause.
+# _sweep_orphans
+#   * the second ``normalize=None``: falsy, as ``False``.
+#   * ``orphans_deleted +=`` → ``=``: a pass sweeps at most once, into a report at 0.
+# _store_now
+#   * the probe's ``separators`` (None, absent, ``"XX,XX"``): its body is never read, only its
+#     Last-Modified (and a one-key object has no item separator).
+# _marked_floor
+#   * the marker's ``separators`` → None or absent: whitespace in JSON that only ``json.loads``
+#     reads (DESIGN fixes its fields, not its bytes).
+#   * ``loads(…, None)`` and the "not a JSON object" text → None: the error is caught and the
+#     marker rewritten; its text is never seen.
+# pin_cursor
+#   * ``floor = 0`` → ``1``: a cursor's offset is at least 1 (the cursor write refuses less
+#     first), so ``offset >= floor`` is the same, and a 410 has a floor above the offset.
