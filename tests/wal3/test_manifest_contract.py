@@ -606,3 +606,25 @@ def test_an_empty_manifest_names_its_writer() -> None:
     m = Manifest.empty("host-a:7")
     assert m.writer == "host-a:7" and m.entries == () and m.next_offset == m.oldest_offset
     assert Manifest.from_bytes(m.to_bytes()).writer == "host-a:7"
+
+
+def test_the_tail_decoders_refusals_name_what_is_wrong() -> None:
+    """``tail_from_bytes`` refuses in the words ``from_bytes`` uses for the same faults."""
+    good = json.loads(Manifest.empty("w").with_fragments([_tail_fragment()], "w").to_bytes())
+
+    def refused(doc: object, text: str) -> None:
+        data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        with pytest.raises(CorruptManifest) as caught:
+            Manifest.tail_from_bytes(data)
+        assert str(caught.value) == text
+
+    with pytest.raises(CorruptManifest, match=r"^manifest is not JSON: "):
+        Manifest.tail_from_bytes(b"{nope")
+    refused([1], "manifest is not a JSON object")
+    refused({**good, "fragments": 7}, "manifest.fragments is not a list: 7")
+    refused({**good, "setsum": "x"}, "setsum is not a setsum: 'x'")
+    refused({**good, "sealed": "yes"}, "sealed is not a boolean: 'yes'")
+
+
+def _tail_fragment() -> FragmentPointer:
+    return FragmentPointer(fragment_path(1), 1, 1, 3, 10, Setsum.of(b"tail"))
