@@ -61,8 +61,8 @@ TARGETS: dict[str, list[str]] = {
     "wal3/recovery.py": ["tests/wal3", SIM_SHORT_FORM],
     # Modules with contract files written rule by rule against mutmut's own mutant list run
     # against those files alone: measured on their own, they kill every non-equivalent mutant
-    # of idempotency, lease, claim, fork, cursors and manifest (the equivalent ones are listed
-    # at each file's end; gc's too, with killing tests for the rest, docs/RELIABILITY.md).  The whole of tests/wal3 and the
+    # of idempotency, lease, claim, fork, cursors, manifest and gc (the equivalent ones are
+    # listed at each file's end; docs/RELIABILITY.md).  The whole of tests/wal3 and the
     # simulator only added hours: mutmut runs every covering test of a surviving (equivalent)
     # mutant, the simulator's 300 seeds among them.
     "wal3/idempotency.py": [
